@@ -1,0 +1,32 @@
+"""`python -m hidream_ui bench <load|edit|attention|batch|app> [--json] ...`.
+
+Benchmarks print numbers measured side by side in one run (and ratios between them); they are
+not tests and assert nothing. Each kind lives in its own module, imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+KINDS = {
+    "load": ("hidream_ui.bench_load", "peak host RAM over weight bytes while loading (bench profile)"),
+    "edit": ("hidream_ui.bench_edit", "padded vs collapsed forward, weight copies per edit, text-encoder calls"),
+    "attention": ("hidream_ui.bench_attention", "every attention strategy: time, peak memory, error"),
+    "batch": ("hidream_ui.bench_batch", "run_batch vs a loop of single edits"),
+    "app": ("hidream_ui.bench_app", "cold start of `python app.py` to serving"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in KINDS:
+        print("usage: python -m hidream_ui bench {" + ",".join(KINDS) + "} [--json] [options]\n")
+        for name, (_, help_text) in KINDS.items():
+            print(f"  {name:10s} {help_text}")
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nerror: unknown benchmark {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0 if argv else 2
+    module = importlib.import_module(KINDS[argv[0]][0])
+    return int(module.main(argv[1:]) or 0)

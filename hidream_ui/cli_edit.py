@@ -1,0 +1,78 @@
+"""`python -m hidream_ui edit --image IN --instruction TEXT [--out PATH] [parameters]`.
+
+Runs one edit through the same engine as the app and prints a JSON summary. With no model
+configured it runs on the offline tiny model (the summary says so: outputs are noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from .config import ConfigError, add_model_arguments, from_namespace
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hidream_ui edit", description=__doc__.splitlines()[0])
+    parser.add_argument("--image", required=True, help="source image file")
+    parser.add_argument("--instruction", required=True, help="what to change (E1-Full: 'Editing Instruction: ... "
+                        "Target Image Description: ...')")
+    parser.add_argument("--out", help="also copy the result PNG (with its metadata) to this path")
+    parser.add_argument("--negative-prompt")
+    parser.add_argument("--guidance-scale", type=float)
+    parser.add_argument("--image-guidance-scale", type=float)
+    parser.add_argument("--steps", type=int, dest="num_inference_steps")
+    parser.add_argument("--refine-strength", type=float)
+    parser.add_argument("--no-clip-cfg-norm", action="store_true", help="use plain two-scale guidance")
+    parser.add_argument("--seed", type=int, help="-1 for random (the used seed is printed)")
+    parser.add_argument("--working-resolution", help="auto | draft | N (side of the working area in pixels)")
+    parser.add_argument("--padded", action="store_true", help="run the padded transformer (no padding collapse)")
+    add_model_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from .engine import EditEngine, EngineError
+    from .imaging import ImageError, open_image
+    from .requests import EditParams, EditRequest, RequestError
+
+    try:
+        config = from_namespace(args)
+        params = EditParams.defaults_for(config.variant, args.instruction).to_dict()
+        for key in ("negative_prompt", "guidance_scale", "image_guidance_scale", "num_inference_steps",
+                    "refine_strength", "seed", "working_resolution"):
+            value = getattr(args, key)
+            if value is not None:
+                params[key] = value
+        params["clip_cfg_norm"] = not args.no_clip_cfg_norm
+        params["collapse_padding"] = not args.padded
+        request = EditRequest(image=open_image(args.image), params=EditParams.from_dict(params),
+                              source_name=Path(args.image).name)
+        engine = EditEngine(config)
+        result = engine.edit(request)
+    except (ConfigError, RequestError, ImageError, EngineError) as exc:
+        print(json.dumps({"ok": False, "error": str(exc)}), file=sys.stdout)
+        return 1
+    if args.out and result.saved_png is not None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(result.saved_png, args.out)
+    summary = {
+        "ok": True,
+        "output": str(args.out or result.saved_png),
+        "saved_png": str(result.saved_png),
+        "saved_json": str(result.saved_json),
+        "seed": result.params.seed,
+        "working_size": list(result.working_size),
+        "source_size": list(result.source_size),
+        "timings": result.timings,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        **{k: result.info[k] for k in ("variant", "model_source", "device", "dtype", "attention")},
+    }
+    if result.info.get("model_source") == "tiny":
+        summary["note"] = "tiny random-weight model: the output is noise; use --model-dir for real weights"
+    print(json.dumps(summary, indent=2))
+    return 0

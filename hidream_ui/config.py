@@ -1,0 +1,221 @@
+"""Frozen application configuration from command-line flags and environment variables.
+
+Precedence: an explicit flag wins over an environment variable, which wins over the default.
+Every bad value raises `ConfigError` naming the flag/variable, the value and what is allowed.
+Nothing here touches torch or the filesystem beyond `Path` arithmetic: building a config is
+free, so `--help` and the app's cold start stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+VARIANTS = ("e1.1", "e1-full")
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+TEXT_ENCODER_MODES = ("device", "cpu", "offload")
+REFINERS = ("e1", "i1")
+TINY_PROFILES = ("tiny", "bench")
+_DEVICE_RE = re.compile(r"^(auto|cpu|npu|cuda)(:\d+)?$")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says which one and what is allowed."""
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    # Where the weights come from. With none of these set the app runs the offline tiny model.
+    model_dir: Path | None = None
+    llama: str | None = None
+    i1: str | None = None
+    e1: str | None = None
+    variant: str = "e1.1"
+    tiny_profile: str = "tiny"
+    tiny_seed: int = 0
+    # Compute placement.
+    device: str = "auto"
+    dtype: str = "auto"
+    attention: str = "auto"
+    text_encoders: str = "device"
+    refiner: str = "e1"
+    prompt_cache_size: int = 32
+    # Outputs.
+    output_dir: Path = Path("outputs")
+    retention: int = 500
+    # Batch / compare limits, checked before any work starts.
+    max_batch_items: int = 64
+    max_grid_cells: int = 36
+    # Server.
+    host: str = "127.0.0.1"
+    port: int = 7860
+    share: bool = False
+    auth: tuple[str, str] | None = None
+    auth_file: Path | None = None
+    max_queue: int = 16
+    mcp: bool = False
+
+    @property
+    def uses_tiny_model(self) -> bool:
+        return self.model_dir is None and self.i1 is None and self.e1 is None and self.llama is None
+
+    def replace(self, **changes) -> "AppConfig":
+        return validate(dataclasses.replace(self, **changes))
+
+
+# (flag, env vars, dest, help). One table so flags and variables cannot drift apart.
+_MODEL_OPTIONS = [
+    ("--model-dir", ("HIDREAM_MODEL_DIR",), "model_dir",
+     "folder holding Llama-3.1-8B-Instruct/, HiDream-I1-Full/, HiDream-E1-1/ and/or HiDream-E1-Full/"),
+    ("--llama", ("HIDREAM_LLAMA",), "llama", "Llama-3.1-8B-Instruct: local folder or hub id"),
+    ("--i1", ("HIDREAM_I1",), "i1", "HiDream-I1-Full: local folder or hub id"),
+    ("--e1", ("HIDREAM_E1",), "e1", "HiDream-E1-1 (or HiDream-E1-Full for --variant e1-full): folder or hub id"),
+    ("--variant", ("HIDREAM_VARIANT",), "variant", f"model variant: {' | '.join(VARIANTS)} (default e1.1)"),
+    ("--tiny-profile", ("HIDREAM_TINY_PROFILE",), "tiny_profile",
+     "offline random-weight model used when no weights are configured: tiny | bench"),
+    ("--device", ("HIDREAM_DEVICE", "PREFERRED_DEVICE"), "device", "auto | npu | npu:N | cuda | cuda:N | cpu"),
+    ("--dtype", ("HIDREAM_DTYPE",), "dtype", "auto | bf16 | fp16 | fp32 (auto probes the device)"),
+    ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),
+    ("--text-encoders", ("HIDREAM_TEXT_ENCODERS",), "text_encoders",
+     "device: keep on the device | cpu: run on the host | offload: move to the device only to encode"),
+    ("--refiner", ("HIDREAM_REFINER",), "refiner",
+     "weights of the refine stage: e1 (what upstream computes, zero copies) | i1 (HiDream-I1-Full, swapped)"),
+    ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
+    ("--retention", ("HIDREAM_RETENTION",), "retention", "keep at most this many results in --output-dir"),
+]
+
+_SERVER_OPTIONS = [
+    ("--host", ("HIDREAM_HOST",), "host", "address to listen on (default 127.0.0.1)"),
+    ("--port", ("HIDREAM_PORT",), "port", "port to listen on (default 7860)"),
+    ("--auth", ("HIDREAM_AUTH",), "auth", "user:password required to open the app"),
+    ("--auth-file", ("HIDREAM_AUTH_FILE",), "auth_file", "file with one user:password per line"),
+    ("--max-queue", ("HIDREAM_MAX_QUEUE",), "max_queue", "maximum queued requests (default 16)"),
+    ("--max-batch-items", ("HIDREAM_MAX_BATCH_ITEMS",), "max_batch_items", "maximum items per batch"),
+    ("--max-grid-cells", ("HIDREAM_MAX_GRID_CELLS",), "max_grid_cells", "maximum cells per compare grid"),
+]
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model and device")
+    for flag, envs, dest, help_text in _MODEL_OPTIONS:
+        group.add_argument(flag, dest=dest, default=None, help=f"{help_text} [env {', '.join(envs)}]")
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("server")
+    for flag, envs, dest, help_text in _SERVER_OPTIONS:
+        group.add_argument(flag, dest=dest, default=None, help=f"{help_text} [env {', '.join(envs)}]")
+    group.add_argument("--share", action="store_true", default=None, help="create a public Gradio share link")
+    group.add_argument("--mcp", action="store_true", default=None, help="also serve Gradio's MCP server")
+
+
+def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> AppConfig:
+    """Builds the config from parsed flags, falling back to environment variables."""
+    environ = os.environ if environ is None else environ
+    raw: dict[str, tuple[str, object]] = {}  # dest -> (source name for errors, value)
+    for flag, envs, dest, _ in _MODEL_OPTIONS + _SERVER_OPTIONS:
+        value = getattr(ns, dest, None)
+        if value is not None:
+            raw[dest] = (flag, value)
+            continue
+        for env in envs:
+            if environ.get(env, "").strip():
+                raw[dest] = (env, environ[env].strip())
+                break
+    for dest in ("share", "mcp"):
+        if getattr(ns, dest, None):
+            raw[dest] = ("--" + dest, True)
+    return validate(_coerce(raw))
+
+
+def from_args(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> AppConfig:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_model_arguments(parser)
+    add_server_arguments(parser)
+    ns, _ = parser.parse_known_args(argv or [])
+    return from_namespace(ns, environ)
+
+
+def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
+    fields: dict[str, object] = {}
+    for dest, (source, value) in raw.items():
+        if dest in ("model_dir", "output_dir", "auth_file"):
+            fields[dest] = Path(str(value)).expanduser()
+        elif dest in ("port", "max_queue", "retention", "max_batch_items", "max_grid_cells"):
+            fields[dest] = _to_int(source, value)
+        elif dest == "auth":
+            fields[dest] = _parse_auth(source, str(value))
+        elif dest in ("device", "dtype", "variant", "attention", "text_encoders", "refiner", "tiny_profile"):
+            fields[dest] = str(value).strip().lower()
+        else:
+            fields[dest] = value
+    try:
+        return AppConfig(**fields)
+    except TypeError as exc:  # an unknown field would be a bug in the option tables
+        raise ConfigError(str(exc)) from exc
+
+
+def _to_int(source: str, value: object) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{source}={value!r} is not a whole number") from None
+
+
+def _parse_auth(source: str, value: str) -> tuple[str, str]:
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise ConfigError(f"{source} must look like user:password (got {value!r})")
+    return user, password
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not one of: {', '.join(allowed)}")
+
+
+def validate(config: AppConfig) -> AppConfig:
+    """Checks every field; returns the config unchanged or raises ConfigError."""
+    _choice("variant", config.variant, VARIANTS)
+    _choice("dtype", config.dtype, DTYPES)
+    _choice("text_encoders", config.text_encoders, TEXT_ENCODER_MODES)
+    _choice("refiner", config.refiner, REFINERS)
+    _choice("tiny_profile", config.tiny_profile, TINY_PROFILES)
+    if not _DEVICE_RE.match(config.device) or config.device.startswith("auto:") or config.device.startswith("cpu:"):
+        raise ConfigError(
+            f"device={config.device!r} is not valid: use auto, cpu, npu, npu:N, cuda or cuda:N"
+        )
+    if not config.attention or not re.match(r"^[a-z0-9_]+$", config.attention):
+        raise ConfigError(f"attention={config.attention!r} is not a strategy name (see `python -m hidream_ui bench attention`)")
+    if not 1 <= config.port <= 65535:
+        raise ConfigError(f"port={config.port} must be between 1 and 65535")
+    for name in ("max_queue", "max_batch_items", "max_grid_cells", "prompt_cache_size"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"{name}={getattr(config, name)} must be at least 1")
+    if config.retention < 0:
+        raise ConfigError(f"retention={config.retention} must be 0 (keep everything) or more")
+    if config.auth is not None and config.auth_file is not None:
+        raise ConfigError("use either --auth or --auth-file, not both")
+    return config
+
+
+def read_auth_file(path: Path) -> list[tuple[str, str]]:
+    """Reads `user:password` lines (blank lines and # comments ignored) for gradio's `auth=`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--auth-file {path}: cannot read it ({exc.strerror})") from None
+    pairs = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        pairs.append(_parse_auth(f"--auth-file {path} line {number}", line))
+    if not pairs:
+        raise ConfigError(f"--auth-file {path} holds no user:password line")
+    return pairs

@@ -1,0 +1,468 @@
+"""EditEngine: the one object that owns the model and the device.
+
+Everything that touches the device (load, edit, batch, attention switch) runs under one lock:
+the model is not re-entrant, and `torch.nn.attention.sdpa_kernel` (used by some attention
+strategies) is process-global. `status()` never takes that lock, so the UI can poll it while an
+edit runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable
+
+from .config import AppConfig
+from .requests import EditParams, EditRequest, EditResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .devices import DeviceInfo
+    from .models import LoadedModel
+    from .pipeline import PromptEmbeds
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """A user-facing failure: the message is shown as is; the engine stays usable."""
+
+
+class EditCancelled(EngineError):
+    """The edit was stopped by `cancel()`; finished work is kept."""
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    step: int  # 1-based, steps finished
+    total: int
+    stage: str  # "edit" | "refine"
+    elapsed: float
+    eta: float | None
+
+
+StepFn = Callable[[StepInfo], None]
+ProgressFn = Callable[[float, str], None]
+
+
+class PromptCache:
+    """Bounded LRU of text -> embeddings. Text encoders (Llama 8B among them) dominate an edit's
+    fixed cost; users re-run the same instruction with other seeds or settings all the time."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._items: OrderedDict[tuple, "PromptEmbeds"] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple, compute: Callable[[], "PromptEmbeds"]) -> "PromptEmbeds":
+        if key in self._items:
+            self._items.move_to_end(key)
+            self.hits += 1
+            return self._items[key]
+        self.misses += 1
+        value = compute()
+        self._items[key] = value
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class EditEngine:
+    def __init__(self, config: AppConfig, backends=None):
+        self.config = config
+        self._backends = backends
+        self._lock = threading.RLock()
+        self._cancel = threading.Event()
+        self._model: "LoadedModel | None" = None
+        self._device: "DeviceInfo | None" = None
+        self._dtype = None
+        self._attention_request = config.attention
+        self._attention: str | None = None
+        self._attention_note: str | None = None
+        self._cache = PromptCache(config.prompt_cache_size)
+        self._state = "idle"
+        self._progress: dict = {}
+        self._last_error: str | None = None
+        self.counters = {"edits": 0, "text_encoder_calls": 0, "transformer_calls": 0}
+
+    # ------------------------------------------------------------------ device
+    @property
+    def device(self) -> "DeviceInfo":
+        if self._device is None:
+            from .devices import DeviceError, resolve_device
+
+            try:
+                self._device = resolve_device(self.config.device, backends=self._backends)
+            except DeviceError as exc:
+                raise EngineError(str(exc)) from exc
+        return self._device
+
+    @property
+    def dtype(self):
+        if self._dtype is None:
+            from .devices import DeviceError, resolve_dtype
+
+            try:
+                self._dtype = resolve_dtype(self.config.dtype, self.device, backends=self._backends)
+            except DeviceError as exc:
+                raise EngineError(str(exc)) from exc
+        return self._dtype
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    @property
+    def model(self) -> "LoadedModel":
+        if self._model is None:
+            raise EngineError("the model is not loaded yet")
+        return self._model
+
+    # ------------------------------------------------------------------ load
+    def load(self, on_progress: ProgressFn | None = None) -> "LoadedModel":
+        """Loads the model once (later calls return at once)."""
+        if self._model is not None:
+            return self._model
+        with self._lock:
+            if self._model is not None:
+                return self._model
+            from .devices import bind_device_to_thread
+            from .models import ModelError, load_model
+
+            self._state = "loading"
+            self._progress = {"fraction": 0.0, "message": "starting"}
+
+            def progress(fraction: float, message: str) -> None:
+                self._progress = {"fraction": fraction, "message": message}
+                if on_progress is not None:
+                    on_progress(fraction, message)
+
+            try:
+                device, dtype = self.device, self.dtype
+                bind_device_to_thread(device, backends=self._backends)
+                model = load_model(self.config, device, dtype, on_progress=progress)
+                self._model = model
+                self._apply_attention_at_load()
+            except ModelError as exc:
+                self._last_error = str(exc)
+                raise EngineError(str(exc)) from exc
+            except Exception as exc:
+                if self._is_oom(exc):
+                    self._free()
+                    raise EngineError(f"out of memory while loading the model on {self.device.torch_device}: "
+                                      "try --text-encoders cpu, a smaller dtype, or another device") from exc
+                raise
+            finally:
+                self._state = "idle"
+                self._progress = {}
+            logger.info("model loaded: %s", model.sources.to_dict())
+            return model
+
+    def _apply_attention_at_load(self) -> None:
+        from .attention import AttentionUnavailable, apply
+
+        transformer = self._model.pipeline.transformer
+        try:
+            self._attention = apply(transformer, self._attention_request, self.device, self.dtype)
+            self._attention_note = None
+        except (AttentionUnavailable, ValueError) as exc:
+            # The app must come up: use the best available strategy and say why in the status panel.
+            self._attention = apply(transformer, "auto", self.device, self.dtype)
+            self._attention_note = f"attention {self._attention_request!r} not used: {exc}; using {self._attention}"
+            logger.warning(self._attention_note)
+
+    # ------------------------------------------------------------------ attention
+    def attention_choices(self) -> list:
+        from .attention import list_strategies
+
+        return list_strategies(self.device, self.dtype)
+
+    def set_attention(self, name: str) -> str:
+        """Switches the attention strategy of the loaded transformer (or the one to use at load).
+
+        Raises EngineError with the reason when `name` is unknown or unavailable; the current
+        strategy then stays active.
+        """
+        from .attention import AttentionUnavailable, apply, get_strategy, resolve
+
+        name = (name or "").strip().lower()
+        with self._lock:  # never in the middle of an edit
+            try:
+                get_strategy(name)
+                if self._model is None:
+                    resolved = resolve(name, self.device, self.dtype).name
+                else:
+                    resolved = apply(self._model.pipeline.transformer, name, self.device, self.dtype)
+            except AttentionUnavailable as exc:
+                raise EngineError(f"attention {name!r} is not available: {exc.reason}") from exc
+            except ValueError as exc:
+                raise EngineError(str(exc)) from exc
+            self._attention_request = name
+            self._attention = resolved
+            self._attention_note = None
+            return resolved
+
+    # ------------------------------------------------------------------ edit
+    def cancel(self) -> None:
+        """Stops the running edit or batch after its current step."""
+        self._cancel.set()
+
+    def encode(self, text: str) -> "PromptEmbeds":
+        """Embeddings for one text, from the cache when it was seen before."""
+        model = self.model
+        key = (text, 128, model.sources.to_dict()["i1"], str(model.dtype))
+
+        def compute():
+            self.counters["text_encoder_calls"] += 1
+            return model.pipeline.encode_text(text)
+
+        return self._cache.get(key, compute)
+
+    def edit(self, request: EditRequest, on_step: StepFn | None = None, *, save: bool = True) -> EditResult:
+        """Runs one edit; returns the result (saved with its metadata when `save`)."""
+        results = self._run([request], on_step, save=save)
+        return results[0]
+
+    def _run(self, requests: list[EditRequest], on_step: StepFn | None, *, save: bool) -> list[EditResult]:
+        """Edits requests that share parameters other than image/instruction/seed in ONE pipeline call."""
+        from .devices import bind_device_to_thread, make_generator, reset_peak
+        from .imaging import prepare_working_image, restore_size
+        from .memory import snapshot
+        from .outputs import save_result
+        from .pipeline import EditInterrupted
+
+        started = time.perf_counter()
+        params_list = [r.params.validated().resolve_seed() for r in requests]
+        load_seconds = 0.0
+        if self._model is None:
+            t0 = time.perf_counter()
+            self.load()
+            load_seconds = time.perf_counter() - t0
+        with self._lock:
+            model = self.model
+            pipe = model.pipeline
+            self._cancel.clear()
+            self._state = "editing"
+            first = params_list[0]
+            total = first.num_inference_steps
+            self._progress = {"step": 0, "total": total, "stage": "edit"}
+            try:
+                bind_device_to_thread(model.device, backends=self._backends)
+                reset_peak(model.device)
+                working = []
+                for request, params in zip(requests, params_list):
+                    image, plan = prepare_working_image(
+                        request.image, variant=model.sources.variant, image_size=model.geometry.image_size,
+                        working_resolution=params.working_resolution,
+                        fixed_size=(model.geometry.e1_full_side, model.geometry.e1_full_side))
+                    working.append((image, plan))
+                sizes = {image.size for image, _ in working}
+                if len(sizes) != 1:
+                    raise EngineError(f"one pipeline call needs one working size, got {sorted(sizes)}")
+                text_seconds = [0.0]
+
+                def embeds(text: str):
+                    t0 = time.perf_counter()
+                    try:
+                        return self.encode(text)
+                    finally:
+                        text_seconds[0] += time.perf_counter() - t0
+
+                marks: dict[str, float] = {}
+                stages: list[str] = []
+
+                def stage_fn(stage: str) -> None:
+                    marks.setdefault("denoise_start", time.perf_counter())
+                    stages.append(stage)
+                    model.use_stage_weights(stage)
+
+                def step_end(pipeline, i, t, tensors):
+                    now = time.perf_counter()
+                    marks["last_step"] = now
+                    self.counters["transformer_calls"] += 1
+                    elapsed = now - marks["denoise_start"]
+                    done = i + 1
+                    stage = "refine" if stages and stages[-1] == "refine" else "edit"
+                    eta = elapsed / done * (total - done)
+                    self._progress = {"step": done, "total": total, "stage": stage}
+                    if on_step is not None:
+                        on_step(StepInfo(step=done, total=total, stage=stage, elapsed=elapsed, eta=eta))
+                    if self._cancel.is_set():
+                        pipeline._interrupt = True
+                    return tensors
+
+                generators = [make_generator(p.seed, model.device) for p in params_list]
+                output = pipe(
+                    image=[image for image, _ in working],
+                    prompt=[p.instruction for p in params_list],
+                    negative_prompt=[p.negative_prompt for p in params_list],
+                    guidance_scale=first.guidance_scale,
+                    image_guidance_scale=first.image_guidance_scale,
+                    num_inference_steps=first.num_inference_steps,
+                    refine_strength=first.refine_strength,
+                    clip_cfg_norm=first.clip_cfg_norm,
+                    collapse_padding=first.collapse_padding,
+                    generator=generators,
+                    prompt_embeds_fn=embeds,
+                    stage_fn=stage_fn,
+                    callback_on_step_end=step_end,
+                )
+                finished = time.perf_counter()
+                peak = snapshot(model.device).peak
+            except EditInterrupted as exc:
+                raise EditCancelled(f"edit cancelled: {exc}") from exc
+            except EngineError:
+                raise
+            except Exception as exc:
+                if self._is_oom(exc):
+                    self._free()
+                    size = working[0][0].size if working else None
+                    raise EngineError(
+                        f"out of memory on {model.device.torch_device} editing at working size "
+                        f"{size[0]}x{size[1] if size else '?'}; memory was freed. Try the draft resolution, "
+                        "fewer images per batch, or --text-encoders cpu.") from exc
+                raise
+            finally:
+                self._state = "idle"
+                self._progress = {}
+                self._cancel.clear()
+
+            denoise_start = marks.get("denoise_start", finished)
+            last_step = marks.get("last_step", finished)
+            timings = {
+                "load": round(load_seconds, 4),
+                "text_encode": round(text_seconds[0], 4),
+                "prepare": round(denoise_start - started - load_seconds - text_seconds[0], 4),
+                "denoise": round(last_step - denoise_start, 4),
+                "per_step": round((last_step - denoise_start) / max(1, total), 4),
+                "decode": round(finished - last_step, 4),
+                "total": round(finished - started, 4),
+            }
+            self.counters["edits"] += len(requests)
+            info = self._info()
+            results = []
+            for request, params, (image, plan), out in zip(requests, params_list, working, output.images):
+                result = EditResult(
+                    image=restore_size(out, request.image.size), source_image=request.image, params=params,
+                    working_size=image.size, source_size=request.image.size, timings=dict(timings),
+                    peak_memory_bytes=peak, info=dict(info, source_name=request.source_name),
+                )
+                if save:
+                    result = save_result(result, self.config.output_dir, retention=self.config.retention or None)
+                results.append(result)
+            return results
+
+    # ------------------------------------------------------------------ status
+    def _info(self) -> dict:
+        import diffusers
+        import torch
+        import transformers
+
+        from . import __version__
+        from .devices import dtype_name
+
+        model = self._model
+        sources = model.sources if model else None
+        return {
+            "variant": self.config.variant,
+            "model_source": sources.kind if sources else ("tiny" if self.config.uses_tiny_model else "real"),
+            "model_paths": sources.to_dict() if sources else None,
+            "device": self.device.torch_device,
+            "device_name": self.device.name,
+            "dtype": dtype_name(self.dtype),
+            "attention": self._attention,
+            "refiner": self.config.refiner,
+            "versions": {"hidream_ui": __version__, "torch": torch.__version__,
+                         "diffusers": diffusers.__version__, "transformers": transformers.__version__},
+        }
+
+    def status(self) -> dict:
+        """A JSON-able snapshot for the status panel and `/status`. Cheap: no lock, no device sync."""
+        from .memory import snapshot
+
+        status = {
+            "state": self._state,
+            "progress": dict(self._progress),
+            "loaded": self._model is not None,
+            "variant": self.config.variant,
+            "model_source": "tiny" if self.config.uses_tiny_model else (
+                self._model.sources.kind if self._model else "real"),
+            "attention": self._attention or self._attention_request,
+            "attention_note": self._attention_note,
+            "refiner": self.config.refiner,
+            "text_encoders": self.config.text_encoders,
+            "prompt_cache": {"entries": len(self._cache), "hits": self._cache.hits, "misses": self._cache.misses},
+            "counters": dict(self.counters),
+            "last_error": self._last_error,
+        }
+        try:
+            from .devices import dtype_name
+
+            device = self.device
+            status.update(device=device.torch_device, device_type=device.type, device_name=device.name,
+                          dtype=dtype_name(self.dtype) if self._dtype is not None else self.config.dtype)
+            status["memory"] = snapshot(device, backends=self._backends).to_dict()
+        except EngineError as exc:
+            status.update(device=None, device_error=str(exc), memory=None)
+        if self._model is not None:
+            status["model_paths"] = self._model.sources.to_dict()
+            status["load_seconds"] = round(self._model.load_seconds, 3)
+            if self._model.swap is not None:
+                swap = self._model.swap
+                status["weight_swap"] = {"tensors": len(swap.inactive), "bytes": swap.nbytes,
+                                         "on_device": swap.on_device, "swaps": swap.swaps,
+                                         "bytes_copied": swap.bytes_copied}
+        return status
+
+    # ------------------------------------------------------------------ memory
+    def _is_oom(self, exc: BaseException) -> bool:
+        from .devices import is_oom_error
+
+        return is_oom_error(exc)
+
+    def _free(self) -> None:
+        from .devices import free_memory
+
+        try:
+            free_memory(self.device)
+        except Exception:  # noqa: BLE001 - freeing is best effort after an OOM; the error is reported anyway
+            logger.exception("freeing memory after an out-of-memory error failed")
+
+
+_ENGINE: EditEngine | None = None
+_ENGINE_LOCK = threading.Lock()
+
+
+def get_engine(config: AppConfig | None = None) -> EditEngine:
+    """The process-wide engine. The first call decides its config; later calls must agree."""
+    global _ENGINE
+    with _ENGINE_LOCK:
+        if _ENGINE is None:
+            _ENGINE = EditEngine(config or AppConfig())
+        elif config is not None and config != _ENGINE.config:
+            raise EngineError("the engine is already running with another configuration")
+        return _ENGINE
+
+
+def reset_engine() -> None:
+    """Drops the singleton (tests, and the CLI when it builds a new configuration)."""
+    global _ENGINE
+    with _ENGINE_LOCK:
+        _ENGINE = None
+
+
+def default_params(engine: EditEngine, instruction: str = "") -> EditParams:
+    return EditParams.defaults_for(engine.config.variant, instruction)
+
+
+__all__ = ["EditEngine", "EngineError", "EditCancelled", "StepInfo", "PromptCache", "get_engine", "reset_engine",
+           "default_params", "replace"]

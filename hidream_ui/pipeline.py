@@ -1,0 +1,305 @@
+"""HiDreamEditPipeline: instruction-based editing with HiDream-E1.1 / E1-Full, written from the
+published algorithm (see README "The editing algorithm").
+
+It reuses the text-encoding helpers of diffusers' HiDream text-to-image pipeline and adds:
+- the editing step (noise and source latents side by side along the width, three-way guidance),
+- the refine stage (no image conditioning, target-prompt guidance, optional weight switch),
+- exact padding collapse: the transformer pads non-square inputs to `max_seq` tokens and only
+  zeroes the padded keys, so every padded token is identical through every block; we send one
+  padded token whose attention logit carries `log P` instead of P copies (see attention.py),
+- per-text embeddings so the engine can cache them (`prompt_embeds_fn`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import PIL.Image
+import torch
+from diffusers.pipelines.hidream_image.pipeline_hidream_image import (
+    HiDreamImagePipeline,
+    calculate_shift,
+    retrieve_timesteps,
+)
+from diffusers.pipelines.hidream_image.pipeline_output import HiDreamImagePipelineOutput
+from diffusers.utils.torch_utils import randn_tensor
+
+TARGET_MARKER = "Target Image Description:"
+DEFAULT_NEGATIVE = "low resolution, blur"
+
+
+def target_prompt(prompt: str) -> str:
+    """E1-Full prompts read `Editing Instruction: ... Target Image Description: ...`; the refine
+    stage is conditioned on the description only. Other prompts are their own target."""
+    if TARGET_MARKER in prompt:
+        return prompt.split(TARGET_MARKER, 1)[1].strip()
+    return prompt
+
+
+@dataclass
+class PromptEmbeds:
+    """The three text conditionings of one or more prompts, stacked along the batch axis."""
+
+    t5: torch.Tensor  # (B, L, D_t5)
+    llama: torch.Tensor  # (layers, B, L, D_llama)
+    pooled: torch.Tensor  # (B, D_clip_l + D_clip_g)
+
+    @staticmethod
+    def cat(parts: Sequence["PromptEmbeds"]) -> "PromptEmbeds":
+        return PromptEmbeds(
+            t5=torch.cat([p.t5 for p in parts], dim=0),
+            llama=torch.cat([p.llama for p in parts], dim=1),
+            pooled=torch.cat([p.pooled for p in parts], dim=0),
+        )
+
+    def to(self, device, dtype) -> "PromptEmbeds":
+        return PromptEmbeds(self.t5.to(device, dtype), self.llama.to(device, dtype), self.pooled.to(device, dtype))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.t5, self.llama, self.pooled))
+
+
+def combine_edit_guidance(u: torch.Tensor, ic: torch.Tensor, fc: torch.Tensor, guidance_scale: float,
+                          image_guidance_scale: float, clip_cfg_norm: bool) -> torch.Tensor:
+    """Editing-stage guidance from the unconditional, image-conditioned and fully conditioned predictions."""
+    if clip_cfg_norm:
+        text_guided = ic + guidance_scale * (fc - ic)
+        # Rescale so the text-guided prediction is never longer (per pixel, over channels) than fc.
+        ratio = fc.norm(dim=1, keepdim=True) / (text_guided.norm(dim=1, keepdim=True) + 1e-8)
+        text_guided = text_guided * ratio.clamp(0, 1)
+        return u + image_guidance_scale * (text_guided - u)
+    return u + image_guidance_scale * (ic - u) + guidance_scale * (fc - ic)
+
+
+def combine_refine_guidance(u: torch.Tensor, c: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+    return u + guidance_scale * (c - u)
+
+
+def refine_start_step(num_inference_steps: int, refine_strength: float) -> int:
+    """First step of the refine stage (== num_inference_steps when there is none)."""
+    return int(num_inference_steps * (1.0 - refine_strength))
+
+
+class EditInterrupted(RuntimeError):
+    """The edit was cancelled between two steps."""
+
+
+class HiDreamEditPipeline(HiDreamImagePipeline):
+    """Edits images with an instruction; see the module docstring for the algorithm."""
+
+    # Set by hidream_ui.models after loading: where the transformer computes, and where text encoders live.
+    compute_device: str | None = None
+    text_encoder_mode: str = "device"
+
+    # ------------------------------------------------------------------ text
+    def _get_llama3_prompt_embeds(self, prompt=None, max_sequence_length=128, device=None, dtype=None):
+        # Same as diffusers' version without `output_attentions=True`: attentions are never used, and
+        # asking for them forces transformers' eager attention (slow, and O(L^2) memory per layer).
+        prompt = [prompt] if isinstance(prompt, str) else prompt
+        inputs = self.tokenizer_4(
+            prompt, padding="max_length", max_length=min(max_sequence_length, self.tokenizer_4.model_max_length),
+            truncation=True, add_special_tokens=True, return_tensors="pt")
+        outputs = self.text_encoder_4(inputs.input_ids.to(device), attention_mask=inputs.attention_mask.to(device),
+                                      output_hidden_states=True)
+        return torch.stack(outputs.hidden_states[1:], dim=0)
+
+    @torch.no_grad()
+    def encode_text(self, text: str, max_sequence_length: int = 128) -> PromptEmbeds:
+        """Runs the four text encoders on one text; returns embeddings on the compute device."""
+        device = torch.device(self.compute_device or self._execution_device)
+        dtype = self.transformer.dtype
+        encoders = [self.text_encoder, self.text_encoder_2, self.text_encoder_3, self.text_encoder_4]
+        offload = self.text_encoder_mode == "offload"
+        if offload:
+            for encoder in encoders:
+                encoder.to(device)
+        try:
+            pooled = torch.cat([
+                self._get_clip_prompt_embeds(self.tokenizer, self.text_encoder, [text], max_sequence_length,
+                                             self.text_encoder.device, None).to(device, dtype),
+                self._get_clip_prompt_embeds(self.tokenizer_2, self.text_encoder_2, [text], max_sequence_length,
+                                             self.text_encoder_2.device, None).to(device, dtype),
+            ], dim=-1)
+            t5 = self._get_t5_prompt_embeds([text], max_sequence_length, self.text_encoder_3.device, None)
+            llama = self._get_llama3_prompt_embeds([text], max_sequence_length, self.text_encoder_4.device, None)
+        finally:
+            if offload:
+                for encoder in encoders:
+                    encoder.to("cpu")
+        return PromptEmbeds(t5=t5.to(device, dtype), llama=llama.to(device, dtype), pooled=pooled)
+
+    # ------------------------------------------------------------------ transformer
+    def _collapsed_tokens(self, hidden: torch.Tensor):
+        """Patchifies a non-square latent into its real tokens plus ONE padded token standing for
+        all `max_seq - n` padded ones (mask value -P; see attention.py for the exact semantics)."""
+        batch, channels, height, width = hidden.shape
+        p = self.transformer.config.patch_size
+        ph, pw = height // p, width // p
+        n = ph * pw
+        pad = self.transformer.max_seq - n
+        if pad < 0:
+            raise ValueError(
+                f"a {width * self.vae_scale_factor}x{height * self.vae_scale_factor} edit input needs {n} tokens, "
+                f"more than this model's max_seq {self.transformer.max_seq}: use a smaller working resolution")
+        # Same feature order as the transformer's own patchify: (row-in-patch, col-in-patch, channel).
+        tokens = hidden.reshape(batch, channels, ph, p, pw, p).permute(0, 2, 4, 3, 5, 1).reshape(batch, n, -1)
+        ids = torch.zeros(n, 3, device=hidden.device)
+        ids[:, 1] = torch.arange(ph, device=hidden.device).repeat_interleave(pw)
+        ids[:, 2] = torch.arange(pw, device=hidden.device).repeat(ph)
+        # float32 so the multiplicity P is exact whatever the model dtype.
+        mask = torch.ones(batch, n + (1 if pad else 0), dtype=torch.float32, device=hidden.device)
+        if pad:
+            tokens = torch.cat([tokens, tokens.new_zeros(batch, 1, tokens.shape[-1])], dim=1)
+            ids = torch.cat([ids, ids.new_zeros(1, 3)], dim=0)
+            mask[:, n] = -float(pad)
+        ids = ids.unsqueeze(0).expand(batch, -1, -1)
+        sizes = torch.tensor([[ph, pw]] * batch, dtype=torch.int64, device=hidden.device)
+        return tokens, mask, sizes, ids
+
+    def predict(self, hidden: torch.Tensor, timestep: torch.Tensor, text: PromptEmbeds,
+                collapse_padding: bool = True) -> torch.Tensor:
+        """One transformer call; returns the negated prediction (HiDream predicts the opposite sign)."""
+        kwargs = dict(timesteps=timestep, encoder_hidden_states_t5=text.t5, encoder_hidden_states_llama3=text.llama,
+                      pooled_embeds=text.pooled, return_dict=False)
+        if collapse_padding and hidden.shape[-2] != hidden.shape[-1]:
+            tokens, mask, sizes, ids = self._collapsed_tokens(hidden)
+            out = self.transformer(hidden_states=tokens, hidden_states_masks=mask, img_sizes=sizes, img_ids=ids,
+                                   **kwargs)[0]
+        else:
+            out = self.transformer(hidden_states=hidden, **kwargs)[0]
+        return -out
+
+    # ------------------------------------------------------------------ call
+    @property
+    def interrupt(self):
+        return getattr(self, "_interrupt", False)
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        image: PIL.Image.Image | Sequence[PIL.Image.Image],
+        prompt: str | Sequence[str],
+        negative_prompt: str | Sequence[str] = DEFAULT_NEGATIVE,
+        guidance_scale: float = 3.0,
+        image_guidance_scale: float = 1.5,
+        num_inference_steps: int = 28,
+        refine_strength: float = 0.3,
+        clip_cfg_norm: bool = True,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        num_images_per_prompt: int = 1,
+        output_type: str = "pil",
+        collapse_padding: bool = True,
+        max_sequence_length: int = 128,
+        prompt_embeds_fn: Callable[[str], PromptEmbeds] | None = None,
+        stage_fn: Callable[[str], None] | None = None,
+        callback_on_step_end: Callable | None = None,
+        callback_on_step_end_tensor_inputs: Sequence[str] = ("latents",),
+        return_dict: bool = True,
+    ):
+        """Edits `image` (one or several images of the same working size, one prompt each).
+
+        `prompt_embeds_fn(text)` supplies embeddings (the engine's cache); `stage_fn(stage)` is
+        called with "edit" before the first step and "refine" at the switch, to put the transformer
+        in that stage's weights; it is called with "edit" again at the end.
+        """
+        images = [image] if isinstance(image, PIL.Image.Image) else list(image)
+        prompts = [prompt] * len(images) if isinstance(prompt, str) else list(prompt)
+        negatives = [negative_prompt] * len(images) if isinstance(negative_prompt, str) else list(negative_prompt)
+        if not images or len(prompts) != len(images) or len(negatives) != len(images):
+            raise ValueError(f"got {len(images)} images, {len(prompts)} prompts and {len(negatives)} negative prompts:"
+                             " give one prompt (and negative prompt) per image")
+        width, height = images[0].size
+        if any(im.size != (width, height) for im in images):
+            raise ValueError(f"all images of one call must share a working size; got {sorted({im.size for im in images})}")
+        unit = self.vae_scale_factor * 2
+        if width % unit or height % unit:
+            raise ValueError(f"working size {width}x{height} must be a multiple of {unit} on both sides")
+        if num_inference_steps < 1:
+            raise ValueError(f"num_inference_steps={num_inference_steps} must be at least 1")
+        self._interrupt = False
+        device = torch.device(self.compute_device or self._execution_device)
+        dtype = self.transformer.dtype
+        encode = prompt_embeds_fn or (lambda text: self.encode_text(text, max_sequence_length))
+        stage = stage_fn or (lambda name: None)
+        repeat = num_images_per_prompt
+        prompts = [p for p in prompts for _ in range(repeat)]
+        negatives = [n for n in negatives for _ in range(repeat)]
+        count = len(prompts)
+        do_cfg = guidance_scale > 1
+
+        # 1. Text: one embedding per unique text (the cache makes repeats free).
+        pos = PromptEmbeds.cat([encode(p) for p in prompts])
+        target = PromptEmbeds.cat([encode(target_prompt(p)) for p in prompts])
+        neg = PromptEmbeds.cat([encode(n) for n in negatives]) if do_cfg else None
+
+        # 2. Source latents: the distribution's mode, shifted and scaled like HiDream's training latents.
+        pixels = self.image_processor.preprocess(images, height=height, width=width)
+        pixels = pixels.to(device=device, dtype=self.vae.dtype)
+        source = self.vae.encode(pixels).latent_dist.mode()
+        source = (source - self.vae.config.shift_factor) * self.vae.config.scaling_factor
+        source = source.to(dtype).repeat_interleave(repeat, dim=0)
+
+        # 3. Starting noise (sampled on the generator's device: CPU by default, see devices.py).
+        shape = (count, self.transformer.config.in_channels, source.shape[-2], source.shape[-1])
+        latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+
+        # 4. Conditioning batches.
+        if do_cfg:
+            edit_image = torch.cat([torch.zeros_like(source), source, source])
+            edit_text = PromptEmbeds.cat([pos if clip_cfg_norm else neg, neg, pos])
+            refine_text = PromptEmbeds.cat([neg, target])
+        else:
+            edit_image, edit_text, refine_text = source, pos, target
+
+        # 5. Timesteps: the checkpoint's flow-matching schedule with HiDream's resolution shift.
+        mu = calculate_shift(self.transformer.max_seq)
+        timesteps, num_inference_steps = retrieve_timesteps(self.scheduler, num_inference_steps, device, mu=mu)
+        self._num_timesteps = len(timesteps)
+        switch = refine_start_step(num_inference_steps, refine_strength)
+        width_latent = latents.shape[-1]
+
+        stage("edit")
+        try:
+            for i, t in enumerate(timesteps):
+                if self.interrupt:
+                    raise EditInterrupted(f"cancelled after {i} of {num_inference_steps} steps")
+                if i == switch:
+                    stage("refine")
+                if i < switch:
+                    copies = 3 if do_cfg else 1
+                    hidden = torch.cat([torch.cat([latents] * copies), edit_image], dim=-1)
+                    pred = self.predict(hidden, t.expand(hidden.shape[0]), edit_text, collapse_padding)
+                    pred = pred[..., :width_latent]
+                    if do_cfg:
+                        u, ic, fc = pred.chunk(3)
+                        noise = combine_edit_guidance(u, ic, fc, guidance_scale, image_guidance_scale, clip_cfg_norm)
+                    else:
+                        noise = pred
+                else:
+                    hidden = torch.cat([latents] * 2) if do_cfg else latents
+                    pred = self.predict(hidden, t.expand(hidden.shape[0]), refine_text, collapse_padding)
+                    if do_cfg:
+                        u, c = pred.chunk(2)
+                        noise = combine_refine_guidance(u, c, guidance_scale)
+                    else:
+                        noise = pred
+                latents = self.scheduler.step(noise, t, latents, return_dict=False)[0]
+                if callback_on_step_end is not None:
+                    names = {"latents": latents, "noise": noise}
+                    outputs = callback_on_step_end(
+                        self, i, t, {k: names[k] for k in callback_on_step_end_tensor_inputs if k in names})
+                    latents = (outputs or {}).get("latents", latents)
+        finally:
+            stage("edit")
+
+        if output_type == "latent":
+            result = latents
+        else:
+            decoded = self.vae.decode((latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor,
+                                      return_dict=False)[0]
+            result = self.image_processor.postprocess(decoded, output_type=output_type)
+        if not return_dict:
+            return (result,)
+        return HiDreamImagePipelineOutput(images=result)

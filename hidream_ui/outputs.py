@@ -1,0 +1,306 @@
+"""Saving results: a PNG with the metadata embedded, a JSON sidecar, unique names, retention.
+
+The metadata (``EditResult.metadata()``) is stored twice on purpose: in the PNG as a ``tEXt``
+chunk ``hidream_ui`` (so a downloaded or shared PNG still carries its settings and can be dropped
+back into the UI) and as a ``.json`` sidecar next to it (easy to grep and diff). A second chunk
+``parameters`` holds a one-line human-readable summary, the key image viewers and other diffusion
+UIs show.
+
+Files are never overwritten (exclusive create) and retention only ever deletes files whose name
+has our pattern *and* whose content carries our metadata, so pointing ``out_dir`` at a folder of
+other images is safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import IO, Any, Mapping, Union
+
+from PIL import Image, PngImagePlugin
+
+from .imaging import ImageError
+from .requests import EditParams, EditResult
+
+__all__ = [
+    "METADATA_KEY",
+    "SUMMARY_KEY",
+    "MetadataError",
+    "save_result",
+    "prune",
+    "read_metadata",
+    "load_settings",
+    "write_sidecar",
+    "metadata_json",
+    "summary_line",
+    "encode_png",
+]
+
+logger = logging.getLogger(__name__)
+
+METADATA_KEY = "hidream_ui"
+SUMMARY_KEY = "parameters"
+_FORMAT_PREFIX = "hidream_ui/"
+_SUPPORTED_FORMATS = (EditResult.METADATA_FORMAT,)
+
+# Names we generate: 20250101-120000-123456-s3-0123abcd[-2].png. Retention only looks at these.
+_NAME_RE = re.compile(r"^\d{8}-\d{6}-\d{6}-s\d+-[0-9a-f]{8}(?:-\d+)?\.png$")
+_STEM_BAD = re.compile(r"[\\/\x00]")
+_MAX_NAME_ATTEMPTS = 1000
+
+MetadataSource = Union[str, os.PathLike, bytes, bytearray, IO[bytes], Image.Image]
+
+
+class MetadataError(ValueError):
+    """The file carries no (or unreadable) hidream_ui metadata."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+# ---------------------------------------------------------------------------------------------
+
+
+def metadata_json(metadata: Mapping[str, Any], *, indent: int | None = 2) -> str:
+    """The canonical JSON text for a metadata dict (sidecars, PNG chunk, batch zips).
+
+    ASCII-only so that it fits a Latin-1 ``tEXt`` chunk unchanged; NaN is refused because strict
+    JSON readers (browsers, jq) cannot parse it.
+    """
+    return json.dumps(metadata, indent=indent, ensure_ascii=True, allow_nan=False)
+
+
+def summary_line(metadata: Mapping[str, Any]) -> str:
+    """A one-line human-readable summary: instruction, then the settings that change the image."""
+    params = metadata.get("params") or {}
+    size = metadata.get("working_size")
+    parts = [
+        f"Steps: {params.get('num_inference_steps')}",
+        f"Guidance: {params.get('guidance_scale')}",
+        f"Image guidance: {params.get('image_guidance_scale')}",
+        f"Refine: {params.get('refine_strength')}",
+        f"Seed: {params.get('seed')}",
+    ]
+    if size:
+        parts.append(f"Size: {size[0]}x{size[1]}")
+    for key, label in (("variant", "Model"), ("model_source", "Weights")):
+        if metadata.get(key):
+            parts.append(f"{label}: {metadata[key]}")
+    instruction = " ".join(str(params.get("instruction", "")).split())  # one line, always
+    negative = " ".join(str(params.get("negative_prompt", "")).split())
+    text = instruction + (f" | Negative: {negative}" if negative else "")
+    return f"{text} | " + ", ".join(parts)
+
+
+def encode_png(image: Image.Image, metadata: Mapping[str, Any]) -> bytes:
+    """PNG bytes of ``image`` with the metadata and summary text chunks (before the pixel data,
+    so readers get them from the header without decoding the image)."""
+    info = PngImagePlugin.PngInfo()
+    info.add_text(METADATA_KEY, metadata_json(metadata, indent=None))
+    # add_text switches to an iTXt (UTF-8) chunk by itself when the summary is not Latin-1.
+    info.add_text(SUMMARY_KEY, summary_line(metadata))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", pnginfo=info)
+    return buffer.getvalue()
+
+
+def write_sidecar(path: str | os.PathLike, metadata: Mapping[str, Any], *, exclusive: bool = True) -> Path:
+    """Write ``metadata`` as pretty JSON to ``path``; by default refuse to overwrite."""
+    path = Path(path)
+    with path.open("x" if exclusive else "w", encoding="utf-8") as fp:
+        fp.write(metadata_json(metadata))
+        fp.write("\n")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving
+# ---------------------------------------------------------------------------------------------
+
+
+def save_result(
+    result: EditResult,
+    out_dir: str | os.PathLike,
+    *,
+    retention: int | None = 500,
+    stem: str | None = None,
+    now: _dt.datetime | None = None,
+) -> EditResult:
+    """Save ``result`` as ``<stem>.png`` + ``<stem>.json`` in ``out_dir`` and apply retention.
+
+    The default stem is ``<local time to the microsecond>-s<seed>-<8 hex of the PNG's sha256>``;
+    a taken name gets ``-1``, ``-2``, ... (files are created exclusively, never overwritten).
+    ``retention`` keeps at most that many of our result PNGs in ``out_dir`` (``None``: no limit).
+    ``now`` fixes the timestamp in the default stem (tests, batch runs that share one time).
+    Returns a copy of ``result`` with ``saved_png`` and ``saved_json`` set.
+    """
+    if retention is not None and (isinstance(retention, bool) or not isinstance(retention, int) or retention < 1):
+        raise ValueError(f"retention must be a positive integer or None (got {retention!r})")
+    if stem is not None and (not stem or _STEM_BAD.search(stem) or stem in (".", "..")):
+        raise ValueError(f"stem must be a plain file name without slashes (got {stem!r})")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    metadata = result.metadata()
+    png = encode_png(result.image, metadata)
+    if stem is None:
+        moment = now or _dt.datetime.now()
+        digest = hashlib.sha256(png).hexdigest()[:8]
+        stem = f"{moment:%Y%m%d-%H%M%S-%f}-s{result.params.seed}-{digest}"
+
+    png_path, json_path = _create_pair(out_dir, stem, png, metadata)
+    saved = dataclasses.replace(result, saved_png=png_path, saved_json=json_path)
+    if retention is not None:
+        prune(out_dir, retention, keep=png_path)
+    return saved
+
+
+def _create_pair(out_dir: Path, stem: str, png: bytes, metadata: Mapping[str, Any]) -> tuple[Path, Path]:
+    for attempt in range(_MAX_NAME_ATTEMPTS):
+        name = stem if attempt == 0 else f"{stem}-{attempt}"
+        png_path, json_path = out_dir / f"{name}.png", out_dir / f"{name}.json"
+        try:
+            with png_path.open("xb") as fp:
+                fp.write(png)
+        except FileExistsError:
+            continue
+        try:
+            write_sidecar(json_path, metadata)
+        except FileExistsError:
+            # Someone else's <name>.json: leave it alone and take the next name for both files.
+            png_path.unlink()
+            continue
+        except BaseException:
+            png_path.unlink(missing_ok=True)  # no half-saved results
+            raise
+        return png_path, json_path
+    raise FileExistsError(f"could not find a free file name for {stem!r} in {out_dir} after {_MAX_NAME_ATTEMPTS} tries")
+
+
+def prune(out_dir: str | os.PathLike, retention: int, *, keep: Path | None = None) -> list[Path]:
+    """Delete our oldest result PNGs (and their sidecars) beyond ``retention``; return them.
+
+    Ours means: the generated name pattern, and the file carries hidream_ui metadata. Files that
+    match the pattern but are not ours are skipped (neither deleted nor counted). Age is the
+    timestamp in the name (mtimes change when folders are copied), newest kept.
+    """
+    out_dir = Path(out_dir)
+    names = sorted((p for p in out_dir.iterdir() if _NAME_RE.match(p.name) and p.is_file()), reverse=True)
+    kept = 0
+    deleted: list[Path] = []
+    for path in names:
+        if kept < retention or path == keep:
+            kept += 1
+            continue
+        if not _is_ours(path):
+            logger.info("retention: leaving %s alone (no hidream_ui metadata)", path)
+            continue
+        sidecar = path.with_suffix(".json")
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue  # another process pruned it first
+        deleted.append(path)
+        if _is_our_sidecar(sidecar):
+            sidecar.unlink(missing_ok=True)
+    return deleted
+
+
+def _is_ours(path: Path) -> bool:
+    try:
+        with Image.open(path) as image:
+            return METADATA_KEY in image.info
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return False
+
+
+def _is_our_sidecar(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and str(data.get("format", "")).startswith(_FORMAT_PREFIX)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading back
+# ---------------------------------------------------------------------------------------------
+
+
+def read_metadata(src: MetadataSource) -> dict[str, Any]:
+    """The metadata dict saved with a result: from a PNG (path, bytes, file object, PIL image) or
+    from a ``.json`` sidecar path. Raises :class:`MetadataError` when there is none."""
+    label = _label(src)
+    if isinstance(src, (str, os.PathLike)) and Path(src).suffix.lower() == ".json":
+        try:
+            return _check_metadata(json.loads(Path(src).read_text(encoding="utf-8")), label)
+        except OSError as exc:
+            raise MetadataError(f"{label}: cannot read the sidecar ({exc})") from None
+        except ValueError as exc:
+            if isinstance(exc, MetadataError):
+                raise
+            raise MetadataError(f"{label}: the sidecar is not valid JSON ({exc})") from None
+
+    if isinstance(src, Image.Image):
+        text = _text_chunk(src)
+    else:
+        if isinstance(src, (bytes, bytearray)):
+            src = io.BytesIO(bytes(src))
+        try:
+            with Image.open(src) as image:
+                text = _text_chunk(image)
+        except FileNotFoundError:
+            raise ImageError(f"{label}: no such file") from None
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            raise ImageError(f"{label}: not a readable image ({exc})") from None
+    if text is None:
+        raise MetadataError(
+            f"{label}: this image has no {METADATA_KEY} settings; only PNGs saved by this app carry "
+            "them (many sites strip PNG text chunks on upload; use the original file or its .json)"
+        )
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise MetadataError(f"{label}: the {METADATA_KEY} chunk is not valid JSON ({exc})") from None
+    return _check_metadata(data, label)
+
+
+def _text_chunk(image: Image.Image) -> str | None:
+    value = image.info.get(METADATA_KEY)
+    if value is None and hasattr(image, "text"):
+        # Chunks written after the pixel data only appear once the image is loaded.
+        try:
+            value = image.text.get(METADATA_KEY)
+        except (OSError, SyntaxError, ValueError):
+            value = None
+    return value if isinstance(value, str) else None
+
+
+def _check_metadata(data: Any, label: str) -> dict[str, Any]:
+    if not isinstance(data, dict) or not isinstance(data.get("params"), dict):
+        raise MetadataError(f"{label}: the metadata has no 'params' object")
+    fmt = str(data.get("format", ""))
+    if fmt not in _SUPPORTED_FORMATS:
+        raise MetadataError(
+            f"{label}: metadata format {fmt!r} is not supported (this version reads "
+            f"{', '.join(_SUPPORTED_FORMATS)}); it was written by another version of hidream_ui"
+        )
+    return data
+
+
+def _label(src: object) -> str:
+    if isinstance(src, (str, os.PathLike)):
+        return Path(src).name
+    name = getattr(src, "filename", None) or getattr(src, "name", None)
+    return Path(name).name if isinstance(name, str) and name else "image"
+
+
+def load_settings(src: MetadataSource) -> EditParams:
+    """The validated :class:`EditParams` stored with a result (same sources as read_metadata)."""
+    return EditParams.from_dict(read_metadata(src)["params"])

@@ -1,0 +1,376 @@
+"""Edit requests and results: the dataclasses that cross the UI / CLI / engine boundary.
+
+Everything that reproduces an edit (except the source image) lives in :class:`EditParams`, so
+that a result's metadata can be turned back into the exact same request (``outputs.load_settings``).
+Values arrive from three places with different types: Python callers (already typed), Gradio
+widgets (floats for integer sliders, ``None`` for cleared numbers) and the HTTP API / JSON
+sidecars (anything, often strings). :meth:`EditParams.validated` is the single gate that coerces
+and checks them; the engine only ever sees validated params.
+
+Only PIL and the standard library are imported here: this module is loaded by the CLI and the UI
+before any model is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from PIL import Image
+
+__all__ = [
+    "VARIANTS",
+    "SEED_MAX",
+    "MAX_PROMPT_CHARS",
+    "WORKING_SIDE_MIN",
+    "WORKING_SIDE_MAX",
+    "WORKING_SIDE_MULTIPLE",
+    "TARGET_MARKER",
+    "RequestError",
+    "EditParams",
+    "EditRequest",
+    "EditResult",
+    "parse_working_resolution",
+]
+
+VARIANTS = ("e1.1", "e1-full")
+
+SEED_MAX = 2**32 - 1
+# Long enough for E1-Full's "Editing Instruction: ... Target Image Description: ..." prompts with a
+# detailed description; the text encoders truncate far earlier (T5 128 tokens, Llama 128 tokens), so
+# anything longer is almost certainly a paste accident rather than a prompt.
+MAX_PROMPT_CHARS = 4000
+GUIDANCE_RANGE = (0.0, 30.0)
+IMAGE_GUIDANCE_RANGE = (0.0, 30.0)
+STEPS_RANGE = (1, 200)
+REFINE_RANGE = (0.0, 1.0)
+
+# Explicit working resolutions: a side length on the 16-px grid the VAE (8x) and the transformer's
+# 2x2 patches need. Below 256 the models produce mush; above 4096 the attention cost is absurd.
+WORKING_SIDE_MIN = 256
+WORKING_SIDE_MAX = 4096
+WORKING_SIDE_MULTIPLE = 16
+WORKING_RESOLUTION_WORDS = ("auto", "draft")
+
+# The E1-Full prompt format. Matched exactly (case-sensitive), as the upstream pipeline does, so the
+# same prompt is split the same way here and there.
+TARGET_MARKER = "Target Image Description:"
+
+_TRUE_WORDS = frozenset({"true", "1", "yes", "on", "y", "t"})
+_FALSE_WORDS = frozenset({"false", "0", "no", "off", "n", "f"})
+
+
+class RequestError(ValueError):
+    """A request field has a bad value. ``field`` and ``value`` let the UI highlight the widget."""
+
+    def __init__(self, field: str, value: object, expected: str):
+        self.field = field
+        self.value = value
+        self.expected = expected
+        super().__init__(f"{field}: got {_short_repr(value)}; expected {expected}")
+
+    def __reduce__(self):  # keep the three-argument constructor picklable (worker processes)
+        return (type(self), (self.field, self.value, self.expected))
+
+
+def _short_repr(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# Coercion helpers. Each takes the field name so that every error names the field it is about.
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_float(name: str, value: object, lo: float, hi: float) -> float:
+    expected = f"a number from {lo:g} to {hi:g}"
+    # bool is an int subclass; True as a guidance scale is a wiring bug, not a number.
+    if isinstance(value, bool) or value is None:
+        raise RequestError(name, value, expected)
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise RequestError(name, value, expected) from None
+    else:
+        try:
+            number = float(value)  # numpy scalars, Decimal
+        except (TypeError, ValueError):
+            raise RequestError(name, value, expected) from None
+    if not math.isfinite(number) or not lo <= number <= hi:
+        raise RequestError(name, value, expected)
+    return number
+
+
+def _as_int(name: str, value: object, lo: int, hi: int) -> int:
+    expected = f"a whole number from {lo} to {hi}"
+    if isinstance(value, bool) or value is None:
+        raise RequestError(name, value, expected)
+    if isinstance(value, int):
+        number = value
+    else:
+        # Gradio number widgets and JSON clients send 28.0 for 28; accept that, but never round
+        # 1.5 silently: a seed or step count that is not what the user typed is not reproducible.
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                number = int(text)
+            except ValueError:
+                try:
+                    as_float = float(text)
+                except ValueError:
+                    raise RequestError(name, value, expected) from None
+                number = _exact_int(name, value, as_float, expected)
+        else:
+            try:
+                as_float = float(value)
+            except (TypeError, ValueError):
+                raise RequestError(name, value, expected) from None
+            number = _exact_int(name, value, as_float, expected)
+    if not lo <= number <= hi:
+        raise RequestError(name, value, expected)
+    return number
+
+
+def _exact_int(name: str, original: object, number: float, expected: str) -> int:
+    if not math.isfinite(number) or not number.is_integer():
+        raise RequestError(name, original, expected)
+    return int(number)
+
+
+def _as_bool(name: str, value: object) -> bool:
+    expected = "true or false"
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+    raise RequestError(name, value, expected)
+
+
+def _as_text(name: str, value: object, *, allow_none: bool) -> str:
+    if value is None and allow_none:
+        return ""
+    if not isinstance(value, str):
+        raise RequestError(name, value, "text")
+    if len(value) > MAX_PROMPT_CHARS:
+        raise RequestError(
+            name, value, f"at most {MAX_PROMPT_CHARS} characters (got {len(value)}); shorten it"
+        )
+    return value
+
+
+def parse_working_resolution(value: object) -> str | int:
+    """Parse a working-resolution setting: ``"auto"``, ``"draft"`` or a side length.
+
+    Returns the word (lower case) or the side as an ``int``. Raises :class:`RequestError` for
+    anything else, naming the allowed values.
+    """
+    expected = (
+        f'"auto", "draft" or a side length that is a multiple of {WORKING_SIDE_MULTIPLE} '
+        f"from {WORKING_SIDE_MIN} to {WORKING_SIDE_MAX}"
+    )
+    name = "working_resolution"
+    if isinstance(value, bool) or value is None:
+        raise RequestError(name, value, expected)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in WORKING_RESOLUTION_WORDS:
+            return word
+        word = word.removesuffix("px").strip()
+        side = _as_int_or_none(word)
+    else:
+        side = _as_int_or_none(value)
+    if (
+        side is None
+        or not WORKING_SIDE_MIN <= side <= WORKING_SIDE_MAX
+        or side % WORKING_SIDE_MULTIPLE
+    ):
+        raise RequestError(name, value, expected)
+    return side
+
+
+def _as_int_or_none(value: object) -> int | None:
+    try:
+        return _as_int("working_resolution", value, -(2**63), 2**63)
+    except RequestError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EditParams:
+    """Everything that reproduces an edit except the source image.
+
+    Construction does not validate (so the UI can build one from raw widget values and get a
+    single, field-named error from :meth:`validated`). The engine must call :meth:`validated`
+    (and :meth:`resolve_seed`) before use.
+    """
+
+    instruction: str
+    negative_prompt: str = "low resolution, blur"
+    guidance_scale: float = 3.0
+    image_guidance_scale: float = 1.5
+    num_inference_steps: int = 28
+    refine_strength: float = 0.3
+    clip_cfg_norm: bool = True
+    seed: int = 3  # -1 = pick a random seed; the seed actually used is recorded in the result
+    working_resolution: str = "auto"  # "auto" (variant rule), "draft", or a side such as "768"
+    collapse_padding: bool = True  # exact padding collapse; False runs the padded tokens as upstream
+
+    def validated(self) -> "EditParams":
+        """Return a copy with coerced types and a stripped instruction, or raise RequestError."""
+        instruction = _as_text("instruction", self.instruction, allow_none=False).strip()
+        if not instruction:
+            raise RequestError("instruction", self.instruction, "a non-empty editing instruction")
+        if TARGET_MARKER in instruction and not _target_text(instruction):
+            raise RequestError(
+                "instruction",
+                self.instruction,
+                f'a description after "{TARGET_MARKER}" (or remove the marker)',
+            )
+        working = parse_working_resolution(self.working_resolution)
+        return EditParams(
+            instruction=instruction,
+            negative_prompt=_as_text("negative_prompt", self.negative_prompt, allow_none=True).strip(),
+            guidance_scale=_as_float("guidance_scale", self.guidance_scale, *GUIDANCE_RANGE),
+            image_guidance_scale=_as_float(
+                "image_guidance_scale", self.image_guidance_scale, *IMAGE_GUIDANCE_RANGE
+            ),
+            num_inference_steps=_as_int("num_inference_steps", self.num_inference_steps, *STEPS_RANGE),
+            refine_strength=_as_float("refine_strength", self.refine_strength, *REFINE_RANGE),
+            clip_cfg_norm=_as_bool("clip_cfg_norm", self.clip_cfg_norm),
+            seed=_as_int("seed", self.seed, -1, SEED_MAX),
+            working_resolution=str(working),
+            collapse_padding=_as_bool("collapse_padding", self.collapse_padding),
+        )
+
+    def resolve_seed(self, rng: random.Random | None = None) -> "EditParams":
+        """Replace seed -1 by a concrete seed in [0, 2**32-1]; other seeds are kept.
+
+        ``rng`` makes the choice reproducible in tests; without it the OS entropy source is used
+        so that two processes started at the same moment do not pick the same "random" seed.
+        """
+        seed = _as_int("seed", self.seed, -1, SEED_MAX)
+        if seed == -1:
+            seed = rng.randint(0, SEED_MAX) if rng is not None else secrets.randbelow(SEED_MAX + 1)
+        return dataclasses.replace(self, seed=seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EditParams":
+        """Build validated params from a mapping (API payload, metadata). Unknown keys are ignored
+        so that metadata written by a newer version still loads; missing keys take the defaults."""
+        if not isinstance(d, Mapping):
+            raise RequestError("params", d, "a mapping of parameter names to values")
+        if "instruction" not in d:
+            raise RequestError("instruction", None, "a non-empty editing instruction")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known}).validated()
+
+    @classmethod
+    def defaults_for(cls, variant: str, instruction: str = "") -> "EditParams":
+        """The upstream defaults of each variant (not validated: the instruction may be empty)."""
+        if variant == "e1.1":
+            return cls(instruction=instruction, guidance_scale=3.0, image_guidance_scale=1.5)
+        if variant == "e1-full":
+            return cls(instruction=instruction, guidance_scale=5.0, image_guidance_scale=4.0)
+        raise RequestError("variant", variant, f"one of {', '.join(VARIANTS)}")
+
+    def target_prompt(self) -> str:
+        """The prompt for the refine stage.
+
+        E1-Full prompts have the form "Editing Instruction: ... Target Image Description: ...";
+        the refine stage is conditioned on the description only. Like upstream, the marker is
+        matched exactly and the text up to a second marker (if any) is used. Instructions
+        without the marker are used as they are (E1.1 takes plain instructions).
+        """
+        text = _target_text(self.instruction)
+        return text if text else self.instruction.strip()
+
+
+def _target_text(instruction: str) -> str:
+    parts = instruction.split(TARGET_MARKER)
+    return parts[1].strip() if len(parts) > 1 else ""
+
+
+@dataclass(frozen=True)
+class EditRequest:
+    image: Image.Image
+    params: EditParams
+    source_name: str | None = None
+
+    def validated(self) -> "EditRequest":
+        """Check the image type and validate the params (image content is checked by imaging)."""
+        if not isinstance(self.image, Image.Image):
+            raise RequestError("image", type(self.image).__name__, "a PIL image (use imaging.open_image)")
+        return dataclasses.replace(self, params=self.params.validated())
+
+
+@dataclass
+class EditResult:
+    image: Image.Image  # the edited image at source_size
+    source_image: Image.Image  # the source after EXIF transpose and mode conversion
+    params: EditParams  # validated, seed resolved
+    working_size: tuple[int, int]
+    source_size: tuple[int, int]
+    timings: dict[str, float]
+    peak_memory_bytes: int | None
+    info: dict[str, Any]  # engine facts: variant, model_source, model paths, device, dtype, ...
+    saved_png: Path | None = None
+    saved_json: Path | None = None
+    source_name: str | None = None
+
+    METADATA_FORMAT = "hidream_ui/1"
+
+    def metadata(self) -> dict[str, Any]:
+        """JSON-ready description of this result (written into the PNG and the sidecar).
+
+        The core keys come first and win over an ``info`` entry of the same name, so an engine
+        fact can never disguise the params that reproduce the image.
+        """
+        core: dict[str, Any] = {
+            "format": self.METADATA_FORMAT,
+            "params": self.params.to_dict(),
+            "working_size": list(self.working_size),
+            "source_size": list(self.source_size),
+            "source_name": self.source_name,
+            "timings": dict(self.timings),
+            "peak_memory_bytes": self.peak_memory_bytes,
+        }
+        for key, value in self.info.items():
+            core.setdefault(str(key), value)
+        return _jsonable(core)
+
+
+def _jsonable(value: Any) -> Any:
+    """Convert to JSON-native types so that write -> read gives back an equal dict."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        # NaN/inf would make the JSON invalid for strict readers (browsers, jq).
+        return value if math.isfinite(value) else None
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)  # torch.dtype, torch.device, versions: their str() is the useful form

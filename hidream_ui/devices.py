@@ -1,0 +1,923 @@
+"""Which device and dtype to compute on, and the few device operations the app needs.
+
+Detection order is NPU (Ascend, through ``torch_npu``) > CUDA > CPU. A device spec string
+(``auto | npu | npu:N | cuda | cuda:N | cpu``) overrides it. Only ``auto`` falls back; a device
+that was asked for but is not usable is a `DeviceError` that says why (torch_npu not installed
+or not importable, CANN not loaded, index out of range, CUDA build missing). Silent fallback to
+CPU would turn "my NPU is misconfigured" into "the demo is 100x slower" with no hint why.
+
+Every device operation goes through a *backend* object (see `Backend`) looked up by device type
+in a table (``{"npu": ..., "cuda": ..., "cpu": ...}``). `default_backends()` builds the real
+table on demand; every public function takes ``backends=`` so tests can inject a fake NPU (see
+``tests/fakes.py``) without putting a fake ``torch_npu`` into ``sys.modules`` (diffusers probes
+for it on import and breaks).
+
+Nothing here runs at import time and torch is imported inside functions only: config parsing
+and ``--help`` must not pay for torch, and ``torch_npu`` must only be imported when an NPU is
+actually considered (importing it patches torch globally).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.util
+import logging
+import os
+import platform
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from types import MappingProxyType, ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+# Priority of `auto`. CPU is last and always available.
+DETECTION_ORDER: tuple[str, ...] = ("npu", "cuda", "cpu")
+DEVICE_SPEC_HELP = "auto, npu, npu:N, cuda, cuda:N or cpu"
+
+# The variables that hide and renumber accelerators: with ASCEND_RT_VISIBLE_DEVICES=4,5 the
+# process sees two NPUs, npu:0 (physical 4) and npu:1 (physical 5).
+VISIBLE_DEVICES_ENV: Mapping[str, str] = MappingProxyType(
+    {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
+)
+
+DTYPE_SPECS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32")
+# `auto` tries these in order: bf16 keeps fp32's range (no overflow in the 17B transformer's
+# activations) at half the memory; fp16 is the fallback for accelerators without bf16 (e.g.
+# Ascend 910A, pre-Ampere GPUs); fp32 always works.
+AUTO_DTYPE_ORDER: tuple[str, ...] = ("bf16", "fp16", "fp32")
+_DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "auto": "auto",
+        "bf16": "bf16", "bfloat16": "bf16",
+        "fp16": "fp16", "float16": "fp16", "half": "fp16",
+        "fp32": "fp32", "float32": "fp32", "float": "fp32",
+    }
+)
+_TORCH_DTYPE_ATTR: Mapping[str, str] = MappingProxyType(
+    {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+)
+# Max |probe - fp32 reference| allowed, relative to max(|reference|, 1). Loose enough for the
+# dtype's own rounding (bf16 has 8 mantissa bits) yet far below what a broken kernel produces.
+_PROBE_TOLERANCE: Mapping[str, float] = MappingProxyType({"bf16": 0.05, "fp16": 0.01, "fp32": 1e-3})
+_PROBE_SIZE = 16
+
+# Lower-cased fragments of allocator failures that are not (yet) torch.OutOfMemoryError:
+# torch_npu raises RuntimeError("NPU out of memory. Tried to allocate ..."), older CUDA builds
+# RuntimeError("CUDA out of memory ..."), ACL reports raw allocation failures by this code name
+# and torch's CPU allocator says "DefaultCPUAllocator: can't allocate memory".
+_OOM_MARKERS: tuple[str, ...] = ("out of memory", "acl_error_rt_memory_allocation", "can't allocate memory")
+
+
+class DeviceError(RuntimeError):
+    """A device or dtype was asked for but cannot be used; the message says why and what to do.
+
+    ``report`` holds the `DetectionReport` when the error comes from device resolution.
+    """
+
+    def __init__(self, message: str, report: "DetectionReport | None" = None):
+        super().__init__(message)
+        self.report = report
+
+
+# --------------------------------------------------------------------------------------------
+# Public data types
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A resolved compute device.
+
+    ``index`` is the *visible* index (what torch calls the device; None for CPU) and
+    ``physical_index`` the id on the machine, which differs when ``visible_env`` (the
+    ``NAME=value`` of ASCEND_RT_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES) renumbers devices;
+    it is None when the variable names the device by something other than an integer id
+    (e.g. a CUDA UUID). ``total_memory`` is the device memory (host RAM for CPU) in bytes.
+    """
+
+    type: str
+    index: int | None
+    torch_device: str
+    name: str
+    physical_index: int | None = None
+    visible_env: str | None = None
+    total_memory: int | None = None
+    bf16_supported: bool | None = None
+
+    @property
+    def torch(self) -> "torch.device":
+        # Built lazily: torch.device("npu:0") only parses once torch_npu has been imported.
+        import torch as _torch
+
+        return _torch.device(self.torch_device)
+
+    @property
+    def label(self) -> str:
+        """Human-readable one-liner for logs and the status panel."""
+        text = f"{self.torch_device} ({self.name})"
+        if self.visible_env is not None and self.physical_index is not None:
+            text += f", physical {self.type}{self.physical_index} via {self.visible_env}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """What one backend said when asked whether it can be used."""
+
+    type: str
+    available: bool
+    reason: str  # why it is unusable, or a short summary such as "2 device(s) visible"
+    device_count: int  # visible devices; 0 when unavailable
+    visible_env: str | None = None  # "NAME=value" when the visibility variable is set
+
+
+@dataclass(frozen=True)
+class DetectionReport:
+    """The outcome of device resolution, for ``doctor`` and for error messages.
+
+    ``backends`` lists every backend that was asked, in the order asked. ``skipped`` lists, for
+    ``auto`` only, the higher-priority backends that were passed over and why.
+    """
+
+    spec: str
+    device: DeviceInfo | None
+    error: str | None
+    backends: tuple[BackendStatus, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dicts and lists only, so ``json.loads(json.dumps(d)) == d``."""
+        return {
+            "spec": self.spec,
+            "device": None if self.device is None else self.device.to_dict(),
+            "error": self.error,
+            "backends": [asdict(status) for status in self.backends],
+            "skipped": [[kind, why] for kind, why in self.skipped],
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Backends
+# --------------------------------------------------------------------------------------------
+
+
+class Backend(Protocol):
+    """What `devices` and `memory` need from a device type. Indices are visible indices.
+
+    ``index`` is None for CPU. Memory figures are bytes; ``utilization`` is a percentage
+    (0-100) or None when unknown. ``probe_dtype`` takes a dtype name ("bf16", "fp16",
+    "fp32") and runs a real op on the device: it returns (ok, reason) and never raises.
+    ``availability`` returns (usable, reason) and never raises either.
+    """
+
+    type: str
+
+    def availability(self) -> tuple[bool, str]: ...
+    def is_available(self) -> bool: ...
+    def device_count(self) -> int: ...
+    def set_device(self, index: int | None) -> None: ...
+    def current_device(self) -> int | None: ...
+    def mem_get_info(self, index: int | None) -> tuple[int, int]: ...
+    def memory_stats(self, index: int | None) -> dict[str, int]: ...
+    def memory_allocated(self, index: int | None) -> int | None: ...
+    def memory_reserved(self, index: int | None) -> int | None: ...
+    def max_memory_allocated(self, index: int | None) -> int | None: ...
+    def reset_peak_memory_stats(self, index: int | None) -> None: ...
+    def empty_cache(self) -> None: ...
+    def synchronize(self, index: int | None) -> None: ...
+    def get_device_name(self, index: int | None) -> str: ...
+    def is_bf16_supported(self) -> bool | None: ...
+    def utilization(self, index: int | None) -> float | None: ...
+    def probe_dtype(self, index: int | None, dtype: str) -> tuple[bool, str]: ...
+
+
+class _TorchAcceleratorBackend:
+    """Shared body of the NPU and CUDA backends: ``torch.npu`` mirrors the ``torch.cuda`` API."""
+
+    type = ""
+
+    def _module(self) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def is_available(self) -> bool:
+        return self.availability()[0]
+
+    def availability(self) -> tuple[bool, str]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def device_count(self) -> int:
+        return int(self._module().device_count())
+
+    def set_device(self, index: int | None) -> None:
+        if index is not None:
+            self._module().set_device(index)
+
+    def current_device(self) -> int | None:
+        return int(self._module().current_device())
+
+    def mem_get_info(self, index: int | None) -> tuple[int, int]:
+        free, total = self._module().mem_get_info(index)
+        return int(free), int(total)
+
+    def memory_stats(self, index: int | None) -> dict[str, int]:
+        return dict(self._module().memory_stats(index))
+
+    def memory_allocated(self, index: int | None) -> int | None:
+        return int(self._module().memory_allocated(index))
+
+    def memory_reserved(self, index: int | None) -> int | None:
+        return int(self._module().memory_reserved(index))
+
+    def max_memory_allocated(self, index: int | None) -> int | None:
+        return int(self._module().max_memory_allocated(index))
+
+    def reset_peak_memory_stats(self, index: int | None) -> None:
+        self._module().reset_peak_memory_stats(index)
+
+    def empty_cache(self) -> None:
+        self._module().empty_cache()
+
+    def synchronize(self, index: int | None) -> None:
+        self._module().synchronize(index)
+
+    def get_device_name(self, index: int | None) -> str:
+        return str(self._module().get_device_name(index))
+
+    def is_bf16_supported(self) -> bool | None:
+        return bool(self._module().is_bf16_supported())
+
+    def utilization(self, index: int | None) -> float | None:
+        return float(self._module().utilization(index))
+
+    def probe_dtype(self, index: int | None, dtype: str) -> tuple[bool, str]:
+        return run_dtype_probe(f"{self.type}:{index or 0}", dtype)
+
+
+class NPUBackend(_TorchAcceleratorBackend):
+    """Ascend NPUs through ``torch.npu``, which exists only after ``import torch_npu``.
+
+    The import happens inside `_module` (never at module import) and is retried on each call
+    rather than cached, so this object holds no state; once it succeeded Python's module cache
+    makes it free. ``import_module`` is injectable so the error paths can be tested without a
+    fake module in ``sys.modules``.
+    """
+
+    type = "npu"
+
+    def __init__(self, import_module: Callable[[str], ModuleType] | None = None):
+        self._import = import_module or importlib.import_module
+
+    def _module(self) -> Any:
+        try:
+            torch_npu = self._import("torch_npu")
+        except ModuleNotFoundError as exc:
+            if exc.name == "torch_npu":
+                raise DeviceError(
+                    "torch_npu is not installed: install the torch_npu wheel matching your torch "
+                    "and CANN versions (see README_NPU.md)"
+                ) from exc
+            raise DeviceError(
+                f"torch_npu is installed but not importable: it needs the module {exc.name!r} "
+                f"({exc}). Install the matching dependencies (see README_NPU.md)"
+            ) from exc
+        # Broad on purpose: a missing CANN library is an ImportError/OSError, a torch/torch_npu
+        # version mismatch is a RuntimeError or AttributeError; all mean "not importable".
+        except Exception as exc:
+            raise DeviceError(
+                f"torch_npu is installed but not importable ({type(exc).__name__}: {exc}). "
+                "Usually the CANN environment is not loaded (run `source "
+                "/usr/local/Ascend/ascend-toolkit/set_env.sh`) or torch_npu does not match the "
+                "installed torch version"
+            ) from exc
+        return torch_npu.npu
+
+    def availability(self) -> tuple[bool, str]:
+        try:
+            npu = self._module()
+        except DeviceError as exc:
+            return False, str(exc)
+        try:
+            available = bool(npu.is_available())
+            count = int(npu.device_count()) if available else 0
+        except Exception as exc:  # driver/runtime errors surface as various types
+            return False, (
+                f"torch_npu imported but querying NPUs failed ({type(exc).__name__}: {exc}): "
+                "check the driver with `npu-smi info` and that CANN is loaded"
+            )
+        if not available or count == 0:
+            return False, (
+                "CANN not loaded or no NPU visible: torch_npu imported but torch.npu.is_available() "
+                "is False. Check the driver with `npu-smi info`, load CANN with `source "
+                "/usr/local/Ascend/ascend-toolkit/set_env.sh` and check ASCEND_RT_VISIBLE_DEVICES"
+            )
+        return True, f"{count} NPU(s) visible"
+
+
+class CUDABackend(_TorchAcceleratorBackend):
+    """NVIDIA (or ROCm) GPUs through ``torch.cuda``; utilisation through NVML when installed."""
+
+    type = "cuda"
+
+    def _module(self) -> Any:
+        import torch
+
+        return torch.cuda
+
+    def availability(self) -> tuple[bool, str]:
+        import torch
+
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            return False, (
+                f"this torch build ({torch.__version__}) has no CUDA support: install a CUDA "
+                "build of torch to use a GPU"
+            )
+        try:
+            count = int(torch.cuda.device_count())
+            available = count > 0 and bool(torch.cuda.is_available())
+        except Exception as exc:  # broken drivers raise from inside the CUDA runtime
+            return False, f"querying CUDA devices failed ({type(exc).__name__}: {exc})"
+        if not available:
+            return False, (
+                f"torch is built with CUDA {torch.version.cuda or torch.version.hip} but no GPU is "
+                "visible: check `nvidia-smi` and CUDA_VISIBLE_DEVICES"
+            )
+        return True, f"{count} GPU(s) visible"
+
+    def is_bf16_supported(self) -> bool | None:
+        import torch
+
+        try:
+            # Native bf16 only: emulated bf16 on pre-Ampere GPUs works but is slower than fp16.
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:  # torch older than 2.3 has no including_emulation
+            return bool(torch.cuda.is_bf16_supported())
+
+    def utilization(self, index: int | None) -> float | None:
+        if importlib.util.find_spec("pynvml") is None:  # nvidia-ml-py not installed
+            return None
+        import torch
+
+        # torch.cuda.utilization queries NVML and maps the visible index to NVML's physical
+        # numbering (CUDA_VISIBLE_DEVICES, UUIDs included), which NVML alone does not do.
+        return float(torch.cuda.utilization(index))
+
+
+class CPUBackend:
+    """The host. Always available; synchronisation, caches and device binding do not exist.
+
+    Memory policy: ``mem_get_info`` is host RAM (available, total) because that is what a CPU
+    run draws from. There is no device allocator, so allocated / reserved / peak are None
+    rather than the process RSS: RSS counts Python, libraries and weights alike and would make
+    the "device memory" row lie. The snapshot reports RSS separately as ``process_rss``.
+    """
+
+    type = "cpu"
+
+    def availability(self) -> tuple[bool, str]:
+        return True, "always available"
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, index: int | None) -> None:
+        return None
+
+    def current_device(self) -> int | None:
+        return None
+
+    def mem_get_info(self, index: int | None) -> tuple[int, int]:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+
+    def memory_stats(self, index: int | None) -> dict[str, int]:
+        return {}
+
+    def memory_allocated(self, index: int | None) -> int | None:
+        return None
+
+    def memory_reserved(self, index: int | None) -> int | None:
+        return None
+
+    def max_memory_allocated(self, index: int | None) -> int | None:
+        return None
+
+    def reset_peak_memory_stats(self, index: int | None) -> None:
+        return None
+
+    def empty_cache(self) -> None:
+        return None
+
+    def synchronize(self, index: int | None) -> None:
+        return None
+
+    def get_device_name(self, index: int | None) -> str:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as handle:
+                for line in handle:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:  # not Linux
+            pass
+        return platform.processor() or platform.machine() or "CPU"
+
+    def is_bf16_supported(self) -> bool | None:
+        import torch
+
+        try:
+            # True only with native bf16 units (AVX512-BF16 / AMX); elsewhere bf16 is emulated
+            # and slower than fp32, which is why `auto` never picks it on CPU.
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):  # builds without oneDNN
+            return None
+
+    def utilization(self, index: int | None) -> float | None:
+        import psutil
+
+        # Whole-machine CPU load since the previous call (non-blocking; the first call of the
+        # process returns 0.0). Polled every few seconds by the status panel, that is useful.
+        return float(psutil.cpu_percent(interval=None))
+
+    def probe_dtype(self, index: int | None, dtype: str) -> tuple[bool, str]:
+        return run_dtype_probe("cpu", dtype)
+
+
+def default_backends() -> dict[str, Backend]:
+    """The real backend table, built on demand (constructing a backend touches no device)."""
+    return {"npu": NPUBackend(), "cuda": CUDABackend(), "cpu": CPUBackend()}
+
+
+def run_dtype_probe(torch_device: str, dtype: str) -> tuple[bool, str]:
+    """Runs a tiny matmul and a reduction in ``dtype`` on ``torch_device``.
+
+    Device failures come back as ``(False, reason)``, never as exceptions; only a dtype name
+    that is not bf16/fp16/fp32 raises `DeviceError` (a caller bug).
+
+    Checks the result is finite and close to the same computation in fp32 on the CPU. A
+    capability flag is not enough: some accelerators accept a dtype and return garbage or
+    raise only when a kernel for it is missing.
+    """
+    import torch
+
+    name = _canonical_dtype(dtype)
+    if name == "auto":
+        raise DeviceError("run_dtype_probe needs a concrete dtype (bf16, fp16 or fp32), not 'auto'")
+    target = getattr(torch, _TORCH_DTYPE_ATTR[name])
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.rand((_PROBE_SIZE, _PROBE_SIZE), generator=generator) * 2 - 1
+    b = torch.rand((_PROBE_SIZE, _PROBE_SIZE), generator=generator) * 2 - 1
+    reference = (a @ b).sum(dim=-1)
+    try:
+        da = a.to(device=torch_device, dtype=target)
+        db = b.to(device=torch_device, dtype=target)
+        result = (da @ db).sum(dim=-1).to(device="cpu", dtype=torch.float32)
+    # Broad on purpose: a missing kernel is RuntimeError on CUDA/CPU but vendor-specific on NPU.
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return False, f"{name} matmul failed on {torch_device}: {type(exc).__name__}: {message}"
+    return judge_probe(name, torch_device, result, reference)
+
+
+def judge_probe(
+    dtype: str, torch_device: str, result: "torch.Tensor", reference: "torch.Tensor"
+) -> tuple[bool, str]:
+    """Accepts a probe ``result`` (fp32, on CPU) if finite and within the dtype's tolerance."""
+    import torch
+
+    if not bool(torch.isfinite(result).all()):
+        return False, f"{dtype} matmul on {torch_device} returned non-finite values"
+    error = float((result - reference).abs().max())
+    limit = _PROBE_TOLERANCE[dtype] * max(float(reference.abs().max()), 1.0)
+    if error > limit:
+        return False, f"{dtype} matmul on {torch_device} is off by {error:.3g} (allowed {limit:.3g})"
+    return True, f"{dtype} matmul+sum ok on {torch_device} (max error {error:.2g})"
+
+
+# --------------------------------------------------------------------------------------------
+# Device resolution
+# --------------------------------------------------------------------------------------------
+
+
+def parse_device_spec(spec: str) -> tuple[str, int | None]:
+    """``"npu:1"`` -> ``("npu", 1)``; ``"auto"`` -> ``("auto", None)``. Case and spaces ignored."""
+    if not isinstance(spec, str):
+        raise DeviceError(f"device spec must be a string such as 'auto' or 'npu:0', got {spec!r}")
+    text = spec.strip().lower()
+    kind, colon, index_text = text.partition(":")
+    if kind not in ("auto",) + DETECTION_ORDER:
+        raise DeviceError(f"device {spec!r} is not valid: use {DEVICE_SPEC_HELP}")
+    if not colon:
+        return kind, None
+    if kind in ("auto", "cpu"):
+        raise DeviceError(f"device {spec!r} is not valid: {kind!r} takes no index; use {DEVICE_SPEC_HELP}")
+    if not (index_text.isascii() and index_text.isdigit()):
+        raise DeviceError(f"device {spec!r} is not valid: the index must be a number, e.g. {kind}:0")
+    return kind, int(index_text)
+
+
+def _visible_ids(kind: str, environ: Mapping[str, str]) -> tuple[str, list[int | None]] | None:
+    """(``NAME=value``, physical id per visible index) when the visibility variable is set."""
+    name = VISIBLE_DEVICES_ENV.get(kind)
+    if name is None or name not in environ:
+        return None
+    value = environ[name]
+    tokens = [token.strip() for token in value.split(",")]
+    if not value.strip():
+        tokens = []
+    # Non-integer entries (CUDA UUIDs "GPU-...", MIG ids) are visible devices of unknown id.
+    ids = [int(token) if token.isascii() and token.isdigit() else None for token in tokens if token]
+    return f"{name}={value}", ids
+
+
+def _check_backend(kind: str, backends: Mapping[str, Backend], environ: Mapping[str, str]) -> BackendStatus:
+    visible = _visible_ids(kind, environ)
+    visible_env = visible[0] if visible else None
+    backend = backends.get(kind)
+    if backend is None:
+        return BackendStatus(kind, False, f"no backend registered for {kind!r}", 0, visible_env)
+    try:
+        available, reason = backend.availability()
+        count = int(backend.device_count()) if available else 0
+    except Exception as exc:  # a backend must not take detection down with it
+        available, reason, count = False, f"{type(exc).__name__}: {exc}", 0
+    if available and visible is not None:
+        # The runtime already honours the variable; clamping also covers fakes and odd runtimes.
+        count = min(count, len(visible[1]))
+    if available and count == 0:
+        available = False
+        reason = f"no {kind} device visible" + (f" ({visible_env} hides them all)" if visible_env else "")
+    elif not available and visible_env:
+        reason = f"{reason} [{visible_env}]"
+    return BackendStatus(kind, available, reason, count if available else 0, visible_env)
+
+
+def _device_info(kind: str, index: int | None, backend: Backend, environ: Mapping[str, str]) -> DeviceInfo:
+    if kind == "cpu":
+        index = None
+    visible = _visible_ids(kind, environ)
+    if index is None:
+        physical = None
+    elif visible is None:
+        physical = index  # nothing renumbers: visible index == physical id
+    else:
+        physical = visible[1][index] if index < len(visible[1]) else None
+    free_total = _quiet(backend.mem_get_info, index)
+    return DeviceInfo(
+        type=kind,
+        index=index,
+        torch_device=kind if index is None else f"{kind}:{index}",
+        name=_quiet(backend.get_device_name, index) or kind.upper(),
+        physical_index=physical,
+        visible_env=visible[0] if visible else None,
+        total_memory=free_total[1] if free_total else None,
+        bf16_supported=_quiet(backend.is_bf16_supported),
+    )
+
+
+def _quiet(fn: Callable[..., Any], *args: Any) -> Any:
+    """Descriptive extras (name, memory) must not block using the device: None on failure."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # any backend failure here only loses a label
+        logger.debug("%s%r failed: %s", getattr(fn, "__name__", fn), args, exc)
+        return None
+
+
+def _out_of_range(kind: str, index: int, status: BackendStatus, environ: Mapping[str, str]) -> str:
+    message = (
+        f"device '{kind}:{index}' was requested but only {status.device_count} {kind} device(s) are "
+        f"visible (valid: {kind}:0 .. {kind}:{status.device_count - 1})"
+    )
+    visible = _visible_ids(kind, environ)
+    if visible is not None:
+        mapping = ", ".join(
+            f"{kind}:{i} is physical {pid if pid is not None else '?'}" for i, pid in enumerate(visible[1])
+        )
+        message += (
+            f". {visible[0]} renumbers devices ({mapping}): use a visible index, or change "
+            f"{VISIBLE_DEVICES_ENV[kind]}"
+        )
+    return message
+
+
+def detect_devices(
+    spec: str = "auto",
+    backends: Mapping[str, Backend] | None = None,
+    environ: Mapping[str, str] | None = None,
+    survey: bool = True,
+) -> DetectionReport:
+    """Resolves ``spec`` and reports what was tried; never raises for an unusable device.
+
+    With ``survey=True`` (what ``doctor`` wants) every backend is asked, even those not needed
+    for the answer; that imports torch_npu when it is installed. `resolve_device` uses
+    ``survey=False`` so that ``--device cpu`` never touches an accelerator runtime.
+    """
+    backends = default_backends() if backends is None else backends
+    environ = os.environ if environ is None else environ
+    statuses: dict[str, BackendStatus] = {}
+
+    def status_of(kind: str) -> BackendStatus:
+        if kind not in statuses:
+            statuses[kind] = _check_backend(kind, backends, environ)
+        return statuses[kind]
+
+    device: DeviceInfo | None = None
+    error: str | None = None
+    skipped: list[tuple[str, str]] = []
+    try:
+        kind, index = parse_device_spec(spec)
+    except DeviceError as exc:
+        kind, index, error = "", None, str(exc)
+
+    if kind == "auto":
+        for candidate in DETECTION_ORDER:
+            status = status_of(candidate)
+            if status.available:
+                device = _device_info(candidate, 0, backends[candidate], environ)
+                break
+            skipped.append((candidate, status.reason))
+        if device is None:
+            error = "no usable device: " + "; ".join(f"{k}: {why}" for k, why in skipped)
+    elif kind:
+        status = status_of(kind)
+        wanted = 0 if index is None else index
+        if not status.available:
+            error = f"device {spec!r} was requested but {kind} is not usable: {status.reason}"
+        elif kind != "cpu" and wanted >= status.device_count:
+            error = _out_of_range(kind, wanted, status, environ)
+        else:
+            device = _device_info(kind, wanted, backends[kind], environ)
+
+    if survey:
+        for other in DETECTION_ORDER:
+            status_of(other)
+    return DetectionReport(
+        spec=spec,
+        device=device,
+        error=error,
+        backends=tuple(statuses.values()),
+        skipped=tuple(skipped),
+    )
+
+
+def detect(
+    spec: str = "auto",
+    backends: Mapping[str, Backend] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """JSON-able survey of every backend plus the resolution of ``spec`` (for ``doctor``)."""
+    return detect_devices(spec, backends=backends, environ=environ, survey=True).to_dict()
+
+
+def resolve_device(
+    spec: str = "auto",
+    backends: Mapping[str, Backend] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> DeviceInfo:
+    """The device for ``spec`` (``auto | npu | npu:N | cuda | cuda:N | cpu``).
+
+    ``auto`` takes the first usable of NPU, CUDA, CPU (index 0) and logs why it skipped the
+    others. Anything else is taken literally: if it is unusable a `DeviceError` explains why
+    (its ``report`` attribute holds the `DetectionReport`). Indices are visible indices:
+    with ``ASCEND_RT_VISIBLE_DEVICES=4,5``, ``npu:1`` is physical NPU 5. ``environ`` defaults
+    to ``os.environ`` and is only read for the visibility variables.
+    """
+    report = detect_devices(spec, backends=backends, environ=environ, survey=False)
+    if report.device is None:
+        raise DeviceError(report.error or f"device {spec!r} could not be resolved", report=report)
+    for kind, why in report.skipped:
+        logger.info("device auto: skipped %s: %s", kind, why)
+    logger.info("device: %s", report.device.label)
+    return report.device
+
+
+# --------------------------------------------------------------------------------------------
+# dtype
+# --------------------------------------------------------------------------------------------
+
+
+def _canonical_dtype(spec: str) -> str:
+    canonical = _DTYPE_ALIASES.get(str(spec).strip().lower()) if isinstance(spec, str) else None
+    if canonical is None:
+        raise DeviceError(f"dtype {spec!r} is not valid: use {', '.join(DTYPE_SPECS)}")
+    return canonical
+
+
+def dtype_name(dtype: "torch.dtype") -> str:
+    """``torch.bfloat16`` -> ``"bf16"``, ``torch.float16`` -> ``"fp16"``, ``torch.float32`` -> ``"fp32"``."""
+    import torch
+
+    for name, attr in _TORCH_DTYPE_ATTR.items():
+        if dtype == getattr(torch, attr):
+            return name
+    raise DeviceError(f"dtype {dtype!r} is not one of the compute dtypes bf16, fp16, fp32")
+
+
+def _torch_dtype(name: str) -> "torch.dtype":
+    import torch
+
+    return getattr(torch, _TORCH_DTYPE_ATTR[name])
+
+
+def _backend_for(device: DeviceInfo, backends: Mapping[str, Backend] | None) -> Backend:
+    table = default_backends() if backends is None else backends
+    try:
+        return table[device.type]
+    except KeyError:
+        raise DeviceError(
+            f"no backend registered for device type {device.type!r} (have: {', '.join(table)})"
+        ) from None
+
+
+def _probe(backend: Backend, device: DeviceInfo, name: str) -> tuple[bool, str]:
+    try:
+        ok, reason = backend.probe_dtype(device.index, name)
+    except Exception as exc:  # the probe contract says "never raises"; be safe anyway
+        return False, f"{type(exc).__name__}: {exc}"
+    return bool(ok), str(reason)
+
+
+def probe_dtypes(
+    device: DeviceInfo, backends: Mapping[str, Backend] | None = None
+) -> dict[str, tuple[bool, str]]:
+    """Probes bf16, fp16 and fp32 on ``device`` (for ``doctor``): ``{"bf16": (ok, reason), ...}``."""
+    backend = _backend_for(device, backends)
+    return {name: _probe(backend, device, name) for name in AUTO_DTYPE_ORDER}
+
+
+def resolve_dtype(
+    spec: str, device: DeviceInfo, backends: Mapping[str, Backend] | None = None
+) -> "torch.dtype":
+    """The compute dtype for ``spec`` (``auto | bf16 | fp16 | fp32``) on ``device``.
+
+    ``auto`` on CPU is fp32 without probing: without bf16 units a bf16 matmul is ~2.8x slower
+    than fp32, and fp16 is slower still. On an accelerator ``auto`` probes bf16 (skipped when
+    the backend reports no native bf16), then fp16, then fp32 with a real op and takes the
+    first that passes. An explicit dtype is probed too and a failure raises `DeviceError`.
+    """
+    name = _canonical_dtype(spec)
+    backend = _backend_for(device, backends)
+    if name != "auto":
+        ok, reason = _probe(backend, device, name)
+        if not ok:
+            raise DeviceError(
+                f"dtype {name} does not work on {device.torch_device} ({device.name}): {reason}. "
+                f"Use --dtype auto, or one of {', '.join(AUTO_DTYPE_ORDER)} that `doctor` reports as working"
+            )
+        return _torch_dtype(name)
+    if device.type == "cpu":
+        return _torch_dtype("fp32")
+    failures: list[str] = []
+    for candidate in AUTO_DTYPE_ORDER:
+        if candidate == "bf16" and _quiet(backend.is_bf16_supported) is False:
+            failures.append("bf16: the device reports no native bf16 support")
+            continue
+        ok, reason = _probe(backend, device, candidate)
+        if ok:
+            for failure in failures:
+                logger.info("dtype auto on %s: skipped %s", device.torch_device, failure)
+            return _torch_dtype(candidate)
+        failures.append(f"{candidate}: {reason}")
+    raise DeviceError(
+        f"no dtype works on {device.torch_device} ({device.name}): " + "; ".join(failures)
+        + ". The device looks broken: run `python -m hidream_ui doctor`"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Random numbers, threads, housekeeping
+# --------------------------------------------------------------------------------------------
+
+
+def make_generator(seed: int, device: DeviceInfo, on_device: bool = False) -> "torch.Generator":
+    """A seeded ``torch.Generator``; on the CPU unless ``on_device=True``.
+
+    Why CPU by default: diffusers' ``randn_tensor`` draws the starting noise on the
+    generator's device and then moves it to the model's device. A CPU generator therefore
+    gives the *same* starting noise for the same seed on NPU, CUDA and CPU (results still
+    differ slightly because the kernels do), and the noise is tiny compared with a denoising
+    step. ``on_device=True`` draws on ``device`` instead: reproducible only on that device
+    type (and torch/driver version).
+    """
+    import torch
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise DeviceError(f"seed must be an integer in [0, 2**64), got {seed!r}")
+    target = device.torch_device if on_device else "cpu"
+    return torch.Generator(device=target).manual_seed(seed)
+
+
+def bind_device_to_thread(device: DeviceInfo, backends: Mapping[str, Backend] | None = None) -> None:
+    """Makes ``device`` current in the *calling* thread (no-op on CPU).
+
+    Gradio runs sync handlers in worker threads, and on NPU (as on CUDA) the current device is
+    per thread: a worker that never called ``set_device`` computes on device 0, whatever the
+    main thread chose. Call this at the start of every computation, in the computing thread.
+    """
+    if device.index is None:
+        return
+    backend = _backend_for(device, backends)
+    try:
+        backend.set_device(device.index)
+    except Exception as exc:  # re-raised with the device and thread named
+        raise DeviceError(
+            f"could not make {device.torch_device} current in thread "
+            f"{threading.current_thread().name!r}: {exc}"
+        ) from exc
+
+
+def synchronize(device: DeviceInfo, backends: Mapping[str, Backend] | None = None) -> None:
+    """Waits for queued work on ``device`` (accurate timings, peak memory); no-op on CPU."""
+    _backend_for(device, backends).synchronize(device.index)
+
+
+def empty_cache(device: DeviceInfo, backends: Mapping[str, Backend] | None = None) -> None:
+    """Returns the allocator's cached, unused blocks to the driver; no-op on CPU."""
+    _backend_for(device, backends).empty_cache()
+
+
+def reset_peak(device: DeviceInfo, backends: Mapping[str, Backend] | None = None) -> None:
+    """Resets the allocator's peak counters so the next peak is per edit; no-op on CPU."""
+    _backend_for(device, backends).reset_peak_memory_stats(device.index)
+
+
+def free_memory(device: DeviceInfo, backends: Mapping[str, Backend] | None = None) -> None:
+    """Collects Python garbage, then empties the allocator cache.
+
+    In that order: tensors kept alive only by reference cycles (e.g. a traceback holding a
+    frame after an OOM) must be collected before their blocks can be released.
+    """
+    gc.collect()
+    empty_cache(device, backends)
+
+
+def is_oom_error(exc: BaseException) -> bool:
+    """True for out-of-memory failures, device or host.
+
+    Covers ``torch.OutOfMemoryError``, RuntimeErrors whose message says "out of memory" (NPU:
+    "NPU out of memory. Tried to allocate ..."), names ACL's allocation error or comes from
+    torch's CPU allocator ("can't allocate memory"), and host ``MemoryError``. Follows explicit
+    ``raise ... from`` chains, since pipelines re-raise.
+    """
+    torch = sys.modules.get("torch")  # if torch was never imported, no torch OOM can exist
+    oom_type = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, MemoryError):
+            return True
+        if oom_type is not None and isinstance(current, oom_type):
+            return True
+        if isinstance(current, RuntimeError):
+            text = str(current).lower()
+            if any(marker in text for marker in _OOM_MARKERS):
+                return True
+        current = current.__cause__
+    return False
+
+
+__all__ = [
+    "AUTO_DTYPE_ORDER",
+    "Backend",
+    "BackendStatus",
+    "CPUBackend",
+    "CUDABackend",
+    "DETECTION_ORDER",
+    "DTYPE_SPECS",
+    "DetectionReport",
+    "DeviceError",
+    "DeviceInfo",
+    "NPUBackend",
+    "VISIBLE_DEVICES_ENV",
+    "bind_device_to_thread",
+    "default_backends",
+    "detect",
+    "detect_devices",
+    "dtype_name",
+    "empty_cache",
+    "free_memory",
+    "is_oom_error",
+    "judge_probe",
+    "make_generator",
+    "parse_device_spec",
+    "probe_dtypes",
+    "reset_peak",
+    "resolve_device",
+    "resolve_dtype",
+    "run_dtype_probe",
+    "synchronize",
+]

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .config import AppConfig
@@ -32,6 +32,10 @@ class EngineError(RuntimeError):
 
 class EditCancelled(EngineError):
     """The edit was stopped by `cancel()`; finished work is kept."""
+
+
+class OutOfMemory(EngineError):
+    """The device ran out of memory; memory was freed and the engine stays usable."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,7 @@ class EditEngine:
 
     def edit(self, request: EditRequest, on_step: StepFn | None = None, *, save: bool = True) -> EditResult:
         """Runs one edit; returns the result (saved with its metadata when `save`)."""
+        self._cancel.clear()  # a Stop pressed while idle must not cancel the next edit
         results = self._run([request], on_step, save=save)
         return results[0]
 
@@ -250,14 +255,13 @@ class EditEngine:
         with self._lock:
             model = self.model
             pipe = model.pipeline
-            self._cancel.clear()
             self._state = "editing"
             first = params_list[0]
             total = first.num_inference_steps
             self._progress = {"step": 0, "total": total, "stage": "edit"}
             try:
                 bind_device_to_thread(model.device, backends=self._backends)
-                reset_peak(model.device)
+                reset_peak(model.device, backends=self._backends)
                 working = []
                 for request, params in zip(requests, params_list):
                     image, plan = prepare_working_image(
@@ -317,7 +321,7 @@ class EditEngine:
                     callback_on_step_end=step_end,
                 )
                 finished = time.perf_counter()
-                peak = snapshot(model.device).peak
+                peak = snapshot(model.device, backends=self._backends).peak
             except EditInterrupted as exc:
                 raise EditCancelled(f"edit cancelled: {exc}") from exc
             except EngineError:
@@ -325,16 +329,15 @@ class EditEngine:
             except Exception as exc:
                 if self._is_oom(exc):
                     self._free()
-                    size = working[0][0].size if working else None
-                    raise EngineError(
-                        f"out of memory on {model.device.torch_device} editing at working size "
-                        f"{size[0]}x{size[1] if size else '?'}; memory was freed. Try the draft resolution, "
-                        "fewer images per batch, or --text-encoders cpu.") from exc
+                    size = "x".join(map(str, working[0][0].size)) if working else "?"
+                    raise OutOfMemory(
+                        f"out of memory on {model.device.torch_device} editing {len(requests)} image(s) at working "
+                        f"size {size}; memory was freed. Try the draft resolution, fewer images per batch, "
+                        "or --text-encoders cpu.") from exc
                 raise
             finally:
                 self._state = "idle"
                 self._progress = {}
-                self._cancel.clear()
 
             denoise_start = marks.get("denoise_start", finished)
             last_step = marks.get("last_step", finished)
@@ -354,12 +357,119 @@ class EditEngine:
                 result = EditResult(
                     image=restore_size(out, request.image.size), source_image=request.image, params=params,
                     working_size=image.size, source_size=request.image.size, timings=dict(timings),
-                    peak_memory_bytes=peak, info=dict(info, source_name=request.source_name),
+                    peak_memory_bytes=peak, info=dict(info, batch_size=len(requests)),
+                    source_name=request.source_name,
                 )
                 if save:
                     result = save_result(result, self.config.output_dir, retention=self.config.retention or None)
                 results.append(result)
             return results
+
+    # ------------------------------------------------------------------ batch
+    def auto_batch_size(self, working_size: tuple[int, int]) -> int:
+        """Items per transformer call that fit in free device memory (1..8).
+
+        Estimate per item: three guidance copies of the collapsed token sequence, times the
+        hidden width, times ~24 live activations per token in a block (q/k/v/out, MoE experts,
+        norms), in the model dtype. Deliberately rough and conservative; `batch_size` overrides.
+        """
+        from .memory import snapshot
+
+        model = self.model
+        config = model.pipeline.transformer.config
+        unit = model.geometry.multiple
+        tokens = 2 * (working_size[0] // unit) * (working_size[1] // unit) + 4 * 128
+        inner = config.num_attention_heads * config.attention_head_dim
+        element = 2 if str(model.dtype) in ("torch.bfloat16", "torch.float16") else 4
+        per_item = 3 * tokens * inner * element * 24
+        free = snapshot(model.device, backends=self._backends).free
+        if not free:
+            return 1
+        return max(1, min(8, int(free * 0.8 // per_item)))
+
+    def run_batch(self, request, on_item: Callable | None = None, on_step: StepFn | None = None):
+        """Runs a BatchRequest; calls `on_item(item)` as each item finishes (ok or error).
+
+        Items with the same working size go through the transformer together (up to the batch
+        size); each keeps its own seed, so the results equal one-by-one edits. A failing item is
+        reported and the rest continue; an out-of-memory retries the group one item at a time;
+        `cancel()` stops after the current step and keeps what finished.
+        """
+        from collections import OrderedDict as _Ordered
+
+        from .batch import BatchResult, item_params, open_sources, plan_items
+        from .imaging import open_image, prepare_working_image
+        from .requests import RequestError
+
+        started = time.perf_counter()
+        opened, rejected = open_sources(request.sources, open_image)
+        shared = request.params
+        probe = EditParams(**{**shared.to_dict(), "instruction": "x"}).validated()  # shared fields valid?
+        items = plan_items(request, [name for name, _ in opened], self.config.max_batch_items)
+        if request.batch_size is not None and not 1 <= int(request.batch_size) <= 64:
+            raise RequestError("batch_size", request.batch_size, "1..64 items per transformer call, or empty for auto")
+        self._cancel.clear()
+        self.load()
+        counters_before = dict(self.counters)
+        with self._lock:
+            model = self.model
+            groups: "_Ordered[tuple, list]" = _Ordered()
+            for item in items:
+                image = opened[item.source_index][1]
+                _, plan = prepare_working_image(
+                    image, variant=model.sources.variant, image_size=model.geometry.image_size,
+                    working_resolution=probe.working_resolution,
+                    fixed_size=(model.geometry.e1_full_side, model.geometry.e1_full_side))
+                groups.setdefault(plan.working_size, []).append(item)
+            queue: list[list] = []
+            sizes_used = {}
+            for size, members in groups.items():
+                size_n = int(request.batch_size or self.auto_batch_size(size))
+                sizes_used["x".join(map(str, size))] = size_n
+                queue.extend(members[i:i + size_n] for i in range(0, len(members), size_n))
+            cancelled = False
+            while queue:
+                chunk = queue.pop(0)
+                if self._cancel.is_set():
+                    cancelled = True
+                    break
+                t0 = time.perf_counter()
+                try:
+                    results = self._run(
+                        [EditRequest(image=opened[it.source_index][1], params=item_params(shared, it),
+                                     source_name=it.source_name) for it in chunk], on_step, save=True)
+                except EditCancelled:
+                    cancelled = True
+                    for it in chunk:
+                        it.status, it.error = "cancelled", "cancelled before it finished"
+                    break
+                except OutOfMemory as exc:
+                    if len(chunk) > 1:
+                        queue[:0] = [[it] for it in chunk]  # retry one at a time
+                        continue
+                    chunk[0].status, chunk[0].error = "error", str(exc)
+                    if on_item is not None:
+                        on_item(chunk[0])
+                    continue
+                except (EngineError, RequestError, ValueError) as exc:
+                    for it in chunk:
+                        it.status, it.error = "error", str(exc)
+                        if on_item is not None:
+                            on_item(it)
+                    continue
+                seconds = (time.perf_counter() - t0) / len(chunk)
+                for it, result in zip(chunk, results):
+                    it.status, it.result, it.seconds = "ok", result, round(seconds, 4)
+                    if on_item is not None:
+                        on_item(it)
+            for item in items:
+                if item.status == "pending":
+                    item.status, item.error = "cancelled", "not started: the batch was cancelled"
+            self._cancel.clear()
+        stats = {k: self.counters[k] - counters_before.get(k, 0) for k in self.counters}
+        stats["batch_sizes"] = sizes_used
+        return BatchResult(items=items, rejected=rejected, cancelled=cancelled,
+                           seconds=round(time.perf_counter() - started, 4), stats=stats)
 
     # ------------------------------------------------------------------ status
     def _info(self) -> dict:
@@ -433,7 +543,7 @@ class EditEngine:
         from .devices import free_memory
 
         try:
-            free_memory(self.device)
+            free_memory(self.device, backends=self._backends)
         except Exception:  # noqa: BLE001 - freeing is best effort after an OOM; the error is reported anyway
             logger.exception("freeing memory after an out-of-memory error failed")
 
@@ -464,5 +574,5 @@ def default_params(engine: EditEngine, instruction: str = "") -> EditParams:
     return EditParams.defaults_for(engine.config.variant, instruction)
 
 
-__all__ = ["EditEngine", "EngineError", "EditCancelled", "StepInfo", "PromptCache", "get_engine", "reset_engine",
-           "default_params", "replace"]
+__all__ = ["EditEngine", "EngineError", "EditCancelled", "OutOfMemory", "StepInfo", "PromptCache", "get_engine",
+           "reset_engine", "default_params"]

@@ -359,20 +359,20 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     # LlamaModel, not LlamaForCausalLM: HiDream only reads hidden states, and the 8B LM head
     # (128k x 4096) would cost 1 GB of memory for nothing. Default attention implementation
     # (sdpa): asking for attentions at load would force the slow eager path.
-    text_encoder_4 = LlamaModel.from_pretrained(sources.llama, torch_dtype=dtype, **_load_kwargs(sources.llama))
+    text_encoder_4 = LlamaModel.from_pretrained(sources.llama, dtype=dtype, **_load_kwargs(sources.llama))
 
     progress(0.35, "loading transformer")
     uses_lora = sources.variant == "e1-full"
     swap_sets: dict[str, torch.Tensor] = {}
     if sources.variant == "e1.1":
         transformer = HiDreamImageTransformer2DModel.from_pretrained(
-            sources.e1, subfolder="transformer", torch_dtype=dtype, **_load_kwargs(sources.e1))
+            sources.e1, subfolder="transformer", dtype=dtype, **_load_kwargs(sources.e1))
         if config.refiner == "i1":
             progress(0.5, "loading HiDream-I1-Full transformer weights for the refine stage")
             swap_sets = _differing_tensors(transformer, Path(sources.i1) / "transformer", dtype)
     else:
         transformer = HiDreamImageTransformer2DModel.from_pretrained(
-            sources.i1, subfolder="transformer", torch_dtype=dtype, **_load_kwargs(sources.i1))
+            sources.i1, subfolder="transformer", dtype=dtype, **_load_kwargs(sources.i1))
         plain_originals = _attach_e1_full(transformer, sources.e1, dtype)
         if config.refiner == "i1":
             swap_sets = plain_originals
@@ -380,7 +380,7 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     progress(0.65, "loading VAE, CLIP and T5 encoders")
     pipeline = HiDreamEditPipeline.from_pretrained(
         sources.i1, transformer=transformer, tokenizer_4=tokenizer_4, text_encoder_4=text_encoder_4,
-        torch_dtype=dtype, **_load_kwargs(sources.i1))
+        dtype=dtype, **_load_kwargs(sources.i1))
 
     tconf = dict(transformer.config)
     geometry = geometry_for(sources.variant, tconf, dict(pipeline.vae.config))

@@ -1,0 +1,164 @@
+"""`python -m hidream_ui bench edit [--json] [--profile tiny|bench] [--size 512] [--edits N]`.
+
+Three measurements, side by side in one run:
+1. padded vs collapsed transformer forward at one edit size (time and max difference);
+2. weight copies per edit: upstream's demo (`load_state_dict` of a weight set at the start of
+   every edit and at the refine switch) vs this engine's stage handling;
+3. text-encoder calls for N edits with one instruction (the prompt cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def _forward_comparison(model, size: int, batch: int, repeats: int) -> dict:
+    import torch
+
+    pipe = model.pipeline
+    vae_scale = pipe.vae_scale_factor
+    side = size // vae_scale
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(batch, pipe.transformer.config.in_channels, side, 2 * side, generator=gen).to(
+        model.device.torch_device, model.dtype)
+    text = pipe.encode_text("make the sky purple")
+    from .pipeline import PromptEmbeds
+
+    text = PromptEmbeds.cat([text] * batch)
+    timestep = torch.full((batch,), 500.0, device=model.device.torch_device)
+    results = {}
+    for label, collapse in (("collapsed", True), ("padded", False)):
+        times = []
+        out = None
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = pipe.predict(hidden, timestep, text, collapse_padding=collapse)
+            times.append(time.perf_counter() - t0)
+        results[label] = {"seconds": statistics.median(times), "runs": [round(t, 3) for t in times], "out": out}
+    diff = (results["collapsed"]["out"].float() - results["padded"]["out"].float()).abs().max().item()
+    scale = results["padded"]["out"].float().abs().max().item()
+    patch = pipe.transformer.config.patch_size
+    tokens = (side // patch) * (2 * side // patch)
+    return {
+        "edit_size": f"{size}x{size}",
+        "batch": batch,
+        "image_tokens": tokens,
+        "max_seq": pipe.transformer.max_seq,
+        "padded_tokens": pipe.transformer.max_seq,
+        "collapsed_tokens": tokens + (1 if tokens < pipe.transformer.max_seq else 0),
+        "padded_seconds": round(results["padded"]["seconds"], 4),
+        "collapsed_seconds": round(results["collapsed"]["seconds"], 4),
+        "speedup": round(results["padded"]["seconds"] / results["collapsed"]["seconds"], 2),
+        "max_abs_diff": diff,
+        "max_abs_output": scale,
+    }
+
+
+def _weight_copies(model, steps: int) -> dict:
+    """Runs the stage switches of one edit both ways and counts what is copied."""
+    import torch
+
+    transformer = model.pipeline.transformer
+    # Upstream-style: two "weight sets" taken from state_dict() -- which alias the parameters --
+    # loaded with load_state_dict at the start of the edit and at the refine switch.
+    sets = {"edit": transformer.state_dict(), "refine": transformer.state_dict()}
+    aliased = all(sets["edit"][k].data_ptr() == p.data_ptr() for k, p in transformer.named_parameters()
+                  if k in sets["edit"])
+    copied = {"tensors": 0, "bytes": 0}
+    before = {k: v.detach().clone() for k, v in list(transformer.state_dict().items())[:4]}
+    t0 = time.perf_counter()
+    for stage in ("edit", "refine"):
+        state = sets[stage]
+        transformer.load_state_dict(state, strict=False)
+        copied["tensors"] += len(state)
+        copied["bytes"] += sum(t.numel() * t.element_size() for t in state.values())
+    upstream_seconds = time.perf_counter() - t0
+    unchanged = all(torch.equal(before[k], transformer.state_dict()[k]) for k in before)
+    ours_before = model.swap.bytes_copied if model.swap else 0
+    swaps_before = model.swap.swaps if model.swap else 0
+    t0 = time.perf_counter()
+    for stage in ("edit", "refine", "edit"):
+        model.use_stage_weights(stage)
+    ours_seconds = time.perf_counter() - t0
+    return {
+        "upstream_style": {"tensors_copied": copied["tensors"], "bytes_copied": copied["bytes"],
+                           "seconds": round(upstream_seconds, 4), "sets_alias_parameters": aliased,
+                           "weights_changed": not unchanged},
+        "ours": {"refiner": model.refiner, "bytes_copied": (model.swap.bytes_copied if model.swap else 0) - ours_before,
+                 "pointer_swaps": (model.swap.swaps if model.swap else 0) - swaps_before,
+                 "swap_on_device": model.swap.on_device if model.swap else None,
+                 "seconds": round(ours_seconds, 6)},
+    }
+
+
+def _text_encoder_calls(config, edits: int) -> dict:
+    from PIL import Image
+
+    from .engine import EditEngine
+    from .requests import EditParams, EditRequest
+
+    engine = EditEngine(config.replace(output_dir=config.output_dir))
+    image = Image.new("RGB", (64, 48), (120, 80, 200))
+    params = EditParams.defaults_for(config.variant, "make it brighter")
+    params = EditParams.from_dict({**params.to_dict(), "num_inference_steps": 2, "working_resolution": "draft"})
+    t0 = time.perf_counter()
+    for seed in range(edits):
+        engine.edit(EditRequest(image=image, params=EditParams.from_dict({**params.to_dict(), "seed": seed})),
+                    save=False)
+    return {"edits": edits, "unique_texts": 3, "text_encoder_calls": engine.counters["text_encoder_calls"],
+            "upstream_text_encoder_calls": edits * 3, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def run(profile: str = "tiny", size: int | None = None, batch: int = 1, repeats: int = 1, edits: int = 4,
+        dtype: str = "fp32") -> dict:
+    import tempfile
+    from pathlib import Path
+
+    from .config import AppConfig
+    from .devices import resolve_device, resolve_dtype
+    from .models import load_model
+
+    config = AppConfig(tiny_profile=profile, device="cpu", dtype=dtype,
+                       output_dir=Path(tempfile.mkdtemp(prefix="hidream-bench-")))
+    device = resolve_device("cpu")
+    model = load_model(config, device, resolve_dtype(dtype, device))
+    from .attention import apply
+
+    apply(model.pipeline.transformer, "sdpa", device, model.dtype)
+    size = size or model.geometry.image_size // 2
+    report = {"benchmark": "edit", "profile": profile, "dtype": dtype, "device": device.torch_device,
+              "forward": _forward_comparison(model, size, batch, repeats),
+              "weight_copies_per_edit": _weight_copies(model, steps=28)}
+    del model
+    report["text_encoders"] = _text_encoder_calls(config, edits)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hidream_ui bench edit", description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="tiny", choices=("tiny", "bench"))
+    parser.add_argument("--size", type=int, help="edit working side in pixels (default: half the model's max)")
+    parser.add_argument("--batch", type=int, default=1, help="transformer batch for the forward comparison")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--edits", type=int, default=4)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    report = run(args.profile, args.size, args.batch, args.repeats, args.edits)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    f = report["forward"]
+    print(f"forward {f['edit_size']} edit, batch {f['batch']}: padded {f['padded_seconds']:.3f} s "
+          f"({f['padded_tokens']} tokens) vs collapsed {f['collapsed_seconds']:.3f} s ({f['collapsed_tokens']} tokens)"
+          f" = {f['speedup']}x, max |diff| {f['max_abs_diff']:.3g} (outputs up to {f['max_abs_output']:.3g})")
+    w = report["weight_copies_per_edit"]
+    print(f"weight copies per edit: upstream-style {w['upstream_style']['bytes_copied'] / 2**20:.1f} MiB "
+          f"({w['upstream_style']['seconds']:.3f} s, sets alias parameters: {w['upstream_style']['sets_alias_parameters']})"
+          f" vs ours {w['ours']['bytes_copied']} bytes")
+    t = report["text_encoders"]
+    print(f"text encoders: {t['text_encoder_calls']} calls for {t['edits']} edits with one instruction "
+          f"(upstream: {t['upstream_text_encoder_calls']})")
+    return 0

@@ -378,9 +378,18 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
             swap_sets = plain_originals
 
     progress(0.65, "loading VAE, CLIP and T5 encoders")
-    pipeline = HiDreamEditPipeline.from_pretrained(
-        sources.i1, transformer=transformer, tokenizer_4=tokenizer_4, text_encoder_4=text_encoder_4,
-        dtype=dtype, **_load_kwargs(sources.i1))
+    from diffusers.utils import logging as diffusers_logging
+
+    # diffusers warns that text_encoder_4 is not a LlamaForCausalLM: intended (see above), so hush it.
+    verbosity = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()
+    try:
+        pipeline = HiDreamEditPipeline.from_pretrained(
+            sources.i1, transformer=transformer, tokenizer_4=tokenizer_4, text_encoder_4=text_encoder_4,
+            dtype=dtype, **_load_kwargs(sources.i1))
+    finally:
+        diffusers_logging.set_verbosity(verbosity)
+    pipeline.set_progress_bar_config(disable=True)
 
     tconf = dict(transformer.config)
     geometry = geometry_for(sources.variant, tconf, dict(pipeline.vae.config))

@@ -1,0 +1,129 @@
+"""`python app.py` / `python -m hidream_ui app`: parse flags, build the engine and the UI, serve.
+
+Nothing loads at start: the engine is created empty and the model loads on the first edit (or
+the "Load model" button), with progress in the browser. That keeps the cold start to gradio's
+import plus the server start. A bad flag prints one `error: ...` line on stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from .config import AppConfig, ConfigError, add_model_arguments, add_server_arguments, from_namespace, read_auth_file
+
+if TYPE_CHECKING:  # pragma: no cover
+    import gradio as gr
+
+    from .engine import EditEngine
+
+logger = logging.getLogger(__name__)
+
+EXIT_CONFIG = 2
+MCP_HINT = "--mcp needs Gradio's MCP extra: pip install \"gradio[mcp]\" (or start without --mcp)"
+
+
+def build_parser(prog: str = "python app.py") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Browser demo for HiDream-E1.1 / HiDream-E1-Full image editing. Without model flags it "
+                    "runs an offline tiny random-weight model (outputs are noise) so that everything else "
+                    "can be tried; --model-dir points it at the real weights.",
+    )
+    add_model_arguments(parser)
+    add_server_arguments(parser)
+    return parser
+
+
+def mcp_available() -> bool:
+    """Gradio's MCP server needs the `mcp` package (the `gradio[mcp]` extra)."""
+    return importlib.util.find_spec("mcp") is not None
+
+
+def _auth(config: AppConfig):
+    if config.auth is not None:
+        return config.auth
+    if config.auth_file is not None:
+        return read_auth_file(config.auth_file)
+    return None
+
+
+def launch(
+    config: AppConfig,
+    *,
+    engine: "EditEngine | None" = None,
+    prevent_thread_lock: bool = False,
+    quiet: bool = False,
+) -> tuple["gr.Blocks", str]:
+    """Builds the demo for `config` (or the given engine) and starts serving it.
+
+    Returns (demo, local URL). With `prevent_thread_lock` the call returns once the server is up
+    (tests; close with `demo.close()`), otherwise it blocks until the server stops.
+    Raises ConfigError for an unreadable auth file or a missing MCP extra.
+    """
+    # Gradio's usage analytics would phone home at launch; an offline NPU box must not wait on that.
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    auth = _auth(config)
+    if config.mcp and not mcp_available():
+        raise ConfigError(MCP_HINT)
+
+    from .engine import get_engine
+    from .ui.layout import ASSETS_DIR, build_demo, launch_options
+
+    engine = engine or get_engine(config)
+    demo = build_demo(engine)
+    demo.queue(max_size=config.max_queue)
+    if config.uses_tiny_model and not quiet:
+        print("Running the offline tiny random-weight model: results are noise. "
+              "Use --model-dir /path/to/models (or HIDREAM_MODEL_DIR) for the real HiDream weights.",
+              file=sys.stderr)
+    _, local_url, _ = demo.launch(
+        server_name=config.host,
+        server_port=config.port,
+        share=config.share,
+        auth=auth,
+        mcp_server=bool(config.mcp),
+        prevent_thread_lock=prevent_thread_lock,
+        quiet=quiet,
+        # Results are saved outside gradio's cache; the File / Gallery outputs serve them from there.
+        allowed_paths=[str(config.output_dir), str(ASSETS_DIR)],
+        **launch_options(),
+    )
+    return demo, local_url
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if prog is None:  # `python -m hidream_ui app` runs hidream_ui/__main__.py
+        prog = "python -m hidream_ui app" if os.path.basename(sys.argv[0]) == "__main__.py" else "python app.py"
+    parser = build_parser(prog)
+    ns = parser.parse_args(argv)  # argparse itself exits 2 with one usage line for unknown flags
+    try:
+        config = from_namespace(ns)
+        if config.auth_file is not None:
+            read_auth_file(config.auth_file)  # fail now, before gradio is imported
+        if config.mcp and not mcp_available():
+            raise ConfigError(MCP_HINT)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        launch(config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except OSError as exc:
+        # Typically the port is taken; gradio's message names it.
+        print(f"error: cannot serve on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+__all__ = ["build_parser", "launch", "main", "mcp_available"]

@@ -1,0 +1,282 @@
+"""The Gradio layout: widgets and their wiring, nothing else (the work is in `handlers`).
+
+API names are part of the app's contract (README, tests, MCP):
+
+* ``/edit``           image, instruction and every advanced setting -> before/after, saved PNG,
+                      seed used, summary
+* ``/status``         engine status as JSON (state, device, dtype, attention, memory, queue, ...)
+* ``/set_attention``  strategy name -> the active strategy (refusals are errors with the reason)
+* ``/load_model``     loads the model now (otherwise the first edit does)
+
+Tabs: Edit, then the Batch and Compare tabs (built by `batch_tab` / `compare_tab`), then History.
+The system panel sits outside the tabs so it is visible on all of them.
+
+Everything that touches the device (edit, load, attention switch) shares the concurrency group
+``"device"`` with a limit of 1: the model is not re-entrant and users see their queue position.
+The status timer and ``/status`` never wait behind it.
+
+Imported lazily by the app (it imports gradio at the top).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import gradio as gr
+
+from ..engine import EditEngine
+from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
+from .handlers import (
+    STATUS_CSS,
+    WORKING_RESOLUTIONS,
+    Handlers,
+    example_instruction,
+    instruction_placeholder,
+    variant_hint,
+)
+
+logger = logging.getLogger(__name__)
+
+DEVICE_GROUP = "device"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
+
+TINY_BANNER = (
+    "⚠️ **Offline tiny model with random weights: every result is noise.** It exists to try the "
+    "app, the queue and the device plumbing without the 17B checkpoints. To edit for real, start "
+    "`python app.py --model-dir /path/to/models` (a folder holding `Llama-3.1-8B-Instruct/`, "
+    "`HiDream-I1-Full/` and `HiDream-E1-1/` or `HiDream-E1-Full/`), or set `HIDREAM_MODEL_DIR`."
+)
+
+APP_CSS = """
+#hui-tiny-banner { border: 1px solid #f59e0b; background: rgba(245, 158, 11, 0.12);
+                   border-radius: 8px; padding: 0.4em 0.9em; }
+#hui-system { position: sticky; top: 0.5em; }
+#hui-attention-note { font-size: 0.85em; min-height: 1.2em; }
+"""
+
+
+def launch_options() -> dict[str, Any]:
+    """Theme and CSS: Gradio 6 takes them in `launch()`, not in `gr.Blocks()`."""
+    return {"theme": gr.themes.Soft(), "css": APP_CSS}
+
+
+def load_examples(variant: str, assets_dir: Path = ASSETS_DIR) -> list[list[str]]:
+    """[[image path, instruction], ...] from assets/examples.json; [] when the assets are absent
+    (an installed package without the repository's assets still runs)."""
+    listing = assets_dir / "examples.json"
+    try:
+        entries = json.loads(listing.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        logger.info("no examples (%s): %s", listing, exc)
+        return []
+    examples = []
+    for entry in entries:
+        path = assets_dir / entry["image"]
+        if path.is_file():
+            examples.append([str(path), example_instruction(entry["instruction"], variant, entry.get("target"))])
+    return examples
+
+
+def _queue_figures(demo: gr.Blocks) -> dict[str, int] | None:
+    """Waiting / running events of the device group, read from gradio's queue.
+
+    Gradio has no public accessor for this; the attributes are private and may change, so any
+    mismatch gives None and the panel omits the line instead of showing a wrong number.
+    """
+    queue = getattr(demo, "_queue", None)
+    per_group = getattr(queue, "event_queue_per_concurrency_id", None)
+    if not isinstance(per_group, dict):
+        return None
+    group = per_group.get(DEVICE_GROUP)
+    if group is None:
+        return {"waiting": 0, "running": 0}
+    return {"waiting": len(group.queue), "running": int(group.current_concurrency)}
+
+
+# Tabs built by their own modules: (module, builder). Each builder is called as
+# `builder(engine, config)` inside the `gr.Tabs()` context and adds one `gr.Tab`.
+EXTRA_TABS = (
+    ("hidream_ui.ui.batch_tab", "build_batch_tab"),
+    ("hidream_ui.ui.compare_tab", "build_compare_tab"),
+)
+TabBuilder = Callable[[EditEngine, Any], Any]
+
+
+def default_extra_tabs() -> list[TabBuilder]:
+    """The Batch and Compare tab builders. A tab module that is absent (a trimmed install) is
+    skipped with a log line; one that fails to import for any other reason is a bug and raises."""
+    builders = []
+    for module_name, attribute in EXTRA_TABS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            logger.info("tab module %s not present; its tab is left out", module_name)
+            continue
+        builders.append(getattr(module, attribute))
+    return builders
+
+
+def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = None) -> gr.Blocks:
+    """The whole UI for `engine`. Builds widgets only: no model load, no torch import.
+
+    `extra_tabs` are tab builders placed between Edit and History (default: Batch and Compare).
+    """
+    extra_tabs = default_extra_tabs() if extra_tabs is None else list(extra_tabs)
+    config = engine.config
+    variant = config.variant
+    defaults = EditParams.defaults_for(variant)
+    handlers = Handlers(engine)
+
+    with gr.Blocks(title="HiDream-E1 image editing") as demo:
+        gr.Markdown(f"## HiDream-{variant.upper()} instruction-based image editing")
+        if config.uses_tiny_model:
+            gr.Markdown(TINY_BANNER, elem_id="hui-tiny-banner")
+        history = gr.State([])
+        last_entry = gr.State(None)
+        selected_index = gr.State(None)
+
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=4):
+                with gr.Tabs(selected="edit") as tabs:
+                    with gr.Tab("Edit", id="edit"):
+                        with gr.Row(equal_height=False):
+                            with gr.Column():
+                                image = gr.Image(label="Source image", sources=["upload", "clipboard", "webcam"],
+                                                 type="filepath", image_mode=None, height=340,
+                                                 elem_id="hui-source")
+                                instruction = gr.Textbox(label="Instruction", lines=2,
+                                                         placeholder=instruction_placeholder(variant),
+                                                         elem_id="hui-instruction")
+                                gr.Markdown(variant_hint(variant))
+                                negative_prompt = gr.Textbox(label="Negative prompt", value=defaults.negative_prompt)
+                                with gr.Row():
+                                    edit_button = gr.Button("Edit", variant="primary", elem_id="hui-edit")
+                                    stop_button = gr.Button("Stop", variant="stop", elem_id="hui-stop")
+                                with gr.Accordion("Advanced settings", open=False):
+                                    guidance_scale = gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale,
+                                                               label="Guidance scale",
+                                                               info="how strongly to follow the instruction")
+                                    image_guidance_scale = gr.Slider(
+                                        *IMAGE_GUIDANCE_RANGE, step=0.1, value=defaults.image_guidance_scale,
+                                        label="Image guidance scale", info="how closely to keep the source image")
+                                    num_inference_steps = gr.Slider(*STEPS_RANGE, step=1,
+                                                                    value=defaults.num_inference_steps,
+                                                                    label="Steps")
+                                    refine_strength = gr.Slider(*REFINE_RANGE, step=0.05,
+                                                                value=defaults.refine_strength,
+                                                                label="Refine strength",
+                                                                info="share of the steps run by the refine stage")
+                                    clip_cfg_norm = gr.Checkbox(value=defaults.clip_cfg_norm, label="CLIP CFG norm",
+                                                                info="rescale guidance to the conditional norm")
+                                    working_resolution = gr.Dropdown(
+                                        choices=list(WORKING_RESOLUTIONS), value=defaults.working_resolution,
+                                        allow_custom_value=True, label="Working resolution",
+                                        info="auto: the model's size · draft: half-size preview · "
+                                             "or a side in px (multiple of 16)")
+                                    with gr.Row():
+                                        seed = gr.Number(value=defaults.seed, precision=0, label="Seed", minimum=-1)
+                                        randomize_seed = gr.Checkbox(value=False, label="Random seed",
+                                                                     info="the seed used is shown with the result")
+                                    collapse_padding = gr.Checkbox(
+                                        value=defaults.collapse_padding, label="Collapse padding",
+                                        info="exact; skips the padded tokens of non-square images")
+                            with gr.Column():
+                                result_slider = gr.ImageSlider(label="Before / after", type="pil", format="png",
+                                                               interactive=False, max_height=460,
+                                                               elem_id="hui-result")
+                                # Hidden until the first result: an empty Number would read "0".
+                                with gr.Row(equal_height=True, visible=False) as result_details:
+                                    seed_used = gr.Number(value=None, label="Seed used", interactive=False,
+                                                          precision=0, placeholder="shown after the edit",
+                                                          elem_id="hui-seed-used")
+                                    # The saved file, not the slider's re-encoded copy: it carries the
+                                    # settings (PNG text chunk) that the History tab can read back.
+                                    saved_png = gr.DownloadButton("Download PNG (with settings)", value=None,
+                                                                  variant="secondary", elem_id="hui-saved")
+                                summary = gr.Markdown(label="Summary", elem_id="hui-summary")
+                        examples = load_examples(variant)
+                        if examples:
+                            gr.Examples(examples=examples, inputs=[image, instruction], cache_examples=False,
+                                        examples_per_page=len(examples), label="Examples (CC0, see assets/)")
+
+                    for build_tab in extra_tabs:
+                        build_tab(engine, config)
+
+                    with gr.Tab("History", id="history"):
+                        gr.Markdown("Results of this session, newest first. Select one to see its settings.")
+                        gallery = gr.Gallery(label="Results", columns=5, height=300, object_fit="contain",
+                                             allow_preview=False, fit_columns=False, interactive=False,
+                                             elem_id="hui-gallery")
+                        with gr.Row():
+                            with gr.Column(scale=2):
+                                selected_params = gr.JSON(label="Settings of the selected result",
+                                                          elem_id="hui-selected-params")
+                            with gr.Column(scale=1):
+                                apply_button = gr.Button("Load these settings into the form", interactive=False)
+                                settings_file = gr.File(label="…or read the settings of a PNG saved by this app",
+                                                        file_types=[".png"], type="filepath")
+
+            with gr.Column(scale=1, min_width=270, elem_id="hui-system"):
+                gr.Markdown("### System")
+                status_panel = gr.HTML(value='<div class="hui-status">connecting…</div>', css_template=STATUS_CSS,
+                                       elem_id="hui-status-panel")
+                attention = gr.Dropdown(label="Attention", choices=[(str(config.attention), str(config.attention))],
+                                        value=str(config.attention), interactive=True, elem_id="hui-attention")
+                attention_note = gr.Markdown(elem_id="hui-attention-note")
+                load_button = gr.Button("Load model", size="sm")
+                load_message = gr.Markdown(label="Model")
+
+        form = [instruction, negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
+                refine_strength, clip_cfg_norm, working_resolution, seed, randomize_seed, collapse_padding]
+
+        # ---- edit: preprocess=False so the handler opens the upload itself and can say what is
+        # wrong with a damaged file (gradio's own decode error is a developer message).
+        edit_event = edit_button.click(
+            handlers.edit, inputs=[image, *form], outputs=[result_slider, saved_png, seed_used, summary, last_entry],
+            api_name="edit", concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
+            show_progress_on=[result_slider],
+        )
+        edit_event.success(handlers.add_history, [history, last_entry], [history, gallery, result_details],
+                           queue=False, show_progress="hidden", api_visibility="private")
+        # Stop never queues: it must get through while the edit holds the device group.
+        stop_button.click(handlers.stop, None, None, cancels=[edit_event], queue=False,
+                          show_progress="hidden", api_visibility="private")
+
+        load_button.click(handlers.load_model, None, load_message, api_name="load_model",
+                          concurrency_id=DEVICE_GROUP, concurrency_limit=1, show_progress_on=[load_message])
+
+        # ---- attention: the dropdown's `.input` (user changes only, so setting its value from the
+        # server does not trigger it again); the API endpoint is a plain typed function.
+        attention.select(handlers.change_attention, [attention], [attention, attention_note, status_panel],
+                        concurrency_id=DEVICE_GROUP, concurrency_limit=1, api_visibility="private")
+        gr.api(handlers.set_attention, api_name="set_attention", concurrency_id=DEVICE_GROUP, concurrency_limit=1)
+
+        # ---- status: own group, no limit, and the timer bypasses the queue altogether, so the
+        # panel keeps moving while an edit runs (that is when it matters).
+        gr.api(handlers.status, api_name="status", concurrency_id="status", concurrency_limit=None)
+        timer = gr.Timer(2)
+        timer.tick(handlers.status_panel, None, status_panel, queue=False, show_progress="hidden",
+                   api_visibility="private")
+        demo.load(handlers.page_load, None, [attention, status_panel], queue=False, show_progress="hidden",
+                  api_visibility="private")
+
+        # ---- history
+        gallery.select(handlers.select_history, [history], [selected_params, selected_index, apply_button],
+                       queue=False, show_progress="hidden", api_visibility="private")
+        apply_button.click(handlers.apply_history, [history, selected_index], [*form, tabs], queue=False,
+                           api_visibility="private")
+        settings_file.upload(handlers.settings_from_file, [settings_file], [*form, tabs], queue=False,
+                             api_visibility="private")
+
+    handlers.queue_info = lambda: _queue_figures(demo)
+    return demo
+
+
+__all__ = ["build_demo", "default_extra_tabs", "launch_options", "load_examples", "DEVICE_GROUP", "TINY_BANNER",
+           "APP_CSS"]

@@ -1,0 +1,287 @@
+"""The Gradio app driven through its public API (gradio_client) on the offline tiny model.
+
+One app per module (launched with prevent_thread_lock on a free port); the tiny checkpoint and
+the outputs live in pytest tmp dirs. Edits run 2 steps at the draft working size, so the whole
+module takes seconds after the one-time tiny build and load.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+from PIL import Image
+
+from hidream_ui.config import AppConfig
+from hidream_ui.engine import EditEngine
+from hidream_ui.imaging import ImageError, open_image
+from hidream_ui.outputs import load_settings
+from hidream_ui.requests import SEED_MAX, EditParams, RequestError
+from hidream_ui.ui.layout import ASSETS_DIR
+
+EXAMPLE = ASSETS_DIR / "apple.png"
+FAST = {"num_inference_steps": 2, "working_resolution": "draft"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    from hidream_ui.app_main import launch
+
+    patch = pytest.MonkeyPatch()
+    # Shared with tests/test_browser.py within one session, so the tiny checkpoint is built once.
+    patch.setenv("HIDREAM_UI_CACHE", str(tmp_path_factory.getbasetemp() / "hidream_ui_cache"))
+    config = AppConfig(output_dir=tmp_path_factory.mktemp("app_outputs"), port=free_port(), max_queue=8)
+    engine = EditEngine(config)
+    demo, url = launch(config, engine=engine, prevent_thread_lock=True, quiet=True)
+    try:
+        yield {"url": url, "engine": engine, "config": config}
+    finally:
+        demo.close()
+        patch.undo()
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    return Client(app["url"], verbose=False)
+
+
+def edit(client, image=EXAMPLE, instruction="Replace the red apple with a green pear", **kwargs):
+    return client.predict(image=handle_file(str(image)), instruction=instruction,
+                          **{**FAST, **kwargs}, api_name="/edit")
+
+
+def test_edit_returns_image_and_used_seed(client, app):
+    (before, after), saved, seed_used, summary = edit(client, randomize_seed=True)
+    source = Image.open(EXAMPLE)
+    with Image.open(after) as result:
+        assert result.size == source.size  # restored from the working size to the source size
+    with Image.open(before) as shown_source:
+        assert shown_source.size == source.size
+    assert isinstance(seed_used, int) and 0 <= seed_used <= SEED_MAX
+    assert str(seed_used) in summary
+    # The downloadable PNG carries the settings, with the seed actually used.
+    settings = load_settings(saved)
+    assert settings.seed == seed_used
+    assert settings.num_inference_steps == 2
+    assert settings.instruction == "Replace the red apple with a green pear"
+
+    # A fixed seed is used as given.
+    _, saved_fixed, seed_fixed, _ = edit(client, seed=1234, randomize_seed=False)
+    assert seed_fixed == 1234
+    assert load_settings(saved_fixed).seed == 1234
+
+
+def test_status_has_device_fields_and_follows_an_edit(client, app):
+    status = client.predict(api_name="/status")
+    for key in ("state", "device", "device_type", "device_name", "dtype", "attention", "model_source", "memory"):
+        assert key in status, key
+    assert status["device_type"] == app["engine"].device.type
+    assert status["model_source"] == "tiny"
+    for key in ("allocated", "reserved", "peak", "total", "host_total", "host_available", "process_rss"):
+        assert key in status["memory"], key
+    assert status["memory"]["process_rss"] > 0
+    edits_before = status["counters"]["edits"]
+
+    # Poll /status from another thread while an edit runs: it must not wait behind the edit.
+    seen: list[dict] = []
+    done = threading.Event()
+    poller = Client(app["url"], verbose=False)
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(poller.predict(api_name="/status"))
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        edit(client, num_inference_steps=6)
+    finally:
+        done.set()
+        thread.join(timeout=30)
+    editing = [s for s in seen if s["state"] == "editing"]
+    assert editing, f"no status during the edit showed it: {[s['state'] for s in seen]}"
+    assert {s["progress"].get("total") for s in editing} == {6}
+    assert any(s.get("queue", {}).get("running") == 1 for s in editing)
+    after = client.predict(api_name="/status")
+    assert after["state"] == "idle"
+    assert after["counters"]["edits"] == edits_before + 1
+
+
+def test_set_attention_switches_and_refuses_unavailable(client, app):
+    engine = app["engine"]
+    assert client.predict(name="math", api_name="/set_attention") == "math"
+    assert client.predict(api_name="/status")["attention"] == "math"
+
+    statuses = {s.name: s for s in engine.attention_choices()}
+    assert not statuses["npu_fusion"].available  # this machine has no NPU
+    with pytest.raises(AppError) as refused:
+        client.predict(name="npu_fusion", api_name="/set_attention")
+    message = str(refused.value)
+    assert "npu_fusion" in message and "not available" in message
+    assert statuses["npu_fusion"].reason in message
+    # The refusal leaves the current strategy active and the app serving.
+    assert client.predict(api_name="/status")["attention"] == "math"
+
+    resolved = client.predict(name="auto", api_name="/set_attention")
+    assert resolved != "auto" and statuses[resolved].available
+    assert client.predict(api_name="/status")["attention"] == resolved
+    # Edits still work after the switches.
+    _, _, seed_used, _ = edit(client, seed=7)
+    assert seed_used == 7
+
+
+def test_corrupt_upload_is_a_readable_error(client, tmp_path):
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n this is not really an image")
+    with pytest.raises(ImageError) as expected:
+        open_image(broken, name="broken.png")
+    with pytest.raises(AppError) as got:
+        edit(client, image=broken)
+    assert str(got.value) == str(expected.value)
+    assert "broken.png" in str(got.value) and "Traceback" not in str(got.value)
+
+
+def test_empty_instruction_is_a_readable_error(client):
+    with pytest.raises(RequestError) as expected:
+        EditParams(instruction="   ").validated()
+    with pytest.raises(AppError) as got:
+        edit(client, instruction="   ")
+    assert str(got.value) == str(expected.value)
+    assert str(got.value).startswith("instruction:")
+
+
+def test_bad_setting_names_the_field(client):
+    with pytest.raises(AppError) as got:
+        edit(client, working_resolution="77")
+    assert str(got.value).startswith("working_resolution:") and "'77'" in str(got.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Without a server: the error guard and the start-up refusals.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_unexpected_exception_becomes_a_named_error(caplog):
+    import gradio as gr
+
+    from hidream_ui.ui.handlers import guarded
+
+    @guarded("the frobnication")
+    def broken():
+        raise KeyError("missing-key")
+
+    with caplog.at_level("ERROR"), pytest.raises(gr.Error) as got:
+        broken()
+    assert "the frobnication failed unexpectedly" in got.value.message
+    assert "missing-key" in got.value.message
+    assert any(record.exc_info for record in caplog.records)  # the traceback is logged server-side
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--port", "abc"], "--port='abc' is not a whole number"),
+        (["--dtype", "fp8"], "dtype='fp8' is not one of"),
+        (["--auth", "nopassword"], "--auth must look like user:password"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line(argv, fragment, capsys):
+    from hidream_ui.app_main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and fragment in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_auth_file_exits_2(tmp_path, capsys):
+    from hidream_ui.app_main import main
+
+    assert main(["--auth-file", str(tmp_path / "absent.txt")]) == 2
+    err = capsys.readouterr().err
+    assert "absent.txt" in err and err.count("\n") == 1
+
+
+def test_history_settings_round_trip(client, app):
+    from hidream_ui.ui.handlers import Handlers, form_values
+
+    _, saved, seed_used, _ = edit(client, seed=99, guidance_scale=4.5, instruction="Add a rainbow over the sea")
+    handlers = Handlers(app["engine"])
+    *values, tabs = handlers.settings_from_file(saved)
+    assert tuple(values) == form_values(load_settings(saved))
+    assert values[0] == "Add a rainbow over the sea" and values[2] == 4.5 and values[8] == seed_used == 99
+    assert values[9] is False  # "random seed" off, so the loaded seed is the one used
+    assert tabs.selected == "edit"
+
+
+def test_settings_from_a_png_without_metadata_is_a_readable_error(tmp_path):
+    import gradio as gr
+
+    from hidream_ui.outputs import MetadataError
+    from hidream_ui.ui.handlers import Handlers
+
+    plain = tmp_path / "plain.png"
+    Image.new("RGB", (32, 32), "white").save(plain)
+    with pytest.raises(MetadataError) as expected:
+        load_settings(plain)
+    with pytest.raises(gr.Error) as got:
+        Handlers(engine=None).settings_from_file(str(plain))
+    assert got.value.message == str(expected.value)
+
+
+class _RecordingEngine:
+    def __init__(self):
+        self.cancels = 0
+
+    def cancel(self):
+        self.cancels += 1
+
+
+class _Request:
+    def __init__(self, session_hash):
+        self.session_hash = session_hash
+
+
+def test_stop_only_cancels_the_callers_own_edit():
+    from hidream_ui.ui.handlers import Handlers
+
+    engine = _RecordingEngine()
+    handlers = Handlers(engine)
+    handlers.stop(_Request("alice"))  # nothing running
+    assert engine.cancels == 0
+    handlers._running_session = "alice"
+    handlers.stop(_Request("bob"))  # someone else's edit keeps running
+    assert engine.cancels == 0
+    handlers.stop(_Request("alice"))
+    assert engine.cancels == 1 and handlers._stop_requested.is_set()
+
+
+def test_status_panel_shows_accelerator_memory_and_escapes_text():
+    from hidream_ui.ui.handlers import render_status
+
+    gib = 1024**3
+    status = {
+        "state": "editing", "progress": {"step": 3, "total": 28, "stage": "edit"}, "loaded": True,
+        "device": "npu:0", "device_type": "npu", "device_name": "Ascend <910B>", "dtype": "bf16",
+        "variant": "e1.1", "model_source": "real", "attention": "npu_fusion",
+        "queue": {"waiting": 2, "running": 1},
+        "memory": {"allocated": 30 * gib, "reserved": 40 * gib, "peak": 50 * gib, "free": 10 * gib,
+                   "total": 64 * gib, "utilization": 87.0, "host_total": 512 * gib,
+                   "host_available": 256 * gib, "process_rss": 20 * gib},
+    }
+    html_text = render_status(status)
+    assert "editing · step 3/28" in html_text
+    assert "Ascend &lt;910B&gt;" in html_text and "<910B>" not in html_text
+    for label in ("allocated", "reserved", "peak", "device in use", "host RAM", "process RSS", "NPU utilisation"):
+        assert label in html_text, label
+    assert "30.0 GiB / 64.0 GiB" in html_text and "2 waiting · 1 running" in html_text
+    assert "width:46.9%" in html_text  # 30 of 64 GiB allocated

@@ -1,0 +1,107 @@
+"""One end-to-end check in headless Chromium (Playwright, sync API) on the offline tiny model:
+pick an example, edit with 2 steps, wait for the before/after slider, read the system panel.
+
+Screenshots of the Edit tab before and after the edit go to tests/artifacts/ (gitignored) for a
+human to look at. Needs Debian's /usr/bin/chromium; Playwright's own browser download is not used.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+import pytest
+from playwright import sync_api
+
+from hidream_ui.config import AppConfig
+from hidream_ui.engine import EditEngine
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+EXAMPLE_INSTRUCTION = "Turn the scene into a snowy winter evening"  # assets/examples.json, first entry
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    from hidream_ui.app_main import launch
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HIDREAM_UI_CACHE", str(tmp_path_factory.getbasetemp() / "hidream_ui_cache"))
+    config = AppConfig(output_dir=tmp_path_factory.mktemp("browser_outputs"), port=free_port())
+    engine = EditEngine(config)
+    demo, url = launch(config, engine=engine, prevent_thread_lock=True, quiet=True)
+    try:
+        yield {"url": url, "engine": engine}
+    finally:
+        demo.close()
+        patch.undo()
+
+
+@pytest.fixture(scope="module")
+def page(app):
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        try:
+            yield page
+        finally:
+            context.close()
+            browser.close()
+
+
+def test_edit_in_the_browser(app, page):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.goto(app["url"])
+    panel = page.locator("#hui-status-panel")
+    # The page-load event fills the panel (device name comes from the engine).
+    device_name = app["engine"].status()["device_name"]
+    sync_api.expect(panel).to_contain_text(device_name)
+
+    page.get_by_text(EXAMPLE_INSTRUCTION).first.click()
+    sync_api.expect(page.locator("#hui-source img")).to_be_visible()
+    sync_api.expect(page.locator("#hui-instruction textarea")).to_have_value(EXAMPLE_INSTRUCTION)
+
+    page.get_by_text("Advanced settings").click()
+    steps = page.get_by_label("number input for Steps")
+    steps.fill("2")
+    steps.press("Enter")
+    page.locator("#hui-edit").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "edit_tab_before.png"), full_page=True)
+
+    page.locator("#hui-edit").click()
+    result = page.locator("#hui-result img")
+    sync_api.expect(result.first).to_be_visible(timeout=120_000)
+    summary = page.locator("#hui-summary")
+    sync_api.expect(summary).to_contain_text("Seed", timeout=30_000)
+    assert "2 steps" in summary.inner_text()
+    seed_text = re.search(r"Seed (\d+)", summary.inner_text())
+    assert seed_text is not None
+
+    # The panel shows the device, dtype, model source, attention and memory, and is idle again.
+    status = app["engine"].status()
+    sync_api.expect(panel).to_contain_text("idle", timeout=10_000)
+    text = panel.inner_text()
+    for expected in (status["device_name"], status["dtype"], "tiny", status["attention"], "host RAM",
+                     "process RSS"):
+        assert expected in text, (expected, text)
+    page.mouse.move(0, 0)  # no hover highlight in the screenshot
+    page.screenshot(path=str(ARTIFACTS / "edit_tab_after.png"), full_page=True)
+
+    # The result also landed in this session's history, with its settings.
+    page.get_by_role("tab", name="History").click()
+    sync_api.expect(page.locator("#hui-gallery img")).to_have_count(1)
+    page.locator("#hui-gallery img").first.click()
+    sync_api.expect(page.locator("#hui-selected-params")).to_contain_text(EXAMPLE_INSTRUCTION)

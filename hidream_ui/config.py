@@ -190,8 +190,10 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError(
             f"device={config.device!r} is not valid: use auto, cpu, npu, npu:N, cuda or cuda:N"
         )
-    if not config.attention or not re.match(r"^[a-z0-9_]+$", config.attention):
-        raise ConfigError(f"attention={config.attention!r} is not a strategy name (see `python -m hidream_ui bench attention`)")
+    from .attention import strategy_names  # cheap: the registry's names need no torch
+
+    if config.attention not in strategy_names():
+        raise ConfigError(f"attention={config.attention!r} is not one of: {', '.join(strategy_names())}")
     if not 1 <= config.port <= 65535:
         raise ConfigError(f"port={config.port} must be between 1 and 65535")
     for name in ("max_queue", "max_batch_items", "max_grid_cells", "prompt_cache_size"):

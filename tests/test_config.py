@@ -49,6 +49,7 @@ def test_preferred_device_is_accepted_after_hidream_device():
         (["--text-encoders", "gpu"], "text_encoders='gpu'"),
         (["--refiner", "x"], "refiner='x'"),
         (["--max-queue", "0"], "max_queue=0"),
+        (["--attention", "flash3"], "attention='flash3' is not one of: auto, "),
     ],
 )
 def test_bad_values_are_named(argv, needle):

@@ -1,0 +1,102 @@
+"""The command-line entry points: help, doctor, edit, make-tiny, bench dispatch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from hidream_ui import __main__ as cli
+from hidream_ui import doctor
+
+
+def test_help_lists_every_command(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("app", "edit", "doctor", "bench", "make-tiny"):
+        assert command in out
+
+
+def test_unknown_command_is_an_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["paint"])
+    assert info.value.code == 2
+    assert "unknown command 'paint'" in capsys.readouterr().err
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from hidream_ui.__main__ import main; main(['--help']); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("False")
+
+
+def test_doctor_json_reports_cpu_fp32_and_verified_tiny_model(tiny_cache, capsys):
+    assert doctor.main(["--json", "--device", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["device"]["type"] == "cpu" and report["dtype"] == "fp32"
+    assert report["model"]["kind"] == "tiny" and report["model"]["verified"] is True
+    assert report["packages"]["torch"] and report["ok"] is True
+    assert any(s["name"] == "sdpa" and s["available"] for s in report["attention"])
+    npu = [s for s in report["attention"] if s["name"] == "npu_fusion"][0]
+    assert not npu["available"] and npu["reason"]
+
+
+def test_doctor_names_the_missing_file_and_exits_nonzero(tiny_dir, tmp_path, capsys):
+    broken = tmp_path / "models"
+    shutil.copytree(tiny_dir, broken)
+    missing = broken / "HiDream-I1-Full" / "text_encoder_3" / "config.json"
+    missing.unlink()
+    assert doctor.main(["--device", "cpu", "--model-dir", str(broken)]) == 1
+    out = capsys.readouterr().out
+    assert str(missing) in out and "NOT OK" in out
+
+
+def test_doctor_requested_npu_without_torch_npu_is_a_problem(tiny_cache, capsys):
+    assert doctor.main(["--json", "--device", "npu"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert any("torch_npu" in p for p in report["problems"])
+
+
+def test_edit_cli_prints_a_json_summary(tiny_cache, tmp_path, capsys):
+    src = tmp_path / "in.png"
+    Image.new("RGB", (48, 40), (200, 30, 30)).save(src)
+    out = tmp_path / "result.png"
+    code = cli.main(["edit", "--image", str(src), "--instruction", "make it blue", "--steps", "2",
+                     "--working-resolution", "draft", "--device", "cpu", "--seed", "-1",
+                     "--output-dir", str(tmp_path / "outputs"), "--out", str(out)])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["ok"] is True
+    assert out.is_file() and Image.open(out).size == (48, 40)
+    assert 0 <= summary["seed"] < 2**32 and summary["model_source"] == "tiny" and "noise" in summary["note"]
+
+
+def test_edit_cli_reports_bad_input_without_traceback(tiny_cache, tmp_path, capsys):
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not an image at all")
+    assert cli.main(["edit", "--image", str(bad), "--instruction", "x", "--device", "cpu"]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["ok"] is False and "bad.png" in summary["error"]
+
+
+def test_make_tiny_cli_twice_gives_identical_bytes(tmp_path):
+    import hashlib
+
+    def digest(root):
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert cli.main(["make-tiny", str(tmp_path / "a"), "--seed", "3"]) == 0
+    assert cli.main(["make-tiny", str(tmp_path / "b"), "--seed", "3"]) == 0
+    a, b = digest(tmp_path / "a"), digest(tmp_path / "b")
+    assert a == b and any(k.startswith("HiDream-E1-1/transformer/") for k in a)
+
+
+def test_bench_without_kind_lists_kinds(capsys):
+    assert cli.main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    for kind in ("load", "edit", "attention", "batch", "app"):
+        assert kind in out

@@ -334,6 +334,21 @@ def _weights_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*.safetensors")) if Path(folder).exists() else 0
 
 
+def _bytes_read(sources: ModelSources, refiner: str) -> int:
+    """Bytes of the weight files a load reads (local sources only; hub downloads are not counted)."""
+    total = 0
+    if _is_local(sources.llama):
+        total += _weights_bytes(Path(sources.llama))
+    if _is_local(sources.i1):
+        i1 = Path(sources.i1)
+        total += _weights_bytes(i1) - _weights_bytes(i1 / "transformer")
+        if sources.variant == "e1-full" or refiner == "i1":
+            total += _weights_bytes(i1 / "transformer")
+    if _is_local(sources.e1):
+        total += _weights_bytes(Path(sources.e1))
+    return total
+
+
 def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
                on_progress: ProgressFn | None = None, sources: ModelSources | None = None) -> LoadedModel:
     """Loads the pipeline for `config.variant` onto `device` in `dtype`.
@@ -411,8 +426,7 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     for module in pipeline.components.values():
         if isinstance(module, torch.nn.Module):
             module.eval().requires_grad_(False)
-    weight_bytes = (_weights_bytes(Path(sources.llama)) + _weights_bytes(Path(sources.i1))
-                    + (_weights_bytes(Path(sources.e1)) if _is_local(sources.e1) else 0))
+    weight_bytes = _bytes_read(sources, config.refiner)
     loaded = LoadedModel(
         pipeline=pipeline, sources=sources, device=device, dtype=dtype, geometry=geometry,
         refiner=config.refiner, text_encoders=config.text_encoders, swap=swap, uses_lora=uses_lora,

@@ -259,10 +259,10 @@ class EditEngine:
             first = params_list[0]
             total = first.num_inference_steps
             self._progress = {"step": 0, "total": total, "stage": "edit"}
+            working = []
             try:
                 bind_device_to_thread(model.device, backends=self._backends)
                 reset_peak(model.device, backends=self._backends)
-                working = []
                 for request, params in zip(requests, params_list):
                     image, plan = prepare_working_image(
                         request.image, variant=model.sources.variant, image_size=model.geometry.image_size,

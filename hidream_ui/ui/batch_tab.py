@@ -1,0 +1,444 @@
+"""The Batch tab: many images x many instructions with one set of settings, streamed as they finish.
+
+`build_batch_tab(engine, config)` adds a `gr.Tab("Batch")` to the Blocks being built (call it
+inside `with gr.Tabs():`). API: ``/batch_edit`` (files, instructions, mode, settings ->
+gallery, report, results zip).
+
+How a run streams: the handler is a generator. It validates everything and opens the uploads
+first (bad input never reaches the device), then runs `engine.run_batch` in a worker thread whose
+callbacks put events on a `queue.Queue`; the generator turns each finished item into a gallery
+update. Stop asks the engine to stop after the current step (`engine.cancel`) instead of killing
+the event, so the run still ends normally: the finished items stay in the gallery and in the zip.
+
+Also home of the helpers the Compare tab shares (`stream_worker`, `guarded_stream`,
+`shared_params`, `upload_path`). Imports gradio at the top: only the UI imports this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import logging
+import os
+import queue
+import re
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import gradio as gr
+
+from ..archive import ArchiveError, sources_from_uploads, write_batch_zip
+from ..batch import BatchRequest, BatchResult, BatchSource, clean_instructions, open_sources, plan_items
+from ..config import AppConfig
+from ..engine import EditCancelled, EditEngine, StepInfo
+from ..imaging import open_image
+from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams, RequestError
+from .handlers import USER_ERRORS, WORKING_RESOLUTIONS
+
+logger = logging.getLogger(__name__)
+
+DEVICE_GROUP = "device"  # the concurrency id of everything that touches the device (see layout.py)
+MODE_CHOICES = (("every image × every instruction", "matrix"), ("line i ↔ image i (paired)", "paired"))
+SEED_POLICY_CHOICES = (("fixed", "fixed"), ("+1 per item", "increment"), ("random", "random"))
+ZIPS_KEPT = 8  # results zips kept in this tab's temp folder (gradio serves its own copy)
+_STREAM_ERRORS = USER_ERRORS + (ArchiveError,)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers (also used by the Compare tab)
+# ---------------------------------------------------------------------------------------------
+
+
+def gr_error(message: str, title: str = "Error") -> gr.Error:
+    # gr.Error renders HTML; file names and instructions in messages are user input.
+    return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
+
+
+def guarded_stream(what: str) -> Callable[[Callable[..., Iterator]], Callable[..., Iterator]]:
+    """`handlers.guarded` for generator handlers: errors raised while iterating become one-line
+    `gr.Error`s (user errors as written, anything else "<what> failed unexpectedly" with the
+    traceback in the server log only)."""
+
+    def decorate(fn: Callable[..., Iterator]) -> Callable[..., Iterator]:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except EditCancelled as exc:
+                raise gr_error(str(exc), title="Stopped") from None
+            except _STREAM_ERRORS as exc:
+                raise gr_error(str(exc)) from None
+            except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into messages
+                logger.exception("%s failed", what)
+                raise gr_error(f"{what} failed unexpectedly ({type(exc).__name__}: {exc}). "
+                               "The server log has the details.") from None
+
+        return wrapper
+
+    return decorate
+
+
+def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_abandon: Callable[[], None],
+                  name: str) -> Iterator[tuple[str, Any]]:
+    """Runs `work(emit)` in a thread and yields its events as they happen.
+
+    `work` calls `emit(kind, payload)`; this yields each `(kind, payload)`, then `("done",
+    return value)`, or re-raises what `work` raised. If the consumer stops early (the browser
+    went away, gradio closed the generator) `on_abandon()` asks the work to stop; either way the
+    thread is joined, so the device is free again when this generator is gone and the next queued
+    event never overlaps a half-stopped run.
+    """
+    events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
+
+    def target() -> None:
+        try:
+            events.put(("done", work(lambda kind, payload: events.put((kind, payload)))))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer's thread below
+            events.put(("failed", exc))
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    finished = False
+    try:
+        while True:
+            kind, payload = events.get()
+            if kind == "failed":
+                finished = True
+                raise payload
+            if kind == "done":
+                finished = True
+                yield kind, payload
+                return
+            yield kind, payload
+    finally:
+        if not finished:
+            on_abandon()
+        thread.join()
+
+
+def shared_params(negative_prompt: Any, guidance_scale: Any, image_guidance_scale: Any, num_inference_steps: Any,
+                  refine_strength: Any, clip_cfg_norm: Any, working_resolution: Any, seed: Any,
+                  instruction: str = "") -> EditParams:
+    """EditParams from raw widget / API values. Every field except the instruction is validated
+    here (RequestError names the field); a cleared seed box means -1 (pick one)."""
+    if seed is None or (isinstance(seed, str) and not seed.strip()):
+        seed = -1
+    params = EditParams(
+        instruction=instruction,
+        negative_prompt=negative_prompt if negative_prompt is not None else "",
+        guidance_scale=guidance_scale,
+        image_guidance_scale=image_guidance_scale,
+        num_inference_steps=num_inference_steps,
+        refine_strength=refine_strength,
+        clip_cfg_norm=clip_cfg_norm,
+        seed=seed,
+        working_resolution=working_resolution if working_resolution not in (None, "") else "auto",
+    )
+    probe = EditParams(**{**params.to_dict(), "instruction": instruction or "x"}).validated()
+    return EditParams(**{**probe.to_dict(), "instruction": instruction})
+
+
+def upload_path(value: Any) -> tuple[Any, str | None]:
+    """(something `open_image` / `open()` reads, the user's file name) for one upload.
+
+    Events run with `preprocess=False` (so gradio neither opens nor type-checks the files: a bad
+    file is reported by our readers, per file), which hands over FileData dicts; Python callers
+    may pass paths.
+    """
+    if isinstance(value, Mapping):
+        path = value.get("path")
+        if not path:
+            raise RequestError("file", value.get("url") or value.get("orig_name"),
+                               "an uploaded file (the upload did not arrive)")
+        return path, value.get("orig_name") or Path(path).name
+    if isinstance(value, (str, os.PathLike)):
+        return value, Path(value).name
+    path = getattr(value, "path", None) or getattr(value, "name", None)  # FileData objects, tempfiles
+    if isinstance(path, (str, os.PathLike)):
+        return path, getattr(value, "orig_name", None) or Path(path).name
+    return value, None
+
+
+# Only what can turn text into markup mid-line (emphasis, links, code, HTML, tables); the
+# report puts user text after "- " or inside a line, never at a line start.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+
+
+def md(text: Any) -> str:
+    """User text (file names, instructions, messages) made inert inside Markdown."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch handler
+# ---------------------------------------------------------------------------------------------
+
+
+def _batch_size(value: Any) -> int | None:
+    """0 / empty = auto (None); otherwise a whole number (the engine checks the range)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise RequestError("batch_size", value, "a whole number of items per transformer call, 0 for auto") from None
+    if not number.is_integer() or number < 0:
+        raise RequestError("batch_size", value, "a whole number of items per transformer call, 0 for auto")
+    return int(number) or None
+
+
+def item_caption(item) -> str:
+    return f"{item.instruction} · seed {item.seed}"
+
+
+class BatchRun:
+    """What the report shows while a batch runs: counts, timing, errors, rejections."""
+
+    def __init__(self, total: int, rejected: list[tuple[str, str]]):
+        self.total = total
+        self.rejected = list(rejected)
+        self.gallery: list[tuple[str, str]] = []
+        self.errors: list[tuple[str, str, str]] = []  # (source, instruction, message)
+        self.done = 0
+        self.started = time.perf_counter()
+        self.first_step: float | None = None
+        self.step_text = ""
+
+    def add(self, item) -> None:
+        self.done += 1
+        if item.status == "ok" and item.result is not None:
+            shown = item.result.saved_png or item.result.image
+            self.gallery.append((str(shown) if isinstance(shown, Path) else shown, item_caption(item)))
+        elif item.status == "error":
+            self.errors.append((item.source_name, item.instruction, item.error or "failed"))
+
+    def eta(self) -> float | None:
+        if not self.done or self.first_step is None or self.done >= self.total:
+            return None
+        elapsed = time.perf_counter() - self.first_step
+        return elapsed / self.done * (self.total - self.done)
+
+    def report(self, result: BatchResult | None = None) -> str:
+        elapsed = time.perf_counter() - self.started
+        if result is None:
+            line = f"**{self.done}/{self.total}** done · {format_seconds(elapsed)}"
+            eta = self.eta()
+            line += f" · ETA {format_seconds(eta)}" if eta is not None else ""
+            line += f" · {self.step_text}" if self.step_text else ""
+        else:
+            ok, failed = len(result.ok), len(result.errors)
+            skipped = sum(1 for item in result.items if item.status == "cancelled")
+            line = (f"**{'Stopped' if result.cancelled else 'Done'}: {ok}/{len(result.items)}** ok"
+                    + (f" · {failed} failed" if failed else "") + (f" · {skipped} not run" if skipped else "")
+                    + f" · {format_seconds(result.seconds)}")
+            stats = result.stats or {}
+            if "text_encoder_calls" in stats:
+                line += (f" · text encoder runs {stats['text_encoder_calls']}, "
+                         f"transformer steps {stats.get('transformer_calls', 0)}")
+            sizes = stats.get("batch_sizes") or {}
+            if sizes:
+                line += " · batch size " + ", ".join(f"{n} at {size}" for size, n in sizes.items())
+        text = line
+        if self.errors:
+            text += "\n\n**Errors**\n\n" + "\n".join(
+                f"- {md(source)} × “{md(instruction)}”: {md(message)}"
+                for source, instruction, message in self.errors)
+        if self.rejected:
+            # Reader messages usually start with the file name already ("x.png: not a ..."): once is enough.
+            text += "\n\n**Rejected uploads**\n\n" + "\n".join(
+                f"- {md(name)}: {md(reason.removeprefix(f'{name}: '))}" for name, reason in self.rejected)
+        return text
+
+
+class BatchTab:
+    """The Batch tab's handlers for one engine. Holds which session's batch is running, so one
+    user's Stop never stops another user's work."""
+
+    def __init__(self, engine: EditEngine, config: AppConfig):
+        self.engine = engine
+        self.config = config
+        self._running_session: str | None = None
+        self._session_lock = threading.Lock()
+        self._zip_dir: Path | None = None
+
+    # ------------------------------------------------------------------ inputs
+    def _sources(self, files: Any) -> tuple[list[BatchSource], list[tuple[str, str]]]:
+        if files is None:
+            files = []
+        elif not isinstance(files, (list, tuple)):
+            files = [files]
+        uploads = []
+        for value in files:
+            path, name = upload_path(value)
+            uploads.append((name or "upload", path))
+        if not uploads:
+            raise RequestError("files", None, "at least one image (or a .zip of images): upload some")
+        return sources_from_uploads(uploads)
+
+    def _zip_path(self) -> Path:
+        if self._zip_dir is None or not self._zip_dir.is_dir():
+            # The system temp dir: gradio may serve files from it, and it is not the results folder
+            # (whose retention only counts PNGs).
+            self._zip_dir = Path(tempfile.mkdtemp(prefix="hidream-batch-"))
+        old = sorted(self._zip_dir.glob("batch-*.zip"))
+        for stale in old[:max(0, len(old) - (ZIPS_KEPT - 1))]:
+            stale.unlink(missing_ok=True)
+        return self._zip_dir / f"batch-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 10**6:06d}.zip"
+
+    # ------------------------------------------------------------------ run
+    @guarded_stream("the batch")
+    def run(self, files, instructions, mode, negative_prompt, guidance_scale, image_guidance_scale,
+            num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed, seed_policy,
+            batch_size, request: gr.Request = None, progress=gr.Progress()):
+        """Edits every uploaded image (or zip of images) with every instruction (one per line), or
+        pairs line i with image i. Streams (gallery, report, results zip) as items finish."""
+        # Everything is checked before the device is touched: a typo costs nothing.
+        lines = clean_instructions(instructions or "")
+        params = shared_params(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
+                               refine_strength, clip_cfg_norm, working_resolution, seed,
+                               instruction=lines[0] if lines else "")
+        size = _batch_size(batch_size)
+        if size is not None and not 1 <= size <= 64:
+            raise RequestError("batch_size", batch_size, "1..64 items per transformer call, or 0 for auto")
+        sources, rejected = self._sources(files)
+        # Decoded here (once; the engine gets the decoded images) so the item count is known for
+        # the progress line and a file that does not open is reported with its reason.
+        opened, refused = open_sources(sources, open_image)
+        rejected += refused
+        if not opened:
+            reasons = "; ".join(f"{name}: {reason.removeprefix(f'{name}: ')}"
+                                for name, reason in rejected) or "no files"
+            raise RequestError("files", [name for name, _ in rejected], f"at least one readable image ({reasons})")
+        batch = BatchRequest(sources=tuple(BatchSource(name, image) for name, image in opened), instructions=lines,
+                             params=params, mode=str(mode or "matrix"), seed_policy=str(seed_policy or "fixed"),
+                             batch_size=size)
+        total = len(plan_items(batch, [name for name, _ in opened], self.config.max_batch_items))
+
+        run = BatchRun(total, rejected)
+        yield [], run.report(), None  # clears the previous run's zip
+        progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
+
+        def work(emit):
+            return self.engine.run_batch(batch, on_item=lambda item: emit("item", item),
+                                         on_step=lambda info: emit("step", info))
+
+        session = getattr(request, "session_hash", None)
+        with self._session_lock:
+            self._running_session = session
+        result: BatchResult | None = None
+        try:
+            for kind, payload in stream_worker(work, on_abandon=self.engine.cancel, name="hidream-batch"):
+                if kind == "step":
+                    info: StepInfo = payload
+                    run.first_step = run.first_step or time.perf_counter()
+                    run.step_text = f"{info.stage} step {info.step}/{info.total}"
+                    progress((run.done, total), desc=f"{run.done}/{total} items · {run.step_text}", unit="items")
+                elif kind == "item":
+                    run.add(payload)
+                    progress((run.done, total), desc=f"{run.done}/{total} items", unit="items")
+                    yield list(run.gallery), run.report(), gr.update()
+                elif kind == "done":
+                    result = payload
+        finally:
+            with self._session_lock:
+                self._running_session = None
+        result.rejected = rejected + list(result.rejected)
+        archive = write_batch_zip(result, self._zip_path())
+        # Plain values (not gr.update) on the last yield: that is what API clients receive.
+        yield list(run.gallery), run.report(result), str(archive)
+
+    def stop(self, request: gr.Request = None) -> None:
+        """Stops this session's batch after the current step; finished items are kept."""
+        session = getattr(request, "session_hash", None)
+        with self._session_lock:
+            running = self._running_session
+        if running is not None and running == session:
+            self.engine.cancel()
+            logger.info("batch stopped by its user")
+
+    def close(self) -> None:
+        """Removes this tab's zips (the app calls it on shutdown; tests after use)."""
+        if self._zip_dir is not None:
+            shutil.rmtree(self._zip_dir, ignore_errors=True)
+            self._zip_dir = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------------------------
+
+
+def build_batch_tab(engine: EditEngine, config: AppConfig) -> BatchTab:
+    """Adds the Batch tab to the Blocks being built; returns its handlers (for tests and cleanup)."""
+    handlers = BatchTab(engine, config)
+    defaults = EditParams.defaults_for(config.variant)
+    with gr.Tab("Batch", id="batch"):
+        gr.Markdown(
+            "Upload images (or a **.zip** of images) and write **one instruction per line**. "
+            f"Up to {config.max_batch_items} items per run. Items of the same working size share "
+            "transformer calls; each keeps its own seed, so a result equals the single edit with "
+            "the same settings. Every PNG carries its settings.")
+        with gr.Row(equal_height=False):
+            with gr.Column():
+                files = gr.File(label="Images or .zip", file_count="multiple", file_types=["image", ".zip"],
+                                elem_id="hui-batch-files")
+                instructions = gr.Textbox(label="Instructions (one per line)", lines=4,
+                                          placeholder="Turn the sky into a sunset\nMake it snow",
+                                          elem_id="hui-batch-instructions")
+                mode = gr.Radio(list(MODE_CHOICES), value="matrix", label="Pairing")
+                with gr.Row():
+                    run_button = gr.Button("Run batch", variant="primary", elem_id="hui-batch-run")
+                    stop_button = gr.Button("Stop", variant="stop", elem_id="hui-batch-stop")
+                with gr.Accordion("Settings (shared by every item)", open=False):
+                    negative_prompt = gr.Textbox(label="Negative prompt", value=defaults.negative_prompt)
+                    guidance_scale = gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale,
+                                               label="Guidance scale")
+                    image_guidance_scale = gr.Slider(*IMAGE_GUIDANCE_RANGE, step=0.1,
+                                                     value=defaults.image_guidance_scale, label="Image guidance scale")
+                    num_inference_steps = gr.Slider(*STEPS_RANGE, step=1, value=defaults.num_inference_steps,
+                                                    label="Steps")
+                    refine_strength = gr.Slider(*REFINE_RANGE, step=0.05, value=defaults.refine_strength,
+                                                label="Refine strength")
+                    clip_cfg_norm = gr.Checkbox(value=defaults.clip_cfg_norm, label="CLIP CFG norm")
+                    working_resolution = gr.Dropdown(choices=list(WORKING_RESOLUTIONS),
+                                                     value=defaults.working_resolution, allow_custom_value=True,
+                                                     label="Working resolution")
+                    with gr.Row():
+                        seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
+                                         info="-1: random")
+                        seed_policy = gr.Radio(list(SEED_POLICY_CHOICES), value="fixed", label="Seed per item")
+                    batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=64,
+                                           label="Items per transformer call", info="0 = from free memory")
+            with gr.Column():
+                gallery = gr.Gallery(label="Results", columns=4, height=420, object_fit="contain", interactive=False,
+                                     elem_id="hui-batch-gallery")
+                report = gr.Markdown(elem_id="hui-batch-report")
+                download = gr.DownloadButton("Download results (.zip)", value=None, elem_id="hui-batch-zip")
+        inputs = [files, instructions, mode, negative_prompt, guidance_scale, image_guidance_scale,
+                  num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed, seed_policy,
+                  batch_size]
+        run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download], api_name="batch_edit",
+                         concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
+                         show_progress_on=[gallery])
+        # Stop never queues (it must get through while the batch holds the device group) and does
+        # not cancel the event: the run ends by itself after the current step and keeps its items.
+        stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
+    return handlers
+
+
+__all__ = ["build_batch_tab", "BatchTab", "BatchRun", "stream_worker", "guarded_stream", "shared_params",
+           "upload_path", "md", "format_seconds", "gr_error", "DEVICE_GROUP"]

@@ -1,0 +1,256 @@
+"""The Compare tab: one image and one instruction over a grid of settings (one or two axes).
+
+`build_compare_tab(engine, config)` adds a `gr.Tab("Compare")` to the Blocks being built. API:
+``/compare`` (image, instruction, axes and their values, shared settings -> labelled grid image,
+gallery of the cells, report). Two dropdowns pick any two cells for a before/after slider.
+
+Like the Batch tab, the handler validates the whole grid first (values, cell limit, attention
+availability), then streams: `compare.run_compare` runs in a worker thread and every finished
+cell updates the grid image and the gallery. Imports gradio at the top: only the UI imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from types import MappingProxyType
+from typing import Any
+
+import gradio as gr
+
+from ..compare import AXES, CompareResult, cell_caption, plan_compare, render_grid, run_compare
+from ..config import AppConfig
+from ..engine import EditEngine, StepInfo
+from ..imaging import open_image
+from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams, RequestError
+from .batch_tab import DEVICE_GROUP, format_seconds, guarded_stream, shared_params, stream_worker, upload_path
+from .handlers import WORKING_RESOLUTIONS
+
+logger = logging.getLogger(__name__)
+
+AXIS_CHOICES = tuple((axis.label, axis.name) for axis in AXES.values())
+NO_AXIS = "none"
+# What the values box suggests for each axis (the placeholder changes with the dropdown).
+AXIS_HINTS = MappingProxyType({
+    "seed": "1, 2, 3  or  0:7",
+    "guidance": "2, 3.5, 5  or  1.5:4.5:1",
+    "image_guidance": "1, 1.5, 2",
+    "steps": "10, 20, 28",
+    "refine": "0:0.6:0.2",
+    "attention": "sdpa, math, chunked",
+    "resolution": "draft, auto, 768",
+})
+
+
+class CompareTab:
+    """The Compare tab's handlers for one engine (tracks the running session for Stop)."""
+
+    def __init__(self, engine: EditEngine, config: AppConfig):
+        self.engine = engine
+        self.config = config
+        self._running_session: str | None = None
+        self._session_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    @guarded_stream("the comparison")
+    def run(self, image, instruction, axis_x, values_x, axis_y, values_y, negative_prompt, guidance_scale,
+            image_guidance_scale, num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed,
+            request: gr.Request = None, progress=gr.Progress()):
+        """Edits the image once per grid cell (y values are rows, x values columns).
+
+        Streams (labelled grid image, gallery of cells, report) as cells finish. Values: comma
+        lists or ranges start:stop[:step]; attention and resolution take names.
+        """
+        if image is None:
+            raise RequestError("image", None, "an image: upload one")
+        params = shared_params(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
+                               refine_strength, clip_cfg_norm, working_resolution, seed,
+                               instruction=instruction if isinstance(instruction, str) else "")
+        # Resolve a random seed once: every cell of a grid that does not vary the seed shares it.
+        params = params.validated().resolve_seed()
+        y_axis = None if axis_y in (None, "", NO_AXIS) else axis_y
+        plan = plan_compare(params, axis_x, values_x, y_axis, values_y, max_cells=self.config.max_grid_cells)
+        source, name = upload_path(image)
+        picture = open_image(source, name=name)
+        total = len(plan.cells)
+
+        cells: list = []
+        gallery: list[tuple[str, str]] = []
+        started = time.perf_counter()
+        state = {"step": ""}
+
+        def partial(cancelled: bool = False) -> CompareResult:
+            return CompareResult(plan=plan, source_image=picture, cells=list(cells), cancelled=cancelled,
+                                 seconds=round(time.perf_counter() - started, 4))
+
+        def report(done: bool = False, cancelled: bool = False) -> str:
+            head = "Stopped" if cancelled else ("Done" if done else "Running")
+            text = (f"**{head}: {len(cells)}/{total} cells** · {format_seconds(time.perf_counter() - started)}"
+                    f" · seed {params.seed}")
+            if not done and state["step"]:
+                text += f" · {state['step']}"
+            return text
+
+        yield render_grid(partial()), [], report()
+
+        def work(emit):
+            return run_compare(self.engine, picture, params, plan.axis_x, plan.values_x,
+                               plan.axis_y, plan.values_y if plan.axis_y is not None else None,
+                               on_cell=lambda cell, result: emit("cell", (cell, result)),
+                               on_step=lambda info: emit("step", info), source_name=name, stop=self._stop)
+
+        self._stop.clear()
+        session = getattr(request, "session_hash", None)
+        with self._session_lock:
+            self._running_session = session
+        progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
+        result: CompareResult | None = None
+        try:
+            for kind, payload in stream_worker(work, on_abandon=self._abandon, name="hidream-compare"):
+                if kind == "step":
+                    info: StepInfo = payload
+                    state["step"] = f"cell {len(cells) + 1}: {info.stage} step {info.step}/{info.total}"
+                    progress((len(cells), total), desc=state["step"], unit="cells")
+                elif kind == "cell":
+                    cell, cell_result = payload
+                    cells.append(cell_result)
+                    shown = str(cell_result.saved_png) if cell_result.saved_png else cell_result.image
+                    gallery.append((shown, cell_caption(plan, cell)))
+                    progress((len(cells), total), desc=f"{len(cells)}/{total} cells", unit="cells")
+                    yield render_grid(partial()), list(gallery), report()
+                elif kind == "done":
+                    result = payload
+        finally:
+            with self._session_lock:
+                self._running_session = None
+        yield (render_grid(result), list(gallery), report(done=True, cancelled=result.cancelled))
+
+    def _abandon(self) -> None:
+        self._stop.set()
+        self.engine.cancel()
+
+    def stop(self, request: gr.Request = None) -> None:
+        """Stops this session's comparison after the current step; finished cells are kept."""
+        session = getattr(request, "session_hash", None)
+        with self._session_lock:
+            running = self._running_session
+        if running is not None and running == session:
+            self._abandon()
+            logger.info("comparison stopped by its user")
+
+    # ------------------------------------------------------------------ the slider pickers
+    @staticmethod
+    def pickers(gallery: Any):
+        """Dropdown choices (one per finished cell) and a first pair for the slider: the first and
+        the last cell, usually the two ends of the range."""
+        entries = _gallery_entries(gallery)
+        choices = [(caption or f"cell {i + 1}", i) for i, (_, caption) in enumerate(entries)]
+        if not entries:
+            return gr.update(choices=[], value=None), gr.update(choices=[], value=None), None
+        a, b = 0, len(entries) - 1
+        return (gr.update(choices=choices, value=a), gr.update(choices=choices, value=b),
+                (entries[a][0], entries[b][0]))
+
+    @staticmethod
+    def pair(gallery: Any, a: Any, b: Any):
+        entries = _gallery_entries(gallery)
+        try:
+            first, second = entries[int(a)][0], entries[int(b)][0]
+        except (TypeError, ValueError, IndexError):
+            return gr.update()
+        return (first, second)
+
+
+def _gallery_entries(gallery: Any) -> list[tuple[Any, str]]:
+    """(image path, caption) pairs from a Gallery value (tuples from Python, GalleryImage dicts or
+    objects from the browser)."""
+    entries = []
+    for entry in gallery or []:
+        if isinstance(entry, (list, tuple)) and entry:
+            image, caption = entry[0], entry[1] if len(entry) > 1 else ""
+        elif isinstance(entry, dict):
+            image, caption = entry.get("image"), entry.get("caption") or ""
+        else:
+            image, caption = getattr(entry, "image", entry), getattr(entry, "caption", "") or ""
+        if isinstance(image, dict):
+            image = image.get("path") or image.get("url")
+        else:
+            image = getattr(image, "path", None) or image
+        entries.append((image, caption))
+    return entries
+
+
+def build_compare_tab(engine: EditEngine, config: AppConfig) -> CompareTab:
+    """Adds the Compare tab to the Blocks being built; returns its handlers."""
+    handlers = CompareTab(engine, config)
+    defaults = EditParams.defaults_for(config.variant)
+    with gr.Tab("Compare", id="compare"):
+        gr.Markdown(
+            "Edit one image with one instruction over a grid of settings. Values: `1, 2, 3` or a range "
+            f"`start:stop:step` (end included); attention and resolution take names. At most "
+            f"{config.max_grid_cells} cells. Cells that do not vary the seed share one.")
+        with gr.Row(equal_height=False):
+            with gr.Column():
+                image = gr.Image(label="Source image", type="filepath", sources=["upload", "clipboard"], height=260,
+                                 elem_id="hui-compare-source")
+                instruction = gr.Textbox(label="Instruction", lines=2, elem_id="hui-compare-instruction")
+                with gr.Row():
+                    axis_x = gr.Dropdown(list(AXIS_CHOICES), value="guidance", label="Columns (x axis)")
+                    values_x = gr.Textbox(label="x values", value="2, 3.5, 5", placeholder=AXIS_HINTS["guidance"])
+                with gr.Row():
+                    axis_y = gr.Dropdown([("none", NO_AXIS), *AXIS_CHOICES], value=NO_AXIS, label="Rows (y axis)")
+                    values_y = gr.Textbox(label="y values", value="", placeholder="(no y axis)")
+                with gr.Row():
+                    run_button = gr.Button("Compare", variant="primary", elem_id="hui-compare-run")
+                    stop_button = gr.Button("Stop", variant="stop", elem_id="hui-compare-stop")
+                with gr.Accordion("Shared settings", open=False):
+                    negative_prompt = gr.Textbox(label="Negative prompt", value=defaults.negative_prompt)
+                    guidance_scale = gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale,
+                                               label="Guidance scale")
+                    image_guidance_scale = gr.Slider(*IMAGE_GUIDANCE_RANGE, step=0.1,
+                                                     value=defaults.image_guidance_scale, label="Image guidance scale")
+                    num_inference_steps = gr.Slider(*STEPS_RANGE, step=1, value=defaults.num_inference_steps,
+                                                    label="Steps")
+                    refine_strength = gr.Slider(*REFINE_RANGE, step=0.05, value=defaults.refine_strength,
+                                                label="Refine strength")
+                    clip_cfg_norm = gr.Checkbox(value=defaults.clip_cfg_norm, label="CLIP CFG norm")
+                    working_resolution = gr.Dropdown(choices=list(WORKING_RESOLUTIONS),
+                                                     value=defaults.working_resolution, allow_custom_value=True,
+                                                     label="Working resolution")
+                    seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
+                                     info="-1: one random seed for the whole grid")
+            with gr.Column():
+                # No label: it would sit on top of the axis names drawn in the image's top-left corner.
+                grid = gr.Image(label="Grid", show_label=False, type="pil", format="png", interactive=False,
+                                elem_id="hui-compare-grid")
+                report = gr.Markdown(elem_id="hui-compare-report")
+                # interactive=False: it is read by the slider pickers, which would otherwise make it an upload box.
+                cells = gr.Gallery(label="Cells", columns=4, height=260, object_fit="contain", interactive=False,
+                                   elem_id="hui-compare-cells")
+                with gr.Row():
+                    pick_a = gr.Dropdown(label="Left", choices=[], interactive=True)
+                    pick_b = gr.Dropdown(label="Right", choices=[], interactive=True)
+                slider = gr.ImageSlider(label="Two cells side by side", type="filepath", interactive=False,
+                                        height=380, elem_id="hui-compare-slider")
+
+        def hint(axis: str):
+            return gr.update(placeholder=AXIS_HINTS.get(axis, "") if axis != NO_AXIS else "(no y axis)")
+
+        axis_x.change(hint, [axis_x], [values_x], queue=False, show_progress="hidden", api_visibility="private")
+        axis_y.change(hint, [axis_y], [values_y], queue=False, show_progress="hidden", api_visibility="private")
+        inputs = [image, instruction, axis_x, values_x, axis_y, values_y, negative_prompt, guidance_scale,
+                  image_guidance_scale, num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed]
+        event = run_button.click(handlers.run, inputs=inputs, outputs=[grid, cells, report], api_name="compare",
+                                 concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
+                                 show_progress_on=[grid])
+        event.then(handlers.pickers, [cells], [pick_a, pick_b, slider], queue=False, show_progress="hidden",
+                   api_visibility="private")
+        for picker in (pick_a, pick_b):
+            picker.input(handlers.pair, [cells, pick_a, pick_b], [slider], queue=False, show_progress="hidden",
+                         api_visibility="private")
+        stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
+    return handlers
+
+
+__all__ = ["build_compare_tab", "CompareTab", "AXIS_CHOICES", "AXIS_HINTS", "NO_AXIS"]

@@ -349,7 +349,7 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
     if uses_attention:
         _check_attention_available(engine, {cell.attention for cell in plan.cells})
     engine.load()
-    previous = engine.status().get("attention") if uses_attention else None
+    previous = engine.attention_request if uses_attention else None
     results: list[EditResult] = []
     cancelled = False
     try:

@@ -185,6 +185,11 @@ class EditEngine:
             logger.warning(self._attention_note)
 
     # ------------------------------------------------------------------ attention
+    @property
+    def attention_request(self) -> str:
+        """The strategy name as asked for (e.g. "auto"), as opposed to what it resolved to."""
+        return self._attention_request
+
     def attention_choices(self) -> list:
         from .attention import list_strategies
 
@@ -405,6 +410,9 @@ class EditEngine:
         opened, rejected = open_sources(request.sources, open_image)
         shared = request.params
         probe = EditParams(**{**shared.to_dict(), "instruction": "x"}).validated()  # shared fields valid?
+        if not opened and rejected:
+            reasons = "; ".join(f"{name}: {why}" for name, why in rejected)
+            raise RequestError("images", [name for name, _ in rejected], f"at least one readable image ({reasons})")
         items = plan_items(request, [name for name, _ in opened], self.config.max_batch_items)
         if request.batch_size is not None and not 1 <= int(request.batch_size) <= 64:
             raise RequestError("batch_size", request.batch_size, "1..64 items per transformer call, or empty for auto")

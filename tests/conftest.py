@@ -30,3 +30,39 @@ def tiny_dir(tiny_cache) -> Path:
     from hidream_ui.tiny import ensure_tiny
 
     return ensure_tiny(profile="tiny", seed=0)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def launch_app(tiny_cache, tmp_path_factory):
+    """Launches the real app (hidream_ui.app_main.launch) on a free port; closed at session end.
+
+    Returns `start(name, **config_overrides) -> {"url", "engine", "config", "demo"}`: one app (and one
+    engine) per caller, so modules never share engine state.
+    """
+    from hidream_ui.app_main import launch
+    from hidream_ui.config import AppConfig
+    from hidream_ui.engine import EditEngine
+
+    started = []
+
+    def start(name: str, **overrides):
+        values = {"device": "cpu", "output_dir": tmp_path_factory.mktemp(f"{name}_outputs"), "port": free_port(),
+                  "max_queue": 8, **overrides}
+        config = AppConfig(**values)
+        engine = EditEngine(config)
+        demo, url = launch(config, engine=engine, prevent_thread_lock=True, quiet=True)
+        started.append(demo)
+        return {"url": url, "engine": engine, "config": config, "demo": demo}
+
+    yield start
+    for demo in started:
+        demo.close()

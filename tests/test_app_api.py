@@ -7,7 +7,6 @@ module takes seconds after the one-time tiny build and load.
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
@@ -15,8 +14,6 @@ from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
-from hidream_ui.config import AppConfig
-from hidream_ui.engine import EditEngine
 from hidream_ui.imaging import ImageError, open_image
 from hidream_ui.outputs import load_settings
 from hidream_ui.requests import SEED_MAX, EditParams, RequestError
@@ -26,27 +23,9 @@ EXAMPLE = ASSETS_DIR / "apple.png"
 FAST = {"num_inference_steps": 2, "working_resolution": "draft"}
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    from hidream_ui.app_main import launch
-
-    patch = pytest.MonkeyPatch()
-    # Shared with tests/test_browser.py within one session, so the tiny checkpoint is built once.
-    patch.setenv("HIDREAM_UI_CACHE", str(tmp_path_factory.getbasetemp() / "hidream_ui_cache"))
-    config = AppConfig(output_dir=tmp_path_factory.mktemp("app_outputs"), port=free_port(), max_queue=8)
-    engine = EditEngine(config)
-    demo, url = launch(config, engine=engine, prevent_thread_lock=True, quiet=True)
-    try:
-        yield {"url": url, "engine": engine, "config": config}
-    finally:
-        demo.close()
-        patch.undo()
+def app(launch_app):
+    return launch_app("app_api")
 
 
 @pytest.fixture(scope="module")

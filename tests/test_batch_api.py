@@ -1,13 +1,13 @@
 """`/batch_edit` and `/compare` through gradio_client on the offline tiny model.
 
-The fixture builds a Blocks holding just the Batch and Compare tabs (launched with
-prevent_thread_lock on a free port); edits run 2 steps at the draft working size.
+The fixture launches the real app (conftest.launch_app); edits run 2 steps at the draft working size.
 """
 
 from __future__ import annotations
 
 import json
-import socket
+import threading
+import types
 import zipfile
 
 import numpy as np
@@ -15,21 +15,12 @@ import pytest
 from PIL import Image
 
 from hidream_ui.archive import MANIFEST_NAME
-from hidream_ui.config import AppConfig
-from hidream_ui.engine import EditEngine
 from hidream_ui.outputs import read_metadata
 
-gradio_client = pytest.importorskip("gradio_client")
-from gradio_client import Client, handle_file  # noqa: E402
-from gradio_client.exceptions import AppError  # noqa: E402
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
 
 FAST = {"num_inference_steps": 2, "working_resolution": "draft"}
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_picture(path, seed: int, size=(80, 60)):
@@ -39,27 +30,9 @@ def write_picture(path, seed: int, size=(80, 60)):
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory, tiny_cache):
-    import gradio as gr
-
-    from hidream_ui.ui.batch_tab import build_batch_tab
-    from hidream_ui.ui.compare_tab import build_compare_tab
-
-    out = tmp_path_factory.mktemp("batch_api_outputs")
-    config = AppConfig(device="cpu", output_dir=out, max_grid_cells=8, max_batch_items=6)
-    engine = EditEngine(config)
-    with gr.Blocks() as demo:
-        with gr.Tabs():
-            batch_tab = build_batch_tab(engine, config)
-            build_compare_tab(engine, config)
-    demo.queue(max_size=8)
-    _, url, _ = demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
-                            allowed_paths=[str(out)])
-    try:
-        yield {"url": url, "engine": engine}
-    finally:
-        demo.close()
-        batch_tab.close()
+def app(launch_app):
+    # The real app (all tabs), with small limits so the limit tests stay cheap.
+    return launch_app("batch_api", max_grid_cells=8, max_batch_items=6)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +146,7 @@ class PausingEngine:
 
     def __init__(self, engine):
         self._engine = engine
-        self.release = __import__("threading").Event()
+        self.release = threading.Event()
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -191,7 +164,7 @@ class PausingEngine:
 
 
 def session(name):
-    return __import__("types").SimpleNamespace(session_hash=name)
+    return types.SimpleNamespace(session_hash=name)
 
 
 @pytest.fixture

@@ -8,14 +8,11 @@ human to look at. Needs Debian's /usr/bin/chromium; Playwright's own browser dow
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 
 import pytest
 from playwright import sync_api
 
-from hidream_ui.config import AppConfig
-from hidream_ui.engine import EditEngine
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -24,26 +21,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 EXAMPLE_INSTRUCTION = "Turn the scene into a snowy winter evening"  # assets/examples.json, first entry
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    from hidream_ui.app_main import launch
-
-    patch = pytest.MonkeyPatch()
-    patch.setenv("HIDREAM_UI_CACHE", str(tmp_path_factory.getbasetemp() / "hidream_ui_cache"))
-    config = AppConfig(output_dir=tmp_path_factory.mktemp("browser_outputs"), port=free_port())
-    engine = EditEngine(config)
-    demo, url = launch(config, engine=engine, prevent_thread_lock=True, quiet=True)
-    try:
-        yield {"url": url, "engine": engine}
-    finally:
-        demo.close()
-        patch.undo()
+def app(launch_app):
+    return launch_app("browser")
 
 
 @pytest.fixture(scope="module")
@@ -105,3 +85,32 @@ def test_edit_in_the_browser(app, page):
     sync_api.expect(page.locator("#hui-gallery img")).to_have_count(1)
     page.locator("#hui-gallery img").first.click()
     sync_api.expect(page.locator("#hui-selected-params")).to_contain_text(EXAMPLE_INSTRUCTION)
+
+
+def test_batch_in_the_browser(app, page, tmp_path):
+    """Two images x two instructions in the Batch tab: the gallery fills with four results."""
+    from PIL import Image
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    uploads = []
+    for i, colour in enumerate(((200, 40, 40), (40, 90, 200))):
+        path = tmp_path / f"batch{i}.png"
+        Image.new("RGB", (96, 64), colour).save(path)
+        uploads.append(str(path))
+    page.goto(app["url"])
+    page.get_by_role("tab", name="Batch").click()
+    page.locator("#hui-batch-files input[type=file]").set_input_files(uploads)
+    page.locator("#hui-batch-instructions textarea").fill("make it brighter\nadd a red border")
+    page.get_by_text("Settings (shared by every item)").click()
+    steps = page.get_by_label("number input for Steps").locator("visible=true")
+    steps.fill("2")
+    steps.press("Enter")
+    page.locator("#hui-batch-run").click()
+    sync_api.expect(page.locator("#hui-batch-gallery img")).to_have_count(4, timeout=180_000)
+    report = page.locator("#hui-batch-report")
+    sync_api.expect(report).to_contain_text("4/4", timeout=30_000)
+    sync_api.expect(page.locator("#hui-status-panel")).to_contain_text("idle", timeout=10_000)
+    page.mouse.move(0, 0)
+    page.screenshot(path=str(ARTIFACTS / "batch_tab_after.png"), full_page=True)
+    assert app["engine"].counters["edits"] >= 4
+

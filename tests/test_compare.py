@@ -186,14 +186,15 @@ def test_two_by_three_grid_runs_row_major_and_renders_with_labels(engine):
 
 
 def test_attention_axis_switches_and_restores(engine, monkeypatch):
-    before = engine.status()["attention"]
+    before = engine.attention_request  # e.g. "auto": restored as asked, not as what it resolved to
+    resolved = engine.status()["attention"]
     calls = []
     original = engine.set_attention
     monkeypatch.setattr(engine, "set_attention", lambda name: calls.append(name) or original(name))
     result = run_compare(engine, picture(2), params(num_inference_steps=1), "attention", "math, sdpa")
     assert [c.info["attention"] for c in result.cells] == ["math", "sdpa"]
     assert calls == ["math", "sdpa", before]
-    assert engine.status()["attention"] == before
+    assert engine.attention_request == before and engine.status()["attention"] == resolved
     # Same seed and settings, two exact attention implementations: (nearly) the same picture.
     a, b = (np.asarray(c.image, dtype=np.int16) for c in result.cells)
     assert np.abs(a - b).max() <= 2

@@ -197,3 +197,47 @@ def test_settings_round_trip_through_saved_png(engine):
     assert loaded == result.params
     rerun = engine.edit(EditRequest(image=request.image, params=loaded), save=False)
     assert rerun.image.tobytes() == result.image.tobytes()
+
+
+def test_full_edit_is_the_same_under_every_cpu_strategy(engine):
+    request = EditRequest(image=picture(80, 48), params=params(seed=11))
+    available = [s.name for s in engine.attention_choices() if s.available and s.name != "auto"]
+    assert {"sdpa", "math", "chunked"} <= set(available)
+    before = engine.attention_request
+    try:
+        engine.set_attention("sdpa")
+        reference = np.asarray(engine.edit(request, save=False).image, dtype=np.int16)
+        for name in available:
+            assert engine.set_attention(name) == name
+            result = engine.edit(request, save=False)
+            assert result.info["attention"] == name
+            # Exact kernels: the same picture up to fp32 rounding (at most a step of the 8-bit output).
+            assert np.abs(np.asarray(result.image, dtype=np.int16) - reference).max() <= 1, name
+    finally:
+        engine.set_attention(before)
+
+
+@pytest.mark.parametrize("mode", ["cpu", "offload"])
+def test_text_encoder_placement_modes_give_the_same_edit(engine, tmp_path, mode):
+    request = EditRequest(image=picture(64, 64), params=params("paint it gold", seed=4))
+    reference = engine.edit(request, save=False).image
+    other = EditEngine(AppConfig(device="cpu", output_dir=tmp_path, text_encoders=mode))
+    result = other.edit(request, save=False)
+    pipe = other.model.pipeline
+    assert pipe.text_encoder_mode == mode
+    # Between encodes the encoders live on the host in both modes.
+    assert {str(e.device) for e in (pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3,
+                                     pipe.text_encoder_4)} == {"cpu"}
+    assert result.image.tobytes() == reference.tobytes()
+
+
+def test_several_images_per_prompt_and_one_call_for_a_batch(engine):
+    pipe = engine.model.pipeline
+    images = [picture(64, 64, seed=s) for s in range(2)]
+    gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3, 4)]
+    out = pipe(image=images, prompt=["make it red", "make it blue"], num_inference_steps=2,
+               num_images_per_prompt=2, generator=gens, output_type="np", prompt_embeds_fn=engine.encode)
+    assert out.images.shape == (4, 64, 64, 3)
+    assert not np.allclose(out.images[0], out.images[1])  # two seeds for the same prompt
+    with pytest.raises(ValueError, match="share a working size"):
+        pipe(image=[picture(64, 64), picture(80, 64)], prompt="x", num_inference_steps=1)

@@ -492,7 +492,6 @@ def _differing_tensors(transformer, folder: Path, dtype) -> dict:
 
 
 def _make_swap(transformer, tensors: dict, device: "DeviceInfo") -> WeightSwap:
-    import torch
 
     params = dict(transformer.named_parameters())
     # LoRA-wrapped modules rename "x.weight" to "x.base_layer.weight" in named_parameters.

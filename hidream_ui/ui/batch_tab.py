@@ -382,6 +382,21 @@ class BatchTab:
 # ---------------------------------------------------------------------------------------------
 
 
+def settings_widgets(defaults: EditParams) -> tuple:
+    """The shared-settings widgets of the Batch and Compare tabs, in EditParams field order:
+    negative prompt, guidance, image guidance, steps, refine strength, CLIP-CFG norm, working resolution."""
+    return (
+        gr.Textbox(label="Negative prompt", value=defaults.negative_prompt),
+        gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale, label="Guidance scale"),
+        gr.Slider(*IMAGE_GUIDANCE_RANGE, step=0.1, value=defaults.image_guidance_scale, label="Image guidance scale"),
+        gr.Slider(*STEPS_RANGE, step=1, value=defaults.num_inference_steps, label="Steps"),
+        gr.Slider(*REFINE_RANGE, step=0.05, value=defaults.refine_strength, label="Refine strength"),
+        gr.Checkbox(value=defaults.clip_cfg_norm, label="CLIP CFG norm"),
+        gr.Dropdown(choices=list(WORKING_RESOLUTIONS), value=defaults.working_resolution, allow_custom_value=True,
+                    label="Working resolution"),
+    )
+
+
 def build_batch_tab(engine: EditEngine, config: AppConfig) -> BatchTab:
     """Adds the Batch tab to the Blocks being built; returns its handlers (for tests and cleanup)."""
     handlers = BatchTab(engine, config)
@@ -404,19 +419,8 @@ def build_batch_tab(engine: EditEngine, config: AppConfig) -> BatchTab:
                     run_button = gr.Button("Run batch", variant="primary", elem_id="hui-batch-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-batch-stop")
                 with gr.Accordion("Settings (shared by every item)", open=False):
-                    negative_prompt = gr.Textbox(label="Negative prompt", value=defaults.negative_prompt)
-                    guidance_scale = gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale,
-                                               label="Guidance scale")
-                    image_guidance_scale = gr.Slider(*IMAGE_GUIDANCE_RANGE, step=0.1,
-                                                     value=defaults.image_guidance_scale, label="Image guidance scale")
-                    num_inference_steps = gr.Slider(*STEPS_RANGE, step=1, value=defaults.num_inference_steps,
-                                                    label="Steps")
-                    refine_strength = gr.Slider(*REFINE_RANGE, step=0.05, value=defaults.refine_strength,
-                                                label="Refine strength")
-                    clip_cfg_norm = gr.Checkbox(value=defaults.clip_cfg_norm, label="CLIP CFG norm")
-                    working_resolution = gr.Dropdown(choices=list(WORKING_RESOLUTIONS),
-                                                     value=defaults.working_resolution, allow_custom_value=True,
-                                                     label="Working resolution")
+                    (negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps, refine_strength,
+                     clip_cfg_norm, working_resolution) = settings_widgets(defaults)
                     with gr.Row():
                         seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
                                          info="-1: random")

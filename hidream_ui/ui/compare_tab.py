@@ -23,9 +23,9 @@ from ..compare import AXES, CompareResult, cell_caption, plan_compare, render_gr
 from ..config import AppConfig
 from ..engine import EditEngine, StepInfo
 from ..imaging import open_image
-from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams, RequestError
-from .batch_tab import DEVICE_GROUP, format_seconds, guarded_stream, shared_params, stream_worker, upload_path
-from .handlers import WORKING_RESOLUTIONS
+from ..requests import EditParams, RequestError
+from .batch_tab import (DEVICE_GROUP, format_seconds, guarded_stream, settings_widgets, shared_params, stream_worker,
+                        upload_path)
 
 logger = logging.getLogger(__name__)
 
@@ -205,19 +205,8 @@ def build_compare_tab(engine: EditEngine, config: AppConfig) -> CompareTab:
                     run_button = gr.Button("Compare", variant="primary", elem_id="hui-compare-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-compare-stop")
                 with gr.Accordion("Shared settings", open=False):
-                    negative_prompt = gr.Textbox(label="Negative prompt", value=defaults.negative_prompt)
-                    guidance_scale = gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale,
-                                               label="Guidance scale")
-                    image_guidance_scale = gr.Slider(*IMAGE_GUIDANCE_RANGE, step=0.1,
-                                                     value=defaults.image_guidance_scale, label="Image guidance scale")
-                    num_inference_steps = gr.Slider(*STEPS_RANGE, step=1, value=defaults.num_inference_steps,
-                                                    label="Steps")
-                    refine_strength = gr.Slider(*REFINE_RANGE, step=0.05, value=defaults.refine_strength,
-                                                label="Refine strength")
-                    clip_cfg_norm = gr.Checkbox(value=defaults.clip_cfg_norm, label="CLIP CFG norm")
-                    working_resolution = gr.Dropdown(choices=list(WORKING_RESOLUTIONS),
-                                                     value=defaults.working_resolution, allow_custom_value=True,
-                                                     label="Working resolution")
+                    (negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps, refine_strength,
+                     clip_cfg_norm, working_resolution) = settings_widgets(defaults)
                     seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
                                      info="-1: one random seed for the whole grid")
             with gr.Column():

@@ -147,3 +147,12 @@ def test_e1_full_lora_stages_and_plain_keys(tiny_dir, refiner):
     for key, value in plain.items():
         name = key if key in params else key.replace(".weight", ".base_layer.weight")
         torch.testing.assert_close(params[name].detach(), value)
+
+
+def test_llama_is_a_base_model_without_eager_attention(tiny_dir):
+    """HiDream reads only hidden states: no LM head, and no forced eager attention at load."""
+    model = load_model(AppConfig(device="cpu"), cpu(), torch.float32)
+    llama = model.pipeline.text_encoder_4
+    assert type(llama).__name__ == "LlamaModel"
+    assert llama.config._attn_implementation != "eager"
+    assert not any("lm_head" in name for name, _ in llama.named_parameters())

@@ -10,14 +10,12 @@ callbacks put events on a `queue.Queue`; the generator turns each finished item 
 update. Stop asks the engine to stop after the current step (`engine.cancel`) instead of killing
 the event, so the run still ends normally: the finished items stay in the gallery and in the zip.
 
-Also home of the helpers the Compare tab shares (`stream_worker`, `guarded_stream`,
+Also home of the helpers the Compare tab shares (`stream_worker`,
 `shared_params`, `upload_path`). Imports gradio at the top: only the UI imports this module.
 """
 
 from __future__ import annotations
 
-import functools
-import html
 import logging
 import os
 import queue
@@ -31,13 +29,13 @@ from typing import Any, Callable, Iterator, Mapping
 
 import gradio as gr
 
-from ..archive import ArchiveError, sources_from_uploads, write_batch_zip
+from ..archive import sources_from_uploads, write_batch_zip
 from ..batch import BatchRequest, BatchResult, BatchSource, clean_instructions, open_sources, plan_items
 from ..config import AppConfig
-from ..engine import EditCancelled, EditEngine, StepInfo
+from ..engine import EditEngine, StepInfo
 from ..imaging import open_image
 from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams, RequestError
-from .handlers import USER_ERRORS, WORKING_RESOLUTIONS
+from .handlers import WORKING_RESOLUTIONS, guarded
 
 logger = logging.getLogger(__name__)
 
@@ -45,43 +43,11 @@ DEVICE_GROUP = "device"  # the concurrency id of everything that touches the dev
 MODE_CHOICES = (("every image × every instruction", "matrix"), ("line i ↔ image i (paired)", "paired"))
 SEED_POLICY_CHOICES = (("fixed", "fixed"), ("+1 per item", "increment"), ("random", "random"))
 ZIPS_KEPT = 8  # results zips kept in this tab's temp folder (gradio serves its own copy)
-_STREAM_ERRORS = USER_ERRORS + (ArchiveError,)
 
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers (also used by the Compare tab)
 # ---------------------------------------------------------------------------------------------
-
-
-def gr_error(message: str, title: str = "Error") -> gr.Error:
-    # gr.Error renders HTML; file names and instructions in messages are user input.
-    return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
-
-
-def guarded_stream(what: str) -> Callable[[Callable[..., Iterator]], Callable[..., Iterator]]:
-    """`handlers.guarded` for generator handlers: errors raised while iterating become one-line
-    `gr.Error`s (user errors as written, anything else "<what> failed unexpectedly" with the
-    traceback in the server log only)."""
-
-    def decorate(fn: Callable[..., Iterator]) -> Callable[..., Iterator]:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            try:
-                yield from fn(*args, **kwargs)
-            except gr.Error:
-                raise
-            except EditCancelled as exc:
-                raise gr_error(str(exc), title="Stopped") from None
-            except _STREAM_ERRORS as exc:
-                raise gr_error(str(exc)) from None
-            except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into messages
-                logger.exception("%s failed", what)
-                raise gr_error(f"{what} failed unexpectedly ({type(exc).__name__}: {exc}). "
-                               "The server log has the details.") from None
-
-        return wrapper
-
-    return decorate
 
 
 def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_abandon: Callable[[], None],
@@ -300,7 +266,7 @@ class BatchTab:
         return self._zip_dir / f"batch-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 10**6:06d}.zip"
 
     # ------------------------------------------------------------------ run
-    @guarded_stream("the batch")
+    @guarded("the batch")
     def run(self, files, instructions, mode, negative_prompt, guidance_scale, image_guidance_scale,
             num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed, seed_policy,
             batch_size, request: gr.Request = None, progress=gr.Progress()):
@@ -444,5 +410,5 @@ def build_batch_tab(engine: EditEngine, config: AppConfig) -> BatchTab:
     return handlers
 
 
-__all__ = ["build_batch_tab", "BatchTab", "BatchRun", "stream_worker", "guarded_stream", "shared_params",
-           "upload_path", "md", "format_seconds", "gr_error", "DEVICE_GROUP"]
+__all__ = ["build_batch_tab", "BatchTab", "BatchRun", "stream_worker", "shared_params",
+           "upload_path", "md", "format_seconds", "DEVICE_GROUP"]

@@ -24,7 +24,8 @@ from ..config import AppConfig
 from ..engine import EditEngine, StepInfo
 from ..imaging import open_image
 from ..requests import EditParams, RequestError
-from .batch_tab import (DEVICE_GROUP, format_seconds, guarded_stream, settings_widgets, shared_params, stream_worker,
+from .handlers import guarded
+from .batch_tab import (DEVICE_GROUP, format_seconds, settings_widgets, shared_params, stream_worker,
                         upload_path)
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class CompareTab:
         self._session_lock = threading.Lock()
         self._stop = threading.Event()
 
-    @guarded_stream("the comparison")
+    @guarded("the comparison")
     def run(self, image, instruction, axis_x, values_x, axis_y, values_y, negative_prompt, guidance_scale,
             image_guidance_scale, num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed,
             request: gr.Request = None, progress=gr.Progress()):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import html
+import inspect
 import logging
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 import gradio as gr
 
+from ..archive import ArchiveError
 from ..engine import EditCancelled, EditEngine, EngineError, StepInfo
 from ..imaging import ImageError, open_image
 from ..memory import format_bytes
@@ -30,7 +32,7 @@ from ..requests import TARGET_MARKER, EditParams, EditRequest, RequestError
 logger = logging.getLogger(__name__)
 
 # Errors whose message is written for users: shown exactly as raised.
-USER_ERRORS = (EngineError, RequestError, ImageError, MetadataError)
+USER_ERRORS = (EngineError, RequestError, ImageError, MetadataError, ArchiveError)
 
 # Working resolutions offered in the dropdown (custom sides are accepted too).
 WORKING_RESOLUTIONS = ("auto", "draft", "512", "768", "1024")
@@ -70,7 +72,7 @@ def example_instruction(instruction: str, variant: str, target: str | None = Non
 # ---------------------------------------------------------------------------------------------
 
 
-def _as_gr_error(message: str, title: str = "Error") -> gr.Error:
+def gr_error(message: str, title: str = "Error") -> gr.Error:
     # gr.Error renders its message as HTML in the browser; file names in messages are user input.
     return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
 
@@ -78,27 +80,40 @@ def _as_gr_error(message: str, title: str = "Error") -> gr.Error:
 def guarded(what: str) -> Callable[[Callable], Callable]:
     """Turns every failure of the wrapped handler into a `gr.Error` with a readable message.
 
-    `functools.wraps` keeps the signature, which gradio reads to inject `gr.Request` and
-    `gr.Progress` and to name the API parameters.
+    Works for plain and generator handlers (streaming tabs): for a generator, errors raised while
+    iterating are converted too. `functools.wraps` keeps the signature, which gradio reads to
+    inject `gr.Request` and `gr.Progress` and to name the API parameters.
     """
 
+    def convert(exc: Exception) -> gr.Error:
+        if isinstance(exc, EditCancelled):
+            return gr_error(str(exc), title="Stopped")
+        if isinstance(exc, USER_ERRORS):
+            return gr_error(str(exc))
+        logger.error("%s failed", what, exc_info=exc)
+        return gr_error(f"{what} failed unexpectedly ({type(exc).__name__}: {exc}). The server log has the details.")
+
     def decorate(fn: Callable) -> Callable:
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def stream(*args, **kwargs):
+                try:
+                    yield from fn(*args, **kwargs)
+                except gr.Error:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into messages
+                    raise convert(exc) from None
+
+            return stream
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             try:
                 return fn(*args, **kwargs)
             except gr.Error:
                 raise
-            except EditCancelled as exc:
-                raise _as_gr_error(str(exc), title="Stopped") from None
-            except USER_ERRORS as exc:
-                raise _as_gr_error(str(exc)) from None
             except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into messages
-                logger.exception("%s failed", what)
-                raise _as_gr_error(
-                    f"{what} failed unexpectedly ({type(exc).__name__}: {exc}). "
-                    "The server log has the details."
-                ) from None
+                raise convert(exc) from None
 
         return wrapper
 

@@ -277,6 +277,7 @@ class EditEngine:
                 sizes = {image.size for image, _ in working}
                 if len(sizes) != 1:
                     raise EngineError(f"one pipeline call needs one working size, got {sorted(sizes)}")
+                self._check_tokens(working[0][0].size)
                 text_seconds = [0.0]
 
                 def embeds(text: str):
@@ -369,6 +370,16 @@ class EditEngine:
                     result = save_result(result, self.config.output_dir, retention=self.config.retention or None)
                 results.append(result)
             return results
+
+    def _check_tokens(self, size: tuple[int, int]) -> None:
+        """The edit input is H x 2W latents; more tokens than max_seq cannot be padded (or collapsed)."""
+        geometry = self.model.geometry
+        width, height = size
+        tokens = (height // geometry.multiple) * (2 * width // geometry.multiple)
+        if tokens > geometry.max_seq:
+            raise EngineError(
+                f"working size {width}x{height} needs {tokens} tokens, more than this model's {geometry.max_seq}: "
+                f"choose a working resolution of at most {geometry.image_size} (or 'auto' / 'draft')")
 
     # ------------------------------------------------------------------ batch
     def auto_batch_size(self, working_size: tuple[int, int]) -> int:

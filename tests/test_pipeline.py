@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from hidream_ui.config import AppConfig
-from hidream_ui.engine import EditCancelled, EditEngine, OutOfMemory
+from hidream_ui.engine import EditCancelled, EditEngine, EngineError, OutOfMemory
 from hidream_ui.outputs import load_settings
 from hidream_ui.pipeline import PromptEmbeds, refine_start_step
 from hidream_ui.requests import EditParams, EditRequest
@@ -241,3 +241,10 @@ def test_several_images_per_prompt_and_one_call_for_a_batch(engine):
     assert not np.allclose(out.images[0], out.images[1])  # two seeds for the same prompt
     with pytest.raises(ValueError, match="share a working size"):
         pipe(image=[picture(64, 64), picture(80, 64)], prompt="x", num_inference_steps=1)
+
+
+def test_working_resolution_beyond_the_token_budget_is_a_clear_error(engine):
+    # The tiny model handles a 128 px working side; 256 would need 4x its max_seq.
+    with pytest.raises(EngineError, match="needs 512 tokens, more than this model's 128"):
+        engine.edit(EditRequest(image=picture(64, 64), params=params(working_resolution="256")), save=False)
+    assert engine.status()["state"] == "idle"

@@ -16,6 +16,7 @@ Also home of the helpers the Compare tab shares (`stream_worker`,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -35,7 +36,7 @@ from ..config import AppConfig
 from ..engine import EditEngine, StepInfo
 from ..imaging import open_image
 from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams, RequestError
-from .handlers import WORKING_RESOLUTIONS, guarded
+from .handlers import WORKING_RESOLUTIONS, guarded, params_from_widgets
 
 logger = logging.getLogger(__name__)
 
@@ -93,21 +94,11 @@ def shared_params(negative_prompt: Any, guidance_scale: Any, image_guidance_scal
                   instruction: str = "") -> EditParams:
     """EditParams from raw widget / API values. Every field except the instruction is validated
     here (RequestError names the field); a cleared seed box means -1 (pick one)."""
-    if seed is None or (isinstance(seed, str) and not seed.strip()):
-        seed = -1
-    params = EditParams(
-        instruction=instruction,
-        negative_prompt=negative_prompt if negative_prompt is not None else "",
-        guidance_scale=guidance_scale,
-        image_guidance_scale=image_guidance_scale,
-        num_inference_steps=num_inference_steps,
-        refine_strength=refine_strength,
-        clip_cfg_norm=clip_cfg_norm,
-        seed=seed,
-        working_resolution=working_resolution if working_resolution not in (None, "") else "auto",
-    )
-    probe = EditParams(**{**params.to_dict(), "instruction": instruction or "x"}).validated()
-    return EditParams(**{**probe.to_dict(), "instruction": instruction})
+    # Validate with a stand-in instruction: the per-item instructions come later (and may be empty here).
+    probe = params_from_widgets(instruction or "x", negative_prompt, guidance_scale, image_guidance_scale,
+                                num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed,
+                                False, True)
+    return dataclasses.replace(probe, instruction=instruction)
 
 
 def upload_path(value: Any) -> tuple[Any, str | None]:

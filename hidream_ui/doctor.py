@@ -20,6 +20,12 @@ from .config import ConfigError, add_model_arguments, from_namespace
 _PACKAGES = ("torch", "diffusers", "transformers", "tokenizers", "safetensors", "accelerate", "peft", "gradio",
              "gradio_client", "torch_npu", "flash_attn", "pynvml")
 
+# The torch_npu release whose Python sources every torch_npu / torch.npu call of this project (names,
+# keywords, required arguments, defaults) and every fake NPU object of the tests were checked against
+# (tests/test_npu_contract.py). That test also asserts it equals the torch_npu pin in
+# requirements_npu.txt, the one place the version is chosen, so the two cannot drift apart.
+NPU_CONTRACT_TORCH_NPU = "2.13.0"
+
 
 def _version(name: str) -> str | None:
     dist = {"pynvml": "nvidia-ml-py", "torch_npu": "torch-npu", "flash_attn": "flash-attn"}.get(name, name)
@@ -27,6 +33,26 @@ def _version(name: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def torch_npu_check(version_of=None) -> dict:
+    """The installed torch_npu against the release the NPU calls were checked against.
+
+    ``version_of(name)`` returns an installed package's version or None (default: `_version`, i.e.
+    importlib.metadata, which reads the version without importing torch_npu). ``warning`` is None
+    when torch_npu is not installed (not an NPU machine) or is the checked release.
+    """
+    installed = (version_of or _version)("torch_npu")
+    result = {"installed": installed, "checked_against": NPU_CONTRACT_TORCH_NPU, "warning": None}
+    # Compare the release part only: a local build tag ("2.13.0+gitc798c65") is the same release.
+    if installed is not None and installed.split("+", 1)[0] != NPU_CONTRACT_TORCH_NPU:
+        result["warning"] = (
+            f"torch_npu {installed} is installed but this project's NPU calls were checked against torch_npu "
+            f"{NPU_CONTRACT_TORCH_NPU} (tests/test_npu_contract.py): a changed signature or default in {installed} "
+            f"would only show up as an error at run time. Install the torch/torch_npu pair of "
+            f"requirements_npu.txt, or run the contract against {installed} (README_NPU.md)"
+        )
+    return result
 
 
 def _cann() -> dict:
@@ -46,11 +72,16 @@ def collect(config, backends=None) -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "packages": {name: _version(name) for name in _PACKAGES},
+        "torch_npu": torch_npu_check(),
         "cann": _cann(),
         "config": {"device": config.device, "dtype": config.dtype, "attention": config.attention,
                    "variant": config.variant, "text_encoders": config.text_encoders, "refiner": config.refiner},
         "problems": [],
+        "warnings": [],
     }
+    if report["torch_npu"]["warning"]:
+        # A warning, not a problem: a newer torch_npu usually works; it just was not checked.
+        report["warnings"].append(report["torch_npu"]["warning"])
     try:
         detection = devices.detect(backends=backends)
         report["backends"] = detection
@@ -96,6 +127,9 @@ def _print_text(report: dict) -> None:
     missing = [k for k, v in report["packages"].items() if not v]
     if missing:
         print("not installed: " + ", ".join(missing))
+    npu = report["torch_npu"]
+    if npu["installed"] is not None:
+        print(f"torch_npu: {npu['installed']} (NPU calls checked against torch_npu {npu['checked_against']})")
     cann = report["cann"]
     print(f"CANN: {'loaded (' + cann['ASCEND_HOME_PATH'] + ')' if cann['loaded'] else 'not loaded'}")
     device = report.get("device")
@@ -109,6 +143,8 @@ def _print_text(report: dict) -> None:
         print(f"  {key}: {model[key]}")
     if model.get("note"):
         print(f"  note: {model['note']}")
+    for warning in report["warnings"]:
+        print(f"WARNING: {warning}")
     for problem in report["problems"]:
         print(f"PROBLEM: {problem}")
     print("OK" if report["ok"] else "NOT OK")

@@ -94,7 +94,7 @@ class FakeNpuFusion:
         self.calls = []
 
     def __call__(self, query, key, value, head_num, input_layout, *, pse=None, padding_mask=None,
-                 atten_mask=None, scale=1.0, keep_prob=1.0, **unused):
+                 atten_mask=None, scale=1.0, keep_prob=1.0):
         assert input_layout == self.layout, f"layout {input_layout!r}, expected {self.layout!r}"
         assert query.dtype in (torch.float16, torch.bfloat16), f"dtype {query.dtype}"
         assert key.dtype == value.dtype == query.dtype
@@ -108,7 +108,7 @@ class FakeNpuFusion:
         assert key.shape == value.shape == query.shape
         assert head_num == heads, f"head_num {head_num} but the tensors have {heads} heads"
         assert scale == pytest.approx(1.0 / math.sqrt(dim)), f"scale {scale} (kernel default is 1.0)"
-        assert keep_prob == 1.0 and atten_mask is None and padding_mask is None and not unused
+        assert keep_prob == 1.0 and atten_mask is None and padding_mask is None
         logits = q @ k.transpose(-1, -2)
         if pse is not None:
             rows = 1 if self.pse_rows == "1" else seq

@@ -240,10 +240,10 @@ def test_real_npu_backend_wraps_torch_npu_when_it_imports():
         def device_count(self):
             return 2
 
-        def get_device_name(self, index):
+        def get_device_name(self, index, /):
             return f"Ascend910B-{index}"
 
-        def mem_get_info(self, index):
+        def mem_get_info(self, index, /):
             return 10, 100
 
         def is_bf16_supported(self):

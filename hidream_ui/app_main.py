@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
+JANITOR_INTERVAL = 5.0  # seconds between two checks of gradio's cache against --cache-max-files
 MCP_HINT = "--mcp needs Gradio's MCP extra: pip install \"gradio[mcp]\" (or start without --mcp)"
 
 
@@ -72,11 +73,18 @@ def launch(
         raise ConfigError(MCP_HINT)
 
     from .engine import get_engine
-    from .ui.layout import ASSETS_DIR, build_demo, launch_options
+    from .ui.layout import build_demo, launch_options
+    from .ui.services import AppServices
 
     engine = engine or get_engine(config)
-    demo = build_demo(engine)
-    demo.queue(max_size=config.max_queue)
+    services = AppServices.for_config(config)
+    demo = build_demo(engine, services=services)
+    # No max_size: gradio would count /status and /cancel too; `admission` limits the device lane.
+    demo.queue(max_size=None)
+    if not admission(demo, config):
+        # Never serve strangers without the queue limits: that would be an unbounded queue.
+        raise ConfigError("this gradio version's queue cannot be limited (see hidream_ui/ui/gradio_internals.py); "
+                          "install the gradio version in requirements.txt")
     if config.uses_tiny_model and not quiet:
         print("Running the offline tiny random-weight model: results are noise. "
               "Use --model-dir /path/to/models (or HIDREAM_MODEL_DIR) for the real HiDream weights.",
@@ -89,11 +97,56 @@ def launch(
         mcp_server=bool(config.mcp),
         prevent_thread_lock=prevent_thread_lock,
         quiet=quiet,
-        # Results are saved outside gradio's cache; the File / Gallery outputs serve them from there.
-        allowed_paths=[str(config.output_dir), str(ASSETS_DIR)],
+        # The bundled examples and, one by one, the result PNGs the app wrote: never the whole
+        # results folder (other files there are not for strangers). The list grows in place.
+        allowed_paths=services.results.allowed,
+        max_file_size=config.max_upload_mb * 1024 * 1024,  # refused by gradio's upload route: 413
+        app_kwargs=_app_kwargs(demo, services, config),
         **launch_options(),
     )
     return demo, local_url
+
+
+def admission(demo, config: AppConfig) -> bool:
+    """--max-queue and --max-jobs-per-client on the device lane (`gradio_internals.admit_jobs`)."""
+    from .ui import gradio_internals
+    from .ui.layout import DEVICE_GROUP
+
+    def message(held: int) -> str:
+        return (f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
+                "client): wait for one to finish, or stop it.")
+
+    return gradio_internals.admit_jobs(demo, DEVICE_GROUP, max_waiting=config.max_queue,
+                                       per_session=config.max_jobs_per_client, per_session_message=message)
+
+
+def _app_kwargs(demo, services, config: AppConfig) -> dict:
+    """FastAPI arguments: the guard middleware and a lifespan that runs the cache janitor and,
+    at shutdown, every clean-up of the app (batch zips, cached files)."""
+    import contextlib
+
+    from starlette.middleware import Middleware
+
+    from .ui import gradio_internals
+    from .ui.files import CacheJanitor
+    from .ui.guard import BoothGuard, LoginThrottle
+
+    throttle = None if services.public else LoginThrottle(config.max_login_failures)
+    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, config.cache_max_files, config.cache_max_age),
+                           interval=JANITOR_INTERVAL)
+    services.janitor = janitor
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        janitor.start()
+        try:
+            yield
+        finally:
+            janitor.stop()
+            services.close()
+            gradio_internals.prune_cache(demo, 0, 0)  # nothing of this app stays in the cache
+
+    return {"middleware": [Middleware(BoothGuard, jobs=services.jobs, throttle=throttle)], "lifespan": lifespan}
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:

@@ -30,6 +30,7 @@ from .requests import SEED_MAX, EditParams, EditRequest, EditResult, RequestErro
 
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import EditEngine, StepFn
+    from .jobs import CancelToken
 
 __all__ = [
     "AXES",
@@ -329,18 +330,20 @@ CellFn = Callable[[CompareCell, EditResult], None]
 def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | Axis, values_x,
                 axis_y: str | Axis | None = None, values_y=None, on_cell: CellFn | None = None, *,
                 on_step: "StepFn | None" = None, source_name: str | None = None, save: bool = True,
-                stop: threading.Event | None = None) -> CompareResult:
+                cancel: "CancelToken | None" = None) -> CompareResult:
     """Edits `image` once per grid cell; returns the cells in row-major order.
 
     Everything is validated first (values, grid size, attention availability on this device),
-    then the model loads. `on_cell(cell, result)` is called as each cell finishes. With an
-    attention axis the strategy is switched per cell through `engine.set_attention` and the one
-    active before is restored afterwards, also when a cell fails. `engine.cancel()` (or setting
-    `stop`, which also catches a Stop between two cells) ends the run early; the finished cells
-    are kept and `cancelled` is set. Other errors propagate (EngineError, OutOfMemory, ...).
+    then the model loads and every cell's working size is checked against it, all before the
+    first cell runs. `on_cell(cell, result)` is called as each cell finishes. With an attention
+    axis the strategy is switched per cell through `engine.set_attention` and the one active
+    before is restored afterwards, also when a cell fails. The `cancel` token (also checked
+    between two cells) ends the run early; the finished cells are kept and `cancelled` is set.
+    Other errors propagate (EngineError, OutOfMemory, ...).
     """
     from .engine import EditCancelled
     from .imaging import open_image
+    from .jobs import CancelToken
 
     started = time.perf_counter()
     plan = plan_compare(params, axis_x, values_x, axis_y, values_y, max_cells=engine.config.max_grid_cells)
@@ -349,19 +352,22 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
     if uses_attention:
         _check_attention_available(engine, {cell.attention for cell in plan.cells})
     engine.load()
+    for cell in plan.cells:  # a size the model cannot take fails the request before any cell runs
+        engine.working_plan(picture.size, cell.params.working_resolution)
+    token = cancel or CancelToken()
     previous = engine.attention_request if uses_attention else None
     results: list[EditResult] = []
     cancelled = False
     try:
         for cell in plan.cells:
-            if stop is not None and stop.is_set():
+            if token.cancelled:
                 cancelled = True
                 break
             if cell.attention is not None:
                 engine.set_attention(cell.attention)
             try:
                 result = engine.edit(EditRequest(image=picture, params=cell.params, source_name=source_name),
-                                     on_step, save=save)
+                                     on_step, save=save, cancel=token)
             except EditCancelled:
                 cancelled = True
                 break

@@ -59,6 +59,13 @@ class AppConfig:
     auth_file: Path | None = None
     max_queue: int = 16
     mcp: bool = False
+    # Limits on what a stranger can send and leave behind (README "Security").
+    max_upload_mb: int = 50
+    max_pixels: int = 25_000_000
+    max_jobs_per_client: int = 2
+    max_login_failures: int = 5
+    cache_max_files: int = 200
+    cache_max_age: int = 3600
 
     @property
     def uses_tiny_model(self) -> bool:
@@ -97,7 +104,23 @@ _SERVER_OPTIONS = [
     ("--max-queue", ("HIDREAM_MAX_QUEUE",), "max_queue", "maximum queued requests (default 16)"),
     ("--max-batch-items", ("HIDREAM_MAX_BATCH_ITEMS",), "max_batch_items", "maximum items per batch"),
     ("--max-grid-cells", ("HIDREAM_MAX_GRID_CELLS",), "max_grid_cells", "maximum cells per compare grid"),
+    ("--max-upload-mb", ("HIDREAM_MAX_UPLOAD_MB",), "max_upload_mb",
+     "largest upload in MB, refused before it is stored (default 50)"),
+    ("--max-pixels", ("HIDREAM_MAX_PIXELS",), "max_pixels",
+     "largest image in pixels, read from the header before decoding (default 25000000)"),
+    ("--max-jobs-per-client", ("HIDREAM_MAX_JOBS_PER_CLIENT",), "max_jobs_per_client",
+     "jobs one client (browser tab or API client) may have queued or running (default 2)"),
+    ("--max-login-failures", ("HIDREAM_MAX_LOGIN_FAILURES",), "max_login_failures",
+     "failed logins per address per minute before logins from it pause for a minute (default 5)"),
+    ("--cache-max-files", ("HIDREAM_CACHE_MAX_FILES",), "cache_max_files",
+     "files kept in Gradio's upload/result cache for this app; the oldest go first (default 200)"),
+    ("--cache-max-age", ("HIDREAM_CACHE_MAX_AGE",), "cache_max_age",
+     "seconds a cached upload or result copy is kept (default 3600)"),
 ]
+
+
+_INT_FIELDS = ("port", "max_queue", "retention", "max_batch_items", "max_grid_cells", "max_upload_mb", "max_pixels",
+               "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -146,7 +169,7 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
     for dest, (source, value) in raw.items():
         if dest in ("model_dir", "output_dir", "auth_file"):
             fields[dest] = Path(str(value)).expanduser()
-        elif dest in ("port", "max_queue", "retention", "max_batch_items", "max_grid_cells"):
+        elif dest in _INT_FIELDS:
             fields[dest] = _to_int(source, value)
         elif dest == "auth":
             fields[dest] = _parse_auth(source, str(value))
@@ -196,7 +219,8 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError(f"attention={config.attention!r} is not one of: {', '.join(strategy_names())}")
     if not 1 <= config.port <= 65535:
         raise ConfigError(f"port={config.port} must be between 1 and 65535")
-    for name in ("max_queue", "max_batch_items", "max_grid_cells", "prompt_cache_size"):
+    for name in ("max_queue", "max_batch_items", "max_grid_cells", "prompt_cache_size", "max_upload_mb",
+                 "max_pixels", "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age"):
         if getattr(config, name) < 1:
             raise ConfigError(f"{name}={getattr(config, name)} must be at least 1")
     if config.retention < 0:

@@ -16,14 +16,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .config import AppConfig
-from .requests import EditParams, EditRequest, EditResult
+from .jobs import CancelToken
+from .requests import WORKING_SIDE_MIN, EditParams, EditRequest, EditResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from .devices import DeviceInfo
+    from .imaging import WorkingPlan
     from .models import LoadedModel
     from .pipeline import PromptEmbeds
 
 logger = logging.getLogger(__name__)
+
+
+# Numeric working sides the UI offers, where the model can take them (see `working_sides`).
+OFFERED_SIDES = (512, 768, 1024)
+
+
+def working_sides(geometry) -> list[int]:
+    """The offered numeric sides that a model of `geometry` can run: at least the requests'
+    minimum side and at most the model's own working size."""
+    return [side for side in OFFERED_SIDES if WORKING_SIDE_MIN <= side <= geometry.image_size]
 
 
 class EngineError(RuntimeError):
@@ -85,7 +97,9 @@ class EditEngine:
         self.config = config
         self._backends = backends
         self._lock = threading.RLock()
-        self._cancel = threading.Event()
+        # The token of the work holding the lock: `cancel()` sets it. Each edit/batch brings its own
+        # token (or gets a fresh one), so a Stop pressed while idle never cancels the next edit.
+        self._token: CancelToken | None = None
         self._model: "LoadedModel | None" = None
         self._device: "DeviceInfo | None" = None
         self._dtype = None
@@ -150,6 +164,7 @@ class EditEngine:
                 if on_progress is not None:
                     on_progress(fraction, message)
 
+            oom = False
             try:
                 device, dtype = self.device, self.dtype
                 bind_device_to_thread(device, backends=self._backends)
@@ -160,14 +175,16 @@ class EditEngine:
                 self._last_error = str(exc)
                 raise EngineError(str(exc)) from exc
             except Exception as exc:
-                if self._is_oom(exc):
-                    self._free()
-                    raise EngineError(f"out of memory while loading the model on {self.device.torch_device}: "
-                                      "try --text-encoders cpu, a smaller dtype, or another device") from exc
-                raise
+                if not self._is_oom(exc):
+                    raise
+                oom = True  # freed below, once this except block has dropped the traceback
             finally:
                 self._state = "idle"
                 self._progress = {}
+            if oom:
+                self._free()
+                raise EngineError(f"out of memory while loading the model on {self.device.torch_device}: "
+                                  "try --text-encoders cpu, a smaller dtype, or another device")
             logger.info("model loaded: %s", model.sources.to_dict())
             return model
 
@@ -221,9 +238,11 @@ class EditEngine:
             return resolved
 
     # ------------------------------------------------------------------ edit
-    def cancel(self) -> None:
-        """Stops the running edit or batch after its current step."""
-        self._cancel.set()
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stops the running edit or batch after its current step (no-op when idle)."""
+        token = self._token
+        if token is not None:
+            token.cancel(reason)
 
     def encode(self, text: str) -> "PromptEmbeds":
         """Embeddings for one text, from the cache when it was seen before."""
@@ -236,16 +255,21 @@ class EditEngine:
 
         return self._cache.get(key, compute)
 
-    def edit(self, request: EditRequest, on_step: StepFn | None = None, *, save: bool = True) -> EditResult:
-        """Runs one edit; returns the result (saved with its metadata when `save`)."""
-        self._cancel.clear()  # a Stop pressed while idle must not cancel the next edit
-        results = self._run([request], on_step, save=save)
+    def edit(self, request: EditRequest, on_step: StepFn | None = None, *, save: bool = True,
+             cancel: CancelToken | None = None) -> EditResult:
+        """Runs one edit; returns the result (saved with its metadata when `save`).
+
+        `cancel` is the job's token: once set, the edit stops after the current step, raises
+        EditCancelled and saves nothing.
+        """
+        results = self._run([request], on_step, save=save, token=cancel or CancelToken())
         return results[0]
 
-    def _run(self, requests: list[EditRequest], on_step: StepFn | None, *, save: bool) -> list[EditResult]:
+    def _run(self, requests: list[EditRequest], on_step: StepFn | None, *, save: bool,
+             token: CancelToken) -> list[EditResult]:
         """Edits requests that share parameters other than image/instruction/seed in ONE pipeline call."""
         from .devices import bind_device_to_thread, make_generator, reset_peak
-        from .imaging import prepare_working_image, restore_size
+        from .imaging import apply_plan, restore_size
         from .memory import snapshot
         from .outputs import save_result
         from .pipeline import EditInterrupted
@@ -260,24 +284,24 @@ class EditEngine:
         with self._lock:
             model = self.model
             pipe = model.pipeline
+            if token.cancelled:  # cancelled while it waited for the lock or the model
+                raise EditCancelled("edit cancelled before it started")
+            outer_token, self._token = self._token, token
             self._state = "editing"
             first = params_list[0]
             total = first.num_inference_steps
             self._progress = {"step": 0, "total": total, "stage": "edit"}
             working = []
+            oom_message = None
             try:
                 bind_device_to_thread(model.device, backends=self._backends)
                 reset_peak(model.device, backends=self._backends)
                 for request, params in zip(requests, params_list):
-                    image, plan = prepare_working_image(
-                        request.image, variant=model.sources.variant, image_size=model.geometry.image_size,
-                        working_resolution=params.working_resolution,
-                        fixed_size=(model.geometry.e1_full_side, model.geometry.e1_full_side))
-                    working.append((image, plan))
+                    plan = self.working_plan(request.image.size, params.working_resolution)
+                    working.append((apply_plan(request.image, plan), plan))
                 sizes = {image.size for image, _ in working}
                 if len(sizes) != 1:
                     raise EngineError(f"one pipeline call needs one working size, got {sorted(sizes)}")
-                self._check_tokens(working[0][0].size)
                 text_seconds = [0.0]
 
                 def embeds(text: str):
@@ -304,9 +328,10 @@ class EditEngine:
                     stage = "refine" if stages and stages[-1] == "refine" else "edit"
                     eta = elapsed / done * (total - done)
                     self._progress = {"step": done, "total": total, "stage": stage}
+                    token.step = done
                     if on_step is not None:
                         on_step(StepInfo(step=done, total=total, stage=stage, elapsed=elapsed, eta=eta))
-                    if self._cancel.is_set():
+                    if token.cancelled:  # the pipeline stops before the next step
                         pipeline._interrupt = True
                     return tensors
 
@@ -333,17 +358,22 @@ class EditEngine:
             except EngineError:
                 raise
             except Exception as exc:
-                if self._is_oom(exc):
-                    self._free()
-                    size = "x".join(map(str, working[0][0].size)) if working else "?"
-                    raise OutOfMemory(
-                        f"out of memory on {model.device.torch_device} editing {len(requests)} image(s) at working "
-                        f"size {size}; memory was freed. Try the draft resolution, fewer images per batch, "
-                        "or --text-encoders cpu.") from exc
-                raise
+                if not self._is_oom(exc):
+                    raise
+                size = "x".join(map(str, working[0][0].size)) if working else "?"
+                oom_message = (
+                    f"out of memory on {model.device.torch_device} editing {len(requests)} image(s) at working "
+                    f"size {size}; memory was freed. Try the draft resolution, fewer images per batch, "
+                    "or --text-encoders cpu.")
             finally:
                 self._state = "idle"
                 self._progress = {}
+                self._token = outer_token
+            if oom_message is not None:
+                # Freed here, not in the except block: there the traceback still holds the
+                # pipeline's frames and every activation tensor they reference.
+                self._free()
+                raise OutOfMemory(oom_message)
 
             denoise_start = marks.get("denoise_start", finished)
             last_step = marks.get("last_step", finished)
@@ -371,15 +401,46 @@ class EditEngine:
                 results.append(result)
             return results
 
-    def _check_tokens(self, size: tuple[int, int]) -> None:
-        """The edit input is H x 2W latents; more tokens than max_seq cannot be padded (or collapsed)."""
-        geometry = self.model.geometry
-        width, height = size
+    def working_plan(self, source_size: tuple[int, int], working_resolution) -> "WorkingPlan":
+        """The working-size plan for a source of `source_size` on the loaded model.
+
+        Raises EngineError, before any work, when the size needs more tokens than the model's
+        budget (the edit input is H x 2W latents; more than max_seq cannot be padded or collapsed).
+        """
+        from .imaging import working_plan
+
+        model = self.model
+        geometry = model.geometry
+        plan = working_plan(source_size, variant=model.sources.variant, image_size=geometry.image_size,
+                            working_resolution=working_resolution,
+                            fixed_size=(geometry.e1_full_side, geometry.e1_full_side))
+        width, height = plan.working_size
         tokens = (height // geometry.multiple) * (2 * width // geometry.multiple)
         if tokens > geometry.max_seq:
+            sides = working_sides(geometry)
+            hint = (f"choose 'auto', 'draft' or a side of at most {sides[-1]}" if sides else
+                    f"this model works at most at {geometry.image_size} px, below the smallest numeric side "
+                    f"({WORKING_SIDE_MIN}): choose 'auto' or 'draft'")
             raise EngineError(
                 f"working size {width}x{height} needs {tokens} tokens, more than this model's {geometry.max_seq}: "
-                f"choose a working resolution of at most {geometry.image_size} (or 'auto' / 'draft')")
+                f"{hint}")
+        return plan
+
+    def working_resolution_choices(self) -> list[str]:
+        """The working resolutions this model can take ("auto", "draft" and the numeric sides that
+        fit): from the loaded model, else from the checkpoint's config files (no weights read).
+        Only "auto" and "draft" while the geometry cannot be known yet (tiny model not built)."""
+        geometry = self._model.geometry if self._model is not None else self._geometry_from_configs()
+        return ["auto", "draft", *(str(side) for side in (working_sides(geometry) if geometry else ()))]
+
+    def _geometry_from_configs(self):
+        from .models import ModelError, read_geometry, resolve_sources
+
+        try:
+            return read_geometry(resolve_sources(self.config, build_tiny=False))
+        except (ModelError, OSError, ValueError, KeyError) as exc:
+            logger.debug("geometry unknown before load: %s", exc)
+            return None
 
     # ------------------------------------------------------------------ batch
     def auto_batch_size(self, working_size: tuple[int, int]) -> int:
@@ -403,18 +464,17 @@ class EditEngine:
             return 1
         return max(1, min(8, int(free * 0.8 // per_item)))
 
-    def run_batch(self, request, on_item: Callable | None = None, on_step: StepFn | None = None):
+    def run_batch(self, request, on_item: Callable | None = None, on_step: StepFn | None = None, *,
+                  cancel: CancelToken | None = None):
         """Runs a BatchRequest; calls `on_item(item)` as each item finishes (ok or error).
 
         Items with the same working size go through the transformer together (up to the batch
         size); each keeps its own seed, so the results equal one-by-one edits. A failing item is
         reported and the rest continue; an out-of-memory retries the group one item at a time;
-        `cancel()` stops after the current step and keeps what finished.
+        the `cancel` token (or `cancel()`) stops after the current step and keeps what finished.
         """
-        from collections import OrderedDict as _Ordered
-
-        from .batch import BatchResult, item_params, open_sources, plan_items
-        from .imaging import open_image, prepare_working_image
+        from .batch import open_sources, plan_items
+        from .imaging import open_image
         from .requests import RequestError
 
         started = time.perf_counter()
@@ -427,64 +487,75 @@ class EditEngine:
         items = plan_items(request, [name for name, _ in opened], self.config.max_batch_items)
         if request.batch_size is not None and not 1 <= int(request.batch_size) <= 64:
             raise RequestError("batch_size", request.batch_size, "1..64 items per transformer call, or empty for auto")
-        self._cancel.clear()
+        token = cancel or CancelToken()
         self.load()
         counters_before = dict(self.counters)
         with self._lock:
-            model = self.model
-            groups: "_Ordered[tuple, list]" = _Ordered()
-            for item in items:
-                image = opened[item.source_index][1]
-                _, plan = prepare_working_image(
-                    image, variant=model.sources.variant, image_size=model.geometry.image_size,
-                    working_resolution=probe.working_resolution,
-                    fixed_size=(model.geometry.e1_full_side, model.geometry.e1_full_side))
-                groups.setdefault(plan.working_size, []).append(item)
-            queue: list[list] = []
-            sizes_used = {}
-            for size, members in groups.items():
-                size_n = int(request.batch_size or self.auto_batch_size(size))
-                sizes_used["x".join(map(str, size))] = size_n
-                queue.extend(members[i:i + size_n] for i in range(0, len(members), size_n))
-            cancelled = False
-            while queue:
-                chunk = queue.pop(0)
-                if self._cancel.is_set():
-                    cancelled = True
-                    break
-                t0 = time.perf_counter()
-                try:
-                    results = self._run(
-                        [EditRequest(image=opened[it.source_index][1], params=item_params(shared, it),
-                                     source_name=it.source_name) for it in chunk], on_step, save=True)
-                except EditCancelled:
-                    cancelled = True
-                    for it in chunk:
-                        it.status, it.error = "cancelled", "cancelled before it finished"
-                    break
-                except OutOfMemory as exc:
-                    if len(chunk) > 1:
-                        queue[:0] = [[it] for it in chunk]  # retry one at a time
-                        continue
-                    chunk[0].status, chunk[0].error = "error", str(exc)
-                    if on_item is not None:
-                        on_item(chunk[0])
+            self._token = token
+            try:
+                return self._run_batch_locked(request, items, opened, rejected, shared, probe, token, on_item,
+                                              on_step, started, counters_before)
+            finally:
+                self._token = None
+
+    def _run_batch_locked(self, request, items, opened, rejected, shared, probe, token, on_item, on_step,
+                          started, counters_before):
+        """The part of `run_batch` that holds the device: group by working size, run the chunks."""
+        from collections import OrderedDict as _Ordered
+
+        from .batch import BatchResult, item_params
+        from .requests import RequestError
+
+        groups: "_Ordered[tuple, list]" = _Ordered()
+        for item in items:
+            # Arithmetic only (no resize); a working size the model cannot take fails the whole
+            # batch here, before any item runs.
+            plan = self.working_plan(opened[item.source_index][1].size, probe.working_resolution)
+            groups.setdefault(plan.working_size, []).append(item)
+        queue: list[list] = []
+        sizes_used = {}
+        for size, members in groups.items():
+            size_n = int(request.batch_size or self.auto_batch_size(size))
+            sizes_used["x".join(map(str, size))] = size_n
+            queue.extend(members[i:i + size_n] for i in range(0, len(members), size_n))
+        cancelled = False
+        while queue:
+            chunk = queue.pop(0)
+            if token.cancelled:
+                cancelled = True
+                break
+            t0 = time.perf_counter()
+            try:
+                results = self._run(
+                    [EditRequest(image=opened[it.source_index][1], params=item_params(shared, it),
+                                 source_name=it.source_name) for it in chunk], on_step, save=True, token=token)
+            except EditCancelled:
+                cancelled = True
+                for it in chunk:
+                    it.status, it.error = "cancelled", "cancelled before it finished"
+                break
+            except OutOfMemory as exc:
+                if len(chunk) > 1:
+                    queue[:0] = [[it] for it in chunk]  # retry one at a time
                     continue
-                except (EngineError, RequestError, ValueError) as exc:
-                    for it in chunk:
-                        it.status, it.error = "error", str(exc)
-                        if on_item is not None:
-                            on_item(it)
-                    continue
-                seconds = (time.perf_counter() - t0) / len(chunk)
-                for it, result in zip(chunk, results):
-                    it.status, it.result, it.seconds = "ok", result, round(seconds, 4)
+                chunk[0].status, chunk[0].error = "error", str(exc)
+                if on_item is not None:
+                    on_item(chunk[0])
+                continue
+            except (EngineError, RequestError, ValueError) as exc:
+                for it in chunk:
+                    it.status, it.error = "error", str(exc)
                     if on_item is not None:
                         on_item(it)
-            for item in items:
-                if item.status == "pending":
-                    item.status, item.error = "cancelled", "not started: the batch was cancelled"
-            self._cancel.clear()
+                continue
+            seconds = (time.perf_counter() - t0) / len(chunk)
+            for it, result in zip(chunk, results):
+                it.status, it.result, it.seconds = "ok", result, round(seconds, 4)
+                if on_item is not None:
+                    on_item(it)
+        for item in items:
+            if item.status == "pending":
+                item.status, item.error = "cancelled", "not started: the batch was cancelled"
         stats = {k: self.counters[k] - counters_before.get(k, 0) for k in self.counters}
         stats["batch_sizes"] = sizes_used
         return BatchResult(items=items, rejected=rejected, cancelled=cancelled,

@@ -39,6 +39,7 @@ __all__ = [
     "resize_plan",
     "apply_plan",
     "prepare_working_image",
+    "working_plan",
     "restore_size",
     "RESTORE_RESAMPLE",
 ]
@@ -411,6 +412,48 @@ def _draft_side(side: int, divisor: float, multiple: int = 16) -> int:
     return max(multiple, int(round(side / divisor / multiple)) * multiple)
 
 
+def working_plan(
+    size: tuple[int, int],
+    *,
+    variant: str,
+    image_size: int = 1024,
+    working_resolution: str | int = "auto",
+    fixed_size: tuple[int, int] = (768, 768),
+) -> WorkingPlan:
+    """The plan that maps a source of `size` (width, height) to the size the ``variant`` runs at.
+
+    * ``"e1.1"``: the E1.1 area rule (:func:`e11_plan`) with side ``image_size`` for "auto",
+      ``image_size / 2`` (on the 16-px grid) for "draft", or the given side.
+    * ``"e1-full"``: a plain resize (no crop, as upstream) to ``fixed_size`` for "auto", to
+      ``fixed_size / 1.5`` (768 -> 512) for "draft", or to N x N for a given side.
+
+    Pure arithmetic: callers that only need the working size (grouping a batch, checking a
+    compare grid) never resize a pixel.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)} (got {variant!r})")
+    try:
+        resolution = parse_working_resolution(working_resolution)
+    except RequestError as exc:
+        raise ValueError(str(exc)) from None
+    width, height = size
+    if variant == "e1.1":
+        if resolution == "auto":
+            side = image_size
+        elif resolution == "draft":
+            side = _draft_side(image_size, 2.0)
+        else:
+            side = int(resolution)
+        return e11_plan(width, height, side)
+    if resolution == "auto":
+        target = (int(fixed_size[0]), int(fixed_size[1]))
+    elif resolution == "draft":
+        target = (_draft_side(fixed_size[0], 1.5), _draft_side(fixed_size[1], 1.5))
+    else:
+        target = (int(resolution), int(resolution))
+    return resize_plan(width, height, target)
+
+
 def prepare_working_image(
     image: Image.Image,
     *,
@@ -419,36 +462,9 @@ def prepare_working_image(
     working_resolution: str | int = "auto",
     fixed_size: tuple[int, int] = (768, 768),
 ) -> tuple[Image.Image, WorkingPlan]:
-    """Resize a normalised RGB image to the size the ``variant`` runs at.
-
-    * ``"e1.1"``: the E1.1 area rule (:func:`e11_plan`) with side ``image_size`` for "auto",
-      ``image_size / 2`` (on the 16-px grid) for "draft", or the given side.
-    * ``"e1-full"``: a plain resize (no crop, as upstream) to ``fixed_size`` for "auto", to
-      ``fixed_size / 1.5`` (768 -> 512) for "draft", or to N x N for a given side.
-    """
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)} (got {variant!r})")
-    try:
-        resolution = parse_working_resolution(working_resolution)
-    except RequestError as exc:
-        raise ValueError(str(exc)) from None
-    width, height = image.size
-    if variant == "e1.1":
-        if resolution == "auto":
-            side = image_size
-        elif resolution == "draft":
-            side = _draft_side(image_size, 2.0)
-        else:
-            side = int(resolution)
-        plan = e11_plan(width, height, side)
-    else:
-        if resolution == "auto":
-            size = (int(fixed_size[0]), int(fixed_size[1]))
-        elif resolution == "draft":
-            size = (_draft_side(fixed_size[0], 1.5), _draft_side(fixed_size[1], 1.5))
-        else:
-            size = (int(resolution), int(resolution))
-        plan = resize_plan(width, height, size)
+    """Resize a normalised RGB image to the size the ``variant`` runs at (see :func:`working_plan`)."""
+    plan = working_plan(image.size, variant=variant, image_size=image_size,
+                        working_resolution=working_resolution, fixed_size=fixed_size)
     return apply_plan(image, plan), plan
 
 

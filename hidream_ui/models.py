@@ -121,6 +121,19 @@ def geometry_for(variant: str, transformer_config, vae_config) -> Geometry:
                     e1_full_side=e1_full_side, max_seq=max_seq)
 
 
+def read_geometry(sources: "ModelSources") -> Geometry:
+    """The geometry from the transformer and VAE config files, without reading any weight.
+
+    Raises OSError / ValueError / KeyError when the configs are not on local disk (a hub id, a
+    tiny checkpoint not built yet) or are not HiDream configs.
+    """
+    transformer_root = sources.e1 if sources.variant == "e1.1" else sources.i1
+    configs = []
+    for folder in (Path(transformer_root) / "transformer", Path(sources.i1) / "vae"):
+        configs.append(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+    return geometry_for(sources.variant, configs[0], configs[1])
+
+
 def resolve_sources(config: AppConfig, *, build_tiny: bool = True) -> ModelSources:
     """Decides where each part comes from: explicit part > --model-dir > the tiny checkpoint."""
     if config.uses_tiny_model:
@@ -129,7 +142,7 @@ def resolve_sources(config: AppConfig, *, build_tiny: bool = True) -> ModelSourc
         if build_tiny:
             base = tiny.ensure_tiny(profile=config.tiny_profile, seed=config.tiny_seed)
         else:
-            base = tiny.default_cache_root() / "not-built"
+            base = tiny.tiny_path(profile=config.tiny_profile, seed=config.tiny_seed)
         return _sources_in(base, config.variant, kind="tiny", tiny_profile=config.tiny_profile)
     base = config.model_dir
     e1_default = E11_DIR if config.variant == "e1.1" else E1_FULL_DIR

@@ -170,6 +170,13 @@ def _as_text(name: str, value: object, *, allow_none: bool) -> str:
         raise RequestError(
             name, value, f"at most {MAX_PROMPT_CHARS} characters (got {len(value)}); shorten it"
         )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # A lone surrogate (half of an emoji, from a broken paste or a raw API client): the
+        # tokenizers cannot take it. Say where it is instead of failing mid-edit.
+        raise RequestError(name, value, f"valid Unicode text (character {exc.start + 1} is an unpaired "
+                                        "surrogate; re-type or paste that part again)") from None
     return value
 
 

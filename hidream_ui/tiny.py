@@ -271,6 +271,13 @@ def build_tiny(out_dir: str | os.PathLike[str], profile: str = "tiny", seed: int
     return out_dir
 
 
+def tiny_path(profile: str = "tiny", seed: int = 0, cache_root: str | os.PathLike[str] | None = None) -> Path:
+    """Where `ensure_tiny` keeps the build for ``profile``/``seed`` (built or not)."""
+    spec = _resolve_profile(profile)
+    root = Path(cache_root).expanduser() if cache_root is not None else default_cache_root()
+    return root.absolute() / f"tiny-{spec.name}-seed{_check_seed(seed)}-v{FORMAT_VERSION}"
+
+
 def ensure_tiny(
     profile: str = "tiny", seed: int = 0, cache_root: str | os.PathLike[str] | None = None
 ) -> Path:
@@ -282,8 +289,8 @@ def ensure_tiny(
     """
     spec = _resolve_profile(profile)
     seed = _check_seed(seed)
-    root = Path(cache_root).expanduser() if cache_root is not None else default_cache_root()
-    target = root.absolute() / f"tiny-{spec.name}-seed{seed}-v{FORMAT_VERSION}"
+    target = tiny_path(profile, seed, cache_root)
+    root = target.parent
     expected = TinyMarker(profile=spec.name, seed=seed, format_version=FORMAT_VERSION)
     if read_marker(target) == expected:
         return target

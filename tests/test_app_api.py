@@ -217,14 +217,6 @@ def test_settings_from_a_png_without_metadata_is_a_readable_error(tmp_path):
     assert got.value.message == str(expected.value)
 
 
-class _RecordingEngine:
-    def __init__(self):
-        self.cancels = 0
-
-    def cancel(self):
-        self.cancels += 1
-
-
 class _Request:
     def __init__(self, session_hash):
         self.session_hash = session_hash
@@ -233,15 +225,16 @@ class _Request:
 def test_stop_only_cancels_the_callers_own_edit():
     from hidream_ui.ui.handlers import Handlers
 
-    engine = _RecordingEngine()
-    handlers = Handlers(engine)
-    handlers.stop(_Request("alice"))  # nothing running
-    assert engine.cancels == 0
-    handlers._running_session = "alice"
-    handlers.stop(_Request("bob"))  # someone else's edit keeps running
-    assert engine.cancels == 0
-    handlers.stop(_Request("alice"))
-    assert engine.cancels == 1 and handlers._stop_requested.is_set()
+    handlers = Handlers(engine=None)
+    jobs = handlers.services.jobs
+    handlers.stop(_Request("alice"))  # nothing running: nothing to do, no error
+    with jobs.start("edit", "alice") as alice, jobs.start("edit", "bob") as bob:
+        handlers.stop(_Request("bob"))  # bob's Stop stops bob's edit only
+        assert bob.token.cancelled and not alice.token.cancelled
+        assert handlers.cancel(_Request("mallory")) == "nothing of yours is running"
+        assert not alice.token.cancelled
+        assert handlers.cancel(_Request("alice")) == "stopped 1 job(s)"
+        assert alice.token.cancelled and alice.token.reason == "cancelled through /cancel"
 
 
 def test_status_panel_shows_accelerator_memory_and_escapes_text():

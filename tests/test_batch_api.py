@@ -151,16 +151,18 @@ class PausingEngine:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def run_batch(self, request, on_item=None, on_step=None):
+    def run_batch(self, request, on_item=None, on_step=None, *, cancel=None):
+        self.token = cancel
+
         def paused(item):
             on_item(item)
             # Released by the test, or by a stop (so an abandoned stream can join the worker).
             for _ in range(6000):
-                if self.release.wait(0.01) or self._engine._cancel.is_set():
+                if self.release.wait(0.01) or cancel.cancelled:
                     return
             raise AssertionError("the test never released the batch")
 
-        return self._engine.run_batch(request, on_item=paused, on_step=on_step)
+        return self._engine.run_batch(request, on_item=paused, on_step=on_step, cancel=cancel)
 
 
 def session(name):
@@ -168,13 +170,16 @@ def session(name):
 
 
 @pytest.fixture
-def tab(app):
+def tab(app, files, tmp_path):
     from hidream_ui.ui.batch_tab import BatchTab
+    from hidream_ui.ui.services import AppServices
 
     engine = PausingEngine(app["engine"])
-    handlers = BatchTab(engine, engine.config)
+    # In-process callers hand over plain paths: the gate trusts these test folders only.
+    services = AppServices.for_config(engine.config, trusted_roots=[files["folder"], tmp_path])
+    handlers = BatchTab(engine, engine.config, services)
     yield handlers
-    handlers.close()
+    services.close()
 
 
 def run_tab(tab, files, **kwargs):
@@ -193,8 +198,9 @@ def test_stop_keeps_finished_items_and_only_stops_its_own_session(tab, files, tm
     gallery, report, _ = next(stream)  # the first item finished; the worker waits
     assert len(gallery) == 1 and "1/3" in report
     tab.stop(session("someone else"))  # another user's Stop: ignored
-    assert not tab.engine._cancel.is_set()
+    assert not tab.engine.token.cancelled
     tab.stop(session("me"))
+    assert tab.engine.token.cancelled
     tab.engine.release.set()
     *_, (gallery, report, archive) = list(stream)
     assert "Stopped" in report and len(gallery) == 1

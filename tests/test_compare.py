@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 from PIL import Image
@@ -205,11 +203,11 @@ def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):
     original = engine.edit
     count = {"n": 0}
 
-    def flaky(request, on_step=None, *, save=True):
+    def flaky(request, on_step=None, *, save=True, cancel=None):
         count["n"] += 1
         if count["n"] == 2:
             raise EngineError("simulated failure in the second cell")
-        return original(request, on_step, save=save)
+        return original(request, on_step, save=save, cancel=cancel)
 
     monkeypatch.setattr(engine, "edit", flaky)
     with pytest.raises(EngineError, match="second cell"):
@@ -218,9 +216,11 @@ def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):
 
 
 def test_stop_keeps_finished_cells_and_the_grid_marks_the_rest(engine):
-    stop = threading.Event()
+    from hidream_ui.jobs import CancelToken
+
+    token = CancelToken()
     result = run_compare(engine, picture(4), params(num_inference_steps=1), "seed", "5, 6, 7",
-                         on_cell=lambda cell, res: stop.set(), stop=stop)
+                         on_cell=lambda cell, res: token.cancel(), cancel=token)
     assert result.cancelled and len(result.cells) == 1
     assert result.cell(0, 0) is result.cells[0] and result.cell(0, 1) is None
     layout = grid_layout(result, cell_side=64)
@@ -241,3 +241,12 @@ def test_grid_without_a_y_axis_has_no_row_labels():
     assert layout.label_band is None and (result.rows, result.cols) == (1, 2)
     assert render_grid(result, cell_side=100).size == layout.size
     assert result.caption(1) == "guidance scale 3"
+
+
+def test_a_resolution_the_model_cannot_take_fails_the_grid_before_any_cell(engine):
+    finished = []
+    edits = engine.counters["edits"]
+    with pytest.raises(EngineError, match="choose 'auto' or 'draft'"):
+        run_compare(engine, picture(6), params(num_inference_steps=1), "resolution", "draft, 512",
+                    on_cell=lambda cell, result: finished.append(cell))
+    assert finished == [] and engine.counters["edits"] == edits

@@ -248,3 +248,65 @@ def test_working_resolution_beyond_the_token_budget_is_a_clear_error(engine):
     with pytest.raises(EngineError, match="needs 512 tokens, more than this model's 128"):
         engine.edit(EditRequest(image=picture(64, 64), params=params(working_resolution="256")), save=False)
     assert engine.status()["state"] == "idle"
+
+
+def test_the_error_suggests_only_resolutions_this_model_can_take(engine):
+    # The tiny model works at 128 px, below the 256 px minimum of a numeric side: only words fit.
+    with pytest.raises(EngineError, match="choose 'auto' or 'draft'") as info:
+        engine.edit(EditRequest(image=picture(64, 64), params=params(working_resolution="512")), save=False)
+    assert "at most 128" not in str(info.value)
+    assert engine.working_resolution_choices() == ["auto", "draft"]
+
+
+def test_working_sides_follow_the_model_geometry():
+    from hidream_ui.engine import working_sides
+    from hidream_ui.models import geometry_for
+
+    real = geometry_for("e1.1", {"patch_size": 2, "max_resolution": [128, 128]}, {"block_out_channels": [1] * 4})
+    assert real.image_size == 1024 and working_sides(real) == [512, 768, 1024]
+    small = geometry_for("e1.1", {"patch_size": 2, "max_resolution": [64, 64]}, {"block_out_channels": [1] * 4})
+    assert working_sides(small) == [512]
+
+
+def test_a_cancel_token_stops_the_edit_within_one_step(engine):
+    from hidream_ui.jobs import CancelToken
+
+    token = CancelToken()
+
+    def on_step(info):
+        if info.step == 2:
+            token.cancel("test")
+
+    with pytest.raises(EditCancelled, match="after 2 of 8 steps"):
+        engine.edit(EditRequest(image=picture(64, 64), params=params(num_inference_steps=8)), on_step, cancel=token)
+    assert token.cancelled_at_step == 2 and token.step == 2
+    # A token that is already set never starts an edit; a fresh edit is not affected by it.
+    with pytest.raises(EditCancelled, match="before it started"):
+        engine.edit(EditRequest(image=picture(64, 64), params=params()), cancel=token)
+    assert engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False).image.size == (64, 64)
+
+
+def test_out_of_memory_frees_memory_after_the_failing_frames_are_gone(engine, monkeypatch):
+    import gc
+    import weakref
+
+    pipe = engine.model.pipeline
+    held = {}
+
+    def boom(*args, **kwargs):
+        activations = torch.ones(1024, 1024)  # what a real forward holds when the allocator gives up
+        held["ref"] = weakref.ref(activations)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    seen = {}
+
+    def free():
+        gc.collect()
+        seen["alive_when_freed"] = held["ref"]() is not None
+
+    monkeypatch.setattr(pipe, "predict", boom)
+    monkeypatch.setattr(engine, "_free", free)
+    with pytest.raises(OutOfMemory) as info:
+        engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False)
+    assert seen == {"alive_when_freed": False}  # the traceback no longer pinned the tensors
+    assert info.value.__cause__ is None and info.value.__context__ is None

@@ -10,15 +10,14 @@ callbacks put events on a `queue.Queue`; the generator turns each finished item 
 update. Stop asks the engine to stop after the current step (`engine.cancel`) instead of killing
 the event, so the run still ends normally: the finished items stay in the gallery and in the zip.
 
-Also home of the helpers the Compare tab shares (`stream_worker`,
-`shared_params`, `upload_path`). Imports gradio at the top: only the UI imports this module.
+Also home of the helpers the Compare tab shares (`stream_worker`, `shared_params`,
+`settings_widgets`). Imports gradio at the top: only the UI imports this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import queue
 import re
 import shutil
@@ -34,9 +33,9 @@ from ..archive import sources_from_uploads, write_batch_zip
 from ..batch import BatchRequest, BatchResult, BatchSource, clean_instructions, open_sources, plan_items
 from ..config import AppConfig
 from ..engine import EditEngine, StepInfo
-from ..imaging import open_image
 from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams, RequestError
 from .handlers import WORKING_RESOLUTIONS, guarded, params_from_widgets
+from .services import AppServices
 
 logger = logging.getLogger(__name__)
 
@@ -99,27 +98,6 @@ def shared_params(negative_prompt: Any, guidance_scale: Any, image_guidance_scal
                                 num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed,
                                 False, True)
     return dataclasses.replace(probe, instruction=instruction)
-
-
-def upload_path(value: Any) -> tuple[Any, str | None]:
-    """(something `open_image` / `open()` reads, the user's file name) for one upload.
-
-    Events run with `preprocess=False` (so gradio neither opens nor type-checks the files: a bad
-    file is reported by our readers, per file), which hands over FileData dicts; Python callers
-    may pass paths.
-    """
-    if isinstance(value, Mapping):
-        path = value.get("path")
-        if not path:
-            raise RequestError("file", value.get("url") or value.get("orig_name"),
-                               "an uploaded file (the upload did not arrive)")
-        return path, value.get("orig_name") or Path(path).name
-    if isinstance(value, (str, os.PathLike)):
-        return value, Path(value).name
-    path = getattr(value, "path", None) or getattr(value, "name", None)  # FileData objects, tempfiles
-    if isinstance(path, (str, os.PathLike)):
-        return path, getattr(value, "orig_name", None) or Path(path).name
-    return value, None
 
 
 # Only what can turn text into markup mid-line (emphasis, links, code, HTML, tables); the
@@ -222,15 +200,16 @@ class BatchRun:
 
 
 class BatchTab:
-    """The Batch tab's handlers for one engine. Holds which session's batch is running, so one
-    user's Stop never stops another user's work."""
+    """The Batch tab's handlers for one engine. Runs are jobs of the shared registry, so one user's
+    Stop never stops another user's work."""
 
-    def __init__(self, engine: EditEngine, config: AppConfig):
+    def __init__(self, engine: EditEngine, config: AppConfig, services: AppServices | None = None):
         self.engine = engine
         self.config = config
-        self._running_session: str | None = None
-        self._session_lock = threading.Lock()
+        self.services = services or AppServices.for_config(config)
+        self.services.cleanups.append(self.close)  # zips never outlive the server
         self._zip_dir: Path | None = None
+        self.resolution_dropdown = None  # set by build_batch_tab
 
     # ------------------------------------------------------------------ inputs
     def _sources(self, files: Any) -> tuple[list[BatchSource], list[tuple[str, str]]]:
@@ -240,7 +219,7 @@ class BatchTab:
             files = [files]
         uploads = []
         for value in files:
-            path, name = upload_path(value)
+            path, name = self.services.gate.path(value, "files")
             uploads.append((name or "upload", path))
         if not uploads:
             raise RequestError("files", None, "at least one image (or a .zip of images): upload some")
@@ -274,7 +253,7 @@ class BatchTab:
         sources, rejected = self._sources(files)
         # Decoded here (once; the engine gets the decoded images) so the item count is known for
         # the progress line and a file that does not open is reported with its reason.
-        opened, refused = open_sources(sources, open_image)
+        opened, refused = open_sources(sources, self.services.open_image)
         rejected += refused
         if not opened:
             reasons = "; ".join(f"{name}: {reason.removeprefix(f'{name}: ')}"
@@ -289,30 +268,28 @@ class BatchTab:
         yield [], run.report(), None  # clears the previous run's zip
         progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
 
-        def work(emit):
-            return self.engine.run_batch(batch, on_item=lambda item: emit("item", item),
-                                         on_step=lambda info: emit("step", info))
-
-        session = getattr(request, "session_hash", None)
-        with self._session_lock:
-            self._running_session = session
         result: BatchResult | None = None
-        try:
-            for kind, payload in stream_worker(work, on_abandon=self.engine.cancel, name="hidream-batch"):
+        with self.services.job("batch", request) as job:
+
+            def work(emit):
+                return self.engine.run_batch(batch, on_item=lambda item: emit("item", item),
+                                             on_step=lambda info: emit("step", info), cancel=job.token)
+
+            for kind, payload in stream_worker(work, on_abandon=lambda: job.token.cancel("the client went away"),
+                                               name="hidream-batch"):
                 if kind == "step":
                     info: StepInfo = payload
                     run.first_step = run.first_step or time.perf_counter()
                     run.step_text = f"{info.stage} step {info.step}/{info.total}"
                     progress((run.done, total), desc=f"{run.done}/{total} items · {run.step_text}", unit="items")
                 elif kind == "item":
+                    if payload.result is not None:
+                        self.services.results.add(payload.result.saved_png)
                     run.add(payload)
                     progress((run.done, total), desc=f"{run.done}/{total} items", unit="items")
                     yield list(run.gallery), run.report(), gr.update()
                 elif kind == "done":
                     result = payload
-        finally:
-            with self._session_lock:
-                self._running_session = None
         result.rejected = rejected + list(result.rejected)
         archive = write_batch_zip(result, self._zip_path())
         # Plain values (not gr.update) on the last yield: that is what API clients receive.
@@ -320,11 +297,7 @@ class BatchTab:
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops this session's batch after the current step; finished items are kept."""
-        session = getattr(request, "session_hash", None)
-        with self._session_lock:
-            running = self._running_session
-        if running is not None and running == session:
-            self.engine.cancel()
+        if self.services.cancel(request):
             logger.info("batch stopped by its user")
 
     def close(self) -> None:
@@ -354,9 +327,9 @@ def settings_widgets(defaults: EditParams) -> tuple:
     )
 
 
-def build_batch_tab(engine: EditEngine, config: AppConfig) -> BatchTab:
+def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> BatchTab:
     """Adds the Batch tab to the Blocks being built; returns its handlers (for tests and cleanup)."""
-    handlers = BatchTab(engine, config)
+    handlers = BatchTab(engine, config, services)
     defaults = EditParams.defaults_for(config.variant)
     with gr.Tab("Batch", id="batch"):
         gr.Markdown(
@@ -378,6 +351,7 @@ def build_batch_tab(engine: EditEngine, config: AppConfig) -> BatchTab:
                 with gr.Accordion("Settings (shared by every item)", open=False):
                     (negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps, refine_strength,
                      clip_cfg_norm, working_resolution) = settings_widgets(defaults)
+                    handlers.resolution_dropdown = working_resolution
                     with gr.Row():
                         seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
                                          info="-1: random")
@@ -402,4 +376,4 @@ def build_batch_tab(engine: EditEngine, config: AppConfig) -> BatchTab:
 
 
 __all__ = ["build_batch_tab", "BatchTab", "BatchRun", "stream_worker", "shared_params",
-           "upload_path", "md", "format_seconds", "DEVICE_GROUP"]
+           "settings_widgets", "md", "format_seconds", "DEVICE_GROUP"]

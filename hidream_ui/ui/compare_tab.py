@@ -12,7 +12,6 @@ cell updates the grid image and the gallery. Imports gradio at the top: only the
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from types import MappingProxyType
 from typing import Any
@@ -22,11 +21,10 @@ import gradio as gr
 from ..compare import AXES, CompareResult, cell_caption, plan_compare, render_grid, run_compare
 from ..config import AppConfig
 from ..engine import EditEngine, StepInfo
-from ..imaging import open_image
 from ..requests import EditParams, RequestError
 from .handlers import guarded
-from .batch_tab import (DEVICE_GROUP, format_seconds, settings_widgets, shared_params, stream_worker,
-                        upload_path)
+from .batch_tab import DEVICE_GROUP, format_seconds, settings_widgets, shared_params, stream_worker
+from .services import AppServices
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +43,13 @@ AXIS_HINTS = MappingProxyType({
 
 
 class CompareTab:
-    """The Compare tab's handlers for one engine (tracks the running session for Stop)."""
+    """The Compare tab's handlers for one engine (runs are jobs of the shared registry)."""
 
-    def __init__(self, engine: EditEngine, config: AppConfig):
+    def __init__(self, engine: EditEngine, config: AppConfig, services: AppServices | None = None):
         self.engine = engine
         self.config = config
-        self._running_session: str | None = None
-        self._session_lock = threading.Lock()
-        self._stop = threading.Event()
+        self.services = services or AppServices.for_config(config)
+        self.resolution_dropdown = None  # set by build_compare_tab
 
     @guarded("the comparison")
     def run(self, image, instruction, axis_x, values_x, axis_y, values_y, negative_prompt, guidance_scale,
@@ -72,8 +69,8 @@ class CompareTab:
         params = params.validated().resolve_seed()
         y_axis = None if axis_y in (None, "", NO_AXIS) else axis_y
         plan = plan_compare(params, axis_x, values_x, y_axis, values_y, max_cells=self.config.max_grid_cells)
-        source, name = upload_path(image)
-        picture = open_image(source, name=name)
+        source, name = self.services.gate.path(image, "image")
+        picture = self.services.open_image(source, name=name)
         total = len(plan.cells)
 
         cells: list = []
@@ -95,26 +92,25 @@ class CompareTab:
 
         yield render_grid(partial()), [], report()
 
-        def work(emit):
-            return run_compare(self.engine, picture, params, plan.axis_x, plan.values_x,
-                               plan.axis_y, plan.values_y if plan.axis_y is not None else None,
-                               on_cell=lambda cell, result: emit("cell", (cell, result)),
-                               on_step=lambda info: emit("step", info), source_name=name, stop=self._stop)
-
-        self._stop.clear()
-        session = getattr(request, "session_hash", None)
-        with self._session_lock:
-            self._running_session = session
         progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
         result: CompareResult | None = None
-        try:
-            for kind, payload in stream_worker(work, on_abandon=self._abandon, name="hidream-compare"):
+        with self.services.job("compare", request) as job:
+
+            def work(emit):
+                return run_compare(self.engine, picture, params, plan.axis_x, plan.values_x,
+                                   plan.axis_y, plan.values_y if plan.axis_y is not None else None,
+                                   on_cell=lambda cell, result: emit("cell", (cell, result)),
+                                   on_step=lambda info: emit("step", info), source_name=name, cancel=job.token)
+
+            for kind, payload in stream_worker(work, on_abandon=lambda: job.token.cancel("the client went away"),
+                                               name="hidream-compare"):
                 if kind == "step":
                     info: StepInfo = payload
                     state["step"] = f"cell {len(cells) + 1}: {info.stage} step {info.step}/{info.total}"
                     progress((len(cells), total), desc=state["step"], unit="cells")
                 elif kind == "cell":
                     cell, cell_result = payload
+                    self.services.results.add(cell_result.saved_png)
                     cells.append(cell_result)
                     shown = str(cell_result.saved_png) if cell_result.saved_png else cell_result.image
                     gallery.append((shown, cell_caption(plan, cell)))
@@ -122,22 +118,11 @@ class CompareTab:
                     yield render_grid(partial()), list(gallery), report()
                 elif kind == "done":
                     result = payload
-        finally:
-            with self._session_lock:
-                self._running_session = None
         yield (render_grid(result), list(gallery), report(done=True, cancelled=result.cancelled))
-
-    def _abandon(self) -> None:
-        self._stop.set()
-        self.engine.cancel()
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops this session's comparison after the current step; finished cells are kept."""
-        session = getattr(request, "session_hash", None)
-        with self._session_lock:
-            running = self._running_session
-        if running is not None and running == session:
-            self._abandon()
+        if self.services.cancel(request):
             logger.info("comparison stopped by its user")
 
     # ------------------------------------------------------------------ the slider pickers
@@ -182,9 +167,9 @@ def _gallery_entries(gallery: Any) -> list[tuple[Any, str]]:
     return entries
 
 
-def build_compare_tab(engine: EditEngine, config: AppConfig) -> CompareTab:
+def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> CompareTab:
     """Adds the Compare tab to the Blocks being built; returns its handlers."""
-    handlers = CompareTab(engine, config)
+    handlers = CompareTab(engine, config, services)
     defaults = EditParams.defaults_for(config.variant)
     with gr.Tab("Compare", id="compare"):
         gr.Markdown(
@@ -208,6 +193,7 @@ def build_compare_tab(engine: EditEngine, config: AppConfig) -> CompareTab:
                 with gr.Accordion("Shared settings", open=False):
                     (negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps, refine_strength,
                      clip_cfg_norm, working_resolution) = settings_widgets(defaults)
+                    handlers.resolution_dropdown = working_resolution
                     seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
                                      info="-1: one random seed for the whole grid")
             with gr.Column():

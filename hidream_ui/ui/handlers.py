@@ -15,7 +15,6 @@ import functools
 import html
 import inspect
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -23,19 +22,22 @@ from typing import Any, Callable, Mapping
 import gradio as gr
 
 from ..archive import ArchiveError
+from ..config import AppConfig
 from ..engine import EditCancelled, EditEngine, EngineError, StepInfo
-from ..imaging import ImageError, open_image
+from ..imaging import ImageError
 from ..memory import format_bytes
 from ..outputs import MetadataError, load_settings, summary_line
 from ..requests import TARGET_MARKER, EditParams, EditRequest, RequestError
+from .services import AppServices, redact_paths
 
 logger = logging.getLogger(__name__)
 
 # Errors whose message is written for users: shown exactly as raised.
 USER_ERRORS = (EngineError, RequestError, ImageError, MetadataError, ArchiveError)
 
-# Working resolutions offered in the dropdown (custom sides are accepted too).
-WORKING_RESOLUTIONS = ("auto", "draft", "512", "768", "1024")
+# Working resolutions offered before the model's geometry is known; `page_load` replaces them with
+# the ones the configured model can take (`EditEngine.working_resolution_choices`).
+WORKING_RESOLUTIONS = ("auto", "draft")
 
 E11_HINT = (
     "**E1.1** takes a plain instruction, e.g. *Turn the sky into a sunset*. "
@@ -175,25 +177,6 @@ def form_values(params: EditParams) -> tuple:
     )
 
 
-def _image_path(image: Any) -> tuple[Any, str | None]:
-    """The upload as something `imaging.open_image` reads, plus the user's file name.
-
-    The edit event runs with `preprocess=False` so that gradio does not open the upload itself
-    (its error for a damaged file is a developer message): the value is the upload's FileData.
-    """
-    if image is None:
-        raise RequestError("image", None, "an image: upload one, paste one or pick an example")
-    if isinstance(image, Mapping):
-        path = image.get("path")
-        name = image.get("orig_name") or (Path(path).name if path else None)
-        if not path:
-            raise RequestError("image", image.get("url"), "an uploaded file (the upload did not arrive)")
-        return path, name
-    if isinstance(image, (str, Path)):
-        return image, Path(image).name
-    return image, None  # PIL / numpy from Python callers
-
-
 # ---------------------------------------------------------------------------------------------
 # Status panel
 # ---------------------------------------------------------------------------------------------
@@ -304,16 +287,31 @@ def attention_label(name: str, description: str, available: bool, reason: str) -
     return f"{name} — {short}" if short else name
 
 
-def summarise_result(result) -> str:
+def summarise_result(result, load_seconds: float = 0.0) -> str:
+    """One Markdown line for a finished edit; `load_seconds` is the model load this request waited
+    for (the first edit after start-up), shown apart from the edit's own time."""
     params = result.params
     timings = result.timings
     width, height = result.working_size
     name = result.saved_png.name if result.saved_png else "not saved"
+    load = f" · model load {load_seconds:.1f} s" if load_seconds >= 0.05 else ""
     return (
         f"Seed **{params.seed}** · working size {width}×{height} · {params.num_inference_steps} steps · "
         f"{timings.get('total', 0):.1f} s (denoise {timings.get('denoise', 0):.1f} s, "
-        f"{timings.get('per_step', 0):.2f} s/step) · saved `{name}` (settings in its metadata)"
+        f"{timings.get('per_step', 0):.2f} s/step){load} · saved `{name}` (settings in its metadata)"
     )
+
+
+def deleted_placeholder():
+    """The History thumbnail of a result that retention deleted (instead of a broken image)."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (256, 256), (236, 236, 236))
+    draw = ImageDraw.Draw(image)
+    for y, line in ((104, "deleted by"), (128, "retention")):
+        width = draw.textlength(line)
+        draw.text(((256 - width) / 2, y), line, fill=(90, 90, 90))
+    return image
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,26 +320,28 @@ def summarise_result(result) -> str:
 
 
 class Handlers:
-    """The handlers of one demo. Holds the engine and which session's edit is running (so that
-    one user's Stop never cancels another user's edit)."""
+    """The handlers of one demo: the engine plus the services shared with the other tabs (jobs
+    and their cancel tokens, so one user's Stop only ever stops that user's work)."""
 
-    def __init__(self, engine: EditEngine, queue_info: Callable[[], Mapping[str, Any] | None] | None = None):
+    def __init__(self, engine: EditEngine, queue_info: Callable[[], Mapping[str, Any] | None] | None = None,
+                 services: AppServices | None = None):
         self.engine = engine
         self.queue_info = queue_info
-        self._running_session: str | None = None
-        self._stop_requested = threading.Event()  # Stop for the running edit, even before it steps
-        self._session_lock = threading.Lock()
+        self.services = services or AppServices.for_config(getattr(engine, "config", None) or AppConfig())
 
     # ------------------------------------------------------------------ model
-    def _load_with_progress(self, progress: gr.Progress | None) -> None:
+    def _load_with_progress(self, progress: gr.Progress | None) -> float:
+        """Loads the model if needed; returns the seconds this call waited for it."""
         if self.engine.loaded:
-            return
+            return 0.0
+        started = time.perf_counter()
 
         def on_progress(fraction: float, message: str) -> None:
             if progress is not None:
                 progress(fraction, desc=f"Loading model: {message}")
 
         self.engine.load(on_progress=on_progress)
+        return time.perf_counter() - started
 
     @guarded("loading the model")
     def load_model(self, progress=gr.Progress()) -> str:
@@ -382,35 +382,23 @@ class Handlers:
         params = params_from_widgets(instruction, negative_prompt, guidance_scale, image_guidance_scale,
                                      num_inference_steps, refine_strength, clip_cfg_norm, working_resolution,
                                      seed, randomize_seed, collapse_padding)
-        source, name = _image_path(image)
-        picture = open_image(source, name=name)
+        source, name = self.services.gate.path(image, "image")
+        picture = self.services.open_image(source, name=name)
         edit_request = EditRequest(image=picture, params=params, source_name=name).validated()
 
-        session = getattr(request, "session_hash", None)
-        with self._session_lock:
-            self._running_session = session
-            self._stop_requested.clear()
-        try:
-            self._load_with_progress(progress)
-            # Stop pressed while the model loaded: gradio has already dropped the event, so do
-            # not start an edit nobody waits for.
-            if self._stop_requested.is_set():
-                raise EditCancelled("edit cancelled before it started")
+        with self.services.job("edit", request) as job:
+            load_seconds = self._load_with_progress(progress)
             progress(0.0, desc="Encoding the instruction")
 
             def on_step(info: StepInfo) -> None:
-                # The engine clears its cancel flag when an edit starts; a Stop that came in
-                # between is re-sent here, at the first step.
-                if self._stop_requested.is_set():
-                    self.engine.cancel()
                 eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
                 progress((info.step, info.total), desc=f"{info.stage} step {info.step}/{info.total}{eta}",
                          unit="steps")
 
-            result = self.engine.edit(edit_request, on_step)
-        finally:
-            with self._session_lock:
-                self._running_session = None
+            # A Stop pressed while the model loaded has already set the token: the engine then
+            # refuses to start instead of running an edit nobody waits for.
+            result = self.engine.edit(edit_request, on_step, cancel=job.token)
+        self.services.results.add(result.saved_png)
 
         metadata = result.metadata()
         entry = {
@@ -421,18 +409,22 @@ class Handlers:
         return ((result.source_image, result.image),
                 str(result.saved_png) if result.saved_png else None,
                 result.params.seed,
-                summarise_result(result),
+                summarise_result(result, load_seconds),
                 entry)
 
     def stop(self, request: gr.Request = None) -> None:
-        """Asks the engine to stop after the current step, if the running edit is this session's."""
-        session = getattr(request, "session_hash", None)
-        with self._session_lock:
-            if self._running_session is None or self._running_session != session:
-                return
-            self._stop_requested.set()
-        self.engine.cancel()
-        logger.info("edit cancelled by its user")
+        """Stops the caller's running edit after its current step (never another user's)."""
+        if self.services.cancel(request):
+            logger.info("edit cancelled by its user")
+
+    def cancel(self, request: gr.Request) -> str:
+        """Stops the caller's own running jobs (edit, batch or comparison) after their current step.
+
+        A cancelled edit saves nothing; a cancelled batch or comparison keeps what finished. Jobs
+        of other clients are never touched. Answers at once, whatever the queue holds.
+        """
+        stopped = self.services.cancel(request, reason="cancelled through /cancel")
+        return f"stopped {stopped} job(s)" if stopped else "nothing of yours is running"
 
     # ------------------------------------------------------------------ status
     def _queue(self) -> Mapping[str, Any] | None:
@@ -445,11 +437,23 @@ class Handlers:
             return None
 
     def status(self) -> dict:
-        """Engine status (device, dtype, attention, memory, state, ...) plus the queue when known."""
+        """Engine status (device, dtype, attention, memory, state, ...) plus the queue when known.
+
+        Never waits in the queue. Without a login (`--auth`) it names model sources, never their
+        absolute paths, and error texts lose the paths they hold.
+        """
         status = dict(self.engine.status())
         queue = self._queue()
         if queue is not None:
             status["queue"] = dict(queue)
+        if self.services.public:
+            paths = status.get("model_paths")
+            if isinstance(paths, Mapping):
+                status["model_paths"] = {key: (Path(value).name if isinstance(value, str) and value else value)
+                                         for key, value in paths.items()}
+            for key in ("device_error", "last_error", "attention_note"):
+                if isinstance(status.get(key), str):
+                    status[key] = redact_paths(status[key])
         return status
 
     def status_panel(self) -> str:
@@ -487,7 +491,8 @@ class Handlers:
             return "?"
 
     def page_load(self):
-        """Fills the attention dropdown (needs torch, so not at start-up) and the panel."""
+        """Fills the attention dropdown (needs torch, so not at start-up), the panel, and the
+        working resolutions the configured model can take."""
         choices = []
         try:
             choices = self.attention_choices()
@@ -496,7 +501,16 @@ class Handlers:
         current = str(self.engine.status().get("attention") or "auto")
         if current not in {value for _, value in choices}:
             choices.append((current, current))
-        return gr.update(choices=choices, value=current), self.status_panel()
+        return gr.update(choices=choices, value=current), self.status_panel(), self.resolution_choices()
+
+    def resolution_choices(self):
+        """A dropdown update offering only working resolutions the model can take."""
+        try:
+            choices = self.engine.working_resolution_choices()
+        except Exception as exc:  # noqa: BLE001 - the page must still open; the edit validates anyway
+            logger.warning("working resolutions unknown: %s", exc, exc_info=True)
+            choices = list(WORKING_RESOLUTIONS)
+        return gr.update(choices=choices)
 
     @guarded("switching attention")
     def set_attention(self, name: str) -> str:
@@ -526,14 +540,30 @@ class Handlers:
 
     # ------------------------------------------------------------------ history
     @staticmethod
-    def gallery_items(history: list[dict]) -> list[tuple[str, str]]:
-        return [(entry["png"], entry.get("summary", "")[:120]) for entry in history if entry.get("png")]
+    def gallery_items(history: list[dict]) -> list[tuple[Any, str]]:
+        """(image, caption) per History entry, in order. A result that retention deleted keeps its
+        place (and its settings) with a "deleted by retention" thumbnail instead of a broken image."""
+        items = []
+        for entry in history:
+            png = entry.get("png")
+            if not png:
+                continue
+            caption = entry.get("summary", "")[:120]
+            if Path(png).is_file():
+                items.append((png, caption))
+            else:
+                items.append((deleted_placeholder(), f"[deleted by retention] {caption}"))
+        return items
 
     def add_history(self, history: list[dict] | None, entry: dict | None):
         history = list(history or [])
         if entry:
             history.insert(0, entry)  # newest first, like the gallery reads
         return history, self.gallery_items(history), gr.Row(visible=True)
+
+    def refresh_history(self, history: list[dict] | None):
+        """Re-reads the gallery when the History tab opens (retention may have run since)."""
+        return self.gallery_items(list(history or []))
 
     def select_history(self, history: list[dict] | None, evt: gr.SelectData):
         history = history or []

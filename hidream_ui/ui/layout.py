@@ -4,7 +4,9 @@ API names are part of the app's contract (README, tests, MCP):
 
 * ``/edit``           image, instruction and every advanced setting -> before/after, saved PNG,
                       seed used, summary
-* ``/status``         engine status as JSON (state, device, dtype, attention, memory, queue, ...)
+* ``/status``         engine status as JSON (state, device, dtype, attention, memory, queue, ...);
+                      never queued, so it answers while the queue is full
+* ``/cancel``         stops the caller's own running edit / batch / comparison; never queued
 * ``/set_attention``  strategy name -> the active strategy (refusals are errors with the reason)
 * ``/load_model``     loads the model now (otherwise the first edit does)
 
@@ -13,7 +15,7 @@ The system panel sits outside the tabs so it is visible on all of them.
 
 Everything that touches the device (edit, load, attention switch) shares the concurrency group
 ``"device"`` with a limit of 1: the model is not re-entrant and users see their queue position.
-The status timer and ``/status`` never wait behind it.
+The status timer, ``/status``, ``/cancel`` and the Stop buttons never wait behind it.
 
 Imported lazily by the app (it imports gradio at the top).
 """
@@ -30,6 +32,8 @@ import gradio as gr
 
 from ..engine import EditEngine
 from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
+from . import gradio_internals
+from .services import ASSETS_DIR, AppServices
 from .handlers import (
     STATUS_CSS,
     WORKING_RESOLUTIONS,
@@ -42,7 +46,6 @@ from .handlers import (
 logger = logging.getLogger(__name__)
 
 DEVICE_GROUP = "device"
-ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 
 TINY_BANNER = (
     "⚠️ **Offline tiny model with random weights: every result is noise.** It exists to try the "
@@ -81,29 +84,14 @@ def load_examples(variant: str, assets_dir: Path = ASSETS_DIR) -> list[list[str]
     return examples
 
 
-def _queue_figures(demo: gr.Blocks) -> dict[str, int] | None:
-    """Waiting / running events of the device group, read from gradio's queue.
-
-    Gradio has no public accessor for this; the attributes are private and may change, so any
-    mismatch gives None and the panel omits the line instead of showing a wrong number.
-    """
-    queue = getattr(demo, "_queue", None)
-    per_group = getattr(queue, "event_queue_per_concurrency_id", None)
-    if not isinstance(per_group, dict):
-        return None
-    group = per_group.get(DEVICE_GROUP)
-    if group is None:
-        return {"waiting": 0, "running": 0}
-    return {"waiting": len(group.queue), "running": int(group.current_concurrency)}
-
-
 # Tabs built by their own modules: (module, builder). Each builder is called as
-# `builder(engine, config)` inside the `gr.Tabs()` context and adds one `gr.Tab`.
+# `builder(engine, config, services)` inside the `gr.Tabs()` context, adds one `gr.Tab` and returns
+# its handlers (whose `resolution_dropdown`, if any, gets the model's working resolutions on load).
 EXTRA_TABS = (
     ("hidream_ui.ui.batch_tab", "build_batch_tab"),
     ("hidream_ui.ui.compare_tab", "build_compare_tab"),
 )
-TabBuilder = Callable[[EditEngine, Any], Any]
+TabBuilder = Callable[[EditEngine, Any, AppServices], Any]
 
 
 def default_extra_tabs() -> list[TabBuilder]:
@@ -122,18 +110,25 @@ def default_extra_tabs() -> list[TabBuilder]:
     return builders
 
 
-def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = None) -> gr.Blocks:
+def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = None,
+               services: AppServices | None = None) -> gr.Blocks:
     """The whole UI for `engine`. Builds widgets only: no model load, no torch import.
 
     `extra_tabs` are tab builders placed between Edit and History (default: Batch and Compare).
+    `services` (jobs, upload gate, served results) are shared by every tab; `demo.hidream_services`
+    holds them afterwards.
     """
     extra_tabs = default_extra_tabs() if extra_tabs is None else list(extra_tabs)
     config = engine.config
     variant = config.variant
     defaults = EditParams.defaults_for(variant)
-    handlers = Handlers(engine)
+    services = services or AppServices.for_config(config)
+    handlers = Handlers(engine, services=services)
+    # Gradio's own cache clean-up: files older than the limit go (checked every minute or
+    # sooner), and all of this app's files at shutdown. The file-count limit is the janitor's.
+    delete_cache = (max(1, min(60, config.cache_max_age)), config.cache_max_age)
 
-    with gr.Blocks(title="HiDream-E1 image editing") as demo:
+    with gr.Blocks(title="HiDream-E1 image editing", delete_cache=delete_cache) as demo:
         gr.Markdown(f"## HiDream-{variant.upper()} instruction-based image editing")
         if config.uses_tiny_model:
             gr.Markdown(TINY_BANNER, elem_id="hui-tiny-banner")
@@ -205,10 +200,9 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                             gr.Examples(examples=examples, inputs=[image, instruction], cache_examples=False,
                                         examples_per_page=len(examples), label="Examples (CC0, see assets/)")
 
-                    for build_tab in extra_tabs:
-                        build_tab(engine, config)
+                    tab_handlers = [build_tab(engine, config, services) for build_tab in extra_tabs]
 
-                    with gr.Tab("History", id="history"):
+                    with gr.Tab("History", id="history") as history_tab:
                         gr.Markdown("Results of this session, newest first. Select one to see its settings.")
                         gallery = gr.Gallery(label="Results", columns=5, height=300, object_fit="contain",
                                              allow_preview=False, fit_columns=False, interactive=False,
@@ -257,16 +251,24 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                         concurrency_id=DEVICE_GROUP, concurrency_limit=1, api_visibility="private")
         gr.api(handlers.set_attention, api_name="set_attention", concurrency_id=DEVICE_GROUP, concurrency_limit=1)
 
-        # ---- status: own group, no limit, and the timer bypasses the queue altogether, so the
-        # panel keeps moving while an edit runs (that is when it matters).
-        gr.api(handlers.status, api_name="status", concurrency_id="status", concurrency_limit=None)
+        # ---- status and cancel bypass the queue: they must answer while it is full (that is when
+        # people need them), and the panel keeps moving while an edit runs.
+        gr.api(handlers.status, api_name="status", queue=False)
+        gr.api(handlers.cancel, api_name="cancel", queue=False)
         timer = gr.Timer(2)
         timer.tick(handlers.status_panel, None, status_panel, queue=False, show_progress="hidden",
                    api_visibility="private")
-        demo.load(handlers.page_load, None, [attention, status_panel], queue=False, show_progress="hidden",
-                  api_visibility="private")
+        demo.load(handlers.page_load, None, [attention, status_panel, working_resolution], queue=False,
+                  show_progress="hidden", api_visibility="private")
+        for tab in tab_handlers:
+            dropdown = getattr(tab, "resolution_dropdown", None)
+            if dropdown is not None:
+                demo.load(handlers.resolution_choices, None, dropdown, queue=False, show_progress="hidden",
+                          api_visibility="private")
 
         # ---- history
+        history_tab.select(handlers.refresh_history, [history], [gallery], queue=False, show_progress="hidden",
+                           api_visibility="private")
         gallery.select(handlers.select_history, [history], [selected_params, selected_index, apply_button],
                        queue=False, show_progress="hidden", api_visibility="private")
         apply_button.click(handlers.apply_history, [history, selected_index], [*form, tabs], queue=False,
@@ -274,9 +276,11 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
         settings_file.upload(handlers.settings_from_file, [settings_file], [*form, tabs], queue=False,
                              api_visibility="private")
 
-    handlers.queue_info = lambda: _queue_figures(demo)
+    handlers.queue_info = lambda: gradio_internals.queue_figures(demo, DEVICE_GROUP)
+    services.demo = demo
+    demo.hidream_services = services
     return demo
 
 
 __all__ = ["build_demo", "default_extra_tabs", "launch_options", "load_examples", "DEVICE_GROUP", "TINY_BANNER",
-           "APP_CSS"]
+           "APP_CSS", "ASSETS_DIR"]

@@ -1,0 +1,97 @@
+"""`AppServices`: what every tab's handlers share besides the engine.
+
+One instance per demo: the job registry (cancel tokens), the upload gate, the result files gradio
+may serve, the image reader with the app's pixel limit, and the clean-ups to run at shutdown.
+Built by `layout.build_demo`; tests build one with `trusted_roots` to hand files to handlers
+in-process (the gate then accepts files under those folders, as it accepts the bundled examples).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from ..config import AppConfig
+from ..imaging import open_image
+from ..jobs import Job, JobRegistry
+from . import gradio_internals
+from .files import ServedResults, UploadGate
+
+logger = logging.getLogger(__name__)
+
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
+
+# Absolute paths inside messages (POSIX or Windows): shown as their last component to visitors.
+_ABSOLUTE_PATH = re.compile(r"(?:[A-Za-z]:)?[\\/](?:[^\s'\"\\/:]+[\\/])+([^\s'\"\\/:]*)")
+
+
+def redact_paths(text: str) -> str:
+    """`text` with every absolute path replaced by its last component ("/srv/models/HiDream-E1-1"
+    -> "HiDream-E1-1"): what a visitor of an app without login may see of the server's disk."""
+    return _ABSOLUTE_PATH.sub(lambda m: m.group(1) or "/", text)
+
+
+@dataclass
+class AppServices:
+    config: AppConfig
+    jobs: JobRegistry
+    gate: UploadGate
+    results: ServedResults
+    demo: Any = None  # the gr.Blocks, once built: the gate and the liveness probe read it
+    janitor: Any = None  # the CacheJanitor, once the app is launched
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+
+    @classmethod
+    def for_config(cls, config: AppConfig, *, trusted_roots: Iterable[str | Path] = ()) -> "AppServices":
+        holder: dict[str, Any] = {}
+
+        def is_stored(path: str) -> bool:
+            demo = holder["services"].demo
+            return demo is not None and gradio_internals.is_app_file(demo, path)
+
+        services = cls(config=config, jobs=JobRegistry(),
+                       gate=UploadGate(is_stored, roots=[ASSETS_DIR, *trusted_roots]),
+                       results=ServedResults(fixed=[str(ASSETS_DIR)]))
+        holder["services"] = services
+        return services
+
+    @property
+    def public(self) -> bool:
+        """No login: anyone who reaches the port is a stranger."""
+        return self.config.auth is None and self.config.auth_file is None
+
+    @property
+    def open_image(self) -> Callable:
+        """`imaging.open_image` with this app's pixel limit (checked from the header)."""
+        return functools.partial(open_image, max_pixels=self.config.max_pixels)
+
+    @contextmanager
+    def job(self, kind: str, request: Any) -> Iterator[Job]:
+        """Registers the caller's job for the duration of the block. Its token is set by Stop,
+        `/cancel`, a client's `Job.cancel()`, or the client going away (gradio's event dies)."""
+        session = getattr(request, "session_hash", None)
+        event_id = gradio_internals.current_event_id()
+        demo = self.demo
+        alive = (lambda: gradio_internals.event_alive(demo, event_id)) if demo is not None and event_id else None
+        with self.jobs.start(kind, session, event_id, alive) as job:
+            yield job
+
+    def cancel(self, request: Any, reason: str = "stopped by its user") -> int:
+        """Cancels the caller's own jobs (never anyone else's); returns how many."""
+        return self.jobs.cancel(getattr(request, "session_hash", None), reason=reason)
+
+    def close(self) -> None:
+        for cleanup in reversed(self.cleanups):
+            try:
+                cleanup()
+            except Exception:  # noqa: BLE001 - every clean-up gets its turn
+                logger.exception("clean-up %r failed", cleanup)
+        self.cleanups.clear()
+
+
+__all__ = ["AppServices", "ASSETS_DIR", "redact_paths"]

@@ -1,0 +1,20 @@
+"""Small helpers shared by test modules (import as `from helpers import ...`; pytest puts tests/ on
+sys.path, as for `fakes`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], what: str = "condition", timeout: float = 60.0) -> T:
+    """Polls `predicate` until it returns something truthy (returned), or fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

@@ -1,0 +1,197 @@
+"""The pieces behind the hardening, without a server: jobs and tokens, the login throttle, the
+upload gate, served results, cache pruning, path redaction, text validation, History thumbnails."""
+
+from __future__ import annotations
+
+import os
+import time
+import types
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from hidream_ui.jobs import CancelToken, JobRegistry
+from hidream_ui.requests import EditParams, RequestError
+from hidream_ui.ui.files import NOT_UPLOADED, ServedResults, UploadGate
+from hidream_ui.ui.guard import LoginThrottle
+from hidream_ui.ui.services import redact_paths
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_cancel_touches_only_the_named_session_and_event():
+    jobs = JobRegistry()
+    with jobs.start("edit", "alice", "e1") as a1, jobs.start("batch", "alice", "e2") as a2, \
+            jobs.start("edit", "bob", "e3") as b:
+        assert jobs.cancel(None) == 0  # an anonymous caller cancels nothing
+        assert jobs.cancel("alice", "e2") == 1
+        assert a2.token.cancelled and not a1.token.cancelled and not b.token.cancelled
+        assert jobs.cancel("alice") == 2  # a1, and a2 again (already cancelled: kept its first reason)
+        assert a1.token.cancelled and not b.token.cancelled
+    assert jobs.running() == [] and {j.id for j in jobs.history} == {a1.id, a2.id, b.id}
+
+
+def test_a_cancel_that_arrives_before_its_job_starts_is_applied_at_start():
+    jobs = JobRegistry()
+    assert jobs.cancel("carol", "e9") == 0  # the event still waits for the model
+    with jobs.start("edit", "carol", "e9") as job:
+        assert job.token.cancelled and job.token.reason == "cancelled before it started"
+    with jobs.start("edit", "carol", "e9") as again:  # remembered once, not forever
+        assert not again.token.cancelled
+
+
+def test_a_token_records_where_it_was_cancelled_and_asks_its_liveness_probe():
+    token = CancelToken()
+    token.step = 4
+    token.cancel("stop")
+    token.step = 5
+    token.cancel("ignored: only the first reason counts")
+    assert (token.reason, token.cancelled_at_step, token.step) == ("stop", 4, 5)
+    connected = {"yes": True}
+    probed = CancelToken(alive=lambda: connected["yes"])
+    assert not probed.cancelled
+    connected["yes"] = False
+    assert probed.cancelled and probed.reason == "the client went away"
+
+    def broken():
+        raise RuntimeError("probe bug")
+
+    assert not CancelToken(alive=broken).cancelled  # a broken probe never stops good work
+
+
+# ---------------------------------------------------------------------------------------------
+# Login throttle
+# ---------------------------------------------------------------------------------------------
+
+
+def test_login_throttle_locks_an_address_after_repeated_failures_then_forgives():
+    now = {"t": 1000.0}
+    throttle = LoginThrottle(max_failures=3, window=60, clock=lambda: now["t"])
+    for _ in range(3):
+        assert throttle.retry_after("10.0.0.1") == 0
+        throttle.failed("10.0.0.1")
+    assert throttle.retry_after("10.0.0.1") == pytest.approx(60)
+    assert throttle.retry_after("10.0.0.2") == 0  # another address is not affected
+    now["t"] += 61
+    assert throttle.retry_after("10.0.0.1") == 0
+    throttle.failed("10.0.0.1")
+    throttle.succeeded("10.0.0.1")  # a good login clears the slate
+    throttle.failed("10.0.0.1")
+    throttle.failed("10.0.0.1")
+    assert throttle.retry_after("10.0.0.1") == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_upload_gate_opens_stored_files_and_trusted_folders_only(tmp_path):
+    stored = tmp_path / "cache" / "abc" / "photo.png"
+    stored.parent.mkdir(parents=True)
+    stored.write_bytes(b"x")
+    trusted = tmp_path / "examples"
+    trusted.mkdir()
+    (trusted / "apple.png").write_bytes(b"x")
+    outside = tmp_path / "secret.png"
+    outside.write_bytes(b"x")
+    link = trusted / "escape.png"
+    link.symlink_to(outside)
+    gate = UploadGate(lambda path: path == str(stored), roots=[trusted])
+
+    assert gate.path({"path": str(stored), "orig_name": "mine.png"}) == (str(stored), "mine.png")
+    assert gate.path(str(trusted / "apple.png")) == (str(trusted / "apple.png"), "apple.png")
+    picture = Image.new("RGB", (4, 4))
+    assert gate.path(picture) == (picture, None)  # not a file: nothing to open
+    messages = set()
+    for value in ({"path": str(outside)}, {"path": str(tmp_path / "missing.png")}, str(link),
+                  {"path": str(trusted / ".." / "secret.png")}, types.SimpleNamespace(path=str(outside))):
+        with pytest.raises(RequestError) as info:
+            gate.path(value)
+        messages.add(str(info.value))
+    assert messages == {f"image: got 'upload'; expected {NOT_UPLOADED}"}  # same text, exists or not
+    with pytest.raises(RequestError, match="did not arrive"):
+        gate.path({"url": "x"})
+
+
+def test_served_results_follow_retention(tmp_path):
+    served = ServedResults(fixed=["/assets"])
+    first, second = tmp_path / "a.png", tmp_path / "b.png"
+    first.write_bytes(b"x")
+    second.write_bytes(b"x")
+    allowed = served.allowed  # the list object gradio holds
+    served.add(first)
+    served.add(second, None)
+    assert allowed == ["/assets", str(first), str(second)]
+    first.unlink()  # retention deleted it
+    served.add()
+    assert allowed == ["/assets", str(second)] and str(first) not in served
+
+
+def test_cache_pruning_keeps_examples_and_the_newest_files(tmp_path):
+    from hidream_ui.ui import gradio_internals
+
+    files = []
+    for i in range(6):
+        path = tmp_path / f"h{i}" / "f.png"
+        path.parent.mkdir()
+        path.write_bytes(b"x")
+        os.utime(path, (1000 + i, 1000 + i))
+        files.append(str(path))
+    uploads, outputs = set(files[:3]), set(files[3:])
+    example = types.SimpleNamespace(keep_in_cache={files[0]})
+    demo = types.SimpleNamespace(temp_file_sets=[uploads, outputs], blocks={1: example})
+    # ctime cannot be set: all six are "new"; keep the newest two plus the example.
+    removed = gradio_internals.prune_cache(demo, max_files=2, max_age=3600)
+    assert removed == 3
+    left = sorted(uploads | outputs)
+    assert files[0] in left and len(left) == 3 and all(os.path.isfile(f) for f in left)
+    assert not any(Path(f).parent.exists() for f in files if f not in left)  # empty hash folders gone
+    assert gradio_internals.prune_cache(demo, max_files=100, max_age=0, now=time.time() + 10) == 2
+    assert uploads | outputs == {files[0]}
+
+
+def test_unknown_gradio_internals_degrade_to_safe_answers():
+    from hidream_ui.ui import gradio_internals
+
+    nothing = types.SimpleNamespace()
+    assert gradio_internals.event_alive(nothing, "e1") is True  # never cancels on "unknown"
+    assert gradio_internals.is_app_file(nothing, "/etc/passwd") is False  # never accepts on "unknown"
+    assert gradio_internals.queue_figures(nothing, "device") is None
+    assert gradio_internals.admit_jobs(nothing, "device", max_waiting=1, per_session=1,
+                                       per_session_message=str) is False
+
+
+# ---------------------------------------------------------------------------------------------
+# Text
+# ---------------------------------------------------------------------------------------------
+
+
+def test_absolute_paths_are_redacted_to_their_last_component():
+    text = "the configured model is incomplete: /srv/models/HiDream-E1-1/transformer missing; C:\\m\\llama gone"
+    assert redact_paths(text) == "the configured model is incomplete: transformer missing; llama gone"
+
+
+@pytest.mark.parametrize("field", ["instruction", "negative_prompt"])
+def test_an_unpaired_surrogate_is_a_clear_request_error(field):
+    values = {"instruction": "make it red", field: "make it \ud83d red"}
+    with pytest.raises(RequestError, match="unpaired surrogate") as info:
+        EditParams(**values).validated()
+    assert info.value.field == field
+
+
+def test_history_shows_a_placeholder_for_results_retention_deleted(tmp_path):
+    from hidream_ui.ui.handlers import Handlers
+
+    kept = tmp_path / "kept.png"
+    Image.new("RGB", (8, 8)).save(kept)
+    history = [{"png": str(tmp_path / "pruned.png"), "summary": "old"}, {"png": str(kept), "summary": "new"}]
+    items = Handlers.gallery_items(history)
+    assert len(items) == 2  # indexes still match the history entries
+    placeholder, caption = items[0]
+    assert isinstance(placeholder, Image.Image) and caption.startswith("[deleted by retention]")
+    assert items[1] == (str(kept), "new")

@@ -1,4 +1,4 @@
-"""`python -m hidream_ui bench <load|edit|attention|batch|app> [--json] ...`.
+"""`python -m hidream_ui bench <load|edit|attention|batch|app|soak> [--json] ...`.
 
 Benchmarks print numbers measured side by side in one run (and ratios between them); they are
 not tests and assert nothing. Each kind lives in its own module, imported only when asked for.
@@ -15,6 +15,7 @@ KINDS = {
     "attention": ("hidream_ui.bench_attention", "every attention strategy: time, peak memory, error"),
     "batch": ("hidream_ui.bench_batch", "run_batch vs a loop of single edits"),
     "app": ("hidream_ui.bench_app", "cold start of `python app.py` to serving"),
+    "soak": ("hidream_ui.bench_soak", "N edits through the running app: RSS growth, cached/output files, failures"),
 }
 
 

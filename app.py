@@ -6,7 +6,7 @@ Same as `python -m hidream_ui app`. With no model flags it serves the offline ti
 
 import sys
 
-from hidream_ui.app_main import main
+from hidream_ui.cli.app import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -11,11 +11,11 @@ import sys
 
 # command -> (module, one-line help). The module exposes `main(argv: list[str]) -> int`.
 COMMANDS = {
-    "app": ("hidream_ui.app_main", "run the Gradio app (same flags as `python app.py`)"),
-    "edit": ("hidream_ui.cli_edit", "edit one image from the command line; prints a JSON summary"),
-    "doctor": ("hidream_ui.doctor", "report versions, devices, dtypes and model paths; non-zero if the model cannot load"),
+    "app": ("hidream_ui.cli.app", "run the Gradio app (same flags as `python app.py`)"),
+    "edit": ("hidream_ui.cli.edit", "edit one image from the command line; prints a JSON summary"),
+    "doctor": ("hidream_ui.cli.doctor", "report versions, devices, dtypes and model paths; non-zero if the model cannot load"),
     "bench": ("hidream_ui.bench", "benchmarks: load | edit | attention | batch | app | soak (print JSON with --json)"),
-    "make-tiny": ("hidream_ui.tiny", "build the offline random-weight HiDream checkpoint in the upstream layout"),
+    "make-tiny": ("hidream_ui.model.tiny.build", "build the offline random-weight HiDream checkpoint in the upstream layout"),
 }
 
 

@@ -27,8 +27,8 @@ from typing import IO, Iterable, Union
 
 from PIL import Image, UnidentifiedImageError
 
-from .batch import BatchResult, BatchSource
-from .outputs import encode_png, metadata_json
+from hidream_ui.engine.batch import BatchResult, BatchSource
+from hidream_ui.outputs import encode_png, metadata_json
 
 __all__ = [
     "MANIFEST_NAME",

@@ -213,7 +213,7 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError(
             f"device={config.device!r} is not valid: use auto, cpu, npu, npu:N, cuda or cuda:N"
         )
-    from .attention import strategy_names  # cheap: the registry's names need no torch
+    from hidream_ui.pipeline.attention.registry import strategy_names
 
     if config.attention not in strategy_names():
         raise ConfigError(f"attention={config.attention!r} is not one of: {', '.join(strategy_names())}")

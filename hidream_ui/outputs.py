@@ -26,8 +26,8 @@ from typing import IO, Any, Mapping, Union
 
 from PIL import Image, PngImagePlugin
 
-from .imaging import ImageError
-from .requests import EditParams, EditResult
+from hidream_ui.imaging import ImageError
+from hidream_ui.requests import EditParams, EditResult
 
 __all__ = [
     "METADATA_KEY",

@@ -18,7 +18,7 @@ def tiny_cache(tmp_path_factory) -> Path:
     if not root:
         root = str(tmp_path_factory.mktemp("hidream_ui_cache"))
         os.environ["HIDREAM_UI_CACHE"] = root
-    from hidream_ui.tiny import ensure_tiny
+    from hidream_ui.model.tiny.build import ensure_tiny
 
     ensure_tiny(profile="tiny", seed=0)
     return Path(root)
@@ -27,7 +27,7 @@ def tiny_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_dir(tiny_cache) -> Path:
     """The tiny checkpoint folder (four upstream folders inside)."""
-    from hidream_ui.tiny import ensure_tiny
+    from hidream_ui.model.tiny.build import ensure_tiny
 
     return ensure_tiny(profile="tiny", seed=0)
 
@@ -43,14 +43,14 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def launch_app(tiny_cache, tmp_path_factory):
-    """Launches the real app (hidream_ui.app_main.launch) on a free port; closed at session end.
+    """Launches the real app (hidream_ui.cli.app.launch) on a free port; closed at session end.
 
     Returns `start(name, **config_overrides) -> {"url", "engine", "config", "demo"}`: one app (and one
     engine) per caller, so modules never share engine state.
     """
-    from hidream_ui.app_main import launch
+    from hidream_ui.cli.app import launch
     from hidream_ui.config import AppConfig
-    from hidream_ui.engine import EditEngine
+    from hidream_ui.engine.engine import EditEngine
 
     started = []
 

@@ -1,4 +1,4 @@
-"""Fake accelerator backends with the `hidream_ui.devices.Backend` surface.
+"""Fake accelerator backends with the `hidream_ui.device.backends.Backend` surface.
 
 They stand in for Ascend NPUs (and CUDA GPUs) on a machine that has neither: inject them with
 ``backends={"npu": FakeNPUBackend(), "cpu": CPUBackend(), ...}``. Nothing is put into

@@ -88,7 +88,7 @@ def pinned_versions(path: Path = REQUIREMENTS_NPU) -> dict[str, str]:
 
 def cache_dir() -> Path:
     """``$HIDREAM_UI_CACHE/npu_contract`` (CI sets it per run), else ``~/.cache/hidream_ui/npu_contract``."""
-    from hidream_ui.tiny import default_cache_root
+    from hidream_ui.model.tiny.build import default_cache_root
 
     return default_cache_root() / "npu_contract"
 
@@ -912,7 +912,7 @@ def _same_default(a: Any, b: Any) -> bool:
 class Fake:
     """A test object standing in for a real one; ``target`` names what it fakes.
 
-    ``target`` is a torch_npu name, or ``hidream_ui.devices.NPUBackend.<method>`` for the fake backends.
+    ``target`` is a torch_npu name, or ``hidream_ui.device.backends.NPUBackend.<method>`` for the fake backends.
     ``label`` is ``tests/file.py::Class.method``.
     """
 
@@ -1056,7 +1056,7 @@ def find_fakes(sources: Mapping[str, str], injections: Sequence[Injection],
       the callable returns fakes the target module (`_object_fakes`).
     * A test class whose ``type`` class attribute is ``"npu"`` stands in for the project's NPU backend
       (the backend table is keyed by that type): its methods named in ``backend_methods`` (the `Backend`
-      protocol, see `backend_protocol`) fake ``hidream_ui.devices.NPUBackend``'s; other methods are
+      protocol, see `backend_protocol`) fake ``hidream_ui.device.backends.NPUBackend``'s; other methods are
       test helpers (``calls_to``).
     """
     backend_methods = set(backend_methods)
@@ -1099,17 +1099,17 @@ def find_fakes(sources: Mapping[str, str], injections: Sequence[Injection],
             if isinstance(node, ast.ClassDef) and _class_attribute(modules, module, node, "type") == "npu":
                 for name, method in sorted(_class_methods(modules, module, node).items()):
                     if name in backend_methods:
-                        add([Fake(f"{module.path}::{node.name}.{name}", f"hidream_ui.devices.NPUBackend.{name}",
+                        add([Fake(f"{module.path}::{node.name}.{name}", f"hidream_ui.device.backends.NPUBackend.{name}",
                                   signature_from_ast(method.args, drop_first=True), method.lineno)])
     return sorted(fakes.values(), key=lambda f: (f.label, f.target))
 
 
 def backend_protocol() -> dict[str, inspect.Signature]:
-    """``{method: signature}`` of `hidream_ui.devices.Backend` as `NPUBackend` implements it."""
-    from hidream_ui import devices
+    """``{method: signature}`` of `hidream_ui.device.backends.Backend` as `NPUBackend` implements it."""
+    from hidream_ui.device import backends as devices_backends
 
-    real_class = type(devices.default_backends()["npu"])  # constructing a backend touches no device
-    names = [n for n, v in vars(devices.Backend).items() if inspect.isfunction(v) and not n.startswith("_")]
+    real_class = type(devices_backends.default_backends()["npu"])  # constructing a backend touches no device
+    names = [n for n, v in vars(devices_backends.Backend).items() if inspect.isfunction(v) and not n.startswith("_")]
     result = {}
     for name in names:
         signature = inspect.signature(getattr(real_class, name))
@@ -1124,7 +1124,7 @@ class FakeCheck:
 
 
 def check_fake(fake: Fake, release: Release, protocol: Mapping[str, inspect.Signature]) -> FakeCheck:
-    prefix = "hidream_ui.devices.NPUBackend."
+    prefix = "hidream_ui.device.backends.NPUBackend."
     if fake.target.startswith(prefix):
         name = fake.target[len(prefix):]
         if name not in protocol:

@@ -152,7 +152,7 @@ def test_bad_setting_names_the_field(client):
 def test_unexpected_exception_becomes_a_named_error(caplog):
     import gradio as gr
 
-    from hidream_ui.ui.handlers import guarded
+    from hidream_ui.ui.common import guarded
 
     @guarded("the frobnication")
     def broken():
@@ -174,7 +174,7 @@ def test_unexpected_exception_becomes_a_named_error(caplog):
     ],
 )
 def test_bad_config_exits_2_with_one_line(argv, fragment, capsys):
-    from hidream_ui.app_main import main
+    from hidream_ui.cli.app import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -183,7 +183,7 @@ def test_bad_config_exits_2_with_one_line(argv, fragment, capsys):
 
 
 def test_missing_auth_file_exits_2(tmp_path, capsys):
-    from hidream_ui.app_main import main
+    from hidream_ui.cli.app import main
 
     assert main(["--auth-file", str(tmp_path / "absent.txt")]) == 2
     err = capsys.readouterr().err
@@ -191,7 +191,8 @@ def test_missing_auth_file_exits_2(tmp_path, capsys):
 
 
 def test_history_settings_round_trip(client, app):
-    from hidream_ui.ui.handlers import Handlers, form_values
+    from hidream_ui.ui.common import form_values
+    from hidream_ui.ui.handlers import Handlers
 
     _, saved, seed_used, _ = edit(client, seed=99, guidance_scale=4.5, instruction="Add a rainbow over the sea")
     handlers = Handlers(app["engine"])
@@ -238,7 +239,7 @@ def test_stop_only_cancels_the_callers_own_edit():
 
 
 def test_status_panel_shows_accelerator_memory_and_escapes_text():
-    from hidream_ui.ui.handlers import render_status
+    from hidream_ui.ui.status_panel import render_status
 
     gib = 1024**3
     status = {

@@ -21,7 +21,7 @@ from hidream_ui.archive import (
     sources_from_uploads,
     write_batch_zip,
 )
-from hidream_ui.batch import BatchItem, BatchResult
+from hidream_ui.engine.batch import BatchItem, BatchResult
 from hidream_ui.outputs import read_metadata, save_result
 from hidream_ui.requests import EditParams, EditResult
 

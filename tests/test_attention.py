@@ -20,7 +20,11 @@ from diffusers.models.transformers.transformer_hidream_image import (
     HiDreamImageEmbedND,
 )
 
-from hidream_ui import attention
+from hidream_ui.pipeline.attention import flash as attention_flash
+from hidream_ui.pipeline.attention import kernels as attention_kernels
+from hidream_ui.pipeline.attention import npu as attention_npu
+from hidream_ui.pipeline.attention import processor as attention_processor
+from hidream_ui.pipeline.attention import registry
 
 FP32_TOL = 1e-4
 BF16_TOL = 1e-2
@@ -150,7 +154,7 @@ class FakeFlashAttn:
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, FP32_TOL), (torch.bfloat16, BF16_TOL)])
 def test_cpu_kernels_match_float64_expanded_reference(name, dtype, tol):
     q, k, v, bias, multiplicity = kernel_inputs(dtype)
-    processor = attention.get_strategy(name).make_processor(**CPU_KERNELS[name])
+    processor = registry.get_strategy(name).make_processor(**CPU_KERNELS[name])
     ref = expanded_reference(q, k, v, multiplicity)
     assert relative_error(processor.attend(q, k, v, bias), ref) <= tol
     # Without a bias (no collapsed tokens) too.
@@ -162,7 +166,7 @@ def test_forced_flash_backend_processor_runs_on_cpu_kernel():
     # sdpa_flash is only *offered* on CUDA, but its processor logic (sdpa_kernel + mask) is
     # exercised here with torch's CPU flash kernel.
     q, k, v, bias, multiplicity = kernel_inputs(torch.float32)
-    processor = attention.get_strategy("sdpa_flash").make_processor()
+    processor = registry.get_strategy("sdpa_flash").make_processor()
     assert processor.strategy_name == "sdpa_flash"
     assert relative_error(processor.attend(q, k, v, bias), expanded_reference(q, k, v, multiplicity)) <= FP32_TOL
 
@@ -173,7 +177,7 @@ def test_forced_flash_backend_processor_runs_on_cpu_kernel():
 def test_npu_fusion_against_fake(layout, pse_layout, dtype):
     q, k, v, bias, multiplicity = kernel_inputs(dtype)
     fake = FakeNpuFusion(layout=layout, pse_rows="1" if pse_layout == "BN1S" else "S")
-    processor = attention.get_strategy("npu_fusion").make_processor(
+    processor = registry.get_strategy("npu_fusion").make_processor(
         fusion_fn=fake, input_layout=layout, pse_layout=pse_layout)
     out = processor.attend(q, k, v, bias)
     assert out.shape == q.shape and out.dtype == dtype
@@ -184,7 +188,7 @@ def test_npu_fusion_against_fake(layout, pse_layout, dtype):
 
 
 def test_npu_fusion_rejects_float32_and_oversized_heads():
-    processor = attention.NpuFusionProcessor(fusion_fn=FakeNpuFusion())
+    processor = attention_npu.NpuFusionProcessor(fusion_fn=FakeNpuFusion())
     q, k, v, bias, _ = kernel_inputs(torch.float32)
     with pytest.raises(TypeError, match="float16/bfloat16"):
         processor.attend(q, k, v, bias)
@@ -192,14 +196,14 @@ def test_npu_fusion_rejects_float32_and_oversized_heads():
     with pytest.raises(ValueError, match="head_dim <= 512"):
         processor.attend(big, big, big, None)
     with pytest.raises(ValueError, match="pse_layout"):
-        attention.NpuFusionProcessor(pse_layout="B1SS")
+        attention_npu.NpuFusionProcessor(pse_layout="B1SS")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flash_attn_against_fake(dtype):
     q, k, v, bias, multiplicity = kernel_inputs(dtype)
     fake = FakeFlashAttn()
-    processor = attention.get_strategy("flash_attn").make_processor(flash_fn=fake)
+    processor = registry.get_strategy("flash_attn").make_processor(flash_fn=fake)
     out = processor.attend(q, k, v, bias)
     assert out.dtype == dtype
     assert relative_error(out, expanded_reference(q, k, v, multiplicity)) <= BF16_TOL
@@ -216,7 +220,7 @@ def test_flash_attn_multiplicity_correction_is_exact_in_float32():
     multiplicity = torch.ones(2, q.shape[1])
     multiplicity[0, [2, 9, 20]] = torch.tensor([3.0, 100.0, 2.0])
     multiplicity[1, 4] = 4096.0
-    processor = attention.FlashAttnProcessor(flash_fn=FakeFlashAttn(dtypes=(torch.float32,)))
+    processor = attention_flash.FlashAttnProcessor(flash_fn=FakeFlashAttn(dtypes=(torch.float32,)))
     out = processor.attend(q, k, v, torch.log(multiplicity))
     assert relative_error(out, expanded_reference(q, k, v, multiplicity)) <= 1e-5
 
@@ -296,7 +300,7 @@ def test_module_matches_diffusers_float64_on_expanded_padding(single, axes, name
     module = make_attention_module(single)
     reference = make_attention_module(single).double()  # same seed: same weights, diffusers processor
     collapsed, expanded = module_case(single, axes)
-    module.set_processor(attention.get_strategy(name).make_processor(**CPU_KERNELS[name]))
+    module.set_processor(registry.get_strategy(name).make_processor(**CPU_KERNELS[name]))
     with torch.no_grad():
         got = as_list(module(**collapsed), single)
         for b, (kwargs, keep, n_image) in enumerate(expanded):
@@ -315,7 +319,7 @@ def test_sdpa_processor_is_bitwise_diffusers_without_collapse(single, axes):
     kwargs["hidden_states_masks"] = kwargs["hidden_states_masks"].clamp(min=0)
     with torch.no_grad():
         want = module(**kwargs)
-        module.set_processor(attention.SdpaProcessor())
+        module.set_processor(attention_kernels.SdpaProcessor())
         got = module(**kwargs)
     for g, w in zip((got,) if single else got, (want,) if single else want):
         assert torch.equal(g, w)
@@ -332,7 +336,7 @@ def test_collapsed_equals_expanded_for_every_strategy(name, single):
     if name == "flash_attn":
         options, dtype, tol = {"flash_fn": FakeFlashAttn()}, torch.bfloat16, BF16_TOL
     module = make_attention_module(single).to(dtype)
-    module.set_processor(attention.get_strategy(name).make_processor(**options))
+    module.set_processor(registry.get_strategy(name).make_processor(**options))
     collapsed, expanded = module_case(single, (8, 4, 4))
 
     def cast(kwargs):  # masks stay float32, as the pipeline sends them
@@ -349,7 +353,7 @@ def test_collapsed_equals_expanded_for_every_strategy(name, single):
 
 def test_mask_length_mismatch_names_both_sizes():
     module = make_attention_module(single=True)
-    module.set_processor(attention.SdpaProcessor())
+    module.set_processor(attention_kernels.SdpaProcessor())
     collapsed, _ = module_case(True, (8, 4, 4))
     collapsed["hidden_states_masks"] = collapsed["hidden_states_masks"][:, :-1]
     with pytest.raises(ValueError, match="13 entries .* 14 tokens"):
@@ -365,11 +369,11 @@ class Device(SimpleNamespace):
 
 
 def test_registry_lists_every_strategy_with_reasons():
-    names = attention.strategy_names()
+    names = registry.strategy_names()
     for required in ("auto", "sdpa", "math", "chunked", "npu_fusion", "flash_attn", "sdpa_flash",
                      "sdpa_efficient", "sdpa_cudnn", "sdpa_math"):
         assert required in names
-    statuses = attention.list_strategies(Device(type="cpu", index=None), torch.float32)
+    statuses = registry.list_strategies(Device(type="cpu", index=None), torch.float32)
     assert [s.name for s in statuses] == list(names)
     by_name = {s.name: s for s in statuses}
     assert {n for n, s in by_name.items() if s.available} == {"auto", "sdpa", "math", "chunked", "sdpa_math"}
@@ -379,31 +383,31 @@ def test_registry_lists_every_strategy_with_reasons():
 
 
 def test_npu_and_flash_report_why_they_are_unavailable_here():
-    cpu = attention.list_strategies("cpu", torch.bfloat16)
+    cpu = registry.list_strategies("cpu", torch.bfloat16)
     reasons = {s.name: s.reason for s in cpu if not s.available}
     assert "NPU" in reasons["npu_fusion"] and "cpu" in reasons["npu_fusion"]
     assert "CUDA" in reasons["flash_attn"]
     npu = Device(type="npu", index=0)
-    ok, reason = attention.get_strategy("npu_fusion").is_available(npu, torch.float32)
+    ok, reason = registry.get_strategy("npu_fusion").is_available(npu, torch.float32)
     assert not ok and "float16/bfloat16" in reason
-    ok, reason = attention.get_strategy("npu_fusion").is_available(npu, torch.bfloat16)
+    ok, reason = registry.get_strategy("npu_fusion").is_available(npu, torch.bfloat16)
     if importlib.util.find_spec("torch_npu") is None:
         assert not ok and "torch_npu is not installed" in reason
-        assert attention.resolve("auto", npu, torch.bfloat16).name == "sdpa"
+        assert registry.resolve("auto", npu, torch.bfloat16).name == "sdpa"
     cuda = Device(type="cuda", index=0)
-    ok, reason = attention.get_strategy("flash_attn").is_available(cuda, torch.float32)
+    ok, reason = registry.get_strategy("flash_attn").is_available(cuda, torch.float32)
     assert not ok and "float16/bfloat16" in reason
     if importlib.util.find_spec("flash_attn") is None:
-        ok, reason = attention.get_strategy("flash_attn").is_available(cuda, torch.bfloat16)
+        ok, reason = registry.get_strategy("flash_attn").is_available(cuda, torch.bfloat16)
         assert not ok and "not installed" in reason
-        assert attention.resolve("auto", cuda, torch.bfloat16).name == "sdpa"
+        assert registry.resolve("auto", cuda, torch.bfloat16).name == "sdpa"
 
 
 def test_unknown_name_lists_valid_names():
     with pytest.raises(ValueError, match="unknown attention strategy 'flash3'.*sdpa.*chunked"):
-        attention.get_strategy("flash3")
+        registry.get_strategy("flash3")
     with pytest.raises(ValueError, match="resolve"):
-        attention.get_strategy("auto").make_processor()
+        registry.get_strategy("auto").make_processor()
 
 
 TINY_GEOMETRY = dict(patch_size=2, in_channels=16, out_channels=16, num_layers=2, num_single_layers=2,
@@ -462,17 +466,17 @@ def snapshot(transformer):
 
 def test_apply_switches_every_attention_module_and_nothing_else(tiny_transformer):
     transformer = tiny_transformer
-    modules = attention.hidream_attention_modules(transformer)
+    modules = registry.hidream_attention_modules(transformer)
     assert len(modules) == 4  # 2 double-stream + 2 single-stream
-    assert attention.current_strategy(transformer) is None  # diffusers' default processor
+    assert registry.current_strategy(transformer) is None  # diffusers' default processor
     before = snapshot(transformer)
     latents = torch.randn(2, 16, 8, 16, generator=torch.Generator().manual_seed(1))
     kwargs = {**transformer_kwargs(), **collapsed_transformer_inputs(latents, transformer)}
     outputs = {}
     with torch.no_grad():
         for name in ("sdpa", "math", "chunked", "sdpa_math"):
-            assert attention.apply(transformer, name, "cpu", torch.float32) == name
-            assert attention.current_strategy(transformer) == name
+            assert registry.apply(transformer, name, "cpu", torch.float32) == name
+            assert registry.current_strategy(transformer) == name
             assert all(m.processor.strategy_name == name for m in modules)
             outputs[name] = transformer(**kwargs)[0]
     after = snapshot(transformer)
@@ -490,46 +494,46 @@ def test_collapsed_transformer_matches_upstream_padding(tiny_transformer):
     transformer = tiny_transformer
     latents = torch.randn(2, 16, 8, 16, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        for module in attention.hidream_attention_modules(transformer):
+        for module in registry.hidream_attention_modules(transformer):
             module.set_processor(HiDreamAttnProcessor())
         upstream = transformer(hidden_states=latents, **transformer_kwargs())[0]
         for name in ("sdpa", "chunked"):
-            attention.apply(transformer, name, "cpu", torch.float32)
+            registry.apply(transformer, name, "cpu", torch.float32)
             ours = transformer(**transformer_kwargs(), **collapsed_transformer_inputs(latents, transformer))[0]
             assert relative_error(ours, upstream.double()) <= FP32_TOL, name
 
 
 def test_apply_auto_reports_what_it_resolved_to(tiny_transformer):
-    assert attention.apply(tiny_transformer, "auto", Device(type="cpu", index=None), torch.float32) == "sdpa"
-    assert attention.current_strategy(tiny_transformer) == "sdpa"
+    assert registry.apply(tiny_transformer, "auto", Device(type="cpu", index=None), torch.float32) == "sdpa"
+    assert registry.current_strategy(tiny_transformer) == "sdpa"
 
 
 @pytest.mark.parametrize("name,options,error,match", [
-    ("npu_fusion", {}, attention.AttentionUnavailable, "needs an Ascend NPU"),
-    ("flash_attn", {}, attention.AttentionUnavailable, "CUDA"),
-    ("sdpa_efficient", {}, attention.AttentionUnavailable, "cuda"),
+    ("npu_fusion", {}, attention_processor.AttentionUnavailable, "needs an Ascend NPU"),
+    ("flash_attn", {}, attention_processor.AttentionUnavailable, "CUDA"),
+    ("sdpa_efficient", {}, attention_processor.AttentionUnavailable, "cuda"),
     ("nope", {}, ValueError, "unknown attention strategy"),
     ("chunked", {"chunk_size": 0}, ValueError, "chunk_size"),
     ("math", {"bogus": 1}, TypeError, "bogus"),
 ])
 def test_failed_apply_leaves_the_transformer_untouched(tiny_transformer, name, options, error, match):
-    attention.apply(tiny_transformer, "math", "cpu", torch.float32)
-    processors = [m.processor for m in attention.hidream_attention_modules(tiny_transformer)]
+    registry.apply(tiny_transformer, "math", "cpu", torch.float32)
+    processors = [m.processor for m in registry.hidream_attention_modules(tiny_transformer)]
     with pytest.raises(error, match=match) as info:
-        attention.apply(tiny_transformer, name, "cpu", torch.float32, **options)
-    if error is attention.AttentionUnavailable:
+        registry.apply(tiny_transformer, name, "cpu", torch.float32, **options)
+    if error is attention_processor.AttentionUnavailable:
         assert info.value.name == name and info.value.reason
-    assert [m.processor for m in attention.hidream_attention_modules(tiny_transformer)] == processors
-    assert attention.current_strategy(tiny_transformer) == "math"
+    assert [m.processor for m in registry.hidream_attention_modules(tiny_transformer)] == processors
+    assert registry.current_strategy(tiny_transformer) == "math"
 
 
 def test_apply_rejects_a_model_without_hidream_attention():
     with pytest.raises(ValueError, match="no HiDreamAttention"):
-        attention.apply(torch.nn.Linear(2, 2), "sdpa", "cpu", torch.float32)
+        registry.apply(torch.nn.Linear(2, 2), "sdpa", "cpu", torch.float32)
 
 
 def test_mask_terms_are_cached_per_tensor_and_invalidated_by_in_place_edits():
-    processor = attention.SdpaProcessor()
+    processor = attention_kernels.SdpaProcessor()
     mask = torch.tensor([[1.0, 0.0, -4.0]])
     multiplier, bias = processor._masks.get(mask)
     assert torch.equal(multiplier, torch.tensor([[1.0, 0.0, 0.0]]))
@@ -547,12 +551,12 @@ def test_mask_terms_are_cached_per_tensor_and_invalidated_by_in_place_edits():
 def test_bench_attention_tiny_report_structure(capsys):
     import json
 
-    from hidream_ui import bench_attention
+    from hidream_ui.bench import attention as bench_attention
 
     report = bench_attention.run(profile="tiny", repeats=1, json_out=True, sizes=(64,))
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(report))
     assert report["benchmark"] == "attention" and report["auto_resolves_to"] == "sdpa"
-    assert {s["name"] for s in report["strategies"]} == set(attention.strategy_names())
+    assert {s["name"] for s in report["strategies"]} == set(registry.strategy_names())
     (row,) = report["kernels"]
     assert row["shape"]["seq"] == 32 + 1 + 24 and row["shape"]["pad_tokens"] == 32
     assert set(row["strategies"]) == {"sdpa", "math", "chunked", "sdpa_math"}
@@ -571,7 +575,7 @@ def test_bench_attention_tiny_report_structure(capsys):
 
 
 def test_bench_skips_what_does_not_fit_the_budget():
-    from hidream_ui import bench_attention
+    from hidream_ui.bench import attention as bench_attention
 
     report = bench_attention.run(profile="tiny", repeats=1, sizes=(128,), strategies=["sdpa", "math"],
                                  memory_budget_gb=0.5 * 2 * 3 * 2 * 152 * 152 * 4 / 1024**3, transformer=False)
@@ -584,10 +588,10 @@ def test_one_host_sync_per_mask_per_forward(monkeypatch):
     # The derived bias (and its text-padded version) is computed once per mask tensor and shared
     # by all blocks, so kernels that cache on the bias tensor see the same object every block.
     calls = []
-    original = attention.key_terms
-    monkeypatch.setattr(attention, "key_terms", lambda mask: calls.append(mask) or original(mask))
+    original = attention_processor.key_terms
+    monkeypatch.setattr(attention_processor, "key_terms", lambda mask: calls.append(mask) or original(mask))
     seen = []
-    processor = attention.FlashAttnProcessor(flash_fn=FakeFlashAttn())  # built after the patch
+    processor = attention_flash.FlashAttnProcessor(flash_fn=FakeFlashAttn())  # built after the patch
     original_attend = processor.attend
     processor.attend = lambda q, k, v, bias: seen.append(bias) or original_attend(q, k, v, bias)
     module = make_attention_module(single=False).to(torch.bfloat16)

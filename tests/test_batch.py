@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hidream_ui.batch import BatchRequest, BatchSource
 from hidream_ui.config import AppConfig
-from hidream_ui.engine import EditEngine
+from hidream_ui.engine.batch import BatchRequest, BatchSource
+from hidream_ui.engine.engine import EditEngine
 from hidream_ui.outputs import read_metadata
 from hidream_ui.requests import EditParams, EditRequest, RequestError
 

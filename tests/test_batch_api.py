@@ -12,13 +12,12 @@ import zipfile
 
 import numpy as np
 import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
 from PIL import Image
 
 from hidream_ui.archive import MANIFEST_NAME
 from hidream_ui.outputs import read_metadata
-
-from gradio_client import Client, handle_file
-from gradio_client.exceptions import AppError
 
 FAST = {"num_inference_steps": 2, "working_resolution": "draft"}
 
@@ -229,7 +228,7 @@ def test_abandoned_stream_stops_the_worker(tab, files, tmp_path):
 
 
 def test_report_lists_item_errors_and_rejections_as_inert_markdown():
-    from hidream_ui.batch import BatchItem
+    from hidream_ui.engine.batch import BatchItem
     from hidream_ui.ui.batch_tab import BatchRun
 
     run = BatchRun(2, [("x_<b>.png", "x_<b>.png: not a recognised image")])

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from hidream_ui import bench_soak
+from hidream_ui.bench import soak as bench_soak
 
 
 @pytest.fixture(scope="module")

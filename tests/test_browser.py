@@ -19,7 +19,6 @@ import pytest
 from helpers import wait_for
 from playwright import sync_api
 
-
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

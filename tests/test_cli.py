@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from hidream_ui import __main__ as cli
-from hidream_ui import doctor
+from hidream_ui.cli import doctor
 
 
 def test_help_lists_every_command(capsys):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hidream_ui.compare import (
+from hidream_ui.config import AppConfig
+from hidream_ui.engine.compare import (
     CompareResult,
     format_value,
     get_axis,
@@ -16,8 +17,7 @@ from hidream_ui.compare import (
     render_grid,
     run_compare,
 )
-from hidream_ui.config import AppConfig
-from hidream_ui.engine import EditEngine, EngineError
+from hidream_ui.engine.engine import EditEngine, EngineError
 from hidream_ui.requests import EditParams, EditResult, RequestError
 
 STEPS = 2
@@ -216,7 +216,7 @@ def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):
 
 
 def test_stop_keeps_finished_cells_and_the_grid_marks_the_rest(engine):
-    from hidream_ui.jobs import CancelToken
+    from hidream_ui.engine.jobs import CancelToken
 
     token = CancelToken()
     result = run_compare(engine, picture(4), params(num_inference_steps=1), "seed", "5, 6, 7",

@@ -16,24 +16,26 @@ import pytest
 import torch
 from fakes import FakeBackend, FakeCUDABackend, FakeNPUBackend, FakeTorchNPUModule
 
-from hidream_ui import devices
-from hidream_ui.devices import (
+from hidream_ui.device import backends as devices_backends
+from hidream_ui.device import detect
+from hidream_ui.device import runtime as devices_runtime
+from hidream_ui.device.backends import (
     CPUBackend,
     CUDABackend,
     DeviceError,
     DeviceInfo,
     NPUBackend,
-    bind_device_to_thread,
-    detect_devices,
     dtype_name,
-    is_oom_error,
-    make_generator,
+    run_dtype_probe,
+)
+from hidream_ui.device.detect import (
+    detect_devices,
     parse_device_spec,
     probe_dtypes,
     resolve_device,
     resolve_dtype,
-    run_dtype_probe,
 )
+from hidream_ui.device.runtime import bind_device_to_thread, is_oom_error, make_generator
 
 NO_ENV: dict[str, str] = {}
 CANN_MISSING = "CANN not loaded: torch_npu imported but torch.npu.is_available() is False"
@@ -149,7 +151,7 @@ def test_survey_asks_every_backend_but_resolution_touches_only_what_it_needs():
 
 
 def test_detect_is_a_json_able_survey_for_doctor():
-    survey = devices.detect("auto", backends=table(cuda=FakeCUDABackend(count=3)), environ=NO_ENV)
+    survey = detect.detect("auto", backends=table(cuda=FakeCUDABackend(count=3)), environ=NO_ENV)
     assert json.loads(json.dumps(survey)) == survey
     assert survey["device"]["torch_device"] == "cuda:0"
     assert [(b["type"], b["available"], b["device_count"]) for b in survey["backends"]] == [
@@ -410,15 +412,15 @@ def test_real_probe_reports_a_device_that_cannot_compute():
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_probe_judgement_rejects_wrong_or_non_finite_results(dtype):
     reference = torch.linspace(-4.0, 4.0, 16)
-    assert devices.judge_probe(dtype, "npu:0", reference.clone(), reference)[0]
-    off = devices.judge_probe(dtype, "npu:0", reference + 0.5, reference)
+    assert devices_backends.judge_probe(dtype, "npu:0", reference.clone(), reference)[0]
+    off = devices_backends.judge_probe(dtype, "npu:0", reference + 0.5, reference)
     assert not off[0] and "off by" in off[1] and dtype in off[1]
     broken = reference.clone()
     broken[3] = float("nan")
-    assert not devices.judge_probe(dtype, "npu:0", broken, reference)[0]
+    assert not devices_backends.judge_probe(dtype, "npu:0", broken, reference)[0]
     # Rounding as coarse as the dtype itself is accepted.
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    assert devices.judge_probe(dtype, "npu:0", (reference * 1.0001).to(torch_dtype).float(), reference)[0]
+    assert devices_backends.judge_probe(dtype, "npu:0", (reference * 1.0001).to(torch_dtype).float(), reference)[0]
 
 
 def test_dtype_name_round_trip():
@@ -474,9 +476,9 @@ def test_housekeeping_goes_to_the_right_backend_and_index():
     npu = FakeNPUBackend(count=2, allocated=1, peak=9, reserved=8, active=2)
     backends = table(npu=npu)
     device = resolve_device("npu:1", backends=backends, environ=NO_ENV)
-    devices.synchronize(device, backends=backends)
-    devices.reset_peak(device, backends=backends)
-    devices.free_memory(device, backends=backends)
+    devices_runtime.synchronize(device, backends=backends)
+    devices_runtime.reset_peak(device, backends=backends)
+    devices_runtime.free_memory(device, backends=backends)
     assert [call.args for call in npu.calls_to("synchronize")] == [(1,)]
     assert [call.args for call in npu.calls_to("reset_peak_memory_stats")] == [(1,)]
     assert len(npu.calls_to("empty_cache")) == 1
@@ -485,14 +487,14 @@ def test_housekeeping_goes_to_the_right_backend_and_index():
 
 def test_housekeeping_on_cpu_is_harmless():
     device = resolve_device("cpu", backends={"cpu": CPUBackend()}, environ=NO_ENV)
-    for operation in (devices.synchronize, devices.empty_cache, devices.reset_peak, devices.free_memory):
+    for operation in (devices_runtime.synchronize, devices_runtime.empty_cache, devices_runtime.reset_peak, devices_runtime.free_memory):
         operation(device, backends={"cpu": CPUBackend()})
 
 
 def test_unknown_device_type_is_a_clear_error():
     device = resolve_device("npu", backends=table(npu=FakeNPUBackend()), environ=NO_ENV)
     with pytest.raises(DeviceError) as info:
-        devices.synchronize(device, backends={"cpu": CPUBackend()})
+        devices_runtime.synchronize(device, backends={"cpu": CPUBackend()})
     assert "'npu'" in str(info.value)
 
 
@@ -596,6 +598,6 @@ def test_device_info_is_frozen_and_builds_a_torch_device():
 
 
 def test_default_backends_are_built_fresh_each_time():
-    first, second = devices.default_backends(), devices.default_backends()
+    first, second = devices_backends.default_backends(), devices_backends.default_backends()
     assert set(first) == {"npu", "cuda", "cpu"}
     assert first is not second and first["npu"] is not second["npu"]

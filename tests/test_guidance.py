@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hidream_ui.pipeline import (
+from hidream_ui.pipeline.edit_pipeline import (
     combine_edit_guidance,
     combine_refine_guidance,
     refine_start_step,

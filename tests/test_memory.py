@@ -7,10 +7,11 @@ import json
 
 import psutil
 import pytest
-from fakes import GiB, FakeNPUBackend
+from fakes import FakeNPUBackend, GiB
 
-from hidream_ui.devices import CPUBackend, resolve_device
-from hidream_ui.memory import MemorySnapshot, format_bytes, snapshot
+from hidream_ui.device.backends import CPUBackend
+from hidream_ui.device.detect import resolve_device
+from hidream_ui.device.memory import MemorySnapshot, format_bytes, snapshot
 
 MiB = 1024**2
 # What a status poll may touch: reads only; never set_device, probes or synchronize.

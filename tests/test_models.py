@@ -10,15 +10,10 @@ import torch
 from safetensors import safe_open
 
 from hidream_ui.config import AppConfig
-from hidream_ui.devices import resolve_device
-from hidream_ui.models import (
-    E1_FULL_FILE,
-    ModelError,
-    WeightSwap,
-    load_model,
-    resolve_sources,
-    verify_sources,
-)
+from hidream_ui.device.detect import resolve_device
+from hidream_ui.model.layout import E1_FULL_FILE
+from hidream_ui.model.loading import WeightSwap, load_model
+from hidream_ui.model.sources import ModelError, resolve_sources, verify_sources
 
 CPU = None
 

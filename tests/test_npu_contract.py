@@ -17,10 +17,10 @@ import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import npu_contract as contract
 import pytest
 
-import npu_contract as contract
-from hidream_ui import doctor
+from hidream_ui.cli import doctor
 
 # Fakes in test files this change was not allowed to edit that break `compare_fake`'s rule, with the fix.
 # The fakes test fails when a fake not listed here breaks the rule, AND when a listed one is fixed (then
@@ -64,7 +64,7 @@ def test_torch_npu_pin_is_the_twin_of_the_torch_pin_and_of_doctor():
         f"requirements_npu.txt pins torch=={pins['torch']} but tests run on torch {installed}: move the "
         "torch/torch_npu pair in requirements_npu.txt (and the contract with it) to the torch CI tests")
     assert doctor.NPU_CONTRACT_TORCH_NPU == pins["torch_npu"], (
-        f"hidream_ui/doctor.py says the contract was checked against torch_npu {doctor.NPU_CONTRACT_TORCH_NPU} "
+        f"hidream_ui/cli/doctor.py says the contract was checked against torch_npu {doctor.NPU_CONTRACT_TORCH_NPU} "
         f"but requirements_npu.txt pins torch_npu=={pins['torch_npu']}")
 
 
@@ -140,7 +140,7 @@ def test_fakes_accept_nothing_the_real_functions_refuse(release, project):
     targets = {fake.target for fake in fakes}
     # The discovery found the three kinds of fake (guards against checking nothing):
     assert "torch_npu.npu_fusion_attention" in targets and "torch_npu.npu" in targets
-    assert "torch_npu.npu.mem_get_info" in targets and "hidream_ui.devices.NPUBackend.mem_get_info" in targets
+    assert "torch_npu.npu.mem_get_info" in targets and "hidream_ui.device.backends.NPUBackend.mem_get_info" in targets
     violations = {}
     for fake in fakes:
         result = contract.check_fake(fake, release, protocol)
@@ -188,13 +188,13 @@ def _positional_to_keyword(name):
 
 
 @pytest.mark.parametrize("path, target, change, expected", [
-    ("hidream_ui/attention.py", "torch_npu.npu_fusion_attention", _add_keyword("scale_value"),
+    ("hidream_ui/pipeline/attention/npu.py", "torch_npu.npu_fusion_attention", _add_keyword("scale_value"),
      "unexpected keyword argument 'scale_value'"),
-    ("hidream_ui/attention.py", "torch_npu.npu_fusion_attention", _drop_last_positional,
+    ("hidream_ui/pipeline/attention/npu.py", "torch_npu.npu_fusion_attention", _drop_last_positional,
      "missing a required argument: 'input_layout'"),
-    ("hidream_ui/devices.py", "torch_npu.npu.mem_get_info", _positional_to_keyword("index"),
+    ("hidream_ui/device/backends.py", "torch_npu.npu.mem_get_info", _positional_to_keyword("index"),
      "unexpected keyword argument 'index'"),
-    ("hidream_ui/devices.py", "torch_npu.npu.set_device", _add_keyword("index"),
+    ("hidream_ui/device/backends.py", "torch_npu.npu.set_device", _add_keyword("index"),
      "unexpected keyword argument 'index'"),
 ])
 def test_the_contract_fails_on_a_broken_copy_of_our_own_calls(release, path, target, change, expected):
@@ -207,7 +207,7 @@ def test_the_contract_fails_on_a_broken_copy_of_our_own_calls(release, path, tar
 # -- meta (shape) functions of the fused ops we call ---------------------------------------------
 
 def _fusion_cases():
-    from hidream_ui import bench_attention as bench
+    from hidream_ui.bench import attention as bench
 
     for profile_name in ("bench", "tiny"):
         profile = bench.PROFILES[profile_name]
@@ -226,7 +226,7 @@ def test_npu_fusion_attention_meta_gives_the_shapes_our_processor_expects(releas
     real attention shapes (bench_attention's profiles: batch 3, 20 heads x 128, collapsed padding)."""
     import torch
 
-    from hidream_ui.attention import NpuFusionProcessor
+    from hidream_ui.pipeline.attention.npu import NpuFusionProcessor
 
     meta = contract.meta_callable(release, "npu_fusion_attention")
     seen = {}
@@ -520,8 +520,8 @@ def test_fakes_are_found_by_how_tests_inject_them_and_checked(synthetic):
         ("tests/test_x.py::NPU.missing_in_release", "torch_npu.npu.missing_in_release"),
         ("tests/test_x.py::Fusion.__call__", "torch_npu.npu_fusion_attention"),
         ("tests/test_x.py:17::<lambda>", "torch_npu.npu_fusion_attention"),
-        ("tests/fakes_x.py::Backend.mem_get_info", "hidream_ui.devices.NPUBackend.mem_get_info"),
-        ("tests/test_x.py::Sub.mem_get_info", "hidream_ui.devices.NPUBackend.mem_get_info"),
+        ("tests/fakes_x.py::Backend.mem_get_info", "hidream_ui.device.backends.NPUBackend.mem_get_info"),
+        ("tests/test_x.py::Sub.mem_get_info", "hidream_ui.device.backends.NPUBackend.mem_get_info"),
     }
     problems = {f.label: contract.check_fake(f, synthetic, protocol).problems for f in fakes}
     assert problems["tests/fakes_x.py::ModuleFake.npu"] == ()

@@ -10,9 +10,9 @@ import torch
 from PIL import Image
 
 from hidream_ui.config import AppConfig
-from hidream_ui.engine import EditCancelled, EditEngine, EngineError, OutOfMemory
+from hidream_ui.engine.engine import EditCancelled, EditEngine, EngineError, OutOfMemory
 from hidream_ui.outputs import load_settings
-from hidream_ui.pipeline import PromptEmbeds, refine_start_step
+from hidream_ui.pipeline.edit_pipeline import PromptEmbeds, refine_start_step
 from hidream_ui.requests import EditParams, EditRequest
 
 STEPS = 3
@@ -259,8 +259,8 @@ def test_the_error_suggests_only_resolutions_this_model_can_take(engine):
 
 
 def test_working_sides_follow_the_model_geometry():
-    from hidream_ui.engine import working_sides
-    from hidream_ui.models import geometry_for
+    from hidream_ui.engine.engine import working_sides
+    from hidream_ui.model.geometry import geometry_for
 
     real = geometry_for("e1.1", {"patch_size": 2, "max_resolution": [128, 128]}, {"block_out_channels": [1] * 4})
     assert real.image_size == 1024 and working_sides(real) == [512, 768, 1024]
@@ -269,7 +269,7 @@ def test_working_sides_follow_the_model_geometry():
 
 
 def test_a_cancel_token_stops_the_edit_within_one_step(engine):
-    from hidream_ui.jobs import CancelToken
+    from hidream_ui.engine.jobs import CancelToken
 
     token = CancelToken()
 

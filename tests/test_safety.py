@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from hidream_ui.jobs import CancelToken, JobRegistry
+from hidream_ui.engine.jobs import CancelToken, JobRegistry
 from hidream_ui.requests import EditParams, RequestError
 from hidream_ui.ui.files import NOT_UPLOADED, ServedResults, UploadGate
 from hidream_ui.ui.guard import LoginThrottle
 from hidream_ui.ui.services import redact_paths
-
 
 # ---------------------------------------------------------------------------------------------
 # Jobs

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hidream_ui import tiny
+from hidream_ui.model import layout
+from hidream_ui.model.tiny import build as tiny_build
+from hidream_ui.model.tiny import profiles
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -69,7 +71,7 @@ def _transformer_inputs(config: dict, llama_layers: int, height: int, width: int
 def test_layout_mirrors_the_upstream_folders(tiny_dir):
     files = set(_tree_digest(tiny_dir))
     expected = {
-        tiny.MARKER_FILENAME,
+        profiles.MARKER_FILENAME,
         "Llama-3.1-8B-Instruct/config.json",
         "Llama-3.1-8B-Instruct/generation_config.json",
         "Llama-3.1-8B-Instruct/tokenizer.json",
@@ -129,8 +131,8 @@ def test_layout_mirrors_the_upstream_folders(tiny_dir):
     flow = (scheduler["flow_shift"], scheduler["use_flow_sigmas"], scheduler["num_train_timesteps"])
     assert flow == (3.0, True, 1000)
 
-    assert tiny.is_tiny_checkpoint(tiny_dir)
-    assert tiny.read_marker(tiny_dir) == tiny.TinyMarker(profile="tiny", seed=0, format_version=tiny.FORMAT_VERSION)
+    assert tiny_build.is_tiny_checkpoint(tiny_dir)
+    assert tiny_build.read_marker(tiny_dir) == profiles.TinyMarker(profile="tiny", seed=0, format_version=profiles.FORMAT_VERSION)
 
 
 def test_weights_are_bf16_and_indexes_are_complete(tiny_dir):
@@ -163,9 +165,9 @@ def _numel(shape) -> int:
     return count
 
 
-@pytest.mark.parametrize("name", sorted(tiny.PROFILES))
+@pytest.mark.parametrize("name", sorted(profiles.PROFILES))
 def test_profile_geometry_satisfies_hidream_constraints(name, tiny_dir):
-    profile = tiny.PROFILES[name]
+    profile = profiles.PROFILES[name]
     config = profile.transformer_config()
     llama = _read_json(tiny_dir / "Llama-3.1-8B-Instruct" / "config.json")
     t5 = _read_json(tiny_dir / "HiDream-I1-Full" / "text_encoder_3" / "config.json")
@@ -191,7 +193,7 @@ def test_tiny_transformer_config_matches_profile(tiny_dir):
         config = _read_json(tiny_dir / folder / "transformer" / "config.json")
         assert config.pop("_class_name") == "HiDreamImageTransformer2DModel"
         config.pop("_diffusers_version")
-        assert config == tiny.PROFILES["tiny"].transformer_config()
+        assert config == profiles.PROFILES["tiny"].transformer_config()
     vae = _read_json(tiny_dir / "HiDream-I1-Full" / "vae" / "config.json")
     assert (vae["latent_channels"], vae["scaling_factor"], vae["shift_factor"]) == (16, 0.3611, 0.1159)
     assert len(vae["block_out_channels"]) == 4
@@ -210,7 +212,7 @@ def test_cli_rebuild_is_byte_identical_and_replaces_a_previous_build(tiny_dir, t
     stale.write_bytes(b"stale")
     (again / "leftover.txt").write_text("from an older build")
 
-    assert tiny.main([str(again), "--profile", "tiny", "--seed", "0"]) == 0
+    assert tiny_build.main([str(again), "--profile", "tiny", "--seed", "0"]) == 0
 
     assert _tree_digest(again) == _tree_digest(tiny_dir)
     out = capsys.readouterr().out
@@ -221,12 +223,12 @@ def test_cli_rebuild_is_byte_identical_and_replaces_a_previous_build(tiny_dir, t
 
 
 def test_other_seed_changes_weights_only(tiny_dir, tmp_path):
-    other = tiny.build_tiny(tmp_path / "seed1", profile="tiny", seed=1)
+    other = tiny_build.build_tiny(tmp_path / "seed1", profile="tiny", seed=1)
     ours, theirs = _tree_digest(tiny_dir), _tree_digest(other)
     assert ours.keys() == theirs.keys()
     differing = {name for name in ours if ours[name] != theirs[name]}
-    assert differing == {name for name in ours if name.endswith(".safetensors")} | {tiny.MARKER_FILENAME}
-    assert tiny.read_marker(other).seed == 1
+    assert differing == {name for name in ours if name.endswith(".safetensors")} | {profiles.MARKER_FILENAME}
+    assert tiny_build.read_marker(other).seed == 1
 
 
 def test_refuses_to_overwrite_a_foreign_folder(tmp_path, capsys):
@@ -234,8 +236,8 @@ def test_refuses_to_overwrite_a_foreign_folder(tmp_path, capsys):
     foreign.mkdir()
     (foreign / "keep.txt").write_text("precious")
     with pytest.raises(FileExistsError, match="not a previous tiny build"):
-        tiny.build_tiny(foreign)
-    assert tiny.main([str(foreign)]) == 2
+        tiny_build.build_tiny(foreign)
+    assert tiny_build.main([str(foreign)]) == 2
     assert "refusing to overwrite" in capsys.readouterr().err
     assert [p.name for p in foreign.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
@@ -243,26 +245,26 @@ def test_refuses_to_overwrite_a_foreign_folder(tmp_path, capsys):
     a_file = tmp_path / "file"
     a_file.write_text("x")
     with pytest.raises(FileExistsError, match="not a folder"):
-        tiny.build_tiny(a_file)
+        tiny_build.build_tiny(a_file)
 
 
 def test_rejects_unknown_profile_and_bad_seed(tmp_path):
     with pytest.raises(ValueError, match="unknown tiny profile 'huge'"):
-        tiny.build_tiny(tmp_path / "x", profile="huge")
+        tiny_build.build_tiny(tmp_path / "x", profile="huge")
     with pytest.raises(ValueError, match="seed"):
-        tiny.build_tiny(tmp_path / "x", seed=-1)
+        tiny_build.build_tiny(tmp_path / "x", seed=-1)
     with pytest.raises(SystemExit):
-        tiny.main([str(tmp_path / "x"), "--profile", "huge"])
+        tiny_build.main([str(tmp_path / "x"), "--profile", "huge"])
     assert not (tmp_path / "x").exists()
 
 
 def test_is_tiny_checkpoint_rejects_other_folders(tmp_path):
-    assert not tiny.is_tiny_checkpoint(tmp_path)
-    assert not tiny.is_tiny_checkpoint(tmp_path / "missing")
-    (tmp_path / tiny.MARKER_FILENAME).write_text("{not json")
-    assert not tiny.is_tiny_checkpoint(tmp_path)
-    (tmp_path / tiny.MARKER_FILENAME).write_text(json.dumps({"profile": "tiny", "seed": "0", "format_version": 1}))
-    assert not tiny.is_tiny_checkpoint(tmp_path)
+    assert not tiny_build.is_tiny_checkpoint(tmp_path)
+    assert not tiny_build.is_tiny_checkpoint(tmp_path / "missing")
+    (tmp_path / profiles.MARKER_FILENAME).write_text("{not json")
+    assert not tiny_build.is_tiny_checkpoint(tmp_path)
+    (tmp_path / profiles.MARKER_FILENAME).write_text(json.dumps({"profile": "tiny", "seed": "0", "format_version": 1}))
+    assert not tiny_build.is_tiny_checkpoint(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -270,44 +272,44 @@ def test_is_tiny_checkpoint_rejects_other_folders(tmp_path):
 
 
 def test_default_cache_root_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(tiny.CACHE_ENV_VAR, str(tmp_path / "cache"))
-    assert tiny.default_cache_root() == tmp_path / "cache"
-    monkeypatch.delenv(tiny.CACHE_ENV_VAR)
-    assert tiny.default_cache_root() == Path.home() / ".cache" / "hidream_ui"
+    monkeypatch.setenv(profiles.CACHE_ENV_VAR, str(tmp_path / "cache"))
+    assert tiny_build.default_cache_root() == tmp_path / "cache"
+    monkeypatch.delenv(profiles.CACHE_ENV_VAR)
+    assert tiny_build.default_cache_root() == Path.home() / ".cache" / "hidream_ui"
 
 
 def test_ensure_tiny_builds_once_then_reuses(tmp_path, monkeypatch, tiny_dir):
-    path = tiny.ensure_tiny(profile="tiny", seed=0, cache_root=tmp_path)
-    assert path == tmp_path / f"tiny-tiny-seed0-v{tiny.FORMAT_VERSION}"
+    path = tiny_build.ensure_tiny(profile="tiny", seed=0, cache_root=tmp_path)
+    assert path == tmp_path / f"tiny-tiny-seed0-v{profiles.FORMAT_VERSION}"
     assert _tree_digest(path) == _tree_digest(tiny_dir)
 
     def no_rebuild(*args, **kwargs):
         raise AssertionError("ensure_tiny rebuilt a finished checkpoint")
 
-    monkeypatch.setattr(tiny, "_build_tree", no_rebuild)
-    assert tiny.ensure_tiny(profile="tiny", seed=0, cache_root=tmp_path) == path
+    monkeypatch.setattr(tiny_build, "_build_tree", no_rebuild)
+    assert tiny_build.ensure_tiny(profile="tiny", seed=0, cache_root=tmp_path) == path
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
 
 
 def test_ensure_tiny_loser_of_a_race_keeps_the_winners_build(tmp_path, monkeypatch, tiny_dir):
-    target = tmp_path / f"tiny-tiny-seed0-v{tiny.FORMAT_VERSION}"
+    target = tmp_path / f"tiny-tiny-seed0-v{profiles.FORMAT_VERSION}"
 
     def another_process_wins(root, spec, seed):
         shutil.copytree(tiny_dir, target)  # the other process renames its finished build into place first
         (root / "half-built").write_text("this copy must be discarded")
 
-    monkeypatch.setattr(tiny, "_build_tree", another_process_wins)
-    assert tiny.ensure_tiny(profile="tiny", seed=0, cache_root=tmp_path) == target
+    monkeypatch.setattr(tiny_build, "_build_tree", another_process_wins)
+    assert tiny_build.ensure_tiny(profile="tiny", seed=0, cache_root=tmp_path) == target
     assert _tree_digest(target) == _tree_digest(tiny_dir)
     assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
 
 
 def test_ensure_tiny_refuses_a_foreign_cache_entry(tmp_path):
-    target = tmp_path / f"tiny-tiny-seed0-v{tiny.FORMAT_VERSION}"
+    target = tmp_path / f"tiny-tiny-seed0-v{profiles.FORMAT_VERSION}"
     target.mkdir()
     (target / "junk").write_text("x")
     with pytest.raises(FileExistsError, match="delete it"):
-        tiny.ensure_tiny(cache_root=tmp_path)
+        tiny_build.ensure_tiny(cache_root=tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -464,15 +466,15 @@ def test_e1_full_file_fits_the_adapter_wrapped_i1_transformer(tiny_dir, offline,
     inputs = _transformer_inputs(dict(transformer.config), llama_layers, 8, 8, seed=3)
     with torch.no_grad():
         base = transformer(**inputs, return_dict=False)[0]
-    i1_plain = {k: v.clone() for k, v in transformer.state_dict().items() if k in tiny.E1_FULL_PLAIN_KEYS}
+    i1_plain = {k: v.clone() for k, v in transformer.state_dict().items() if k in profiles.E1_FULL_PLAIN_KEYS}
 
     # Exactly the upstream recipe (HiDream-E1 inference.py).
     transformer.add_adapter(
         LoraConfig(
-            r=tiny.E1_FULL_LORA_RANK,
-            lora_alpha=tiny.E1_FULL_LORA_ALPHA,
+            r=layout.E1_FULL_LORA_RANK,
+            lora_alpha=layout.E1_FULL_LORA_ALPHA,
             lora_dropout=0.0,
-            target_modules=list(tiny.E1_FULL_LORA_TARGETS),
+            target_modules=list(layout.E1_FULL_LORA_TARGETS),
             init_lora_weights="gaussian",
         )
     )
@@ -481,8 +483,8 @@ def test_e1_full_file_fits_the_adapter_wrapped_i1_transformer(tiny_dir, offline,
     assert len(info.unexpected_keys) == 0
     wrapped_lora = {k for k in transformer.state_dict() if ".lora_A." in k or ".lora_B." in k}
     assert wrapped_lora == {k for k in checkpoint if "lora" in k}  # every adapter weight comes from the file
-    assert {k for k in checkpoint if "lora" not in k} == set(tiny.E1_FULL_PLAIN_KEYS)
-    assert all(not torch.equal(checkpoint[k].float(), i1_plain[k]) for k in tiny.E1_FULL_PLAIN_KEYS)
+    assert {k for k in checkpoint if "lora" not in k} == set(profiles.E1_FULL_PLAIN_KEYS)
+    assert all(not torch.equal(checkpoint[k].float(), i1_plain[k]) for k in profiles.E1_FULL_PLAIN_KEYS)
     assert all(checkpoint[k].abs().sum() > 0 for k in checkpoint if ".lora_B." in k)
 
     with torch.no_grad():

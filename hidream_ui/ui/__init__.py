@@ -11,7 +11,7 @@ __all__ = ["build_demo"]
 
 def __getattr__(name: str):
     if name == "build_demo":
-        from .layout import build_demo
+        from hidream_ui.ui.layout import build_demo
 
         return build_demo
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,17 +25,24 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from ..archive import sources_from_uploads, write_batch_zip
-from ..batch import BatchRequest, BatchResult, BatchSource, clean_instructions, open_sources, plan_items
-from ..config import AppConfig
-from ..engine import EditEngine, StepInfo
-from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams, RequestError
-from .handlers import WORKING_RESOLUTIONS, guarded, params_from_widgets
-from .services import AppServices
+from hidream_ui.archive import sources_from_uploads, write_batch_zip
+from hidream_ui.config import AppConfig
+from hidream_ui.engine.batch import BatchRequest, BatchResult, BatchSource, clean_instructions, open_sources, plan_items
+from hidream_ui.engine.engine import EditEngine, StepInfo
+from hidream_ui.requests import (
+    GUIDANCE_RANGE,
+    IMAGE_GUIDANCE_RANGE,
+    REFINE_RANGE,
+    STEPS_RANGE,
+    EditParams,
+    RequestError,
+)
+from hidream_ui.ui.common import WORKING_RESOLUTIONS, guarded, params_from_widgets
+from hidream_ui.ui.services import AppServices
 
 logger = logging.getLogger(__name__)
 

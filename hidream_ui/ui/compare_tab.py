@@ -18,13 +18,13 @@ from typing import Any
 
 import gradio as gr
 
-from ..compare import AXES, CompareResult, cell_caption, plan_compare, render_grid, run_compare
-from ..config import AppConfig
-from ..engine import EditEngine, StepInfo
-from ..requests import EditParams, RequestError
-from .handlers import guarded
-from .batch_tab import DEVICE_GROUP, format_seconds, settings_widgets, shared_params, stream_worker
-from .services import AppServices
+from hidream_ui.config import AppConfig
+from hidream_ui.engine.compare import AXES, CompareResult, cell_caption, plan_compare, render_grid, run_compare
+from hidream_ui.engine.engine import EditEngine, StepInfo
+from hidream_ui.requests import EditParams, RequestError
+from hidream_ui.ui.batch_tab import DEVICE_GROUP, format_seconds, settings_widgets, shared_params, stream_worker
+from hidream_ui.ui.common import guarded
+from hidream_ui.ui.services import AppServices
 
 logger = logging.getLogger(__name__)
 

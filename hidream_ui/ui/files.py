@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from ..requests import RequestError
+from hidream_ui.requests import RequestError
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from ..jobs import JobRegistry
+from hidream_ui.engine.jobs import JobRegistry
 
 logger = logging.getLogger(__name__)
 

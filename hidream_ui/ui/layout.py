@@ -30,18 +30,13 @@ from typing import Any, Callable, Sequence
 
 import gradio as gr
 
-from ..engine import EditEngine
-from ..requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
-from . import gradio_internals
-from .services import ASSETS_DIR, AppServices
-from .handlers import (
-    STATUS_CSS,
-    WORKING_RESOLUTIONS,
-    Handlers,
-    example_instruction,
-    instruction_placeholder,
-    variant_hint,
-)
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
+from hidream_ui.ui import gradio_internals
+from hidream_ui.ui.common import WORKING_RESOLUTIONS, example_instruction, instruction_placeholder, variant_hint
+from hidream_ui.ui.handlers import Handlers
+from hidream_ui.ui.services import ASSETS_DIR, AppServices
+from hidream_ui.ui.status_panel import STATUS_CSS
 
 logger = logging.getLogger(__name__)
 

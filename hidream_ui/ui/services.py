@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from ..config import AppConfig
-from ..imaging import open_image
-from ..jobs import Job, JobRegistry
-from . import gradio_internals
-from .files import ServedResults, UploadGate
+from hidream_ui.config import AppConfig
+from hidream_ui.engine.jobs import Job, JobRegistry
+from hidream_ui.imaging import open_image
+from hidream_ui.ui import gradio_internals
+from hidream_ui.ui.files import ServedResults, UploadGate
 
 logger = logging.getLogger(__name__)
 

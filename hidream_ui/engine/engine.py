@@ -15,15 +15,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .config import AppConfig
-from .jobs import CancelToken
-from .requests import WORKING_SIDE_MIN, EditParams, EditRequest, EditResult
+from hidream_ui.config import AppConfig
+from hidream_ui.engine.jobs import CancelToken
+from hidream_ui.requests import WORKING_SIDE_MIN, EditParams, EditRequest, EditResult
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .devices import DeviceInfo
-    from .imaging import WorkingPlan
-    from .models import LoadedModel
-    from .pipeline import PromptEmbeds
+    from hidream_ui.device.backends import DeviceInfo
+    from hidream_ui.imaging import WorkingPlan
+    from hidream_ui.model.loading import LoadedModel
+    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ class EditEngine:
     @property
     def device(self) -> "DeviceInfo":
         if self._device is None:
-            from .devices import DeviceError, resolve_device
+            from hidream_ui.device.backends import DeviceError
+            from hidream_ui.device.detect import resolve_device
 
             try:
                 self._device = resolve_device(self.config.device, backends=self._backends)
@@ -127,7 +128,8 @@ class EditEngine:
     @property
     def dtype(self):
         if self._dtype is None:
-            from .devices import DeviceError, resolve_dtype
+            from hidream_ui.device.backends import DeviceError
+            from hidream_ui.device.detect import resolve_dtype
 
             try:
                 self._dtype = resolve_dtype(self.config.dtype, self.device, backends=self._backends)
@@ -153,8 +155,9 @@ class EditEngine:
         with self._lock:
             if self._model is not None:
                 return self._model
-            from .devices import bind_device_to_thread
-            from .models import ModelError, load_model
+            from hidream_ui.device.runtime import bind_device_to_thread
+            from hidream_ui.model.loading import load_model
+            from hidream_ui.model.sources import ModelError
 
             self._state = "loading"
             self._progress = {"fraction": 0.0, "message": "starting"}
@@ -189,7 +192,8 @@ class EditEngine:
             return model
 
     def _apply_attention_at_load(self) -> None:
-        from .attention import AttentionUnavailable, apply
+        from hidream_ui.pipeline.attention.processor import AttentionUnavailable
+        from hidream_ui.pipeline.attention.registry import apply
 
         transformer = self._model.pipeline.transformer
         try:
@@ -208,7 +212,7 @@ class EditEngine:
         return self._attention_request
 
     def attention_choices(self) -> list:
-        from .attention import list_strategies
+        from hidream_ui.pipeline.attention.registry import list_strategies
 
         return list_strategies(self.device, self.dtype)
 
@@ -218,7 +222,8 @@ class EditEngine:
         Raises EngineError with the reason when `name` is unknown or unavailable; the current
         strategy then stays active.
         """
-        from .attention import AttentionUnavailable, apply, get_strategy, resolve
+        from hidream_ui.pipeline.attention.processor import AttentionUnavailable
+        from hidream_ui.pipeline.attention.registry import apply, get_strategy, resolve
 
         name = (name or "").strip().lower()
         with self._lock:  # never in the middle of an edit
@@ -268,11 +273,11 @@ class EditEngine:
     def _run(self, requests: list[EditRequest], on_step: StepFn | None, *, save: bool,
              token: CancelToken) -> list[EditResult]:
         """Edits requests that share parameters other than image/instruction/seed in ONE pipeline call."""
-        from .devices import bind_device_to_thread, make_generator, reset_peak
-        from .imaging import apply_plan, restore_size
-        from .memory import snapshot
-        from .outputs import save_result
-        from .pipeline import EditInterrupted
+        from hidream_ui.device.memory import snapshot
+        from hidream_ui.device.runtime import bind_device_to_thread, make_generator, reset_peak
+        from hidream_ui.imaging import apply_plan, restore_size
+        from hidream_ui.outputs import save_result
+        from hidream_ui.pipeline.edit_pipeline import EditInterrupted
 
         started = time.perf_counter()
         params_list = [r.params.validated().resolve_seed() for r in requests]
@@ -407,7 +412,7 @@ class EditEngine:
         Raises EngineError, before any work, when the size needs more tokens than the model's
         budget (the edit input is H x 2W latents; more than max_seq cannot be padded or collapsed).
         """
-        from .imaging import working_plan
+        from hidream_ui.imaging import working_plan
 
         model = self.model
         geometry = model.geometry
@@ -434,7 +439,8 @@ class EditEngine:
         return ["auto", "draft", *(str(side) for side in (working_sides(geometry) if geometry else ()))]
 
     def _geometry_from_configs(self):
-        from .models import ModelError, read_geometry, resolve_sources
+        from hidream_ui.model.geometry import read_geometry
+        from hidream_ui.model.sources import ModelError, resolve_sources
 
         try:
             return read_geometry(resolve_sources(self.config, build_tiny=False))
@@ -450,7 +456,7 @@ class EditEngine:
         hidden width, times ~24 live activations per token in a block (q/k/v/out, MoE experts,
         norms), in the model dtype. Deliberately rough and conservative; `batch_size` overrides.
         """
-        from .memory import snapshot
+        from hidream_ui.device.memory import snapshot
 
         model = self.model
         config = model.pipeline.transformer.config
@@ -473,9 +479,9 @@ class EditEngine:
         reported and the rest continue; an out-of-memory retries the group one item at a time;
         the `cancel` token (or `cancel()`) stops after the current step and keeps what finished.
         """
-        from .batch import open_sources, plan_items
-        from .imaging import open_image
-        from .requests import RequestError
+        from hidream_ui.engine.batch import open_sources, plan_items
+        from hidream_ui.imaging import open_image
+        from hidream_ui.requests import RequestError
 
         started = time.perf_counter()
         opened, rejected = open_sources(request.sources, open_image)
@@ -503,8 +509,8 @@ class EditEngine:
         """The part of `run_batch` that holds the device: group by working size, run the chunks."""
         from collections import OrderedDict as _Ordered
 
-        from .batch import BatchResult, item_params
-        from .requests import RequestError
+        from hidream_ui.engine.batch import BatchResult, item_params
+        from hidream_ui.requests import RequestError
 
         groups: "_Ordered[tuple, list]" = _Ordered()
         for item in items:
@@ -567,8 +573,8 @@ class EditEngine:
         import torch
         import transformers
 
-        from . import __version__
-        from .devices import dtype_name
+        from hidream_ui import __version__
+        from hidream_ui.device.backends import dtype_name
 
         model = self._model
         sources = model.sources if model else None
@@ -587,7 +593,7 @@ class EditEngine:
 
     def status(self) -> dict:
         """A JSON-able snapshot for the status panel and `/status`. Cheap: no lock, no device sync."""
-        from .memory import snapshot
+        from hidream_ui.device.memory import snapshot
 
         status = {
             "state": self._state,
@@ -605,7 +611,7 @@ class EditEngine:
             "last_error": self._last_error,
         }
         try:
-            from .devices import dtype_name
+            from hidream_ui.device.backends import dtype_name
 
             device = self.device
             status.update(device=device.torch_device, device_type=device.type, device_name=device.name,
@@ -625,12 +631,12 @@ class EditEngine:
 
     # ------------------------------------------------------------------ memory
     def _is_oom(self, exc: BaseException) -> bool:
-        from .devices import is_oom_error
+        from hidream_ui.device.runtime import is_oom_error
 
         return is_oom_error(exc)
 
     def _free(self) -> None:
-        from .devices import free_memory
+        from hidream_ui.device.runtime import free_memory
 
         try:
             free_memory(self.device, backends=self._backends)

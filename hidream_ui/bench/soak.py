@@ -60,7 +60,7 @@ def _files_under(folder: Path) -> list[Path]:
 
 
 def _sample(edit: int, demo, output_dir: Path, gradio_dir: Path) -> dict:
-    from .ui import gradio_internals
+    from hidream_ui.ui import gradio_internals
 
     janitor = getattr(getattr(demo, "hidream_services", None), "janitor", None)
     pruned = janitor.run_once() if janitor is not None else None
@@ -104,10 +104,10 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
 
     from gradio_client import Client, handle_file
 
-    from .app_main import launch
-    from .config import AppConfig
-    from .engine import EditEngine
-    from .ui.layout import ASSETS_DIR
+    from hidream_ui.cli.app import launch
+    from hidream_ui.config import AppConfig
+    from hidream_ui.engine.engine import EditEngine
+    from hidream_ui.ui.layout import ASSETS_DIR
 
     picture = Path(image) if image is not None else ASSETS_DIR / "apple.png"
     tmp = Path(tempfile.mkdtemp(prefix="hidream-bench-soak-"))

@@ -14,8 +14,8 @@ import os
 import platform
 import sys
 
-from . import __version__
-from .config import ConfigError, add_model_arguments, from_namespace
+from hidream_ui import __version__
+from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
 
 _PACKAGES = ("torch", "diffusers", "transformers", "tokenizers", "safetensors", "accelerate", "peft", "gradio",
              "gradio_client", "torch_npu", "flash_attn", "pynvml")
@@ -65,7 +65,9 @@ def _cann() -> dict:
 
 def collect(config, backends=None) -> dict:
     """Builds the report; never raises for a missing piece (it is recorded instead)."""
-    from . import devices, memory, models
+    from hidream_ui.device import backends as device_backends
+    from hidream_ui.device import detect, memory
+    from hidream_ui.model import sources as model_sources
 
     report: dict = {
         "hidream_ui": __version__,
@@ -83,35 +85,35 @@ def collect(config, backends=None) -> dict:
         # A warning, not a problem: a newer torch_npu usually works; it just was not checked.
         report["warnings"].append(report["torch_npu"]["warning"])
     try:
-        detection = devices.detect(backends=backends)
+        detection = detect.detect(backends=backends)
         report["backends"] = detection
     except Exception as exc:  # noqa: BLE001 - the doctor reports; it must not crash on a broken backend
         report["backends"] = {"error": repr(exc)}
     try:
-        device = devices.resolve_device(config.device, backends=backends)
+        device = detect.resolve_device(config.device, backends=backends)
         report["device"] = {"torch_device": device.torch_device, "type": device.type, "name": device.name,
                             "physical_index": device.physical_index, "total_memory": device.total_memory}
         report["dtype_probe"] = {k: {"ok": ok, "detail": why}
-                                 for k, (ok, why) in devices.probe_dtypes(device, backends=backends).items()}
+                                 for k, (ok, why) in detect.probe_dtypes(device, backends=backends).items()}
         try:
-            report["dtype"] = devices.dtype_name(devices.resolve_dtype(config.dtype, device, backends=backends))
-        except devices.DeviceError as exc:
+            report["dtype"] = device_backends.dtype_name(detect.resolve_dtype(config.dtype, device, backends=backends))
+        except device_backends.DeviceError as exc:
             report["dtype"] = None
             report["problems"].append(str(exc))
         report["memory"] = memory.snapshot(device, backends=backends).to_dict()
-        from .attention import list_strategies
-
         import torch
+
+        from hidream_ui.pipeline.attention.registry import list_strategies
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(report.get("dtype"), torch.float32)
         report["attention"] = [
             {"name": s.name, "available": s.available, "reason": s.reason} for s in list_strategies(device, dtype)]
-    except devices.DeviceError as exc:
+    except device_backends.DeviceError as exc:
         report["device"] = None
         report["problems"].append(str(exc))
 
-    sources = models.resolve_sources(config)
-    problems = models.verify_sources(sources)
+    sources = model_sources.resolve_sources(config)
+    problems = model_sources.verify_sources(sources)
     report["model"] = {**sources.to_dict(), "verified": not problems, "problems": problems}
     if sources.kind == "tiny":
         report["model"]["note"] = ("offline tiny random-weight model: outputs are noise; "

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
-    from .devices import Backend, DeviceInfo
+    from hidream_ui.device.backends import Backend, DeviceInfo
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -69,7 +69,7 @@ def snapshot(
     """
     import psutil
 
-    from .devices import default_backends
+    from hidream_ui.device.backends import default_backends
 
     table = default_backends() if backends is None else backends
     backend = table.get(device.type)

@@ -14,7 +14,7 @@ from typing import Any
 
 from PIL import Image
 
-from .requests import SEED_MAX, EditParams, EditResult, RequestError
+from hidream_ui.requests import SEED_MAX, EditParams, EditResult, RequestError
 
 MODES = ("matrix", "paired")
 SEED_POLICIES = ("fixed", "increment", "random")

@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from .config import ConfigError, add_model_arguments, from_namespace
+from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,9 +36,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from .engine import EditEngine, EngineError
-    from .imaging import ImageError, open_image
-    from .requests import EditParams, EditRequest, RequestError
+    from hidream_ui.engine.engine import EditEngine, EngineError
+    from hidream_ui.imaging import ImageError, open_image
+    from hidream_ui.requests import EditParams, EditRequest, RequestError
 
     try:
         config = from_namespace(args)

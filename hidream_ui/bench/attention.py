@@ -70,7 +70,7 @@ PROFILES = {
                              reference_rows=None, transformer_side=64, transformer_batch=2, text_len=8),
 }
 
-# The model geometry of hidream_ui/tiny.py's profiles (see the project's shared notes); used to build
+# The model geometry of hidream_ui/model/tiny/profiles.py (see the project's shared notes); used to build
 # a random-weight transformer in-process when the tiny checkpoint is not available.
 TRANSFORMER_GEOMETRY = {
     "tiny": dict(patch_size=2, in_channels=16, out_channels=16, num_layers=2, num_single_layers=2,
@@ -252,7 +252,7 @@ def reference_output(q, k, v, bias, rows):
     """float64 attention for the selected query rows, one sample at a time (bounded memory)."""
     import torch
 
-    from .attention import math_attention
+    from hidream_ui.pipeline.attention.kernels import math_attention
 
     parts = []
     for b in range(q.shape[0]):
@@ -281,7 +281,7 @@ def bench_kernels(profile: AttentionProfile, sides: Sequence[int], strategies: S
                   time_budget_s: float | None = None) -> list[dict]:
     import torch
 
-    from .attention import get_strategy
+    from hidream_ui.pipeline.attention.registry import get_strategy
 
     device_type = device.split(":")[0]
     meter = _PeakMeter(device_type)
@@ -344,7 +344,7 @@ def build_transformer(profile_name: str, dtype, device: str):
     from diffusers import HiDreamImageTransformer2DModel
 
     try:
-        from .tiny import ensure_tiny
+        from hidream_ui.model.tiny.build import ensure_tiny
     except ImportError:
         ensure_tiny = None
     if ensure_tiny is not None:
@@ -400,7 +400,7 @@ def bench_transformer(profile_name: str, profile: AttentionProfile, strategies: 
                       repeats: int, chunk_size: int, progress) -> dict:
     import torch
 
-    from .attention import apply
+    from hidream_ui.pipeline.attention.registry import apply
 
     t0 = time.perf_counter()
     transformer, source = build_transformer(profile_name, dtype, device)
@@ -477,7 +477,7 @@ def run(profile: str = "tiny", repeats: int = 3, json_out: bool = False, sizes: 
     """
     import torch
 
-    from .attention import AUTO, list_strategies, resolve
+    from hidream_ui.pipeline.attention.registry import AUTO, list_strategies, resolve
 
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")

@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import math
 import re
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
-from .requests import SEED_MAX, EditParams, EditRequest, EditResult, RequestError
+from hidream_ui.requests import SEED_MAX, EditParams, EditRequest, EditResult, RequestError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .engine import EditEngine, StepFn
-    from .jobs import CancelToken
+    from hidream_ui.engine.engine import EditEngine, StepFn
+    from hidream_ui.engine.jobs import CancelToken
 
 __all__ = [
     "AXES",
@@ -188,7 +187,7 @@ def _tidy(number: float) -> float:
 def _validate_value(axis: Axis, value: Any) -> Any:
     field = f"{axis.name} values"
     if axis.kind == "attention":
-        from .attention import get_strategy, strategy_names
+        from hidream_ui.pipeline.attention.registry import get_strategy, strategy_names
 
         name = str(value).strip().lower()
         try:
@@ -341,9 +340,9 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
     between two cells) ends the run early; the finished cells are kept and `cancelled` is set.
     Other errors propagate (EngineError, OutOfMemory, ...).
     """
-    from .engine import EditCancelled
-    from .imaging import open_image
-    from .jobs import CancelToken
+    from hidream_ui.engine.engine import EditCancelled
+    from hidream_ui.engine.jobs import CancelToken
+    from hidream_ui.imaging import open_image
 
     started = time.perf_counter()
     plan = plan_compare(params, axis_x, values_x, axis_y, values_y, max_cells=engine.config.max_grid_cells)

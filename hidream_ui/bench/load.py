@@ -28,8 +28,8 @@ _CHILD = textwrap.dedent("""
             time.sleep(0.01)
     thread = threading.Thread(target=sample, daemon=True); thread.start()
     from hidream_ui.config import AppConfig
-    from hidream_ui.devices import resolve_device, resolve_dtype
-    from hidream_ui.models import load_model
+    from hidream_ui.device.detect import resolve_device, resolve_dtype
+    from hidream_ui.model.loading import load_model
     config = AppConfig(tiny_profile=sys.argv[1], dtype=sys.argv[2], device="cpu", refiner=sys.argv[3],
                        variant=sys.argv[4])
     device = resolve_device("cpu"); dtype = resolve_dtype(config.dtype, device)
@@ -55,7 +55,7 @@ _CHILD = textwrap.dedent("""
 
 
 def measure(profile: str, dtype: str, refiner: str = "e1", variant: str = "e1.1") -> dict:
-    from .tiny import ensure_tiny
+    from hidream_ui.model.tiny.build import ensure_tiny
 
     ensure_tiny(profile=profile)  # build outside the measured process
     out = subprocess.run([sys.executable, "-c", _CHILD, profile, dtype, refiner, variant],

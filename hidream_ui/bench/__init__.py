@@ -10,12 +10,12 @@ import importlib
 import sys
 
 KINDS = {
-    "load": ("hidream_ui.bench_load", "peak host RAM over weight bytes while loading (bench profile)"),
-    "edit": ("hidream_ui.bench_edit", "padded vs collapsed forward, weight copies per edit, text-encoder calls"),
-    "attention": ("hidream_ui.bench_attention", "every attention strategy: time, peak memory, error"),
-    "batch": ("hidream_ui.bench_batch", "run_batch vs a loop of single edits"),
-    "app": ("hidream_ui.bench_app", "cold start of `python app.py` to serving"),
-    "soak": ("hidream_ui.bench_soak", "N edits through the running app: RSS growth, cached/output files, failures"),
+    "load": ("hidream_ui.bench.load", "peak host RAM over weight bytes while loading (bench profile)"),
+    "edit": ("hidream_ui.bench.edit", "padded vs collapsed forward, weight copies per edit, text-encoder calls"),
+    "attention": ("hidream_ui.bench.attention", "every attention strategy: time, peak memory, error"),
+    "batch": ("hidream_ui.bench.batch", "run_batch vs a loop of single edits"),
+    "app": ("hidream_ui.bench.app", "cold start of `python app.py` to serving"),
+    "soak": ("hidream_ui.bench.soak", "N edits through the running app: RSS growth, cached/output files, failures"),
 }
 
 

@@ -14,14 +14,20 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from .config import AppConfig, ConfigError, add_model_arguments, add_server_arguments, from_namespace, read_auth_file
+from hidream_ui.config import (
+    AppConfig,
+    ConfigError,
+    add_model_arguments,
+    add_server_arguments,
+    from_namespace,
+    read_auth_file,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
 
-    from .engine import EditEngine
+    from hidream_ui.engine.engine import EditEngine
 
-logger = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
 JANITOR_INTERVAL = 5.0  # seconds between two checks of gradio's cache against --cache-max-files
@@ -72,9 +78,9 @@ def launch(
     if config.mcp and not mcp_available():
         raise ConfigError(MCP_HINT)
 
-    from .engine import get_engine
-    from .ui.layout import build_demo, launch_options
-    from .ui.services import AppServices
+    from hidream_ui.engine.engine import get_engine
+    from hidream_ui.ui.layout import build_demo, launch_options
+    from hidream_ui.ui.services import AppServices
 
     engine = engine or get_engine(config)
     services = AppServices.for_config(config)
@@ -109,8 +115,8 @@ def launch(
 
 def admission(demo, config: AppConfig) -> bool:
     """--max-queue and --max-jobs-per-client on the device lane (`gradio_internals.admit_jobs`)."""
-    from .ui import gradio_internals
-    from .ui.layout import DEVICE_GROUP
+    from hidream_ui.ui import gradio_internals
+    from hidream_ui.ui.layout import DEVICE_GROUP
 
     def message(held: int) -> str:
         return (f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
@@ -127,9 +133,9 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
 
     from starlette.middleware import Middleware
 
-    from .ui import gradio_internals
-    from .ui.files import CacheJanitor
-    from .ui.guard import BoothGuard, LoginThrottle
+    from hidream_ui.ui import gradio_internals
+    from hidream_ui.ui.files import CacheJanitor
+    from hidream_ui.ui.guard import BoothGuard, LoginThrottle
 
     throttle = None if services.public else LoginThrottle(config.max_login_failures)
     janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, config.cache_max_files, config.cache_max_age),

@@ -33,7 +33,7 @@ _IMPORTS_CHILD = textwrap.dedent("""
     import json, time
     marks = {}
     t = time.perf_counter()
-    for name in ("hidream_ui.app_main", "gradio", "hidream_ui.ui.layout"):
+    for name in ("hidream_ui.cli.app", "gradio", "hidream_ui.ui.layout"):
         __import__(name)
         now = time.perf_counter()
         marks[name] = round(now - t, 3)

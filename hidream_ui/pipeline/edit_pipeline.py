@@ -89,7 +89,7 @@ class EditInterrupted(RuntimeError):
 class HiDreamEditPipeline(HiDreamImagePipeline):
     """Edits images with an instruction; see the module docstring for the algorithm."""
 
-    # Set by hidream_ui.models after loading: where the transformer computes, and where text encoders live.
+    # Set by hidream_ui.model.loading after loading: where the transformer computes, and where text encoders live.
     compute_device: str | None = None
     text_encoder_mode: str = "device"
 

@@ -1,0 +1,1 @@
+"""Command-line entry points: `app` (the Gradio app), `edit`, `doctor`."""

@@ -1,0 +1,2 @@
+"""The engine: `engine` (EditEngine: lifecycle, lock, edit), `jobs` (cancel tokens), `batch`,
+`compare`."""

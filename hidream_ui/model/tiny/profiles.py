@@ -1,0 +1,142 @@
+"""The tiny checkpoint's profiles (sizes per part), its marker file and format version."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+# Bump whenever the bytes written for a given (profile, seed) change: ensure_tiny() keys its cache on it.
+FORMAT_VERSION = 2
+
+MARKER_FILENAME = "hidream_ui_tiny.json"
+# Non-LoRA keys the tiny E1-Full checkpoint replaces (names as in the adapter-wrapped state_dict). The real file's
+# plain keys are not documented; these exercise the "reload_keys" path of the editing pipeline.
+E1_FULL_PLAIN_KEYS: tuple[str, ...] = (
+    "x_embedder.proj.weight",
+    "x_embedder.proj.bias",
+    "t_embedder.timestep_embedder.linear_1.weight",
+    "t_embedder.timestep_embedder.linear_1.bias",
+)
+
+CACHE_ENV_VAR = "HIDREAM_UI_CACHE"
+
+
+@dataclass(frozen=True)
+class TinyProfile:
+    """Geometry of the HiDream transformer for one tiny profile (the text encoders are tiny in every profile)."""
+
+    name: str
+    description: str
+    num_layers: int
+    num_single_layers: int
+    num_attention_heads: int
+    attention_head_dim: int
+    axes_dims_rope: tuple[int, ...]
+    max_resolution: tuple[int, int]
+    llama_layers: tuple[int, ...]
+    transformer_shards: int
+    patch_size: int = 2
+    latent_channels: int = 16
+    num_routed_experts: int = 4
+    num_activated_experts: int = 2
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def max_seq(self) -> int:
+        return self.max_resolution[0] * self.max_resolution[1] // (self.patch_size * self.patch_size)
+
+    def transformer_config(self) -> dict[str, Any]:
+        """The ``HiDreamImageTransformer2DModel`` init arguments (what ``transformer/config.json`` holds)."""
+        return {
+            "patch_size": self.patch_size,
+            "in_channels": self.latent_channels,
+            "out_channels": self.latent_channels,
+            "num_layers": self.num_layers,
+            "num_single_layers": self.num_single_layers,
+            "attention_head_dim": self.attention_head_dim,
+            "num_attention_heads": self.num_attention_heads,
+            # [T5 d_model, Llama hidden]: diffusers projects the Llama layers with [1] and T5 with [0].
+            "caption_channels": [_TEXT.t5_d_model, _TEXT.llama_hidden],
+            "text_emb_dim": _TEXT.clip_l_projection + _TEXT.clip_g_projection,
+            "num_routed_experts": self.num_routed_experts,
+            "num_activated_experts": self.num_activated_experts,
+            "axes_dims_rope": list(self.axes_dims_rope),
+            "max_resolution": list(self.max_resolution),
+            "llama_layers": list(self.llama_layers),
+            "force_inference_output": False,
+        }
+
+
+@dataclass(frozen=True)
+class _TextGeometry:
+    """Tiny text side shared by all profiles; names follow the real encoders they stand in for."""
+
+    clip_l_hidden: int = 32
+    clip_l_projection: int = 16
+    clip_l_layers: int = 2
+    clip_l_heads: int = 2
+    clip_g_hidden: int = 48
+    clip_g_projection: int = 16
+    clip_g_layers: int = 2
+    clip_g_heads: int = 4
+    # Long-context CLIP: the HiDream pipeline pads CLIP prompts to min(max_sequence_length, 218) tokens.
+    clip_max_positions: int = 248
+    t5_d_model: int = 32
+    t5_d_kv: int = 8
+    t5_d_ff: int = 64
+    t5_heads: int = 4
+    t5_layers: int = 2
+    t5_extra_ids: int = 100
+    llama_hidden: int = 32
+    llama_intermediate: int = 64
+    llama_layers: int = 4
+    llama_heads: int = 2
+    llama_kv_heads: int = 1
+    vae_block_out_channels: tuple[int, ...] = (8, 8, 16, 16)
+    vae_norm_num_groups: int = 4
+
+
+_TEXT = _TextGeometry()
+
+PROFILES: Mapping[str, TinyProfile] = MappingProxyType(
+    {
+        "tiny": TinyProfile(
+            name="tiny",
+            description="a few MB; for tests and the offline demo",
+            num_layers=2,
+            num_single_layers=2,
+            num_attention_heads=2,
+            attention_head_dim=16,
+            axes_dims_rope=(8, 4, 4),
+            max_resolution=(16, 16),
+            llama_layers=(0, 1, 2, 3),
+            transformer_shards=2,
+        ),
+        "bench": TinyProfile(
+            name="bench",
+            description="the real attention geometry (20 heads x 128, max_seq 4096) with 1 double + 1 single block",
+            num_layers=1,
+            num_single_layers=1,
+            num_attention_heads=20,
+            attention_head_dim=128,
+            axes_dims_rope=(64, 32, 32),
+            max_resolution=(128, 128),
+            llama_layers=(2, 3),
+            transformer_shards=4,
+        ),
+    }
+)
+
+
+@dataclass(frozen=True)
+class TinyMarker:
+    """Content of ``hidream_ui_tiny.json``: what was built and by which format version."""
+
+    profile: str
+    seed: int
+    format_version: int

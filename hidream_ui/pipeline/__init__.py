@@ -1,0 +1,1 @@
+"""The editing pipeline (`edit_pipeline`) and its attention strategies (`attention/`)."""

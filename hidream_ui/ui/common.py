@@ -1,0 +1,191 @@
+"""Helpers every tab shares: error conversion (`guarded`), widget values <-> params, hints."""
+
+from __future__ import annotations
+
+import functools
+import html
+import inspect
+import logging
+from typing import Any, Callable
+
+import gradio as gr
+
+from hidream_ui.archive import ArchiveError
+from hidream_ui.engine.engine import EditCancelled, EngineError
+from hidream_ui.imaging import ImageError
+from hidream_ui.outputs import MetadataError
+from hidream_ui.requests import TARGET_MARKER, EditParams, RequestError
+
+logger = logging.getLogger(__name__)
+
+
+# Errors whose message is written for users: shown exactly as raised.
+USER_ERRORS = (EngineError, RequestError, ImageError, MetadataError, ArchiveError)
+
+# Working resolutions offered before the model's geometry is known; `page_load` replaces them with
+# the ones the configured model can take (`EditEngine.working_resolution_choices`).
+WORKING_RESOLUTIONS = ("auto", "draft")
+
+E11_HINT = (
+    "**E1.1** takes a plain instruction, e.g. *Turn the sky into a sunset*. "
+    "Describe the change, not the whole picture."
+)
+E1_FULL_HINT = (
+    "**E1-Full** expects two parts: `Editing Instruction: <the change>. "
+    f"{TARGET_MARKER} <the whole edited image>`. The description after "
+    f"`{TARGET_MARKER}` drives the refine stage; without it the instruction is used for both."
+)
+
+
+def variant_hint(variant: str) -> str:
+    return E1_FULL_HINT if variant == "e1-full" else E11_HINT
+
+
+def instruction_placeholder(variant: str) -> str:
+    if variant == "e1-full":
+        return ("Editing Instruction: Convert the image into a Ghibli style. "
+                f"{TARGET_MARKER} A Ghibli-style cottage on a green hill under a blue sky.")
+    return "Turn the scene into a snowy winter evening"
+
+
+def example_instruction(instruction: str, variant: str, target: str | None = None) -> str:
+    """Examples are written as E1.1 instructions plus a target description; E1-Full gets both in
+    its two-part format (without a description the instruction stands in for it)."""
+    if variant != "e1-full" or TARGET_MARKER in instruction:
+        return instruction
+    return f"Editing Instruction: {instruction.rstrip('.')}. {TARGET_MARKER} {target or instruction}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+def gr_error(message: str, title: str = "Error") -> gr.Error:
+    # gr.Error renders its message as HTML in the browser; file names in messages are user input.
+    return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
+
+
+def guarded(what: str) -> Callable[[Callable], Callable]:
+    """Turns every failure of the wrapped handler into a `gr.Error` with a readable message.
+
+    Works for plain and generator handlers (streaming tabs): for a generator, errors raised while
+    iterating are converted too. `functools.wraps` keeps the signature, which gradio reads to
+    inject `gr.Request` and `gr.Progress` and to name the API parameters.
+    """
+
+    def convert(exc: Exception) -> gr.Error:
+        if isinstance(exc, EditCancelled):
+            return gr_error(str(exc), title="Stopped")
+        if isinstance(exc, USER_ERRORS):
+            return gr_error(str(exc))
+        logger.error("%s failed", what, exc_info=exc)
+        return gr_error(f"{what} failed unexpectedly ({type(exc).__name__}: {exc}). The server log has the details.")
+
+    def decorate(fn: Callable) -> Callable:
+        if inspect.isgeneratorfunction(fn):
+            @functools.wraps(fn)
+            def stream(*args, **kwargs):
+                try:
+                    yield from fn(*args, **kwargs)
+                except gr.Error:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into messages
+                    raise convert(exc) from None
+
+            return stream
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into messages
+                raise convert(exc) from None
+
+        return wrapper
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------------------------
+# Widget values <-> params
+# ---------------------------------------------------------------------------------------------
+
+
+def params_from_widgets(
+    instruction: Any,
+    negative_prompt: Any,
+    guidance_scale: Any,
+    image_guidance_scale: Any,
+    num_inference_steps: Any,
+    refine_strength: Any,
+    clip_cfg_norm: Any,
+    working_resolution: Any,
+    seed: Any,
+    randomize_seed: Any,
+    collapse_padding: Any,
+) -> EditParams:
+    """Validated params from raw widget / API values (RequestError names the bad field)."""
+    if randomize_seed is True or str(randomize_seed).strip().lower() in ("true", "1"):
+        seed = -1
+    elif seed is None or (isinstance(seed, str) and not seed.strip()):
+        seed = -1  # a cleared seed box means "pick one", not an error
+    return EditParams(
+        instruction=instruction if instruction is not None else "",
+        negative_prompt=negative_prompt,
+        guidance_scale=guidance_scale,
+        image_guidance_scale=image_guidance_scale,
+        num_inference_steps=num_inference_steps,
+        refine_strength=refine_strength,
+        clip_cfg_norm=clip_cfg_norm,
+        seed=seed,
+        working_resolution=working_resolution if working_resolution not in (None, "") else "auto",
+        collapse_padding=collapse_padding,
+    ).validated()
+
+
+def form_values(params: EditParams) -> tuple:
+    """Values for the form widgets, in `layout.FORM_FIELDS` order (randomize is switched off so
+    the loaded seed is the one used)."""
+    return (
+        params.instruction,
+        params.negative_prompt,
+        params.guidance_scale,
+        params.image_guidance_scale,
+        params.num_inference_steps,
+        params.refine_strength,
+        params.clip_cfg_norm,
+        str(params.working_resolution),
+        params.seed,
+        False,
+        params.collapse_padding,
+    )
+
+
+def summarise_result(result, load_seconds: float = 0.0) -> str:
+    """One Markdown line for a finished edit; `load_seconds` is the model load this request waited
+    for (the first edit after start-up), shown apart from the edit's own time."""
+    params = result.params
+    timings = result.timings
+    width, height = result.working_size
+    name = result.saved_png.name if result.saved_png else "not saved"
+    load = f" · model load {load_seconds:.1f} s" if load_seconds >= 0.05 else ""
+    return (
+        f"Seed **{params.seed}** · working size {width}×{height} · {params.num_inference_steps} steps · "
+        f"{timings.get('total', 0):.1f} s (denoise {timings.get('denoise', 0):.1f} s, "
+        f"{timings.get('per_step', 0):.2f} s/step){load} · saved `{name}` (settings in its metadata)"
+    )
+
+
+def deleted_placeholder():
+    """The History thumbnail of a result that retention deleted (instead of a broken image)."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (256, 256), (236, 236, 236))
+    draw = ImageDraw.Draw(image)
+    for y, line in ((104, "deleted by"), (128, "retention")):
+        width = draw.textlength(line)
+        draw.text(((256 - width) / 2, y), line, fill=(90, 90, 90))
+    return image

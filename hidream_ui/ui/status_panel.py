@@ -1,0 +1,117 @@
+"""The system panel: engine status -> HTML (state line, device, memory bars)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Mapping
+
+from hidream_ui.device.memory import format_bytes
+
+# ---------------------------------------------------------------------------------------------
+# Status panel
+# ---------------------------------------------------------------------------------------------
+
+STATUS_CSS = """
+.hui-status { font-size: 0.9em; line-height: 1.45; }
+.hui-status .hui-kv { display: flex; justify-content: space-between; gap: 0.5em; }
+.hui-status .hui-kv span:first-child { opacity: 0.75; }
+.hui-status .hui-kv span:last-child { text-align: right; font-weight: 600; overflow-wrap: anywhere; }
+.hui-status .hui-state { padding: 0.35em 0.6em; border-radius: 6px; margin-bottom: 0.5em; font-weight: 600; }
+.hui-status .hui-state-idle { background: rgba(34, 197, 94, 0.15); }
+.hui-status .hui-state-loading { background: rgba(234, 179, 8, 0.22); }
+.hui-status .hui-state-editing { background: rgba(59, 130, 246, 0.2); }
+.hui-status .hui-state-error { background: rgba(239, 68, 68, 0.2); }
+.hui-status .hui-bar { height: 8px; border-radius: 4px; background: rgba(127, 127, 127, 0.22); overflow: hidden; }
+.hui-status .hui-bar > div { height: 100%; background: #3b82f6; }
+.hui-status .hui-bar.hui-high > div { background: #ef4444; }
+.hui-status .hui-bar-label { display: flex; justify-content: space-between; font-size: 0.85em; margin-top: 0.35em; }
+.hui-status .hui-note { font-size: 0.85em; opacity: 0.85; margin-top: 0.4em; }
+.hui-status h4 { margin: 0.7em 0 0.2em 0; font-size: 0.95em; }
+"""
+
+
+def _kv(key: str, value: str) -> str:
+    return f'<div class="hui-kv"><span>{html.escape(key)}</span><span>{html.escape(value)}</span></div>'
+
+
+def _bar(label: str, used: float | int | None, total: float | int | None, text: str | None = None) -> str:
+    if used is None or not total:
+        return ""
+    fraction = max(0.0, min(1.0, float(used) / float(total)))
+    high = " hui-high" if fraction >= 0.9 else ""
+    text = text or f"{format_bytes(used)} / {format_bytes(total)}"
+    return (f'<div class="hui-bar-label"><span>{html.escape(label)}</span><span>{html.escape(text)}</span></div>'
+            f'<div class="hui-bar{high}" title="{fraction:.0%}"><div style="width:{fraction * 100:.1f}%"></div></div>')
+
+
+def state_line(status: Mapping[str, Any]) -> tuple[str, str]:
+    """("idle" | "loading" | "editing", human text) from an engine status dict."""
+    state = str(status.get("state") or "idle")
+    progress = status.get("progress") or {}
+    if state == "editing":
+        step, total = progress.get("step"), progress.get("total")
+        stage = progress.get("stage")
+        text = f"editing · step {step}/{total}" if total else "editing"
+        if stage == "refine":
+            text += " (refine)"
+        return state, text
+    if state == "loading":
+        fraction = progress.get("fraction")
+        message = progress.get("message") or ""
+        percent = f" {fraction:.0%}" if isinstance(fraction, (int, float)) else ""
+        return state, f"loading model{percent} · {message}".rstrip(" ·")
+    return state, "idle" + ("" if status.get("loaded") else " · model not loaded yet (loads on first edit)")
+
+
+def render_status(status: Mapping[str, Any]) -> str:
+    """The system panel's HTML for an `engine.status()` dict (plus an optional "queue" entry)."""
+    state, text = state_line(status)
+    parts = [f'<div class="hui-status"><div class="hui-state hui-state-{html.escape(state)}">{html.escape(text)}</div>']
+    if status.get("device"):
+        parts.append(_kv("Device", f"{status.get('device_name') or '?'}"))
+        parts.append(_kv("Type", f"{status.get('device_type')} ({status.get('device')})"))
+    else:
+        parts.append(_kv("Device", "unavailable"))
+    parts.append(_kv("Dtype", str(status.get("dtype") or "?")))
+    source = status.get("model_source")
+    source_text = "tiny (random weights)" if source == "tiny" else str(source or "?")
+    parts.append(_kv("Model", f"{str(status.get('variant') or '?').upper()} · {source_text}"))
+    parts.append(_kv("Attention", str(status.get("attention") or "?")))
+    queue = status.get("queue")
+    if isinstance(queue, Mapping):
+        parts.append(_kv("Queue", f"{queue.get('waiting', 0)} waiting · {queue.get('running', 0)} running"))
+    memory = status.get("memory")
+    if isinstance(memory, Mapping):
+        parts.append("<h4>Memory</h4>")
+        total = memory.get("total")
+        if memory.get("allocated") is not None:
+            parts.append(_bar("allocated", memory.get("allocated"), total))
+            parts.append(_bar("reserved", memory.get("reserved"), total))
+            parts.append(_bar("peak", memory.get("peak"), total))
+        elif status.get("device_type") == "cpu":
+            parts.append('<div class="hui-note">CPU: no device allocator; model memory is in the process RSS.</div>')
+        if memory.get("free") is not None and total and status.get("device_type") != "cpu":
+            parts.append(_bar("device in use", total - memory["free"], total))
+        host_total = memory.get("host_total")
+        if host_total and memory.get("host_available") is not None:
+            parts.append(_bar("host RAM", host_total - memory["host_available"], host_total))
+        parts.append(_bar("process RSS", memory.get("process_rss"), host_total))
+        utilization = memory.get("utilization")
+        if isinstance(utilization, (int, float)):
+            kind = str(status.get("device_type") or "device").upper()
+            parts.append(_bar(f"{kind} utilisation", utilization, 100.0, f"{utilization:.0f}%"))
+    if status.get("device_error"):
+        parts.append(f'<div class="hui-note">device: {html.escape(str(status["device_error"]))}</div>')
+    if status.get("attention_note"):
+        parts.append(f'<div class="hui-note">{html.escape(str(status["attention_note"]))}</div>')
+    if status.get("last_error"):
+        parts.append(f'<div class="hui-note">last error: {html.escape(str(status["last_error"]))}</div>')
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def attention_label(name: str, description: str, available: bool, reason: str) -> str:
+    if not available:
+        return f"{name} — unavailable: {reason}"
+    short = description.split(";")[0].split(":")[0].strip()
+    return f"{name} — {short}" if short else name

@@ -11,17 +11,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from hidream_ui.device.backends import DTYPE_SPECS, DeviceError
+from hidream_ui.device.detect import parse_device_spec
+
 VARIANTS = ("e1.1", "e1-full")
-DTYPES = ("auto", "bf16", "fp16", "fp32")
 TEXT_ENCODER_MODES = ("device", "cpu", "offload")
 REFINERS = ("e1", "i1")
 TINY_PROFILES = ("tiny", "bench")
-_DEVICE_RE = re.compile(r"^(auto|cpu|npu|cuda)(:\d+)?$")
 
 
 class ConfigError(ValueError):
@@ -205,14 +205,15 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 def validate(config: AppConfig) -> AppConfig:
     """Checks every field; returns the config unchanged or raises ConfigError."""
     _choice("variant", config.variant, VARIANTS)
-    _choice("dtype", config.dtype, DTYPES)
+    _choice("dtype", config.dtype, DTYPE_SPECS)
     _choice("text_encoders", config.text_encoders, TEXT_ENCODER_MODES)
     _choice("refiner", config.refiner, REFINERS)
     _choice("tiny_profile", config.tiny_profile, TINY_PROFILES)
-    if not _DEVICE_RE.match(config.device) or config.device.startswith("auto:") or config.device.startswith("cpu:"):
-        raise ConfigError(
-            f"device={config.device!r} is not valid: use auto, cpu, npu, npu:N, cuda or cuda:N"
-        )
+    try:
+        parse_device_spec(config.device)  # the one device grammar (cheap: no torch)
+    except DeviceError as exc:
+        detail = str(exc).split("is not valid: ", 1)[-1]
+        raise ConfigError(f"device={config.device!r} is not valid: {detail}") from None
     from hidream_ui.pipeline.attention.registry import strategy_names
 
     if config.attention not in strategy_names():

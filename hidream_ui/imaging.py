@@ -27,7 +27,8 @@ from typing import IO, Union
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from hidream_ui.requests import VARIANTS, RequestError, parse_working_resolution
+from hidream_ui.config import VARIANTS
+from hidream_ui.requests import RequestError, parse_working_resolution
 
 __all__ = [
     "ImageError",

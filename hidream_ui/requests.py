@@ -23,6 +23,8 @@ from typing import Any, Mapping
 
 from PIL import Image
 
+from hidream_ui.config import VARIANTS
+
 __all__ = [
     "VARIANTS",
     "SEED_MAX",
@@ -34,11 +36,13 @@ __all__ = [
     "RequestError",
     "EditParams",
     "EditRequest",
+    "EditSettings",
+    "validated_seed",
+    "target_prompt",
+    "DEFAULT_NEGATIVE",
     "EditResult",
     "parse_working_resolution",
 ]
-
-VARIANTS = ("e1.1", "e1-full")
 
 SEED_MAX = 2**32 - 1
 # Long enough for E1-Full's "Editing Instruction: ... Target Image Description: ..." prompts with a
@@ -60,6 +64,8 @@ WORKING_RESOLUTION_WORDS = ("auto", "draft")
 # The E1-Full prompt format. Matched exactly (case-sensitive), as the upstream pipeline does, so the
 # same prompt is split the same way here and there.
 TARGET_MARKER = "Target Image Description:"
+# Upstream's negative prompt (both variants).
+DEFAULT_NEGATIVE = "low resolution, blur"
 
 _TRUE_WORDS = frozenset({"true", "1", "yes", "on", "y", "t"})
 _FALSE_WORDS = frozenset({"false", "0", "no", "off", "n", "f"})
@@ -221,6 +227,46 @@ def _as_int_or_none(value: object) -> int | None:
 
 
 @dataclass(frozen=True)
+class EditSettings:
+    """What a batch or a comparison shares: every setting of an edit except the instruction and the
+    seed. The one home of these fields' checks (`validated`); `EditParams` adds the two per-item fields.
+    """
+
+    negative_prompt: str = DEFAULT_NEGATIVE
+    guidance_scale: float = 3.0
+    image_guidance_scale: float = 1.5
+    num_inference_steps: int = 28
+    refine_strength: float = 0.3
+    clip_cfg_norm: bool = True
+    working_resolution: str = "auto"  # "auto" (variant rule), "draft", or a side such as "768"
+    collapse_padding: bool = True  # exact padding collapse; False runs the padded tokens as upstream
+
+    def validated(self) -> "EditSettings":
+        """Return a copy with coerced types, or raise RequestError naming the field."""
+        return EditSettings(
+            negative_prompt=_as_text("negative_prompt", self.negative_prompt, allow_none=True).strip(),
+            guidance_scale=_as_float("guidance_scale", self.guidance_scale, *GUIDANCE_RANGE),
+            image_guidance_scale=_as_float(
+                "image_guidance_scale", self.image_guidance_scale, *IMAGE_GUIDANCE_RANGE
+            ),
+            num_inference_steps=_as_int("num_inference_steps", self.num_inference_steps, *STEPS_RANGE),
+            refine_strength=_as_float("refine_strength", self.refine_strength, *REFINE_RANGE),
+            clip_cfg_norm=_as_bool("clip_cfg_norm", self.clip_cfg_norm),
+            working_resolution=str(parse_working_resolution(self.working_resolution)),
+            collapse_padding=_as_bool("collapse_padding", self.collapse_padding),
+        )
+
+    def params(self, instruction: str, seed: int) -> "EditParams":
+        """The full parameters of one item (not validated: call `EditParams.validated`)."""
+        return EditParams(instruction=instruction, seed=seed, **dataclasses.asdict(self))
+
+
+def validated_seed(value: object) -> int:
+    """A seed from -1 (pick one) to SEED_MAX, or RequestError."""
+    return _as_int("seed", value, -1, SEED_MAX)
+
+
+@dataclass(frozen=True)
 class EditParams:
     """Everything that reproduces an edit except the source image.
 
@@ -230,7 +276,7 @@ class EditParams:
     """
 
     instruction: str
-    negative_prompt: str = "low resolution, blur"
+    negative_prompt: str = DEFAULT_NEGATIVE
     guidance_scale: float = 3.0
     image_guidance_scale: float = 1.5
     num_inference_steps: int = 28
@@ -239,6 +285,12 @@ class EditParams:
     seed: int = 3  # -1 = pick a random seed; the seed actually used is recorded in the result
     working_resolution: str = "auto"  # "auto" (variant rule), "draft", or a side such as "768"
     collapse_padding: bool = True  # exact padding collapse; False runs the padded tokens as upstream
+
+    @property
+    def settings(self) -> EditSettings:
+        """The settings part (everything but the instruction and the seed)."""
+        fields = {f.name for f in dataclasses.fields(EditSettings)}
+        return EditSettings(**{name: getattr(self, name) for name in fields})
 
     def validated(self) -> "EditParams":
         """Return a copy with coerced types and a stripped instruction, or raise RequestError."""
@@ -251,21 +303,7 @@ class EditParams:
                 self.instruction,
                 f'a description after "{TARGET_MARKER}" (or remove the marker)',
             )
-        working = parse_working_resolution(self.working_resolution)
-        return EditParams(
-            instruction=instruction,
-            negative_prompt=_as_text("negative_prompt", self.negative_prompt, allow_none=True).strip(),
-            guidance_scale=_as_float("guidance_scale", self.guidance_scale, *GUIDANCE_RANGE),
-            image_guidance_scale=_as_float(
-                "image_guidance_scale", self.image_guidance_scale, *IMAGE_GUIDANCE_RANGE
-            ),
-            num_inference_steps=_as_int("num_inference_steps", self.num_inference_steps, *STEPS_RANGE),
-            refine_strength=_as_float("refine_strength", self.refine_strength, *REFINE_RANGE),
-            clip_cfg_norm=_as_bool("clip_cfg_norm", self.clip_cfg_norm),
-            seed=_as_int("seed", self.seed, -1, SEED_MAX),
-            working_resolution=str(working),
-            collapse_padding=_as_bool("collapse_padding", self.collapse_padding),
-        )
+        return self.settings.validated().params(instruction, validated_seed(self.seed))
 
     def resolve_seed(self, rng: random.Random | None = None) -> "EditParams":
         """Replace seed -1 by a concrete seed in [0, 2**32-1]; other seeds are kept.
@@ -273,7 +311,7 @@ class EditParams:
         ``rng`` makes the choice reproducible in tests; without it the OS entropy source is used
         so that two processes started at the same moment do not pick the same "random" seed.
         """
-        seed = _as_int("seed", self.seed, -1, SEED_MAX)
+        seed = validated_seed(self.seed)
         if seed == -1:
             seed = rng.randint(0, SEED_MAX) if rng is not None else secrets.randbelow(SEED_MAX + 1)
         return dataclasses.replace(self, seed=seed)
@@ -302,15 +340,20 @@ class EditParams:
         raise RequestError("variant", variant, f"one of {', '.join(VARIANTS)}")
 
     def target_prompt(self) -> str:
-        """The prompt for the refine stage.
+        """The prompt for the refine stage (see the module function `target_prompt`)."""
+        return target_prompt(self.instruction)
 
-        E1-Full prompts have the form "Editing Instruction: ... Target Image Description: ...";
-        the refine stage is conditioned on the description only. Like upstream, the marker is
-        matched exactly and the text up to a second marker (if any) is used. Instructions
-        without the marker are used as they are (E1.1 takes plain instructions).
-        """
-        text = _target_text(self.instruction)
-        return text if text else self.instruction.strip()
+
+def target_prompt(instruction: str) -> str:
+    """The prompt for the refine stage: the one home of this rule (the pipeline uses it too).
+
+    E1-Full prompts have the form "Editing Instruction: ... Target Image Description: ...";
+    the refine stage is conditioned on the description only. Like upstream, the marker is
+    matched exactly and the text up to a second marker (if any) is used. Instructions
+    without the marker are used as they are (E1.1 takes plain instructions).
+    """
+    text = _target_text(instruction)
+    return text if text else instruction.strip()
 
 
 def _target_text(instruction: str) -> str:

@@ -20,6 +20,11 @@ from hidream_ui.requests import EditParams, EditRequest, RequestError
 STEPS = 2
 
 
+def shared(params) -> dict:
+    """The batch fields of a full parameter set: its settings and its seed."""
+    return {"settings": params.settings, "seed": params.seed}
+
+
 def picture(seed: int, size=(80, 60)) -> Image.Image:
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
@@ -50,7 +55,7 @@ def fresh_engine(tmp_path, tiny_cache):
 
 def test_matrix_gives_every_pair_in_a_stable_order_with_metadata(engine):
     request = BatchRequest(sources=sources(3), instructions=("make it red", "make it blue"),
-                           params=params(seed=11), mode="matrix", seed_policy="increment")
+                           **shared(params(seed=11)), mode="matrix", seed_policy="increment")
     result = engine.run_batch(request)
     expected = [(f"img{i}.png", text) for i in range(3) for text in ("make it red", "make it blue")]
     assert [(item.source_name, item.instruction) for item in result.items] == expected
@@ -73,7 +78,7 @@ def test_matrix_gives_every_pair_in_a_stable_order_with_metadata(engine):
 
 
 def test_paired_mode_pairs_line_i_with_image_i(engine):
-    request = BatchRequest(sources=sources(2), instructions=("first edit", "second edit"), params=params(seed=3),
+    request = BatchRequest(sources=sources(2), instructions=("first edit", "second edit"), **shared(params(seed=3)),
                            mode="paired")
     result = engine.run_batch(request)
     assert [(i.source_name, i.instruction, i.seed, i.status) for i in result.items] == [
@@ -81,7 +86,7 @@ def test_paired_mode_pairs_line_i_with_image_i(engine):
 
 
 def test_paired_count_mismatch_fails_before_any_work(fresh_engine):
-    request = BatchRequest(sources=sources(2), instructions=("one", "two", "three"), params=params(), mode="paired")
+    request = BatchRequest(sources=sources(2), instructions=("one", "two", "three"), **shared(params()), mode="paired")
     with pytest.raises(RequestError, match="exactly one line per image in paired mode"):
         fresh_engine.run_batch(request)
     assert not fresh_engine.loaded
@@ -90,7 +95,7 @@ def test_paired_count_mismatch_fails_before_any_work(fresh_engine):
 
 
 def test_too_many_items_are_refused_before_any_work(fresh_engine):
-    request = BatchRequest(sources=sources(3), instructions=("a", "b"), params=params())  # 6 > max 4
+    request = BatchRequest(sources=sources(3), instructions=("a", "b"), **shared(params()))  # 6 > max 4
     with pytest.raises(RequestError, match="at most 4 items"):
         fresh_engine.run_batch(request)
     assert not fresh_engine.loaded
@@ -99,7 +104,7 @@ def test_too_many_items_are_refused_before_any_work(fresh_engine):
 def test_corrupt_upload_is_rejected_and_the_rest_run(engine):
     files = (BatchSource("good0.png", picture(0)), BatchSource("broken.png", b"\x89PNG\r\n\x1a\n not really"),
              BatchSource("good1.png", picture(1)))
-    request = BatchRequest(sources=files, instructions=("make it red", "make it blue"), params=params())
+    request = BatchRequest(sources=files, instructions=("make it red", "make it blue"), **shared(params()))
     result = engine.run_batch(request)
     assert len(result.rejected) == 1
     name, reason = result.rejected[0]
@@ -117,7 +122,7 @@ def test_cancel_keeps_finished_items(engine):
         if len(seen) == 1:
             engine.cancel()
 
-    request = BatchRequest(sources=sources(3), instructions=("make it green",), params=params(), batch_size=1)
+    request = BatchRequest(sources=sources(3), instructions=("make it green",), **shared(params()), batch_size=1)
     result = engine.run_batch(request, on_item=on_item)
     assert result.cancelled
     assert [item.status for item in result.items] == ["ok", "cancelled", "cancelled"]
@@ -130,7 +135,7 @@ def test_cancel_keeps_finished_items(engine):
 
 def test_batched_transformer_calls_equal_one_by_one_edits(engine):
     images = sources(3, start=20)
-    request = BatchRequest(sources=images, instructions=("turn it into a painting",), params=params(seed=40),
+    request = BatchRequest(sources=images, instructions=("turn it into a painting",), **shared(params(seed=40)),
                            seed_policy="increment", batch_size=3)
     result = engine.run_batch(request)
     # One pipeline call for the three items: STEPS transformer calls, not 3 * STEPS.
@@ -150,7 +155,7 @@ def test_text_encoders_run_once_per_unique_text(engine):
     tag = uuid.uuid4().hex[:8]  # texts this engine's prompt cache has never seen
     first, second = f"make it purple {tag}", f"make it orange {tag}"
     request = BatchRequest(sources=sources(2), instructions=(first, second, first),
-                           params=params(negative_prompt=f"blurry {tag}"), batch_size=2)
+                           **shared(params(negative_prompt=f"blurry {tag}")), batch_size=2)
     result = engine.run_batch(request)
     assert len(result.items) == 6 and all(item.status == "ok" for item in result.items)
     # Two unique instructions and one negative prompt, across six items and three pipeline calls.

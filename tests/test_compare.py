@@ -17,7 +17,8 @@ from hidream_ui.engine.compare import (
     render_grid,
     run_compare,
 )
-from hidream_ui.engine.engine import EditEngine, EngineError
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.errors import EngineError
 from hidream_ui.requests import EditParams, EditResult, RequestError
 
 STEPS = 2

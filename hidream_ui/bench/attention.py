@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import threading
@@ -69,20 +68,6 @@ PROFILES = {
     "tiny": AttentionProfile(batch=3, heads=2, head_dim=16, max_seq=64, text_tokens=24, sides=(64, 128),
                              reference_rows=None, transformer_side=64, transformer_batch=2, text_len=8),
 }
-
-# The model geometry of hidream_ui/model/tiny/profiles.py (see the project's shared notes); used to build
-# a random-weight transformer in-process when the tiny checkpoint is not available.
-TRANSFORMER_GEOMETRY = {
-    "tiny": dict(patch_size=2, in_channels=16, out_channels=16, num_layers=2, num_single_layers=2,
-                 num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(8, 4, 4), num_routed_experts=4,
-                 num_activated_experts=2, max_resolution=(16, 16), llama_layers=[0, 1, 2, 3],
-                 caption_channels=[32, 32], text_emb_dim=32),
-    "bench": dict(patch_size=2, in_channels=16, out_channels=16, num_layers=1, num_single_layers=1,
-                  num_attention_heads=20, attention_head_dim=128, axes_dims_rope=(64, 32, 32), num_routed_experts=4,
-                  num_activated_experts=2, max_resolution=(128, 128), llama_layers=[2, 3],
-                  caption_channels=[32, 32], text_emb_dim=32),
-}
-
 
 @dataclass(frozen=True)
 class AttentionShape:
@@ -231,9 +216,13 @@ def make_inputs(shape: AttentionShape, dtype, device: str, seed: int = 0):
     q, k, v = (torch.randn(dims, generator=gen, dtype=torch.float32) for _ in range(3))
     bias = None
     if shape.pad_tokens:
-        k[:, shape.image_tokens] = 0.0  # padded keys are zeroed (the mask multiplies them)
-        bias = torch.zeros(shape.batch, shape.seq, dtype=torch.float32)
-        bias[:, shape.image_tokens] = math.log(shape.pad_tokens)
+        # The collapse encoding as the pipeline sends it (mask -P), read by the processors' own helper.
+        from hidream_ui.pipeline.attention.processor import key_terms
+
+        mask = torch.ones(shape.batch, shape.seq, dtype=torch.float32)
+        mask[:, shape.image_tokens] = -float(shape.pad_tokens)
+        multiplier, bias = key_terms(mask)
+        k = k * multiplier[:, :, None, None]  # padded keys are zeroed (the mask multiplies them)
         bias = bias.to(device)
     q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
     return q, k, v, bias
@@ -355,7 +344,10 @@ def build_transformer(profile_name: str, dtype, device: str):
                 model = HiDreamImageTransformer2DModel.from_pretrained(path, torch_dtype=dtype).to(device).eval()
                 return model, f"tiny checkpoint {path}"
     torch.manual_seed(0)
-    model = HiDreamImageTransformer2DModel(**TRANSFORMER_GEOMETRY[profile_name])
+    # The geometry of the tiny checkpoint's profile of the same name (one home: its transformer config).
+    from hidream_ui.model.tiny.profiles import PROFILES as TINY_PROFILES
+
+    model = HiDreamImageTransformer2DModel(**TINY_PROFILES[profile_name].transformer_config())
     return model.to(device=device, dtype=dtype).eval(), "built in-process (seeded random weights)"
 
 
@@ -363,30 +355,24 @@ def transformer_inputs(transformer, profile: AttentionProfile, dtype, device: st
     """Collapsed-padding inputs for one transformer call at `profile.transformer_side` (N x 2N edit)."""
     import torch
 
+    from hidream_ui.pipeline.edit_pipeline import collapsed_tokens
+
     config = transformer.config
     gen = torch.Generator().manual_seed(1)
-    batch, p = profile.transformer_batch, config.patch_size
-    ph, pw = profile.transformer_side // 8 // p, 2 * profile.transformer_side // 8 // p
-    n = ph * pw
+    batch = profile.transformer_batch
+    # A random N x 2N edit latent, collapsed exactly as the pipeline collapses it.
+    latent = torch.randn(batch, config.in_channels, profile.transformer_side // 8, 2 * profile.transformer_side // 8,
+                         generator=gen)
+    tokens, mask, sizes, ids = collapsed_tokens(latent, config.patch_size, transformer.max_seq)
+    n = int(sizes[0, 0] * sizes[0, 1])
     pad = transformer.max_seq - n
-    if pad < 0:
-        raise ValueError(f"transformer_side {profile.transformer_side} needs {n} tokens > max_seq {transformer.max_seq}")
-    tokens = torch.randn(batch, n, p * p * config.in_channels, generator=gen)
-    ids = torch.zeros(n, 3)
-    ids[:, 1] = torch.arange(ph).repeat_interleave(pw)
-    ids[:, 2] = torch.arange(pw).repeat(ph)
-    mask = torch.ones(batch, n + (1 if pad else 0))
-    if pad:
-        tokens = torch.cat([tokens, tokens.new_zeros(batch, 1, tokens.shape[-1])], dim=1)
-        ids = torch.cat([ids, ids.new_zeros(1, 3)])
-        mask[:, n] = -float(pad)
     t5_dim, llama_dim = config.caption_channels
     llama_layers = max(config.llama_layers) + 1
     return {
         "hidden_states": tokens.to(device, dtype),
         "hidden_states_masks": mask.to(device),  # float32 so P is exact, as the pipeline sends it
-        "img_ids": ids.unsqueeze(0).expand(batch, -1, -1).to(device),
-        "img_sizes": torch.tensor([[ph, pw]] * batch, device=device),
+        "img_ids": ids.to(device),
+        "img_sizes": sizes.to(device),
         "timesteps": torch.full((batch,), 500.0, device=device),
         "encoder_hidden_states_t5": torch.randn(batch, profile.text_len, t5_dim, generator=gen).to(device, dtype),
         "encoder_hidden_states_llama3": torch.randn(llama_layers, batch, profile.text_len, llama_dim,

@@ -89,7 +89,8 @@ def run(profile: str = "tiny", images: int = 4, steps: int = 4, size: str | None
         _warm_up(engine, pictures[0], resolution)
         before = dict(engine.counters)
         request = BatchRequest(sources=tuple(BatchSource(f"image{i}.png", p) for i, p in enumerate(pictures)),
-                               instructions=(INSTRUCTION,), params=params, seed_policy="increment",
+                               instructions=(INSTRUCTION,), settings=params.settings, seed=params.seed,
+                               seed_policy="increment",
                                batch_size=batch_size or images)
         t0 = time.perf_counter()
         result = engine.run_batch(request)

@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from hidream_ui.engine.engine import EditEngine, EngineError
+    from hidream_ui.engine.engine import EditEngine
+    from hidream_ui.engine.errors import EngineError
     from hidream_ui.imaging import ImageError, open_image
     from hidream_ui.requests import EditParams, EditRequest, RequestError
 

@@ -1,20 +1,35 @@
-"""Batch requests: many images x many instructions sharing one set of parameters.
+"""Batches: many images x many instructions sharing one set of settings.
 
-Pure planning (no torch): which items exist, in which order, with which seed, and the limits
-checked before any work starts. The engine executes the plan (`EditEngine.run_batch`).
+Planning (no torch): `plan_batch` opens the sources and expands the request into items (which
+exist, in which order, with which seed), checking every limit before any work starts. Execution:
+`execute` runs a plan on an engine that holds its lock (`EditEngine.run_batch` is the entry
+point); it reuses the plan the caller made (the Batch tab plans once, to show the item count).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import secrets
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from PIL import Image
 
-from hidream_ui.requests import SEED_MAX, EditParams, EditResult, RequestError
+from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
+from hidream_ui.requests import (
+    SEED_MAX,
+    EditParams,
+    EditRequest,
+    EditResult,
+    EditSettings,
+    RequestError,
+    validated_seed,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hidream_ui.engine.engine import EditEngine
+    from hidream_ui.engine.jobs import CancelToken, StepFn
 
 MODES = ("matrix", "paired")
 SEED_POLICIES = ("fixed", "increment", "random")
@@ -32,9 +47,10 @@ class BatchSource:
 class BatchRequest:
     sources: tuple[BatchSource, ...]
     instructions: tuple[str, ...]
-    params: EditParams  # shared; its instruction is replaced per item
+    settings: EditSettings  # shared by every item
+    seed: int = 3  # the first item's seed; -1: every item gets a random one
     mode: str = "matrix"  # "matrix": every image x every instruction; "paired": line i with image i
-    seed_policy: str = "fixed"  # "fixed": params.seed for all; "increment": +1 per item; "random"
+    seed_policy: str = "fixed"  # "fixed": `seed` for all; "increment": +1 per item; "random"
     batch_size: int | None = None  # items per transformer call; None = chosen from free memory
 
 
@@ -109,7 +125,7 @@ def plan_items(request: BatchRequest, source_names: list[str], max_items: int,
     if len(pairs) > max_items:
         raise RequestError("batch", f"{len(pairs)} items",
                            f"at most {max_items} items per batch (images x instructions); split the batch")
-    base = request.params.seed
+    base = validated_seed(request.seed)
     if request.seed_policy == "random" or base == -1:
         draw = (lambda: rng.randint(0, SEED_MAX)) if rng is not None else (lambda: secrets.randbelow(SEED_MAX + 1))
     items = []
@@ -125,8 +141,8 @@ def plan_items(request: BatchRequest, source_names: list[str], max_items: int,
     return items
 
 
-def item_params(shared: EditParams, item: BatchItem) -> EditParams:
-    return dataclasses.replace(shared, instruction=item.instruction, seed=item.seed).validated()
+def item_params(settings: EditSettings, item: BatchItem) -> EditParams:
+    return settings.params(item.instruction, item.seed).validated()
 
 
 def open_sources(sources, open_fn) -> tuple[list[tuple[str, Image.Image]], list[tuple[str, str]]]:
@@ -138,3 +154,110 @@ def open_sources(sources, open_fn) -> tuple[list[tuple[str, Image.Image]], list[
         except ValueError as exc:  # ImageError is a ValueError; anything else is a bug and propagates
             rejected.append((source.name, str(exc)))
     return opened, rejected
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans
+# ---------------------------------------------------------------------------------------------
+
+MAX_BATCH_SIZE = 64  # items per transformer call
+
+
+@dataclass
+class BatchPlan:
+    """A checked batch: the opened images, the uploads that did not open, and the items to run."""
+
+    request: BatchRequest
+    settings: EditSettings  # validated
+    images: list[tuple[str, Image.Image]]  # (name, decoded image) in upload order
+    rejected: list[tuple[str, str]]  # (name, reason)
+    items: list[BatchItem]
+
+
+def plan_batch(request: BatchRequest, open_fn: Callable, max_items: int, rng: random.Random | None = None,
+               *, opened: tuple[list, list] | None = None) -> BatchPlan:
+    """Validates the settings, opens the sources (or takes the caller's `opened` = (images,
+    rejected)) and expands the items: every check of a batch, before any work."""
+    settings = request.settings.validated()
+    if request.batch_size is not None and not 1 <= int(request.batch_size) <= MAX_BATCH_SIZE:
+        raise RequestError("batch_size", request.batch_size,
+                           f"1..{MAX_BATCH_SIZE} items per transformer call, or empty for auto")
+    images, rejected = opened if opened is not None else open_sources(request.sources, open_fn)
+    if not images:
+        reasons = "; ".join(f"{name}: {reason.removeprefix(f'{name}: ')}" for name, reason in rejected) or "no files"
+        raise RequestError("images", [name for name, _ in rejected], f"at least one readable image ({reasons})")
+    items = plan_items(request, [name for name, _ in images], max_items, rng)
+    return BatchPlan(request=request, settings=settings, images=list(images), rejected=list(rejected), items=items)
+
+
+# ---------------------------------------------------------------------------------------------
+# Execution
+# ---------------------------------------------------------------------------------------------
+
+
+def execute(engine: "EditEngine", plan: BatchPlan, token: "CancelToken", on_item: Callable | None,
+            on_step: "StepFn | None") -> BatchResult:
+    """Runs `plan` on `engine`, whose lock the caller holds: groups items by working size, sends
+    each group through the transformer in chunks, reports every item through `on_item`.
+
+    A failing chunk marks its items and the rest continue; an out-of-memory retries the chunk
+    one item at a time; the token stops the run after the current step and keeps what finished.
+    """
+    started = time.perf_counter()
+    counters_before = dict(engine.counters)
+    groups: dict[tuple[int, int], list[BatchItem]] = {}
+    for item in plan.items:
+        # Arithmetic only (no resize); a working size the model cannot take fails the whole
+        # batch here, before any item runs.
+        size = engine.working_plan(plan.images[item.source_index][1].size, plan.settings.working_resolution)
+        groups.setdefault(size.working_size, []).append(item)
+    queue: list[list[BatchItem]] = []
+    sizes_used = {}
+    for size, members in groups.items():
+        per_call = int(plan.request.batch_size or engine.auto_batch_size(size))
+        sizes_used["x".join(map(str, size))] = per_call
+        queue.extend(members[i:i + per_call] for i in range(0, len(members), per_call))
+
+    def report(item: BatchItem) -> None:
+        if on_item is not None:
+            on_item(item)
+
+    cancelled = False
+    while queue:
+        chunk = queue.pop(0)
+        if token.cancelled:
+            cancelled = True
+            break
+        t0 = time.perf_counter()
+        try:
+            results = engine._run(
+                [EditRequest(image=plan.images[it.source_index][1], params=item_params(plan.settings, it),
+                             source_name=it.source_name) for it in chunk], on_step, save=True, token=token)
+        except EditCancelled:
+            cancelled = True
+            for it in chunk:
+                it.status, it.error = "cancelled", "cancelled before it finished"
+            break
+        except OutOfMemory as exc:
+            if len(chunk) > 1:
+                queue[:0] = [[it] for it in chunk]  # retry one at a time
+                continue
+            chunk[0].status, chunk[0].error = "error", str(exc)
+            report(chunk[0])
+            continue
+        except (EngineError, RequestError, ValueError) as exc:
+            for it in chunk:
+                it.status, it.error = "error", str(exc)
+                report(it)
+            continue
+        seconds = (time.perf_counter() - t0) / len(chunk)
+        for it, result in zip(chunk, results):
+            it.status, it.result, it.seconds = "ok", result, round(seconds, 4)
+            report(it)
+    for item in plan.items:
+        if item.status == "pending":
+            item.status, item.error = "cancelled", "not started: the batch was cancelled"
+    stats = {k: engine.counters[k] - counters_before.get(k, 0) for k in engine.counters}
+    stats["batch_sizes"] = sizes_used
+    return BatchResult(items=plan.items, rejected=plan.rejected, cancelled=cancelled,
+                       seconds=round(time.perf_counter() - started, 4), stats=stats)

@@ -25,11 +25,19 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
-from hidream_ui.requests import SEED_MAX, EditParams, EditRequest, EditResult, RequestError
+from hidream_ui.requests import (
+    SEED_MAX,
+    EditParams,
+    EditRequest,
+    EditResult,
+    EditSettings,
+    RequestError,
+    validated_seed,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hidream_ui.engine.engine import EditEngine, StepFn
-    from hidream_ui.engine.jobs import CancelToken
+    from hidream_ui.engine.engine import EditEngine
+    from hidream_ui.engine.jobs import CancelToken, StepFn
 
 __all__ = [
     "AXES",
@@ -197,14 +205,14 @@ def _validate_value(axis: Axis, value: Any) -> Any:
     if axis.name == "seed":
         # -1 ("random") would make the cell unreproducible from the grid's labels.
         try:
-            seed = EditParams(instruction="x", seed=value).validated().seed
+            seed = validated_seed(value)
         except RequestError as exc:
             raise RequestError(field, value, exc.expected) from None
         if seed < 0:
             raise RequestError(field, value, f"a concrete seed from 0 to {SEED_MAX} (not -1 on a compare axis)")
         return seed
     try:
-        checked = EditParams(instruction="x", **{axis.field: value}).validated()
+        checked = EditSettings(**{axis.field: value}).validated()
     except RequestError as exc:
         raise RequestError(field, value, exc.expected) from None
     return getattr(checked, axis.field)
@@ -340,7 +348,7 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
     between two cells) ends the run early; the finished cells are kept and `cancelled` is set.
     Other errors propagate (EngineError, OutOfMemory, ...).
     """
-    from hidream_ui.engine.engine import EditCancelled
+    from hidream_ui.engine.errors import EditCancelled
     from hidream_ui.engine.jobs import CancelToken
     from hidream_ui.imaging import open_image
 

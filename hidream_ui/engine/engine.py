@@ -12,15 +12,17 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from hidream_ui.config import AppConfig
-from hidream_ui.engine.jobs import CancelToken
+from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
+from hidream_ui.engine.jobs import CancelToken, ProgressFn, StepFn, StepInfo
+from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.requests import WORKING_SIDE_MIN, EditParams, EditRequest, EditResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.backends import DeviceInfo
+    from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
     from hidream_ui.imaging import WorkingPlan
     from hidream_ui.model.loading import LoadedModel
     from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
@@ -38,29 +40,6 @@ def working_sides(geometry) -> list[int]:
     return [side for side in OFFERED_SIDES if WORKING_SIDE_MIN <= side <= geometry.image_size]
 
 
-class EngineError(RuntimeError):
-    """A user-facing failure: the message is shown as is; the engine stays usable."""
-
-
-class EditCancelled(EngineError):
-    """The edit was stopped by `cancel()`; finished work is kept."""
-
-
-class OutOfMemory(EngineError):
-    """The device ran out of memory; memory was freed and the engine stays usable."""
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    step: int  # 1-based, steps finished
-    total: int
-    stage: str  # "edit" | "refine"
-    elapsed: float
-    eta: float | None
-
-
-StepFn = Callable[[StepInfo], None]
-ProgressFn = Callable[[float, str], None]
 
 
 class PromptCache:
@@ -252,7 +231,7 @@ class EditEngine:
     def encode(self, text: str) -> "PromptEmbeds":
         """Embeddings for one text, from the cache when it was seen before."""
         model = self.model
-        key = (text, 128, model.sources.to_dict()["i1"], str(model.dtype))
+        key = (text, PROMPT_TOKENS, model.sources.to_dict()["i1"], str(model.dtype))
 
         def compute():
             self.counters["text_encoder_calls"] += 1
@@ -461,7 +440,7 @@ class EditEngine:
         model = self.model
         config = model.pipeline.transformer.config
         unit = model.geometry.multiple
-        tokens = 2 * (working_size[0] // unit) * (working_size[1] // unit) + 4 * 128
+        tokens = 2 * (working_size[0] // unit) * (working_size[1] // unit) + 4 * PROMPT_TOKENS
         inner = config.num_attention_heads * config.attention_head_dim
         element = 2 if str(model.dtype) in ("torch.bfloat16", "torch.float16") else 4
         per_item = 3 * tokens * inner * element * 24
@@ -470,102 +449,37 @@ class EditEngine:
             return 1
         return max(1, min(8, int(free * 0.8 // per_item)))
 
-    def run_batch(self, request, on_item: Callable | None = None, on_step: StepFn | None = None, *,
-                  cancel: CancelToken | None = None):
-        """Runs a BatchRequest; calls `on_item(item)` as each item finishes (ok or error).
+    def run_batch(self, batch: "BatchRequest | BatchPlan", on_item: Callable | None = None,
+                  on_step: StepFn | None = None, *, cancel: CancelToken | None = None) -> "BatchResult":
+        """Runs a batch; calls `on_item(item)` as each item finishes (ok or error).
 
-        Items with the same working size go through the transformer together (up to the batch
-        size); each keeps its own seed, so the results equal one-by-one edits. A failing item is
-        reported and the rest continue; an out-of-memory retries the group one item at a time;
-        the `cancel` token (or `cancel()`) stops after the current step and keeps what finished.
+        `batch` is a BatchRequest (planned here: sources opened, items expanded, limits checked,
+        all before the model loads) or the BatchPlan the caller already made. Items with the same
+        working size go through the transformer together (up to the batch size); each keeps its
+        own seed, so the results equal one-by-one edits (see `engine.batch.execute`). The `cancel`
+        token (or `cancel()`) stops after the current step and keeps what finished.
         """
-        from hidream_ui.engine.batch import open_sources, plan_items
-        from hidream_ui.imaging import open_image
-        from hidream_ui.requests import RequestError
+        from hidream_ui.engine import batch as batches
 
-        started = time.perf_counter()
-        opened, rejected = open_sources(request.sources, open_image)
-        shared = request.params
-        probe = EditParams(**{**shared.to_dict(), "instruction": "x"}).validated()  # shared fields valid?
-        if not opened and rejected:
-            reasons = "; ".join(f"{name}: {why}" for name, why in rejected)
-            raise RequestError("images", [name for name, _ in rejected], f"at least one readable image ({reasons})")
-        items = plan_items(request, [name for name, _ in opened], self.config.max_batch_items)
-        if request.batch_size is not None and not 1 <= int(request.batch_size) <= 64:
-            raise RequestError("batch_size", request.batch_size, "1..64 items per transformer call, or empty for auto")
+        plan = batch if isinstance(batch, batches.BatchPlan) else batches.plan_batch(
+            batch, self.open_image, self.config.max_batch_items)
         token = cancel or CancelToken()
         self.load()
-        counters_before = dict(self.counters)
         with self._lock:
             self._token = token
             try:
-                return self._run_batch_locked(request, items, opened, rejected, shared, probe, token, on_item,
-                                              on_step, started, counters_before)
+                return batches.execute(self, plan, token, on_item, on_step)
             finally:
                 self._token = None
 
-    def _run_batch_locked(self, request, items, opened, rejected, shared, probe, token, on_item, on_step,
-                          started, counters_before):
-        """The part of `run_batch` that holds the device: group by working size, run the chunks."""
-        from collections import OrderedDict as _Ordered
+    @property
+    def open_image(self) -> Callable:
+        """`imaging.open_image` with this app's pixel limit (checked from the header)."""
+        import functools
 
-        from hidream_ui.engine.batch import BatchResult, item_params
-        from hidream_ui.requests import RequestError
+        from hidream_ui.imaging import open_image
 
-        groups: "_Ordered[tuple, list]" = _Ordered()
-        for item in items:
-            # Arithmetic only (no resize); a working size the model cannot take fails the whole
-            # batch here, before any item runs.
-            plan = self.working_plan(opened[item.source_index][1].size, probe.working_resolution)
-            groups.setdefault(plan.working_size, []).append(item)
-        queue: list[list] = []
-        sizes_used = {}
-        for size, members in groups.items():
-            size_n = int(request.batch_size or self.auto_batch_size(size))
-            sizes_used["x".join(map(str, size))] = size_n
-            queue.extend(members[i:i + size_n] for i in range(0, len(members), size_n))
-        cancelled = False
-        while queue:
-            chunk = queue.pop(0)
-            if token.cancelled:
-                cancelled = True
-                break
-            t0 = time.perf_counter()
-            try:
-                results = self._run(
-                    [EditRequest(image=opened[it.source_index][1], params=item_params(shared, it),
-                                 source_name=it.source_name) for it in chunk], on_step, save=True, token=token)
-            except EditCancelled:
-                cancelled = True
-                for it in chunk:
-                    it.status, it.error = "cancelled", "cancelled before it finished"
-                break
-            except OutOfMemory as exc:
-                if len(chunk) > 1:
-                    queue[:0] = [[it] for it in chunk]  # retry one at a time
-                    continue
-                chunk[0].status, chunk[0].error = "error", str(exc)
-                if on_item is not None:
-                    on_item(chunk[0])
-                continue
-            except (EngineError, RequestError, ValueError) as exc:
-                for it in chunk:
-                    it.status, it.error = "error", str(exc)
-                    if on_item is not None:
-                        on_item(it)
-                continue
-            seconds = (time.perf_counter() - t0) / len(chunk)
-            for it, result in zip(chunk, results):
-                it.status, it.result, it.seconds = "ok", result, round(seconds, 4)
-                if on_item is not None:
-                    on_item(it)
-        for item in items:
-            if item.status == "pending":
-                item.status, item.error = "cancelled", "not started: the batch was cancelled"
-        stats = {k: self.counters[k] - counters_before.get(k, 0) for k in self.counters}
-        stats["batch_sizes"] = sizes_used
-        return BatchResult(items=items, rejected=rejected, cancelled=cancelled,
-                           seconds=round(time.perf_counter() - started, 4), stats=stats)
+        return functools.partial(open_image, max_pixels=self.config.max_pixels)
 
     # ------------------------------------------------------------------ status
     def _info(self) -> dict:

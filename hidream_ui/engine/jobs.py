@@ -23,7 +23,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-__all__ = ["CancelToken", "Job", "JobRegistry"]
+__all__ = ["CancelToken", "Job", "JobRegistry", "StepInfo", "StepFn", "ProgressFn"]
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    step: int  # 1-based, steps finished
+    total: int
+    stage: str  # "edit" | "refine"
+    elapsed: float
+    eta: float | None
+
+
+StepFn = Callable[[StepInfo], None]
+ProgressFn = Callable[[float, str], None]  # (fraction 0..1, message) while loading
 
 
 class CancelToken:

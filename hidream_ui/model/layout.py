@@ -23,5 +23,7 @@ E1_FULL_LORA_TARGETS = (
 )
 E1_FULL_LORA_RANK = 16
 E1_FULL_LORA_ALPHA = 16
+# Tokens per text encoder as HiDream's pipeline encodes a prompt (T5 and Llama; CLIP caps at 77).
+PROMPT_TOKENS = 128
 I1_COMPONENTS = ("scheduler", "vae", "text_encoder", "text_encoder_2", "text_encoder_3",
                  "tokenizer", "tokenizer_2", "tokenizer_3", "transformer")

@@ -25,16 +25,40 @@ from diffusers.pipelines.hidream_image.pipeline_hidream_image import (
 from diffusers.pipelines.hidream_image.pipeline_output import HiDreamImagePipelineOutput
 from diffusers.utils.torch_utils import randn_tensor
 
-TARGET_MARKER = "Target Image Description:"
-DEFAULT_NEGATIVE = "low resolution, blur"
+from hidream_ui.model.layout import PROMPT_TOKENS
+from hidream_ui.pipeline.guidance import combine_edit_guidance, combine_refine_guidance, refine_start_step
+from hidream_ui.requests import DEFAULT_NEGATIVE, target_prompt
 
 
-def target_prompt(prompt: str) -> str:
-    """E1-Full prompts read `Editing Instruction: ... Target Image Description: ...`; the refine
-    stage is conditioned on the description only. Other prompts are their own target."""
-    if TARGET_MARKER in prompt:
-        return prompt.split(TARGET_MARKER, 1)[1].strip()
-    return prompt
+def collapsed_tokens(hidden: torch.Tensor, patch_size: int, max_seq: int):
+    """Patchifies a non-square latent (B, C, H, W) into its real tokens plus ONE padded token standing
+    for all `max_seq - n` padded ones (mask value -P; `pipeline.attention.processor.key_terms` reads
+    it as multiplicity P). Returns (tokens, mask, sizes, ids) as the transformer takes them.
+
+    The one home of the collapse encoding: the pipeline and the benchmarks build their inputs here.
+    """
+    batch, channels, height, width = hidden.shape
+    p = patch_size
+    ph, pw = height // p, width // p
+    n = ph * pw
+    pad = max_seq - n
+    if pad < 0:
+        raise ValueError(f"a {ph}x{pw}-patch edit input needs {n} tokens, more than this model's max_seq {max_seq}: "
+                         "use a smaller working resolution")
+    # Same feature order as the transformer's own patchify: (row-in-patch, col-in-patch, channel).
+    tokens = hidden.reshape(batch, channels, ph, p, pw, p).permute(0, 2, 4, 3, 5, 1).reshape(batch, n, -1)
+    ids = torch.zeros(n, 3, device=hidden.device)
+    ids[:, 1] = torch.arange(ph, device=hidden.device).repeat_interleave(pw)
+    ids[:, 2] = torch.arange(pw, device=hidden.device).repeat(ph)
+    # float32 so the multiplicity P is exact whatever the model dtype.
+    mask = torch.ones(batch, n + (1 if pad else 0), dtype=torch.float32, device=hidden.device)
+    if pad:
+        tokens = torch.cat([tokens, tokens.new_zeros(batch, 1, tokens.shape[-1])], dim=1)
+        ids = torch.cat([ids, ids.new_zeros(1, 3)], dim=0)
+        mask[:, n] = -float(pad)
+    ids = ids.unsqueeze(0).expand(batch, -1, -1)
+    sizes = torch.tensor([[ph, pw]] * batch, dtype=torch.int64, device=hidden.device)
+    return tokens, mask, sizes, ids
 
 
 @dataclass
@@ -61,27 +85,6 @@ class PromptEmbeds:
         return sum(t.numel() * t.element_size() for t in (self.t5, self.llama, self.pooled))
 
 
-def combine_edit_guidance(u: torch.Tensor, ic: torch.Tensor, fc: torch.Tensor, guidance_scale: float,
-                          image_guidance_scale: float, clip_cfg_norm: bool) -> torch.Tensor:
-    """Editing-stage guidance from the unconditional, image-conditioned and fully conditioned predictions."""
-    if clip_cfg_norm:
-        text_guided = ic + guidance_scale * (fc - ic)
-        # Rescale so the text-guided prediction is never longer (per pixel, over channels) than fc.
-        ratio = fc.norm(dim=1, keepdim=True) / (text_guided.norm(dim=1, keepdim=True) + 1e-8)
-        text_guided = text_guided * ratio.clamp(0, 1)
-        return u + image_guidance_scale * (text_guided - u)
-    return u + image_guidance_scale * (ic - u) + guidance_scale * (fc - ic)
-
-
-def combine_refine_guidance(u: torch.Tensor, c: torch.Tensor, guidance_scale: float) -> torch.Tensor:
-    return u + guidance_scale * (c - u)
-
-
-def refine_start_step(num_inference_steps: int, refine_strength: float) -> int:
-    """First step of the refine stage (== num_inference_steps when there is none)."""
-    return int(num_inference_steps * (1.0 - refine_strength))
-
-
 class EditInterrupted(RuntimeError):
     """The edit was cancelled between two steps."""
 
@@ -94,7 +97,7 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
     text_encoder_mode: str = "device"
 
     # ------------------------------------------------------------------ text
-    def _get_llama3_prompt_embeds(self, prompt=None, max_sequence_length=128, device=None, dtype=None):
+    def _get_llama3_prompt_embeds(self, prompt=None, max_sequence_length=PROMPT_TOKENS, device=None, dtype=None):
         # Same as diffusers' version without `output_attentions=True`: attentions are never used, and
         # asking for them forces transformers' eager attention (slow, and O(L^2) memory per layer).
         prompt = [prompt] if isinstance(prompt, str) else prompt
@@ -106,7 +109,7 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         return torch.stack(outputs.hidden_states[1:], dim=0)
 
     @torch.no_grad()
-    def encode_text(self, text: str, max_sequence_length: int = 128) -> PromptEmbeds:
+    def encode_text(self, text: str, max_sequence_length: int = PROMPT_TOKENS) -> PromptEmbeds:
         """Runs the four text encoders on one text; returns embeddings on the compute device."""
         device = torch.device(self.compute_device or self._execution_device)
         dtype = self.transformer.dtype
@@ -132,31 +135,7 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
 
     # ------------------------------------------------------------------ transformer
     def _collapsed_tokens(self, hidden: torch.Tensor):
-        """Patchifies a non-square latent into its real tokens plus ONE padded token standing for
-        all `max_seq - n` padded ones (mask value -P; see attention.py for the exact semantics)."""
-        batch, channels, height, width = hidden.shape
-        p = self.transformer.config.patch_size
-        ph, pw = height // p, width // p
-        n = ph * pw
-        pad = self.transformer.max_seq - n
-        if pad < 0:
-            raise ValueError(
-                f"a {width * self.vae_scale_factor}x{height * self.vae_scale_factor} edit input needs {n} tokens, "
-                f"more than this model's max_seq {self.transformer.max_seq}: use a smaller working resolution")
-        # Same feature order as the transformer's own patchify: (row-in-patch, col-in-patch, channel).
-        tokens = hidden.reshape(batch, channels, ph, p, pw, p).permute(0, 2, 4, 3, 5, 1).reshape(batch, n, -1)
-        ids = torch.zeros(n, 3, device=hidden.device)
-        ids[:, 1] = torch.arange(ph, device=hidden.device).repeat_interleave(pw)
-        ids[:, 2] = torch.arange(pw, device=hidden.device).repeat(ph)
-        # float32 so the multiplicity P is exact whatever the model dtype.
-        mask = torch.ones(batch, n + (1 if pad else 0), dtype=torch.float32, device=hidden.device)
-        if pad:
-            tokens = torch.cat([tokens, tokens.new_zeros(batch, 1, tokens.shape[-1])], dim=1)
-            ids = torch.cat([ids, ids.new_zeros(1, 3)], dim=0)
-            mask[:, n] = -float(pad)
-        ids = ids.unsqueeze(0).expand(batch, -1, -1)
-        sizes = torch.tensor([[ph, pw]] * batch, dtype=torch.int64, device=hidden.device)
-        return tokens, mask, sizes, ids
+        return collapsed_tokens(hidden, self.transformer.config.patch_size, self.transformer.max_seq)
 
     def predict(self, hidden: torch.Tensor, timestep: torch.Tensor, text: PromptEmbeds,
                 collapse_padding: bool = True) -> torch.Tensor:
@@ -191,7 +170,7 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         num_images_per_prompt: int = 1,
         output_type: str = "pil",
         collapse_padding: bool = True,
-        max_sequence_length: int = 128,
+        max_sequence_length: int = PROMPT_TOKENS,
         prompt_embeds_fn: Callable[[str], PromptEmbeds] | None = None,
         stage_fn: Callable[[str], None] | None = None,
         callback_on_step_end: Callable | None = None,

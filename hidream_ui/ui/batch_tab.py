@@ -10,43 +10,43 @@ callbacks put events on a `queue.Queue`; the generator turns each finished item 
 update. Stop asks the engine to stop after the current step (`engine.cancel`) instead of killing
 the event, so the run still ends normally: the finished items stay in the gallery and in the zip.
 
-Also home of the helpers the Compare tab shares (`stream_worker`, `shared_params`,
-`settings_widgets`). Imports gradio at the top: only the UI imports this module.
+Imports gradio at the top: only the UI imports this module.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import queue
-import re
 import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import gradio as gr
 
 from hidream_ui.archive import sources_from_uploads, write_batch_zip
 from hidream_ui.config import AppConfig
-from hidream_ui.engine.batch import BatchRequest, BatchResult, BatchSource, clean_instructions, open_sources, plan_items
-from hidream_ui.engine.engine import EditEngine, StepInfo
+from hidream_ui.engine.batch import BatchRequest, BatchResult, BatchSource, clean_instructions, open_sources, plan_batch
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.requests import (
-    GUIDANCE_RANGE,
-    IMAGE_GUIDANCE_RANGE,
-    REFINE_RANGE,
-    STEPS_RANGE,
     EditParams,
     RequestError,
 )
-from hidream_ui.ui.common import WORKING_RESOLUTIONS, guarded, params_from_widgets
+from hidream_ui.ui.common import (
+    DEVICE_GROUP,
+    format_seconds,
+    guarded,
+    md,
+    seed_from_widgets,
+    settings_from_widgets,
+    settings_widgets,
+    stream_worker,
+)
 from hidream_ui.ui.services import AppServices
 
 logger = logging.getLogger(__name__)
 
-DEVICE_GROUP = "device"  # the concurrency id of everything that touches the device (see layout.py)
 MODE_CHOICES = (("every image × every instruction", "matrix"), ("line i ↔ image i (paired)", "paired"))
 SEED_POLICY_CHOICES = (("fixed", "fixed"), ("+1 per item", "increment"), ("random", "random"))
 ZIPS_KEPT = 8  # results zips kept in this tab's temp folder (gradio serves its own copy)
@@ -55,74 +55,6 @@ ZIPS_KEPT = 8  # results zips kept in this tab's temp folder (gradio serves its 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers (also used by the Compare tab)
 # ---------------------------------------------------------------------------------------------
-
-
-def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_abandon: Callable[[], None],
-                  name: str) -> Iterator[tuple[str, Any]]:
-    """Runs `work(emit)` in a thread and yields its events as they happen.
-
-    `work` calls `emit(kind, payload)`; this yields each `(kind, payload)`, then `("done",
-    return value)`, or re-raises what `work` raised. If the consumer stops early (the browser
-    went away, gradio closed the generator) `on_abandon()` asks the work to stop; either way the
-    thread is joined, so the device is free again when this generator is gone and the next queued
-    event never overlaps a half-stopped run.
-    """
-    events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
-
-    def target() -> None:
-        try:
-            events.put(("done", work(lambda kind, payload: events.put((kind, payload)))))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer's thread below
-            events.put(("failed", exc))
-
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    finished = False
-    try:
-        while True:
-            kind, payload = events.get()
-            if kind == "failed":
-                finished = True
-                raise payload
-            if kind == "done":
-                finished = True
-                yield kind, payload
-                return
-            yield kind, payload
-    finally:
-        if not finished:
-            on_abandon()
-        thread.join()
-
-
-def shared_params(negative_prompt: Any, guidance_scale: Any, image_guidance_scale: Any, num_inference_steps: Any,
-                  refine_strength: Any, clip_cfg_norm: Any, working_resolution: Any, seed: Any,
-                  instruction: str = "") -> EditParams:
-    """EditParams from raw widget / API values. Every field except the instruction is validated
-    here (RequestError names the field); a cleared seed box means -1 (pick one)."""
-    # Validate with a stand-in instruction: the per-item instructions come later (and may be empty here).
-    probe = params_from_widgets(instruction or "x", negative_prompt, guidance_scale, image_guidance_scale,
-                                num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed,
-                                False, True)
-    return dataclasses.replace(probe, instruction=instruction)
-
-
-# Only what can turn text into markup mid-line (emphasis, links, code, HTML, tables); the
-# report puts user text after "- " or inside a line, never at a line start.
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
-
-
-def md(text: Any) -> str:
-    """User text (file names, instructions, messages) made inert inside Markdown."""
-    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
-
-
-def format_seconds(seconds: float) -> str:
-    seconds = max(0.0, float(seconds))
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, rest = divmod(int(round(seconds)), 60)
-    return f"{minutes} min {rest:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,26 +182,20 @@ class BatchTab:
         """Edits every uploaded image (or zip of images) with every instruction (one per line), or
         pairs line i with image i. Streams (gallery, report, results zip) as items finish."""
         # Everything is checked before the device is touched: a typo costs nothing.
-        lines = clean_instructions(instructions or "")
-        params = shared_params(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
-                               refine_strength, clip_cfg_norm, working_resolution, seed,
-                               instruction=lines[0] if lines else "")
+        settings = settings_from_widgets(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
+                                         refine_strength, clip_cfg_norm, working_resolution)
         size = _batch_size(batch_size)
-        if size is not None and not 1 <= size <= 64:
-            raise RequestError("batch_size", batch_size, "1..64 items per transformer call, or 0 for auto")
         sources, rejected = self._sources(files)
-        # Decoded here (once; the engine gets the decoded images) so the item count is known for
-        # the progress line and a file that does not open is reported with its reason.
-        opened, refused = open_sources(sources, self.services.open_image)
-        rejected += refused
-        if not opened:
-            reasons = "; ".join(f"{name}: {reason.removeprefix(f'{name}: ')}"
-                                for name, reason in rejected) or "no files"
-            raise RequestError("files", [name for name, _ in rejected], f"at least one readable image ({reasons})")
-        batch = BatchRequest(sources=tuple(BatchSource(name, image) for name, image in opened), instructions=lines,
-                             params=params, mode=str(mode or "matrix"), seed_policy=str(seed_policy or "fixed"),
-                             batch_size=size)
-        total = len(plan_items(batch, [name for name, _ in opened], self.config.max_batch_items))
+        batch = BatchRequest(sources=tuple(sources), instructions=clean_instructions(instructions or ""),
+                             settings=settings, seed=seed_from_widgets(seed), mode=str(mode or "matrix"),
+                             seed_policy=str(seed_policy or "fixed"), batch_size=size)
+        # Decoded and planned here, once (the engine runs this plan), so the item count is known
+        # for the progress line and every file that does not open is reported with its reason.
+        images, refused = open_sources(sources, self.engine.open_image)
+        plan = plan_batch(batch, self.engine.open_image, self.config.max_batch_items,
+                          opened=(images, rejected + refused))
+        total = len(plan.items)
+        rejected = plan.rejected
 
         run = BatchRun(total, rejected)
         yield [], run.report(), None  # clears the previous run's zip
@@ -279,7 +205,7 @@ class BatchTab:
         with self.services.job("batch", request) as job:
 
             def work(emit):
-                return self.engine.run_batch(batch, on_item=lambda item: emit("item", item),
+                return self.engine.run_batch(plan, on_item=lambda item: emit("item", item),
                                              on_step=lambda info: emit("step", info), cancel=job.token)
 
             for kind, payload in stream_worker(work, on_abandon=lambda: job.token.cancel("the client went away"),
@@ -297,7 +223,6 @@ class BatchTab:
                     yield list(run.gallery), run.report(), gr.update()
                 elif kind == "done":
                     result = payload
-        result.rejected = rejected + list(result.rejected)
         archive = write_batch_zip(result, self._zip_path())
         # Plain values (not gr.update) on the last yield: that is what API clients receive.
         yield list(run.gallery), run.report(result), str(archive)
@@ -317,21 +242,6 @@ class BatchTab:
 # ---------------------------------------------------------------------------------------------
 # Layout
 # ---------------------------------------------------------------------------------------------
-
-
-def settings_widgets(defaults: EditParams) -> tuple:
-    """The shared-settings widgets of the Batch and Compare tabs, in EditParams field order:
-    negative prompt, guidance, image guidance, steps, refine strength, CLIP-CFG norm, working resolution."""
-    return (
-        gr.Textbox(label="Negative prompt", value=defaults.negative_prompt),
-        gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale, label="Guidance scale"),
-        gr.Slider(*IMAGE_GUIDANCE_RANGE, step=0.1, value=defaults.image_guidance_scale, label="Image guidance scale"),
-        gr.Slider(*STEPS_RANGE, step=1, value=defaults.num_inference_steps, label="Steps"),
-        gr.Slider(*REFINE_RANGE, step=0.05, value=defaults.refine_strength, label="Refine strength"),
-        gr.Checkbox(value=defaults.clip_cfg_norm, label="CLIP CFG norm"),
-        gr.Dropdown(choices=list(WORKING_RESOLUTIONS), value=defaults.working_resolution, allow_custom_value=True,
-                    label="Working resolution"),
-    )
 
 
 def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> BatchTab:
@@ -382,5 +292,4 @@ def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices
     return handlers
 
 
-__all__ = ["build_batch_tab", "BatchTab", "BatchRun", "stream_worker", "shared_params",
-           "settings_widgets", "md", "format_seconds", "DEVICE_GROUP"]
+__all__ = ["build_batch_tab", "BatchTab", "BatchRun"]

@@ -6,15 +6,28 @@ import functools
 import html
 import inspect
 import logging
-from typing import Any, Callable
+import queue
+import re
+import threading
+from typing import Any, Callable, Iterator
 
 import gradio as gr
 
 from hidream_ui.archive import ArchiveError
-from hidream_ui.engine.engine import EditCancelled, EngineError
+from hidream_ui.engine.errors import EditCancelled, EngineError
 from hidream_ui.imaging import ImageError
 from hidream_ui.outputs import MetadataError
-from hidream_ui.requests import TARGET_MARKER, EditParams, RequestError
+from hidream_ui.requests import (
+    GUIDANCE_RANGE,
+    IMAGE_GUIDANCE_RANGE,
+    REFINE_RANGE,
+    STEPS_RANGE,
+    TARGET_MARKER,
+    EditParams,
+    EditSettings,
+    RequestError,
+    validated_seed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +127,31 @@ def guarded(what: str) -> Callable[[Callable], Callable]:
 # ---------------------------------------------------------------------------------------------
 
 
+def seed_from_widgets(seed: Any, randomize_seed: Any = False) -> int:
+    """The seed a form asks for: -1 (pick one) when "random" is ticked or the box was cleared."""
+    if randomize_seed is True or str(randomize_seed).strip().lower() in ("true", "1"):
+        return -1
+    if seed is None or (isinstance(seed, str) and not seed.strip()):
+        return -1  # a cleared seed box means "pick one", not an error
+    return validated_seed(seed)
+
+
+def settings_from_widgets(negative_prompt: Any, guidance_scale: Any, image_guidance_scale: Any,
+                          num_inference_steps: Any, refine_strength: Any, clip_cfg_norm: Any,
+                          working_resolution: Any, collapse_padding: Any = True) -> EditSettings:
+    """Validated shared settings from raw widget / API values (RequestError names the bad field)."""
+    return EditSettings(
+        negative_prompt=negative_prompt,
+        guidance_scale=guidance_scale,
+        image_guidance_scale=image_guidance_scale,
+        num_inference_steps=num_inference_steps,
+        refine_strength=refine_strength,
+        clip_cfg_norm=clip_cfg_norm,
+        working_resolution=working_resolution if working_resolution not in (None, "") else "auto",
+        collapse_padding=collapse_padding,
+    ).validated()
+
+
 def params_from_widgets(
     instruction: Any,
     negative_prompt: Any,
@@ -128,27 +166,15 @@ def params_from_widgets(
     collapse_padding: Any,
 ) -> EditParams:
     """Validated params from raw widget / API values (RequestError names the bad field)."""
-    if randomize_seed is True or str(randomize_seed).strip().lower() in ("true", "1"):
-        seed = -1
-    elif seed is None or (isinstance(seed, str) and not seed.strip()):
-        seed = -1  # a cleared seed box means "pick one", not an error
-    return EditParams(
-        instruction=instruction if instruction is not None else "",
-        negative_prompt=negative_prompt,
-        guidance_scale=guidance_scale,
-        image_guidance_scale=image_guidance_scale,
-        num_inference_steps=num_inference_steps,
-        refine_strength=refine_strength,
-        clip_cfg_norm=clip_cfg_norm,
-        seed=seed,
-        working_resolution=working_resolution if working_resolution not in (None, "") else "auto",
-        collapse_padding=collapse_padding,
-    ).validated()
+    settings = settings_from_widgets(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
+                                     refine_strength, clip_cfg_norm, working_resolution, collapse_padding)
+    text = instruction if instruction is not None else ""
+    return settings.params(text, seed_from_widgets(seed, randomize_seed)).validated()
 
 
 def form_values(params: EditParams) -> tuple:
-    """Values for the form widgets, in `layout.FORM_FIELDS` order (randomize is switched off so
-    the loaded seed is the one used)."""
+    """Values for the Edit form's widgets, in the order of `layout.build_demo`'s `form` list
+    (randomize is switched off so the loaded seed is the one used)."""
     return (
         params.instruction,
         params.negative_prompt,
@@ -189,3 +215,84 @@ def deleted_placeholder():
         width = draw.textlength(line)
         draw.text(((256 - width) / 2, y), line, fill=(90, 90, 90))
     return image
+
+# ---------------------------------------------------------------------------------------------
+# Shared by the Batch and Compare tabs
+# ---------------------------------------------------------------------------------------------
+
+# The concurrency id of everything that touches the device: the model is not re-entrant, so these
+# events queue behind each other (limit 1); /status, /cancel and the Stop buttons stay outside it.
+DEVICE_GROUP = "device"
+
+
+def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_abandon: Callable[[], None],
+                  name: str) -> Iterator[tuple[str, Any]]:
+    """Runs `work(emit)` in a thread and yields its events as they happen.
+
+    `work` calls `emit(kind, payload)`; this yields each `(kind, payload)`, then `("done",
+    return value)`, or re-raises what `work` raised. If the consumer stops early (the browser
+    went away, gradio closed the generator) `on_abandon()` asks the work to stop; either way the
+    thread is joined, so the device is free again when this generator is gone and the next queued
+    event never overlaps a half-stopped run.
+    """
+    events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
+
+    def target() -> None:
+        try:
+            events.put(("done", work(lambda kind, payload: events.put((kind, payload)))))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer's thread below
+            events.put(("failed", exc))
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    finished = False
+    try:
+        while True:
+            kind, payload = events.get()
+            if kind == "failed":
+                finished = True
+                raise payload
+            if kind == "done":
+                finished = True
+                yield kind, payload
+                return
+            yield kind, payload
+    finally:
+        if not finished:
+            on_abandon()
+        thread.join()
+
+
+def settings_widgets(defaults: EditParams) -> tuple:
+    """The shared-settings widgets of the Batch and Compare tabs, in EditParams field order:
+    negative prompt, guidance, image guidance, steps, refine strength, CLIP-CFG norm, working resolution."""
+    return (
+        gr.Textbox(label="Negative prompt", value=defaults.negative_prompt),
+        gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale, label="Guidance scale"),
+        gr.Slider(*IMAGE_GUIDANCE_RANGE, step=0.1, value=defaults.image_guidance_scale, label="Image guidance scale"),
+        gr.Slider(*STEPS_RANGE, step=1, value=defaults.num_inference_steps, label="Steps"),
+        gr.Slider(*REFINE_RANGE, step=0.05, value=defaults.refine_strength, label="Refine strength"),
+        gr.Checkbox(value=defaults.clip_cfg_norm, label="CLIP CFG norm"),
+        gr.Dropdown(choices=list(WORKING_RESOLUTIONS), value=defaults.working_resolution, allow_custom_value=True,
+                    label="Working resolution"),
+    )
+
+
+# Only what can turn text into markup mid-line (emphasis, links, code, HTML, tables); the
+# report puts user text after "- " or inside a line, never at a line start.
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+
+
+def md(text: Any) -> str:
+    """User text (file names, instructions, messages) made inert inside Markdown."""
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+

@@ -20,10 +20,18 @@ import gradio as gr
 
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.compare import AXES, CompareResult, cell_caption, plan_compare, render_grid, run_compare
-from hidream_ui.engine.engine import EditEngine, StepInfo
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.requests import EditParams, RequestError
-from hidream_ui.ui.batch_tab import DEVICE_GROUP, format_seconds, settings_widgets, shared_params, stream_worker
-from hidream_ui.ui.common import guarded
+from hidream_ui.ui.common import (
+    DEVICE_GROUP,
+    format_seconds,
+    guarded,
+    seed_from_widgets,
+    settings_from_widgets,
+    settings_widgets,
+    stream_worker,
+)
 from hidream_ui.ui.services import AppServices
 
 logger = logging.getLogger(__name__)
@@ -62,15 +70,15 @@ class CompareTab:
         """
         if image is None:
             raise RequestError("image", None, "an image: upload one")
-        params = shared_params(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
-                               refine_strength, clip_cfg_norm, working_resolution, seed,
-                               instruction=instruction if isinstance(instruction, str) else "")
+        settings = settings_from_widgets(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
+                                         refine_strength, clip_cfg_norm, working_resolution)
+        params = settings.params(instruction if isinstance(instruction, str) else "", seed_from_widgets(seed))
         # Resolve a random seed once: every cell of a grid that does not vary the seed shares it.
         params = params.validated().resolve_seed()
         y_axis = None if axis_y in (None, "", NO_AXIS) else axis_y
         plan = plan_compare(params, axis_x, values_x, y_axis, values_y, max_cells=self.config.max_grid_cells)
         source, name = self.services.gate.path(image, "image")
-        picture = self.services.open_image(source, name=name)
+        picture = self.engine.open_image(source, name=name)
         total = len(plan.cells)
 
         cells: list = []

@@ -13,7 +13,9 @@ from typing import Any, Callable, Mapping
 import gradio as gr
 
 from hidream_ui.config import AppConfig
-from hidream_ui.engine.engine import EditEngine, EngineError, StepInfo
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.errors import EngineError
+from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.outputs import load_settings, summary_line
 from hidream_ui.requests import EditParams, EditRequest
 from hidream_ui.ui.common import (
@@ -99,7 +101,7 @@ class Handlers:
                                      num_inference_steps, refine_strength, clip_cfg_norm, working_resolution,
                                      seed, randomize_seed, collapse_padding)
         source, name = self.services.gate.path(image, "image")
-        picture = self.services.open_image(source, name=name)
+        picture = self.engine.open_image(source, name=name)
         edit_request = EditRequest(image=picture, params=params, source_name=name).validated()
 
         with self.services.job("edit", request) as job:

@@ -33,14 +33,19 @@ import gradio as gr
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
 from hidream_ui.ui import gradio_internals
-from hidream_ui.ui.common import WORKING_RESOLUTIONS, example_instruction, instruction_placeholder, variant_hint
+from hidream_ui.ui.common import (
+    DEVICE_GROUP,
+    WORKING_RESOLUTIONS,
+    example_instruction,
+    instruction_placeholder,
+    variant_hint,
+)
 from hidream_ui.ui.handlers import Handlers
 from hidream_ui.ui.services import ASSETS_DIR, AppServices
 from hidream_ui.ui.status_panel import STATUS_CSS
 
 logger = logging.getLogger(__name__)
 
-DEVICE_GROUP = "device"
 
 TINY_BANNER = (
     "⚠️ **Offline tiny model with random weights: every result is noise.** It exists to try the "

@@ -1,14 +1,13 @@
 """`AppServices`: what every tab's handlers share besides the engine.
 
 One instance per demo: the job registry (cancel tokens), the upload gate, the result files gradio
-may serve, the image reader with the app's pixel limit, and the clean-ups to run at shutdown.
+may serve, and the clean-ups to run at shutdown.
 Built by `layout.build_demo`; tests build one with `trusted_roots` to hand files to handlers
 in-process (the gate then accepts files under those folders, as it accepts the bundled examples).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from contextlib import contextmanager
@@ -18,7 +17,6 @@ from typing import Any, Callable, Iterable, Iterator
 
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.jobs import Job, JobRegistry
-from hidream_ui.imaging import open_image
 from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.files import ServedResults, UploadGate
 
@@ -64,11 +62,6 @@ class AppServices:
     def public(self) -> bool:
         """No login: anyone who reaches the port is a stranger."""
         return self.config.auth is None and self.config.auth_file is None
-
-    @property
-    def open_image(self) -> Callable:
-        """`imaging.open_image` with this app's pixel limit (checked from the header)."""
-        return functools.partial(open_image, max_pixels=self.config.max_pixels)
 
     @contextmanager
     def job(self, kind: str, request: Any) -> Iterator[Job]:

@@ -37,6 +37,8 @@ __all__ = [
     "EditParams",
     "EditRequest",
     "EditSettings",
+    "Timings",
+    "RunInfo",
     "validated_seed",
     "target_prompt",
     "DEFAULT_NEGATIVE",
@@ -374,6 +376,41 @@ class EditRequest:
         return dataclasses.replace(self, params=self.params.validated())
 
 
+@dataclass(frozen=True)
+class Timings:
+    """Seconds spent in each phase of one pipeline call (shared by the items of a batch call)."""
+
+    load: float = 0.0  # model load this call waited for
+    text_encode: float = 0.0  # text encoders (0 when every text came from the prompt cache)
+    prepare: float = 0.0  # resizing, latents, scheduler
+    denoise: float = 0.0  # first to last denoising step
+    per_step: float = 0.0
+    decode: float = 0.0  # VAE decode and post-processing
+    total: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Engine facts saved with every result: which model, where, how. Metadata keys as named here."""
+
+    variant: str
+    model_source: str  # "tiny" | "real"
+    model_paths: dict[str, Any] | None
+    device: str
+    device_name: str
+    dtype: str
+    attention: str | None
+    refiner: str
+    versions: dict[str, str]
+    batch_size: int = 1  # items in the pipeline call that produced the result
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class EditResult:
     image: Image.Image  # the edited image at source_size
@@ -381,9 +418,9 @@ class EditResult:
     params: EditParams  # validated, seed resolved
     working_size: tuple[int, int]
     source_size: tuple[int, int]
-    timings: dict[str, float]
+    timings: Timings
     peak_memory_bytes: int | None
-    info: dict[str, Any]  # engine facts: variant, model_source, model paths, device, dtype, ...
+    info: RunInfo  # engine facts: variant, model_source, model paths, device, dtype, ...
     saved_png: Path | None = None
     saved_json: Path | None = None
     source_name: str | None = None
@@ -402,10 +439,10 @@ class EditResult:
             "working_size": list(self.working_size),
             "source_size": list(self.source_size),
             "source_name": self.source_name,
-            "timings": dict(self.timings),
+            "timings": self.timings.to_dict(),
             "peak_memory_bytes": self.peak_memory_bytes,
         }
-        for key, value in self.info.items():
+        for key, value in self.info.to_dict().items():
             core.setdefault(str(key), value)
         return _jsonable(core)
 

@@ -18,3 +18,12 @@ def wait_for(predicate: Callable[[], T], what: str = "condition", timeout: float
             return value
         time.sleep(0.02)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def run_info(**overrides):
+    """A `RunInfo` for results built by hand (tests of outputs, archives, grids)."""
+    from hidream_ui.requests import RunInfo
+
+    values = dict(variant="e1.1", model_source="tiny", model_paths=None, device="cpu", device_name="test CPU",
+                  dtype="fp32", attention="sdpa", refiner="e1", versions={"hidream_ui": "test"})
+    return RunInfo(**{**values, **overrides})

@@ -239,18 +239,21 @@ def test_stop_only_cancels_the_callers_own_edit():
 
 
 def test_status_panel_shows_accelerator_memory_and_escapes_text():
+    from hidream_ui.device.memory import MemorySnapshot
+    from hidream_ui.engine.status import EngineStatus, Progress, PromptCacheStats, QueueFigures
     from hidream_ui.ui.status_panel import render_status
 
     gib = 1024**3
-    status = {
-        "state": "editing", "progress": {"step": 3, "total": 28, "stage": "edit"}, "loaded": True,
-        "device": "npu:0", "device_type": "npu", "device_name": "Ascend <910B>", "dtype": "bf16",
-        "variant": "e1.1", "model_source": "real", "attention": "npu_fusion",
-        "queue": {"waiting": 2, "running": 1},
-        "memory": {"allocated": 30 * gib, "reserved": 40 * gib, "peak": 50 * gib, "free": 10 * gib,
-                   "total": 64 * gib, "utilization": 87.0, "host_total": 512 * gib,
-                   "host_available": 256 * gib, "process_rss": 20 * gib},
-    }
+    status = EngineStatus(
+        state="editing", progress=Progress(step=3, total=28, stage="edit"), loaded=True,
+        device="npu:0", device_type="npu", device_name="Ascend <910B>", dtype="bf16",
+        variant="e1.1", model_source="real", attention="npu_fusion", attention_note=None, refiner="e1",
+        text_encoders="device", prompt_cache=PromptCacheStats(0, 0, 0),
+        queue=QueueFigures(waiting=2, running=1),
+        memory=MemorySnapshot(device="npu:0", allocated=30 * gib, reserved=40 * gib, peak=50 * gib, free=10 * gib,
+                              total=64 * gib, utilization=87.0, host_total=512 * gib, host_available=256 * gib,
+                              process_rss=20 * gib, timestamp=0.0),
+    )
     html_text = render_status(status)
     assert "editing · step 3/28" in html_text
     assert "Ascend &lt;910B&gt;" in html_text and "<910B>" not in html_text

@@ -11,6 +11,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from helpers import run_info
 from PIL import Image
 
 from hidream_ui.archive import (
@@ -23,7 +24,7 @@ from hidream_ui.archive import (
 )
 from hidream_ui.engine.batch import BatchItem, BatchResult
 from hidream_ui.outputs import read_metadata, save_result
-from hidream_ui.requests import EditParams, EditResult
+from hidream_ui.requests import EditParams, EditResult, Timings
 
 
 def png_bytes(seed: int = 0, size=(24, 16)) -> bytes:
@@ -37,8 +38,8 @@ def edit_result(instruction: str, seed: int, source: str) -> EditResult:
     image = Image.open(io.BytesIO(png_bytes(seed))).convert("RGB")
     params = EditParams(instruction=instruction, seed=seed, num_inference_steps=2).validated()
     return EditResult(image=image, source_image=image, params=params, working_size=(256, 176),
-                      source_size=image.size, timings={"total": 0.25, "denoise": 0.2}, peak_memory_bytes=None,
-                      info={"variant": "e1.1", "model_source": "tiny"}, source_name=source)
+                      source_size=image.size, timings=Timings(total=0.25, denoise=0.2), peak_memory_bytes=None,
+                      info=run_info(), source_name=source)
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def test_zip_holds_exactly_images_sidecars_and_a_matching_manifest(batch_result,
             assert metadata["params"]["seed"] == item.seed
             assert metadata["source_name"] == item.source_name
             assert json.loads(archive.read(row["sidecar"])) == metadata
-            assert row["timings"] == item.result.timings
+            assert row["timings"] == item.result.timings.to_dict()
     assert manifest["rejected"] == [{"name": "notes.txt", "reason": "not a recognised image format"}]
     assert manifest["cancelled"] is True
     assert manifest["counts"] == {"ok": 3, "error": 1, "cancelled": 1, "pending": 0}

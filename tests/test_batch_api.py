@@ -220,7 +220,7 @@ def test_abandoned_stream_stops_the_worker(tab, files, tmp_path):
     stream.close()  # the browser went away: the run must stop and the worker be gone
     assert not [t for t in threading.enumerate() if t.name == "hidream-batch"]
     assert tab.engine.counters["edits"] == edits + 1  # items 2 and 3 never ran
-    assert tab.engine.status()["state"] == "idle"
+    assert tab.engine.status().state == "idle"
     # The stop does not leak into the next run.
     tab.engine.release.set()
     gallery, report, _ = list(run_tab(tab, sources[:1]))[-1]

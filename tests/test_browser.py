@@ -52,7 +52,7 @@ def test_edit_in_the_browser(app, page):
     page.goto(app["url"])
     panel = page.locator("#hui-status-panel")
     # The page-load event fills the panel (device name comes from the engine).
-    device_name = app["engine"].status()["device_name"]
+    device_name = app["engine"].status().device_name
     sync_api.expect(panel).to_contain_text(device_name)
 
     page.get_by_text(EXAMPLE_INSTRUCTION).first.click()
@@ -80,8 +80,7 @@ def test_edit_in_the_browser(app, page):
     sync_api.expect(panel.locator(".hui-state")).to_have_text("idle", timeout=10_000)
     status = app["engine"].status()
     text = panel.inner_text()
-    for expected in (status["device_name"], status["dtype"], "tiny", status["attention"], "host RAM",
-                     "process RSS"):
+    for expected in (status.device_name, status.dtype, "tiny", status.attention, "host RAM", "process RSS"):
         assert expected in text, (expected, text)
     page.mouse.move(0, 0)  # no hover highlight in the screenshot
     page.screenshot(path=str(ARTIFACTS / "edit_tab_after.png"), full_page=True)
@@ -115,7 +114,7 @@ def test_batch_in_the_browser(app, page, tmp_path):
     sync_api.expect(page.locator("#hui-batch-gallery img")).to_have_count(4, timeout=180_000)
     report = page.locator("#hui-batch-report")
     sync_api.expect(report).to_contain_text("Done: 4/4", timeout=30_000)  # the final report only
-    wait_for(lambda: app["engine"].status()["state"] == "idle", "the engine to go idle")
+    wait_for(lambda: app["engine"].status().state == "idle", "the engine to go idle")
     page.mouse.move(0, 0)
     page.screenshot(path=str(ARTIFACTS / "batch_tab_after.png"), full_page=True)
     assert app["engine"].counters["edits"] >= 4

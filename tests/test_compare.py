@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import run_info
 from PIL import Image
 
 from hidream_ui.config import AppConfig
@@ -19,7 +20,7 @@ from hidream_ui.engine.compare import (
 )
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
-from hidream_ui.requests import EditParams, EditResult, RequestError
+from hidream_ui.requests import EditParams, EditResult, RequestError, Timings
 
 STEPS = 2
 
@@ -186,21 +187,21 @@ def test_two_by_three_grid_runs_row_major_and_renders_with_labels(engine):
 
 def test_attention_axis_switches_and_restores(engine, monkeypatch):
     before = engine.attention_request  # e.g. "auto": restored as asked, not as what it resolved to
-    resolved = engine.status()["attention"]
+    resolved = engine.status().attention
     calls = []
     original = engine.set_attention
     monkeypatch.setattr(engine, "set_attention", lambda name: calls.append(name) or original(name))
     result = run_compare(engine, picture(2), params(num_inference_steps=1), "attention", "math, sdpa")
-    assert [c.info["attention"] for c in result.cells] == ["math", "sdpa"]
+    assert [c.info.attention for c in result.cells] == ["math", "sdpa"]
     assert calls == ["math", "sdpa", before]
-    assert engine.attention_request == before and engine.status()["attention"] == resolved
+    assert engine.attention_request == before and engine.status().attention == resolved
     # Same seed and settings, two exact attention implementations: (nearly) the same picture.
     a, b = (np.asarray(c.image, dtype=np.int16) for c in result.cells)
     assert np.abs(a - b).max() <= 2
 
 
 def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):
-    before = engine.status()["attention"]
+    before = engine.status().attention
     original = engine.edit
     count = {"n": 0}
 
@@ -213,7 +214,7 @@ def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):
     monkeypatch.setattr(engine, "edit", flaky)
     with pytest.raises(EngineError, match="second cell"):
         run_compare(engine, picture(3), params(num_inference_steps=1), "attention", "math, chunked")
-    assert engine.status()["attention"] == before
+    assert engine.status().attention == before
 
 
 def test_stop_keeps_finished_cells_and_the_grid_marks_the_rest(engine):
@@ -236,7 +237,8 @@ def test_grid_without_a_y_axis_has_no_row_labels():
     image = picture(5, size=(40, 40))
     plan = plan_compare(params(), "guidance", "2, 3", max_cells=4)
     fake = [EditResult(image=image, source_image=image, params=c.params, working_size=(256, 256),
-                       source_size=(40, 40), timings={}, peak_memory_bytes=None, info={}) for c in plan.cells]
+                       source_size=(40, 40), timings=Timings(), peak_memory_bytes=None, info=run_info())
+            for c in plan.cells]
     result = CompareResult(plan=plan, source_image=image, cells=fake)
     layout = grid_layout(result, cell_side=100)
     assert layout.label_band is None and (result.rows, result.cols) == (1, 2)

@@ -56,7 +56,7 @@ def idle_engine(app):
     yield
     for job in app["demo"].hidream_services.jobs.running():
         job.token.cancel("test teardown")
-    wait_for(lambda: app["engine"].status()["state"] == "idle", what="the engine to go idle")
+    wait_for(lambda: app["engine"].status().state == "idle", what="the engine to go idle")
 
 
 def raw_call(url: str, api: str, data: list, session: str = "raw-client") -> dict:
@@ -163,7 +163,7 @@ def test_status_answers_within_a_second_while_the_queue_is_full(app):
     clients = [Client(app["url"], verbose=False) for _ in range(limit // 2 + 1)]
     jobs = [submit_slow(c, i) for c in clients for i in range(2)]  # one running + a full queue
     try:
-        wait_for(lambda: app["engine"].status()["state"] == "editing", what="the first slow edit to start")
+        wait_for(lambda: app["engine"].status().state == "editing", what="the first slow edit to start")
         wait_for(lambda: (gradio_internals.queue_figures(app["demo"], "device") or {}).get("waiting", 0) == limit,
                  what="the queue to fill")
         extra = Client(app["url"], verbose=False)
@@ -274,7 +274,7 @@ def test_a_client_that_goes_away_stops_its_edit(app):
         # The stream is closed: gradio marks the event dead; the token sees it at the next step.
     wait_for(lambda: running.token.cancelled, "the edit to notice", timeout=30)
     assert running.token.reason == "the client went away"
-    wait_for(lambda: app["engine"].status()["state"] == "idle", what="idle")
+    wait_for(lambda: app["engine"].status().state == "idle", what="idle")
     assert running.token.step < 200
 
 

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import run_info
 from PIL import Image
 
 from hidream_ui.imaging import ImageError
@@ -20,7 +21,7 @@ from hidream_ui.outputs import (
     save_result,
     write_sidecar,
 )
-from hidream_ui.requests import EditParams, EditResult
+from hidream_ui.requests import EditParams, EditResult, Timings
 
 NOON = dt.datetime(2025, 1, 2, 12, 0, 0)
 
@@ -38,9 +39,9 @@ def _result(seed: int = 11, instruction: str = "make the sky purple", colour_see
         params=params,
         working_size=(512, 304),
         source_size=(40, 24),
-        timings={"total": 0.5},
+        timings=Timings(total=0.5),
         peak_memory_bytes=None,
-        info={"variant": "e1.1", "model_source": "tiny", "device": "cpu", "dtype": "torch.float32"},
+        info=run_info(dtype="torch.float32"),
         source_name="cat.png",
     )
 

@@ -49,7 +49,7 @@ def test_loaded_from_tiny_checkpoint_through_real_loader(engine):
     assert model.geometry.max_seq == 2 * 64  # twice the transformer's own max_seq, as 8192 = 2 * 4096
     assert model.pipeline.transformer.max_seq == model.geometry.max_seq
     assert model.swap is None  # refiner "e1": no second weight set at all
-    assert engine.status()["model_source"] == "tiny"
+    assert engine.status().model_source == "tiny"
 
 
 def test_same_seed_gives_identical_bytes_and_other_seed_differs(engine):
@@ -172,7 +172,7 @@ def test_cancel_stops_within_a_step_and_engine_stays_usable(engine):
     with pytest.raises(EditCancelled):
         engine.edit(EditRequest(image=picture(64, 64), params=params(num_inference_steps=6)), on_step=on_step)
     assert 1 <= max(seen) <= 2
-    assert engine.status()["state"] == "idle"
+    assert engine.status().state == "idle"
     assert engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False).image.size == (64, 64)
 
 
@@ -186,7 +186,7 @@ def test_simulated_out_of_memory_is_reported_and_engine_recovers(engine, monkeyp
     with pytest.raises(OutOfMemory, match="out of memory on cpu"):
         engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False)
     monkeypatch.undo()
-    assert engine.status()["state"] == "idle"
+    assert engine.status().state == "idle"
     assert engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False).image.size == (64, 64)
 
 
@@ -212,7 +212,7 @@ def test_full_edit_is_the_same_under_every_cpu_strategy(engine):
         for name in available:
             assert engine.set_attention(name) == name
             result = engine.edit(request, save=False)
-            assert result.info["attention"] == name
+            assert result.info.attention == name
             # Exact kernels: the same picture up to fp32 rounding (at most a step of the 8-bit output).
             assert np.abs(np.asarray(result.image, dtype=np.int16) - reference).max() <= 1, name
     finally:
@@ -249,7 +249,7 @@ def test_working_resolution_beyond_the_token_budget_is_a_clear_error(engine):
     # The tiny model handles a 128 px working side; 256 would need 4x its max_seq.
     with pytest.raises(EngineError, match="needs 512 tokens, more than this model's 128"):
         engine.edit(EditRequest(image=picture(64, 64), params=params(working_resolution="256")), save=False)
-    assert engine.status()["state"] == "idle"
+    assert engine.status().state == "idle"
 
 
 def test_the_error_suggests_only_resolutions_this_model_can_take(engine):

@@ -10,16 +10,19 @@ import random
 from pathlib import Path
 
 import pytest
+from helpers import run_info
 from PIL import Image
 
+from hidream_ui.config import VARIANTS
 from hidream_ui.requests import (
     MAX_PROMPT_CHARS,
     SEED_MAX,
-    VARIANTS,
     EditParams,
     EditRequest,
     EditResult,
     RequestError,
+    RunInfo,
+    Timings,
     parse_working_resolution,
 )
 
@@ -259,9 +262,9 @@ def _result(**overrides) -> EditResult:
         params=_params(seed=17).validated(),
         working_size=(1024, 608),
         source_size=(40, 24),
-        timings={"total": 1.25, "denoise": float("nan")},
+        timings=Timings(total=1.25, denoise=float("nan")),
         peak_memory_bytes=12345,
-        info={"variant": "e1.1", "model_source": "tiny", "model_dir": Path("/m/x"), "format": "spoof"},
+        info=run_info(model_paths={"i1": Path("/m/x")}),
         source_name="cat.png",
     )
     fields.update(overrides)
@@ -271,11 +274,14 @@ def _result(**overrides) -> EditResult:
 def test_metadata_is_json_ready_and_core_keys_win():
     meta = _result().metadata()
     assert json.loads(json.dumps(meta, allow_nan=False)) == meta
-    assert meta["format"] == "hidream_ui/1"  # an info key cannot override it
+    assert meta["format"] == "hidream_ui/1"
+    # No engine fact may ever disguise a core key (the core keys win anyway).
+    core = {"format", "params", "working_size", "source_size", "source_name", "timings", "peak_memory_bytes"}
+    assert not core & {f.name for f in dataclasses.fields(RunInfo)}
     assert meta["params"] == _params(seed=17).validated().to_dict()
     assert meta["working_size"] == [1024, 608] and meta["source_size"] == [40, 24]
     assert meta["source_name"] == "cat.png"
-    assert meta["timings"] == {"total": 1.25, "denoise": None}
+    assert meta["timings"] == {**Timings().to_dict(), "total": 1.25, "denoise": None}
     assert meta["peak_memory_bytes"] == 12345
     assert meta["variant"] == "e1.1" and meta["model_source"] == "tiny"
-    assert meta["model_dir"] == str(Path("/m/x"))
+    assert meta["model_paths"] == {"i1": str(Path("/m/x"))}

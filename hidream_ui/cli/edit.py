@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         "seed": result.params.seed,
         "working_size": list(result.working_size),
         "source_size": list(result.source_size),
-        "timings": result.timings,
+        "timings": result.timings.to_dict(),
         "peak_memory_bytes": result.peak_memory_bytes,
-        **{k: result.info[k] for k in ("variant", "model_source", "device", "dtype", "attention")},
+        **{k: getattr(result.info, k) for k in ("variant", "model_source", "device", "dtype", "attention")},
     }
-    if result.info.get("model_source") == "tiny":
+    if result.info.model_source == "tiny":
         summary["note"] = "tiny random-weight model: the output is noise; use --model-dir for real weights"
     print(json.dumps(summary, indent=2))
     return 0

@@ -72,7 +72,7 @@ class BatchItem:
         if self.result is not None:
             row["output"] = self.result.saved_png.name if self.result.saved_png else None
             row["working_size"] = list(self.result.working_size)
-            row["timings"] = dict(self.result.timings)
+            row["timings"] = self.result.timings.to_dict()
         return row
 
 

@@ -8,6 +8,7 @@ edit runs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -17,8 +18,9 @@ from typing import TYPE_CHECKING, Callable
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
 from hidream_ui.engine.jobs import CancelToken, ProgressFn, StepFn, StepInfo
+from hidream_ui.engine.status import EngineStatus, Progress, PromptCacheStats, WeightSwapStats
 from hidream_ui.model.layout import PROMPT_TOKENS
-from hidream_ui.requests import WORKING_SIDE_MIN, EditParams, EditRequest, EditResult
+from hidream_ui.requests import WORKING_SIDE_MIN, EditParams, EditRequest, EditResult, RunInfo, Timings
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.backends import DeviceInfo
@@ -87,7 +89,7 @@ class EditEngine:
         self._attention_note: str | None = None
         self._cache = PromptCache(config.prompt_cache_size)
         self._state = "idle"
-        self._progress: dict = {}
+        self._progress = Progress()
         self._last_error: str | None = None
         self.counters = {"edits": 0, "text_encoder_calls": 0, "transformer_calls": 0}
 
@@ -139,10 +141,10 @@ class EditEngine:
             from hidream_ui.model.sources import ModelError
 
             self._state = "loading"
-            self._progress = {"fraction": 0.0, "message": "starting"}
+            self._progress = Progress(fraction=0.0, message="starting")
 
             def progress(fraction: float, message: str) -> None:
-                self._progress = {"fraction": fraction, "message": message}
+                self._progress = Progress(fraction=fraction, message=message)
                 if on_progress is not None:
                     on_progress(fraction, message)
 
@@ -162,7 +164,7 @@ class EditEngine:
                 oom = True  # freed below, once this except block has dropped the traceback
             finally:
                 self._state = "idle"
-                self._progress = {}
+                self._progress = Progress()
             if oom:
                 self._free()
                 raise EngineError(f"out of memory while loading the model on {self.device.torch_device}: "
@@ -274,7 +276,7 @@ class EditEngine:
             self._state = "editing"
             first = params_list[0]
             total = first.num_inference_steps
-            self._progress = {"step": 0, "total": total, "stage": "edit"}
+            self._progress = Progress(step=0, total=total, stage="edit")
             working = []
             oom_message = None
             try:
@@ -311,7 +313,7 @@ class EditEngine:
                     done = i + 1
                     stage = "refine" if stages and stages[-1] == "refine" else "edit"
                     eta = elapsed / done * (total - done)
-                    self._progress = {"step": done, "total": total, "stage": stage}
+                    self._progress = Progress(step=done, total=total, stage=stage)
                     token.step = done
                     if on_step is not None:
                         on_step(StepInfo(step=done, total=total, stage=stage, elapsed=elapsed, eta=eta))
@@ -351,7 +353,7 @@ class EditEngine:
                     "or --text-encoders cpu.")
             finally:
                 self._state = "idle"
-                self._progress = {}
+                self._progress = Progress()
                 self._token = outer_token
             if oom_message is not None:
                 # Freed here, not in the except block: there the traceback still holds the
@@ -361,23 +363,23 @@ class EditEngine:
 
             denoise_start = marks.get("denoise_start", finished)
             last_step = marks.get("last_step", finished)
-            timings = {
-                "load": round(load_seconds, 4),
-                "text_encode": round(text_seconds[0], 4),
-                "prepare": round(denoise_start - started - load_seconds - text_seconds[0], 4),
-                "denoise": round(last_step - denoise_start, 4),
-                "per_step": round((last_step - denoise_start) / max(1, total), 4),
-                "decode": round(finished - last_step, 4),
-                "total": round(finished - started, 4),
-            }
+            timings = Timings(
+                load=round(load_seconds, 4),
+                text_encode=round(text_seconds[0], 4),
+                prepare=round(denoise_start - started - load_seconds - text_seconds[0], 4),
+                denoise=round(last_step - denoise_start, 4),
+                per_step=round((last_step - denoise_start) / max(1, total), 4),
+                decode=round(finished - last_step, 4),
+                total=round(finished - started, 4),
+            )
             self.counters["edits"] += len(requests)
             info = self._info()
             results = []
             for request, params, (image, plan), out in zip(requests, params_list, working, output.images):
                 result = EditResult(
                     image=restore_size(out, request.image.size), source_image=request.image, params=params,
-                    working_size=image.size, source_size=request.image.size, timings=dict(timings),
-                    peak_memory_bytes=peak, info=dict(info, batch_size=len(requests)),
+                    working_size=image.size, source_size=request.image.size, timings=timings,
+                    peak_memory_bytes=peak, info=dataclasses.replace(info, batch_size=len(requests)),
                     source_name=request.source_name,
                 )
                 if save:
@@ -482,7 +484,7 @@ class EditEngine:
         return functools.partial(open_image, max_pixels=self.config.max_pixels)
 
     # ------------------------------------------------------------------ status
-    def _info(self) -> dict:
+    def _info(self) -> RunInfo:
         import diffusers
         import torch
         import transformers
@@ -492,55 +494,54 @@ class EditEngine:
 
         model = self._model
         sources = model.sources if model else None
-        return {
-            "variant": self.config.variant,
-            "model_source": sources.kind if sources else ("tiny" if self.config.uses_tiny_model else "real"),
-            "model_paths": sources.to_dict() if sources else None,
-            "device": self.device.torch_device,
-            "device_name": self.device.name,
-            "dtype": dtype_name(self.dtype),
-            "attention": self._attention,
-            "refiner": self.config.refiner,
-            "versions": {"hidream_ui": __version__, "torch": torch.__version__,
-                         "diffusers": diffusers.__version__, "transformers": transformers.__version__},
-        }
+        return RunInfo(
+            variant=self.config.variant,
+            model_source=sources.kind if sources else ("tiny" if self.config.uses_tiny_model else "real"),
+            model_paths=sources.to_dict() if sources else None,
+            device=self.device.torch_device,
+            device_name=self.device.name,
+            dtype=dtype_name(self.dtype),
+            attention=self._attention,
+            refiner=self.config.refiner,
+            versions={"hidream_ui": __version__, "torch": torch.__version__,
+                      "diffusers": diffusers.__version__, "transformers": transformers.__version__},
+        )
 
-    def status(self) -> dict:
-        """A JSON-able snapshot for the status panel and `/status`. Cheap: no lock, no device sync."""
+    def status(self) -> EngineStatus:
+        """A snapshot for the status panel and `/status`. Cheap: no lock, no device sync."""
+        from hidream_ui.device.backends import dtype_name
         from hidream_ui.device.memory import snapshot
 
-        status = {
-            "state": self._state,
-            "progress": dict(self._progress),
-            "loaded": self._model is not None,
-            "variant": self.config.variant,
-            "model_source": "tiny" if self.config.uses_tiny_model else (
-                self._model.sources.kind if self._model else "real"),
-            "attention": self._attention or self._attention_request,
-            "attention_note": self._attention_note,
-            "refiner": self.config.refiner,
-            "text_encoders": self.config.text_encoders,
-            "prompt_cache": {"entries": len(self._cache), "hits": self._cache.hits, "misses": self._cache.misses},
-            "counters": dict(self.counters),
-            "last_error": self._last_error,
-        }
+        model = self._model
+        status = EngineStatus(
+            state=self._state,
+            progress=self._progress,
+            loaded=model is not None,
+            variant=self.config.variant,
+            model_source="tiny" if self.config.uses_tiny_model else (model.sources.kind if model else "real"),
+            attention=self._attention or self._attention_request,
+            attention_note=self._attention_note,
+            refiner=self.config.refiner,
+            text_encoders=self.config.text_encoders,
+            prompt_cache=PromptCacheStats(entries=len(self._cache), hits=self._cache.hits, misses=self._cache.misses),
+            counters=dict(self.counters),
+            last_error=self._last_error,
+        )
         try:
-            from hidream_ui.device.backends import dtype_name
-
             device = self.device
-            status.update(device=device.torch_device, device_type=device.type, device_name=device.name,
-                          dtype=dtype_name(self.dtype) if self._dtype is not None else self.config.dtype)
-            status["memory"] = snapshot(device, backends=self._backends).to_dict()
+            status = status.replace(
+                device=device.torch_device, device_type=device.type, device_name=device.name,
+                dtype=dtype_name(self.dtype) if self._dtype is not None else self.config.dtype,
+                memory=snapshot(device, backends=self._backends))
         except EngineError as exc:
-            status.update(device=None, device_error=str(exc), memory=None)
-        if self._model is not None:
-            status["model_paths"] = self._model.sources.to_dict()
-            status["load_seconds"] = round(self._model.load_seconds, 3)
-            if self._model.swap is not None:
-                swap = self._model.swap
-                status["weight_swap"] = {"tensors": len(swap.inactive), "bytes": swap.nbytes,
-                                         "on_device": swap.on_device, "swaps": swap.swaps,
-                                         "bytes_copied": swap.bytes_copied}
+            status = status.replace(device_error=str(exc))
+        if model is not None:
+            swap = model.swap
+            status = status.replace(
+                model_paths=model.sources.to_dict(), load_seconds=round(model.load_seconds, 3),
+                weight_swap=None if swap is None else WeightSwapStats(
+                    tensors=len(swap.inactive), bytes=swap.nbytes, on_device=swap.on_device, swaps=swap.swaps,
+                    bytes_copied=swap.bytes_copied))
         return status
 
     # ------------------------------------------------------------------ memory

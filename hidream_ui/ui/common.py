@@ -200,8 +200,8 @@ def summarise_result(result, load_seconds: float = 0.0) -> str:
     load = f" · model load {load_seconds:.1f} s" if load_seconds >= 0.05 else ""
     return (
         f"Seed **{params.seed}** · working size {width}×{height} · {params.num_inference_steps} steps · "
-        f"{timings.get('total', 0):.1f} s (denoise {timings.get('denoise', 0):.1f} s, "
-        f"{timings.get('per_step', 0):.2f} s/step){load} · saved `{name}` (settings in its metadata)"
+        f"{timings.total:.1f} s (denoise {timings.denoise:.1f} s, "
+        f"{timings.per_step:.2f} s/step){load} · saved `{name}` (settings in its metadata)"
     )
 
 

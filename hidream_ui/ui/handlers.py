@@ -16,6 +16,7 @@ from hidream_ui.config import AppConfig
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import StepInfo
+from hidream_ui.engine.status import EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
 from hidream_ui.requests import EditParams, EditRequest
 from hidream_ui.ui.common import (
@@ -69,8 +70,8 @@ class Handlers:
         self._load_with_progress(progress)
         status = self.engine.status()
         if was_loaded:
-            return f"Model already loaded ({status.get('model_source')}, {status.get('load_seconds')} s)."
-        return f"Model loaded in {time.perf_counter() - started:.1f} s ({status.get('model_source')})."
+            return f"Model already loaded ({status.model_source}, {status.load_seconds} s)."
+        return f"Model loaded in {time.perf_counter() - started:.1f} s ({status.model_source})."
 
     # ------------------------------------------------------------------ edit
     @guarded("the edit")
@@ -154,30 +155,34 @@ class Handlers:
             logger.debug("queue figures unavailable", exc_info=True)
             return None
 
-    def status(self) -> dict:
-        """Engine status (device, dtype, attention, memory, state, ...) plus the queue when known.
-
-        Never waits in the queue. Without a login (`--auth`) it names model sources, never their
-        absolute paths, and error texts lose the paths they hold.
-        """
-        status = dict(self.engine.status())
+    def engine_status(self) -> EngineStatus:
+        """The engine's status plus the queue figures; without a login (`--auth`) it names model
+        sources, never their absolute paths, and error texts lose the paths they hold."""
+        status = self.engine.status()
         queue = self._queue()
         if queue is not None:
-            status["queue"] = dict(queue)
+            status = status.replace(queue=QueueFigures(**queue))
         if self.services.public:
-            paths = status.get("model_paths")
-            if isinstance(paths, Mapping):
-                status["model_paths"] = {key: (Path(value).name if isinstance(value, str) and value else value)
-                                         for key, value in paths.items()}
-            for key in ("device_error", "last_error", "attention_note"):
-                if isinstance(status.get(key), str):
-                    status[key] = redact_paths(status[key])
+            status = status.replace(
+                model_paths=None if status.model_paths is None else {
+                    key: (Path(value).name if isinstance(value, str) and value else value)
+                    for key, value in status.model_paths.items()},
+                **{key: redact_paths(getattr(status, key)) for key in ("device_error", "last_error", "attention_note")
+                   if getattr(status, key)})
         return status
+
+    def status(self) -> dict:
+        """Engine status (device, dtype, attention, memory, state, queue, ...) as JSON.
+
+        Never waits in the queue. Without a login (`--auth`) it names model sources, never their
+        absolute paths.
+        """
+        return self.engine_status().to_dict()
 
     def status_panel(self) -> str:
         """HTML for the system panel. Never raises: the timer calls it every 2 s."""
         try:
-            return render_status(self.status())
+            return render_status(self.engine_status())
         except Exception as exc:  # noqa: BLE001 - a broken panel must not spam error toasts
             logger.warning("status panel failed: %s", exc, exc_info=True)
             return ('<div class="hui-status"><div class="hui-state hui-state-error">'
@@ -189,7 +194,7 @@ class Handlers:
         try:
             statuses = self.engine.attention_choices()
         except EngineError as exc:
-            current = str(self.engine.status().get("attention") or "auto")
+            current = self.engine.status().attention or "auto"
             return [(f"{current} — device unavailable: {exc}", current)]
         choices = []
         for s in statuses:
@@ -216,7 +221,7 @@ class Handlers:
             choices = self.attention_choices()
         except Exception as exc:  # noqa: BLE001 - the page must still open
             logger.warning("attention choices unavailable: %s", exc, exc_info=True)
-        current = str(self.engine.status().get("attention") or "auto")
+        current = self.engine.status().attention or "auto"
         if current not in {value for _, value in choices}:
             choices.append((current, current))
         return gr.update(choices=choices, value=current), self.status_panel(), self.resolution_choices()
@@ -247,12 +252,12 @@ class Handlers:
         except EngineError as exc:
             logger.info("attention %r refused: %s", name, exc)
             gr.Warning(html.escape(str(exc), quote=False))
-            resolved = str(self.engine.status().get("attention") or "auto")
+            resolved = self.engine.status().attention or "auto"
             note = (f"Refused: {html.escape(str(exc))}. "
                     f"Still using <b>{html.escape(resolved)}</b>.")
         except Exception as exc:  # noqa: BLE001
             logger.exception("switching attention to %r failed", name)
-            resolved = str(self.engine.status().get("attention") or "auto")
+            resolved = self.engine.status().attention or "auto"
             note = f"Switching attention failed unexpectedly ({html.escape(type(exc).__name__)}); see the server log."
         return gr.update(value=resolved), note, self.status_panel()
 

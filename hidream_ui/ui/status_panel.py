@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import html
-from typing import Any, Mapping
 
 from hidream_ui.device.memory import format_bytes
+from hidream_ui.engine.status import EngineStatus
 
 # ---------------------------------------------------------------------------------------------
 # Status panel
@@ -44,68 +44,58 @@ def _bar(label: str, used: float | int | None, total: float | int | None, text: 
             f'<div class="hui-bar{high}" title="{fraction:.0%}"><div style="width:{fraction * 100:.1f}%"></div></div>')
 
 
-def state_line(status: Mapping[str, Any]) -> tuple[str, str]:
-    """("idle" | "loading" | "editing", human text) from an engine status dict."""
-    state = str(status.get("state") or "idle")
-    progress = status.get("progress") or {}
+def state_line(status: EngineStatus) -> tuple[str, str]:
+    """("idle" | "loading" | "editing", human text) from an engine status."""
+    state = status.state or "idle"
+    progress = status.progress
     if state == "editing":
-        step, total = progress.get("step"), progress.get("total")
-        stage = progress.get("stage")
-        text = f"editing · step {step}/{total}" if total else "editing"
-        if stage == "refine":
+        text = f"editing · step {progress.step}/{progress.total}" if progress.total else "editing"
+        if progress.stage == "refine":
             text += " (refine)"
         return state, text
     if state == "loading":
-        fraction = progress.get("fraction")
-        message = progress.get("message") or ""
-        percent = f" {fraction:.0%}" if isinstance(fraction, (int, float)) else ""
-        return state, f"loading model{percent} · {message}".rstrip(" ·")
-    return state, "idle" + ("" if status.get("loaded") else " · model not loaded yet (loads on first edit)")
+        percent = f" {progress.fraction:.0%}" if progress.fraction is not None else ""
+        return state, f"loading model{percent} · {progress.message or ''}".rstrip(" ·")
+    return state, "idle" + ("" if status.loaded else " · model not loaded yet (loads on first edit)")
 
 
-def render_status(status: Mapping[str, Any]) -> str:
-    """The system panel's HTML for an `engine.status()` dict (plus an optional "queue" entry)."""
+def render_status(status: EngineStatus) -> str:
+    """The system panel's HTML for an engine status (with the queue figures when the UI added them)."""
     state, text = state_line(status)
     parts = [f'<div class="hui-status"><div class="hui-state hui-state-{html.escape(state)}">{html.escape(text)}</div>']
-    if status.get("device"):
-        parts.append(_kv("Device", f"{status.get('device_name') or '?'}"))
-        parts.append(_kv("Type", f"{status.get('device_type')} ({status.get('device')})"))
+    if status.device:
+        parts.append(_kv("Device", status.device_name or "?"))
+        parts.append(_kv("Type", f"{status.device_type} ({status.device})"))
     else:
         parts.append(_kv("Device", "unavailable"))
-    parts.append(_kv("Dtype", str(status.get("dtype") or "?")))
-    source = status.get("model_source")
-    source_text = "tiny (random weights)" if source == "tiny" else str(source or "?")
-    parts.append(_kv("Model", f"{str(status.get('variant') or '?').upper()} · {source_text}"))
-    parts.append(_kv("Attention", str(status.get("attention") or "?")))
-    queue = status.get("queue")
-    if isinstance(queue, Mapping):
-        parts.append(_kv("Queue", f"{queue.get('waiting', 0)} waiting · {queue.get('running', 0)} running"))
-    memory = status.get("memory")
-    if isinstance(memory, Mapping):
+    parts.append(_kv("Dtype", status.dtype or "?"))
+    source_text = "tiny (random weights)" if status.model_source == "tiny" else (status.model_source or "?")
+    parts.append(_kv("Model", f"{(status.variant or '?').upper()} · {source_text}"))
+    parts.append(_kv("Attention", status.attention or "?"))
+    if status.queue is not None:
+        parts.append(_kv("Queue", f"{status.queue.waiting} waiting · {status.queue.running} running"))
+    memory = status.memory
+    if memory is not None:
         parts.append("<h4>Memory</h4>")
-        total = memory.get("total")
-        if memory.get("allocated") is not None:
-            parts.append(_bar("allocated", memory.get("allocated"), total))
-            parts.append(_bar("reserved", memory.get("reserved"), total))
-            parts.append(_bar("peak", memory.get("peak"), total))
-        elif status.get("device_type") == "cpu":
+        total = memory.total
+        if memory.allocated is not None:
+            parts.append(_bar("allocated", memory.allocated, total))
+            parts.append(_bar("reserved", memory.reserved, total))
+            parts.append(_bar("peak", memory.peak, total))
+        elif status.device_type == "cpu":
             parts.append('<div class="hui-note">CPU: no device allocator; model memory is in the process RSS.</div>')
-        if memory.get("free") is not None and total and status.get("device_type") != "cpu":
-            parts.append(_bar("device in use", total - memory["free"], total))
-        host_total = memory.get("host_total")
-        if host_total and memory.get("host_available") is not None:
-            parts.append(_bar("host RAM", host_total - memory["host_available"], host_total))
-        parts.append(_bar("process RSS", memory.get("process_rss"), host_total))
-        utilization = memory.get("utilization")
-        if isinstance(utilization, (int, float)):
-            kind = str(status.get("device_type") or "device").upper()
-            parts.append(_bar(f"{kind} utilisation", utilization, 100.0, f"{utilization:.0f}%"))
-    if status.get("device_error"):
-        parts.append(f'<div class="hui-note">device: {html.escape(str(status["device_error"]))}</div>')
-    if status.get("attention_note"):
-        parts.append(f'<div class="hui-note">{html.escape(str(status["attention_note"]))}</div>')
-    if status.get("last_error"):
-        parts.append(f'<div class="hui-note">last error: {html.escape(str(status["last_error"]))}</div>')
+        if memory.free is not None and total and status.device_type != "cpu":
+            parts.append(_bar("device in use", total - memory.free, total))
+        if memory.host_total and memory.host_available is not None:
+            parts.append(_bar("host RAM", memory.host_total - memory.host_available, memory.host_total))
+        parts.append(_bar("process RSS", memory.process_rss, memory.host_total))
+        if memory.utilization is not None:
+            kind = (status.device_type or "device").upper()
+            parts.append(_bar(f"{kind} utilisation", memory.utilization, 100.0, f"{memory.utilization:.0f}%"))
+    for prefix, note in (("device: ", status.device_error), ("", status.attention_note),
+                         ("last error: ", status.last_error)):
+        if note:
+            parts.append(f'<div class="hui-note">{html.escape(prefix + str(note))}</div>')
     parts.append("</div>")
     return "".join(parts)
 

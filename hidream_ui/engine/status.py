@@ -1,0 +1,88 @@
+"""`EngineStatus`: what the status panel shows and `/status` returns (as `to_dict()`), typed.
+
+Built by `EditEngine.status()` without the engine lock and without a device sync, so the panel
+can poll it every 2 s while an edit runs. The UI adds the queue figures and, for an app without
+login, hides absolute paths (`ui.handlers.Handlers.status`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hidream_ui.device.memory import MemorySnapshot
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Editing: step / total / stage. Loading: fraction (0..1) / message. Idle: all None."""
+
+    step: int | None = None
+    total: int | None = None
+    stage: str | None = None  # "edit" | "refine"
+    fraction: float | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True)
+class PromptCacheStats:
+    entries: int
+    hits: int
+    misses: int
+
+
+@dataclass(frozen=True)
+class WeightSwapStats:
+    """The refine stage's second weight set (`--refiner i1`)."""
+
+    tensors: int
+    bytes: int
+    on_device: bool
+    swaps: int
+    bytes_copied: int
+
+
+@dataclass(frozen=True)
+class QueueFigures:
+    waiting: int
+    running: int
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    state: str  # "idle" | "loading" | "editing"
+    progress: Progress
+    loaded: bool
+    variant: str
+    model_source: str  # "tiny" | "real"
+    attention: str
+    attention_note: str | None
+    refiner: str
+    text_encoders: str
+    prompt_cache: PromptCacheStats
+    counters: dict[str, int] = field(default_factory=dict)
+    last_error: str | None = None
+    # The device; None (with `device_error`) when it cannot be used.
+    device: str | None = None
+    device_type: str | None = None
+    device_name: str | None = None
+    dtype: str | None = None
+    memory: MemorySnapshot | None = None
+    device_error: str | None = None
+    # Once the model is loaded.
+    model_paths: dict[str, Any] | None = None
+    load_seconds: float | None = None
+    weight_swap: WeightSwapStats | None = None
+    # Added by the UI.
+    queue: QueueFigures | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `/status` JSON."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "EngineStatus":
+        return dataclasses.replace(self, **changes)
+
+
+__all__ = ["EngineStatus", "Progress", "PromptCacheStats", "QueueFigures", "WeightSwapStats"]

@@ -27,3 +27,21 @@ def run_info(**overrides):
     values = dict(variant="e1.1", model_source="tiny", model_paths=None, device="cpu", device_name="test CPU",
                   dtype="fp32", attention="sdpa", refiner="e1", versions={"hidream_ui": "test"})
     return RunInfo(**{**values, **overrides})
+
+
+def random_picture(seed: int = 0, size: tuple[int, int] = (80, 60)):
+    """A noise image of `size` (width, height): every seed a different, reproducible picture."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def edit_params(instruction: str = "make the sky purple", *, steps: int = 2, **overrides):
+    """Validated E1.1 defaults, made fast: `steps` steps at the draft working size."""
+    from hidream_ui.requests import EditParams
+
+    values = {**EditParams.defaults_for("e1.1").to_dict(), "instruction": instruction, "num_inference_steps": steps,
+              "working_resolution": "draft", **overrides}
+    return EditParams.from_dict(values)

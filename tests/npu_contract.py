@@ -382,7 +382,8 @@ class Release:
         if found is None:
             return False
         for node in _top_level(found[1].body):
-            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            names = [t for t in getattr(node, "targets", ()) if isinstance(t, ast.Name)]
+            if isinstance(node, ast.Assign) and any(t.id == "__all__" for t in names):
                 try:
                     return name in ast.literal_eval(node.value)
                 except ValueError:
@@ -899,7 +900,8 @@ def compare_fake(fake: inspect.Signature, real: inspect.Signature) -> list[str]:
         if r is None or p.default is P.empty or r.default is P.empty:
             continue
         if not _same_default(p.default, r.default):
-            problems[f"default {name}"] = f"the fake's default {name}={p.default!r} differs from the real {name}={r.default!r}"
+            problems[f"default {name}"] = (f"the fake's default {name}={p.default!r} differs from the real "
+                                           f"{name}={r.default!r}")
     return list(problems.values())
 
 
@@ -1007,7 +1009,8 @@ def _returned_expressions(module: _TestModule, expr: ast.AST) -> list[ast.AST]:
         for scope in _enclosing_scopes(module, expr):
             for item in _walk_same_scope(scope):
                 if isinstance(item, ast.FunctionDef) and item.name == expr.id:
-                    return [n.value for n in _walk_same_scope(item) if isinstance(n, ast.Return) and n.value is not None]
+                    return [n.value for n in _walk_same_scope(item)
+                            if isinstance(n, ast.Return) and n.value is not None]
     return []
 
 
@@ -1137,7 +1140,8 @@ def check_fake(fake: Fake, release: Release, protocol: Mapping[str, inspect.Sign
     if fake.signature is None or definition.kind in ("module", "value"):
         return FakeCheck(fake, ())  # an attribute: existing is all it must do
     if definition.signature is None:
-        return FakeCheck(fake, (f"{fake.label} fakes {fake.target}, whose signature the release's sources do not give",))
+        return FakeCheck(fake, (f"{fake.label} fakes {fake.target}, "
+                                "whose signature the release's sources do not give",))
     problems = compare_fake(fake.signature, definition.signature)
     return FakeCheck(fake, tuple(f"{fake.label} (fake of {fake.target}{definition.signature}): {p}" for p in problems))
 

@@ -9,6 +9,8 @@ import uuid
 
 import numpy as np
 import pytest
+from helpers import edit_params
+from helpers import random_picture as picture
 from PIL import Image
 
 from hidream_ui.config import AppConfig
@@ -25,15 +27,8 @@ def shared(params) -> dict:
     return {"settings": params.settings, "seed": params.seed}
 
 
-def picture(seed: int, size=(80, 60)) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
-
-
-def params(**overrides) -> EditParams:
-    values = {**EditParams.defaults_for("e1.1").to_dict(), "instruction": "placeholder",
-              "num_inference_steps": STEPS, "working_resolution": "draft", **overrides}
-    return EditParams.from_dict(values)
+def params(instruction: str = "placeholder", **overrides) -> EditParams:
+    return edit_params(instruction, steps=STEPS, **overrides)
 
 
 def sources(count: int, start: int = 0) -> tuple[BatchSource, ...]:

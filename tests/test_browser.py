@@ -47,11 +47,18 @@ def page(app):
             browser.close()
 
 
+def open_app(page, url: str) -> None:
+    """Opens the app and waits until its page-load event has answered. Only that event labels the
+    attention dropdown ("auto → sdpa (best available here)", "sdpa — torch ..."; before it, the bare
+    name), and its updates re-render form widgets: a value typed in before they arrive can be reset."""
+    page.goto(url)
+    sync_api.expect(page.locator("#hui-attention input")).to_have_value(re.compile("[→—]"), timeout=60_000)
+
+
 def test_edit_in_the_browser(app, page):
     ARTIFACTS.mkdir(exist_ok=True)
-    page.goto(app["url"])
+    open_app(page, app["url"])
     panel = page.locator("#hui-status-panel")
-    # The page-load event fills the panel (device name comes from the engine).
     device_name = app["engine"].status().device_name
     sync_api.expect(panel).to_contain_text(device_name)
 
@@ -102,7 +109,7 @@ def test_batch_in_the_browser(app, page, tmp_path):
         path = tmp_path / f"batch{i}.png"
         Image.new("RGB", (96, 64), colour).save(path)
         uploads.append(str(path))
-    page.goto(app["url"])
+    open_app(page, app["url"])
     page.get_by_role("tab", name="Batch").click()
     page.locator("#hui-batch-files input[type=file]").set_input_files(uploads)
     page.locator("#hui-batch-instructions textarea").fill("make it brighter\nadd a red border")
@@ -125,7 +132,7 @@ def test_stop_in_the_browser_stops_within_one_step_and_saves_nothing(app, page):
     jobs = app["demo"].hidream_services.jobs
     output_dir = Path(app["config"].output_dir)
     before = sorted(output_dir.glob("*.png"))
-    page.goto(app["url"])
+    open_app(page, app["url"])
     page.get_by_text(EXAMPLE_INSTRUCTION).first.click()
     sync_api.expect(page.locator("#hui-instruction textarea")).to_have_value(EXAMPLE_INSTRUCTION)
     page.get_by_text("Advanced settings").click()

@@ -100,3 +100,14 @@ def test_bench_without_kind_lists_kinds(capsys):
     out = capsys.readouterr().out
     for kind in ("load", "edit", "attention", "batch", "app"):
         assert kind in out
+
+
+def test_the_console_script_runs_the_same_command_table():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    module_name, _, attribute = pyproject["project"]["scripts"]["hidream-ui"].partition(":")
+    import importlib
+
+    assert getattr(importlib.import_module(module_name), attribute) is cli.main

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import edit_params as params
+from helpers import random_picture as picture
 from helpers import run_info
 from PIL import Image
 
@@ -20,21 +22,7 @@ from hidream_ui.engine.compare import (
 )
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
-from hidream_ui.requests import EditParams, EditResult, RequestError, Timings
-
-STEPS = 2
-
-
-def picture(seed: int = 0, size=(80, 60)) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
-
-
-def params(**overrides) -> EditParams:
-    values = {**EditParams.defaults_for("e1.1").to_dict(), "instruction": "make the sky purple",
-              "num_inference_steps": STEPS, "working_resolution": "draft", **overrides}
-    return EditParams.from_dict(values)
-
+from hidream_ui.requests import EditResult, RequestError, Timings
 
 # ---------------------------------------------------------------------------------------------
 # Parsing

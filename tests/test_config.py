@@ -1,4 +1,5 @@
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_model_dir_disables_tiny_model(tmp_path):
 
 def test_config_is_frozen_and_replace_validates():
     config = AppConfig()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         config.device = "cpu"
     assert config.replace(device="cpu").device == "cpu"
     with pytest.raises(ConfigError):

@@ -487,7 +487,8 @@ def test_housekeeping_goes_to_the_right_backend_and_index():
 
 def test_housekeeping_on_cpu_is_harmless():
     device = resolve_device("cpu", backends={"cpu": CPUBackend()}, environ=NO_ENV)
-    for operation in (devices_runtime.synchronize, devices_runtime.empty_cache, devices_runtime.reset_peak, devices_runtime.free_memory):
+    for operation in (devices_runtime.synchronize, devices_runtime.empty_cache, devices_runtime.reset_peak,
+                      devices_runtime.free_memory):
         operation(device, backends={"cpu": CPUBackend()})
 
 

@@ -135,7 +135,7 @@ def test_missing_file(tmp_path):
 def test_truncated_file_is_detected_by_full_decode(fmt):
     data = _encode(_noise((256, 256)), fmt)
     # The header is intact, so a lazy open() alone would succeed; only load() finds the damage.
-    Image.open(io.BytesIO(data[: len(data) // 2])).size
+    _ = Image.open(io.BytesIO(data[: len(data) // 2])).size
     with pytest.raises(ImageError, match=r"^half\.img: cannot decode the image"):
         open_image(data[: len(data) // 2], name="half.img")
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False  # we did not flip the global to get here

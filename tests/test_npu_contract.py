@@ -217,7 +217,8 @@ def _fusion_cases():
                 for pse_layout in ("BN1S", "BNSS"):
                     for biased in (True, False):
                         yield pytest.param(shape, layout, pse_layout, biased,
-                                           id=f"{profile_name}-{shape.label}-{layout}-{pse_layout}-{'bias' if biased else 'nobias'}")
+                                           id=f"{profile_name}-{shape.label}-{layout}-{pse_layout}-"
+                                              f"{'bias' if biased else 'nobias'}")
 
 
 @pytest.mark.parametrize("shape, layout, pse_layout, biased", list(_fusion_cases()))
@@ -286,7 +287,8 @@ SYNTHETIC = {
     "torch_npu/dynamo/torchair/configs/__init__.py": "",
     "torch_npu/dynamo/torchair/configs/compiler_config.py": (
         "from .base import NpuBaseConfig\nclass CompilerConfig(NpuBaseConfig):\n    pass\n"),
-    "torch_npu/dynamo/torchair/configs/base.py": "class NpuBaseConfig:\n    def __init__(self, strict=True):\n        pass\n",
+    "torch_npu/dynamo/torchair/configs/base.py":
+        "class NpuBaseConfig:\n    def __init__(self, strict=True):\n        pass\n",
     "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml": (
         "custom:\n"
         "- func: npu_fusion_attention(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, "
@@ -362,9 +364,11 @@ def test_correct_calls_pass_and_record_the_defaults_they_rely_on(synthetic):
 
 
 @pytest.mark.parametrize("call, expected", [
-    ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', scale_value=0.1)", "unexpected keyword argument 'scale_value'"),
+    ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', scale_value=0.1)",
+     "unexpected keyword argument 'scale_value'"),
     ("torch_npu.npu_fusion_attention(q, k, v, input_layout='BSND')", "missing a required argument: 'head_num'"),
-    ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', input_layout='BNSD')", "multiple values for argument 'input_layout'"),
+    ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', input_layout='BNSD')",
+     "multiple values for argument 'input_layout'"),
     ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', None, None, 1.0, 1.0, 1, '', 0)", "too many positional"),
     ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', **options)", "cannot be checked"),
     ("torch_npu.npu_fusion_attenton(q, k, v, 8, 'BSND')", "has no torch_npu.npu_fusion_attenton"),
@@ -447,7 +451,8 @@ def helper_and_closure():
                      ("available", "torch_npu.npu.is_available", ()),
                      ("helper_and_closure.inner", "torch_npu.npu.mem_get_info", ("device",))}
     assert {(i.owner, i.parameter, i.kind, i.target) for i in scan.injections} == {
-        ("NPU", "import_module", "returns", "torch_npu"), ("Fusion", "fusion_fn", "is", "torch_npu.npu_fusion_attention")}
+        ("NPU", "import_module", "returns", "torch_npu"),
+        ("Fusion", "fusion_fn", "is", "torch_npu.npu_fusion_attention")}
     problems = [p for use in scan.uses for p in contract.check_use(use, synthetic).problems]
     assert len(problems) == 3, problems
     assert any("'index'" in p for p in problems) and any("'scale_value'" in p for p in problems)
@@ -575,7 +580,8 @@ def test_fetch_failure_is_an_error_with_pips_reason(tmp_path):
 
     def failing(command, **kwargs):
         calls.append(command)
-        return SimpleNamespace(returncode=1, stdout="", stderr="ERROR: No matching distribution found for torch_npu==0.0.1")
+        return SimpleNamespace(returncode=1, stdout="",
+                               stderr="ERROR: No matching distribution found for torch_npu==0.0.1")
 
     with pytest.raises(contract.ContractError, match="No matching distribution found") as info:
         contract.fetch_wheel("0.0.1", tmp_path / "wheels", runner=failing)

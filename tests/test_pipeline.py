@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from helpers import edit_params
 from PIL import Image
 
 from hidream_ui.config import AppConfig
@@ -30,9 +31,7 @@ def picture(width: int, height: int, seed: int = 0) -> Image.Image:
 
 
 def params(instruction: str = "make the sky purple", **overrides) -> EditParams:
-    values = {**EditParams.defaults_for("e1.1", instruction).to_dict(), "num_inference_steps": STEPS,
-              "working_resolution": "draft", **overrides}
-    return EditParams.from_dict(values)
+    return edit_params(instruction, steps=STEPS, **overrides)
 
 
 @pytest.fixture(scope="module")

@@ -132,7 +132,8 @@ def test_layout_mirrors_the_upstream_folders(tiny_dir):
     assert flow == (3.0, True, 1000)
 
     assert tiny_build.is_tiny_checkpoint(tiny_dir)
-    assert tiny_build.read_marker(tiny_dir) == profiles.TinyMarker(profile="tiny", seed=0, format_version=profiles.FORMAT_VERSION)
+    expected = profiles.TinyMarker(profile="tiny", seed=0, format_version=profiles.FORMAT_VERSION)
+    assert tiny_build.read_marker(tiny_dir) == expected
 
 
 def test_weights_are_bf16_and_indexes_are_complete(tiny_dir):

@@ -6,7 +6,6 @@ not tests and assert nothing. Each kind lives in its own module, imported only w
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 KINDS = {
@@ -20,14 +19,8 @@ KINDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in KINDS:
-        print("usage: python -m hidream_ui bench {" + ",".join(KINDS) + "} [--json] [options]\n")
-        for name, (_, help_text) in KINDS.items():
-            print(f"  {name:10s} {help_text}")
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"\nerror: unknown benchmark {argv[0]!r}", file=sys.stderr)
-            return 2
-        return 0 if argv else 2
-    module = importlib.import_module(KINDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    from hidream_ui.cli.commands import dispatch
+
+    return dispatch(KINDS, sys.argv[1:] if argv is None else argv, prog="python -m hidream_ui bench",
+                    description="Benchmarks: figures measured side by side in one run (add --json for JSON).",
+                    what="benchmark")

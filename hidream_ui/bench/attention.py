@@ -35,6 +35,7 @@ rows is exact for those rows and keeps the 1024 reference affordable.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -42,6 +43,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
+
+from hidream_ui.model.layout import E11_DIR
 
 GB = 1024**3
 MB = 1024**2
@@ -307,7 +310,7 @@ def bench_kernels(profile: AttentionProfile, sides: Sequence[int], strategies: S
             for _ in range(runs):
                 del out
                 start = time.perf_counter()
-                out, peak = meter.measure(lambda: processor.attend(q, k, v, bias))
+                out, peak = meter.measure(functools.partial(processor.attend, q, k, v, bias))
                 times.append(time.perf_counter() - start)
                 peaks.append(peak)
             abs_err, rel_err = _relative_error(out, ref, rows)
@@ -338,7 +341,8 @@ def build_transformer(profile_name: str, dtype, device: str):
         ensure_tiny = None
     if ensure_tiny is not None:
         root = ensure_tiny(profile=profile_name)
-        candidates = [root / "HiDream-E1-1" / "transformer", root / "transformer"] if hasattr(root, "__truediv__") else []
+        candidates = ([root / E11_DIR / "transformer", root / "transformer"]
+                      if hasattr(root, "__truediv__") else [])
         for path in candidates:
             if (path / "config.json").exists():
                 model = HiDreamImageTransformer2DModel.from_pretrained(path, torch_dtype=dtype).to(device).eval()
@@ -559,7 +563,7 @@ def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes takes comma-separated edit sides in pixels, got {text!r}")
+        raise argparse.ArgumentTypeError(f"--sizes takes comma-separated edit sides in pixels, got {text!r}") from None
     if not sizes or any(s <= 0 or s % 16 for s in sizes):
         raise argparse.ArgumentTypeError(f"--sizes must be positive multiples of 16, got {text!r}")
     return sizes

@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
           f" = {f['speedup']}x, max |diff| {f['max_abs_diff']:.3g} (outputs up to {f['max_abs_output']:.3g})")
     w = report["weight_copies_per_edit"]
     print(f"weight copies per edit: upstream-style {w['upstream_style']['bytes_copied'] / 2**20:.1f} MiB "
-          f"({w['upstream_style']['seconds']:.3f} s, changed nothing: {not w['upstream_style']['weights_changed_by_the_copies']})"
+          f"({w['upstream_style']['seconds']:.3f} s, changed nothing: "
+          f"{not w['upstream_style']['weights_changed_by_the_copies']})"
           f" vs ours {w['ours']['bytes_copied']} bytes")
     t = report["text_encoders"]
     print(f"text encoders: {t['text_encoder_calls']} calls for {t['edits']} edits with one instruction "

@@ -49,7 +49,8 @@ _CHILD = textwrap.dedent("""
     params = sum(p.numel() * p.element_size() for c in model.pipeline.components.values()
                  if isinstance(c, torch.nn.Module) for p in c.parameters())
     print(json.dumps({"seconds": seconds, "baseline_rss": baseline, "peak_rss": peak[0],
-                      "final_rss": proc.memory_info().rss, "touched_rss": touched, "weight_file_bytes": model.weight_bytes,
+                      "final_rss": proc.memory_info().rss, "touched_rss": touched,
+                      "weight_file_bytes": model.weight_bytes,
                       "resident_param_bytes": params}))
 """)
 

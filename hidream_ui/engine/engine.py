@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Callable
 
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
-from hidream_ui.engine.jobs import CancelToken, ProgressFn, StepFn, StepInfo
+from hidream_ui.engine.jobs import CancelToken, StepFn, StepInfo
 from hidream_ui.engine.status import EngineStatus, Progress, PromptCacheStats, WeightSwapStats
 from hidream_ui.model.layout import PROMPT_TOKENS
-from hidream_ui.requests import WORKING_SIDE_MIN, EditParams, EditRequest, EditResult, RunInfo, Timings
+from hidream_ui.model.loading import ProgressFn
+from hidream_ui.requests import WORKING_SIDE_MIN, EditRequest, EditResult, RunInfo, Timings
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.backends import DeviceInfo
@@ -40,8 +41,6 @@ def working_sides(geometry) -> list[int]:
     """The offered numeric sides that a model of `geometry` can run: at least the requests'
     minimum side and at most the model's own working size."""
     return [side for side in OFFERED_SIDES if WORKING_SIDE_MIN <= side <= geometry.image_size]
-
-
 
 
 class PromptCache:
@@ -375,7 +374,7 @@ class EditEngine:
             self.counters["edits"] += len(requests)
             info = self._info()
             results = []
-            for request, params, (image, plan), out in zip(requests, params_list, working, output.images):
+            for request, params, (image, _), out in zip(requests, params_list, working, output.images):
                 result = EditResult(
                     image=restore_size(out, request.image.size), source_image=request.image, params=params,
                     working_size=image.size, source_size=request.image.size, timings=timings,
@@ -574,16 +573,4 @@ def get_engine(config: AppConfig | None = None) -> EditEngine:
         return _ENGINE
 
 
-def reset_engine() -> None:
-    """Drops the singleton (tests, and the CLI when it builds a new configuration)."""
-    global _ENGINE
-    with _ENGINE_LOCK:
-        _ENGINE = None
-
-
-def default_params(engine: EditEngine, instruction: str = "") -> EditParams:
-    return EditParams.defaults_for(engine.config.variant, instruction)
-
-
-__all__ = ["EditEngine", "EngineError", "EditCancelled", "OutOfMemory", "StepInfo", "PromptCache", "get_engine",
-           "reset_engine", "default_params"]
+__all__ = ["EditEngine", "EngineError", "EditCancelled", "OutOfMemory", "StepInfo", "PromptCache", "get_engine"]

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-__all__ = ["CancelToken", "Job", "JobRegistry", "StepInfo", "StepFn", "ProgressFn"]
+__all__ = ["CancelToken", "Job", "JobRegistry", "StepInfo", "StepFn"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,6 @@ class StepInfo:
 
 
 StepFn = Callable[[StepInfo], None]
-ProgressFn = Callable[[float, str], None]  # (fraction 0..1, message) while loading
 
 
 class CancelToken:

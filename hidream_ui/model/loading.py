@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -19,9 +19,10 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from hidream_ui.device.backends import DeviceInfo
+    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
 
 
-ProgressFn = Callable[[float, str], None]
+ProgressFn = Callable[[float, str], None]  # (fraction 0..1, message) while loading
 
 
 # ----------------------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ class WeightSwap:
 
 @dataclass
 class LoadedModel:
-    pipeline: object  # HiDreamEditPipeline
+    pipeline: "HiDreamEditPipeline"
     sources: ModelSources
     device: "DeviceInfo"
     dtype: "torch.dtype"
@@ -87,7 +88,6 @@ class LoadedModel:
     uses_lora: bool = False
     load_seconds: float = 0.0
     weight_bytes: int = 0
-    stats: dict = field(default_factory=dict)
 
     def use_stage_weights(self, stage: str) -> None:
         """Puts the transformer in the state of `stage` ("edit" or "refine")."""

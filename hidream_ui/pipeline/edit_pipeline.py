@@ -80,10 +80,6 @@ class PromptEmbeds:
     def to(self, device, dtype) -> "PromptEmbeds":
         return PromptEmbeds(self.t5.to(device, dtype), self.llama.to(device, dtype), self.pooled.to(device, dtype))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.t5, self.llama, self.pooled))
-
 
 class EditInterrupted(RuntimeError):
     """The edit was cancelled between two steps."""
@@ -191,7 +187,8 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
                              " give one prompt (and negative prompt) per image")
         width, height = images[0].size
         if any(im.size != (width, height) for im in images):
-            raise ValueError(f"all images of one call must share a working size; got {sorted({im.size for im in images})}")
+            sizes = sorted({im.size for im in images})
+            raise ValueError(f"all images of one call must share a working size; got {sizes}")
         unit = self.vae_scale_factor * 2
         if width % unit or height % unit:
             raise ValueError(f"working size {width}x{height} must be a multiple of {unit} on both sides")

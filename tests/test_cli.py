@@ -103,8 +103,9 @@ def test_bench_without_kind_lists_kinds(capsys):
 
 
 def test_the_console_script_runs_the_same_command_table():
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
     module_name, _, attribute = pyproject["project"]["scripts"]["hidream-ui"].partition(":")

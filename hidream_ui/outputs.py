@@ -271,9 +271,15 @@ def read_metadata(src: MetadataSource) -> dict[str, Any]:
     return _check_metadata(data, label)
 
 
+# Text chunks after the pixel data are only read by decoding the whole image: never for images larger
+# than this (ours write the chunk before the pixels, so it is read from the header whatever the size).
+TEXT_SCAN_MAX_PIXELS = 25_000_000
+
+
 def _text_chunk(image: Image.Image) -> str | None:
     value = image.info.get(METADATA_KEY)
-    if value is None and hasattr(image, "text"):
+    # The size test first: even `hasattr(image, "text")` decodes the whole image.
+    if value is None and image.width * image.height <= TEXT_SCAN_MAX_PIXELS and hasattr(image, "text"):
         # Chunks written after the pixel data only appear once the image is loaded.
         try:
             value = image.text.get(METADATA_KEY)

@@ -21,7 +21,7 @@ def report(tiny_cache):
 def test_report_has_the_figures_and_targets(report):
     json.dumps(report)  # JSON-able as it is
     for key in ("benchmark", "edits", "retention", "cache_max_files", "sample_at_edit", "rss_mb", "cache_files",
-                "output_files", "output_pngs", "gradio_dir_files", "failures", "seconds_total", "seconds_per_edit",
+                "output_files", "output_pngs", "failures", "seconds_total", "seconds_per_edit",
                 "series", "targets", "janitor_forced_before_sample"):
         assert key in report, key
     assert report["benchmark"] == "soak" and report["edits"] == 6 and report["sample_at_edit"] == 2
@@ -39,7 +39,7 @@ def test_no_edit_failed(report):
 
 
 def test_file_counts_are_numbers_and_bounded(report):
-    for key in ("cache_files", "output_files", "output_pngs", "gradio_dir_files"):
+    for key in ("cache_files", "output_files", "output_pngs"):
         assert isinstance(report[key]["at_edit_2"], int) and isinstance(report[key]["end"], int), key
     # Every edit uploads the picture and gets result files back through gradio's cache.
     assert report["cache_files"]["end"] >= 1

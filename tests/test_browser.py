@@ -55,6 +55,19 @@ def open_app(page, url: str) -> None:
     sync_api.expect(page.locator("#hui-attention input")).to_have_value(re.compile("[→—]"), timeout=60_000)
 
 
+def set_number(page, box, value: int) -> None:
+    """Types `value` into a slider's number box until it stays there. A box in an accordion that
+    has just opened can be re-initialised right after a first fill (seen on loaded machines), which
+    silently ran an edit with the default 28 steps; the value is checked after it settled."""
+    for _ in range(10):
+        box.fill(str(value))
+        box.press("Tab")  # commits the number (change on blur) like a user leaving the box
+        page.wait_for_timeout(300)
+        if box.input_value() == str(value):
+            return
+    raise AssertionError(f"the number box kept {box.input_value()!r} instead of {value}")
+
+
 def test_edit_in_the_browser(app, page):
     ARTIFACTS.mkdir(exist_ok=True)
     open_app(page, app["url"])
@@ -67,12 +80,11 @@ def test_edit_in_the_browser(app, page):
     sync_api.expect(page.locator("#hui-instruction textarea")).to_have_value(EXAMPLE_INSTRUCTION)
 
     page.get_by_text("Advanced settings").click()
-    steps = page.get_by_label("number input for Steps")
-    steps.fill("2")
-    steps.press("Enter")
+    set_number(page, page.get_by_label("number input for Steps"), 2)
     page.locator("#hui-edit").scroll_into_view_if_needed()
     page.screenshot(path=str(ARTIFACTS / "edit_tab_before.png"), full_page=True)
 
+    sync_api.expect(page.get_by_label("number input for Steps")).to_have_value("2")  # still, after the screenshot
     page.locator("#hui-edit").click()
     result = page.locator("#hui-result img")
     sync_api.expect(result.first).to_be_visible(timeout=120_000)
@@ -114,9 +126,7 @@ def test_batch_in_the_browser(app, page, tmp_path):
     page.locator("#hui-batch-files input[type=file]").set_input_files(uploads)
     page.locator("#hui-batch-instructions textarea").fill("make it brighter\nadd a red border")
     page.get_by_text("Settings (shared by every item)").click()
-    steps = page.get_by_label("number input for Steps").locator("visible=true")
-    steps.fill("2")
-    steps.press("Enter")
+    set_number(page, page.get_by_label("number input for Steps").locator("visible=true"), 2)
     page.locator("#hui-batch-run").click()
     sync_api.expect(page.locator("#hui-batch-gallery img")).to_have_count(4, timeout=180_000)
     report = page.locator("#hui-batch-report")
@@ -136,9 +146,7 @@ def test_stop_in_the_browser_stops_within_one_step_and_saves_nothing(app, page):
     page.get_by_text(EXAMPLE_INSTRUCTION).first.click()
     sync_api.expect(page.locator("#hui-instruction textarea")).to_have_value(EXAMPLE_INSTRUCTION)
     page.get_by_text("Advanced settings").click()
-    steps = page.get_by_label("number input for Steps")
-    steps.fill("200")
-    steps.press("Enter")
+    set_number(page, page.get_by_label("number input for Steps"), 200)
     page.locator("#hui-edit").click()
     job = wait_for(lambda: next((j for j in jobs.running() if j.kind == "edit"), None), "the edit to start")
     wait_for(lambda: job.token.step >= 3, "three steps")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -102,11 +103,30 @@ def test_a_server_path_from_a_raw_client_is_refused_without_saying_whether_it_ex
     assert app["engine"].counters["edits"] == edits
 
 
+def test_a_file_in_the_apps_own_cache_that_nobody_uploaded_is_refused(app):
+    """Gradio accepts (and records) any path inside its cache folder that a client names, with the
+    FileData marker or without: only uploads through this app and the examples may be opened."""
+    planted = app["demo"].hidream_services.cache_folder / "planted" / "secret.png"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    write_picture(planted, 9)
+    edits = app["engine"].counters["edits"]
+    for value in ({"path": str(planted)}, {"path": str(planted), "meta": {"_type": "gradio.FileData"}}):
+        answer = raw_call(app["url"], "edit", [value, "make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 1,
+                                               False, True])
+        assert answer["event"] == "error" and NOT_UPLOADED.split(" (")[0] in json.dumps(answer["data"])
+    assert app["engine"].counters["edits"] == edits
+
+
 def test_uploads_and_bundled_examples_still_work(client, app):
     # handle_file uploads the file first (gradio stores it for this app): accepted.
     (before, after), saved, seed, _ = client.predict(image=handle_file(str(EXAMPLE)), instruction="make it blue",
                                                      **FAST, api_name="/edit")
     assert Path(saved).is_file() and seed >= 0
+    # An app without login names model folders in the results it hands out, never their paths.
+    from hidream_ui.outputs import read_metadata
+
+    for value in read_metadata(saved)["model_paths"].values():
+        assert not (isinstance(value, str) and os.path.isabs(value)), value
     # The bundled examples are trusted by path (the browser sends them without an upload).
     assert app["demo"].hidream_services.gate.allows(EXAMPLE)
 
@@ -134,6 +154,14 @@ def test_an_upload_over_the_size_limit_is_refused_before_it_is_stored(app, tmp_p
             answer = http.post("/gradio_api/upload", files={"files": ("big.png", fp, "image/png")})
     assert answer.status_code == 413, answer.text
     assert "maximum allowed size" in answer.text
+
+
+def test_an_upload_request_over_its_total_size_is_refused(app):
+    # Each file is under --max-upload-mb (1 MB), the request is over 8 of them in all.
+    files = [("files", (f"part{i}.png", b"\x89PNG" + os.urandom(900_000), "image/png")) for i in range(10)]
+    with httpx.Client(base_url=app["url"], timeout=60) as http:
+        answer = http.post("/gradio_api/upload", files=files)
+    assert answer.status_code == 413 and "in all" in answer.json()["detail"]
 
 
 def test_an_image_over_the_pixel_limit_is_refused_from_its_header(client, app, tmp_path):
@@ -230,6 +258,9 @@ def test_the_public_cancel_api_stops_only_the_callers_job(app):
     job = submit_slow(mine, 6)
     running = running_job(app, "edit")
     assert theirs.predict(api_name="/cancel") == "nothing of yours is running"
+    # A raw cancel that knows the session but not the event stops nothing either.
+    with httpx.Client(base_url=app["url"], timeout=30) as http:
+        http.post("/gradio_api/cancel", json={"session_hash": mine.session_hash, "fn_index": 0})
     assert not running.token.cancelled
     assert mine.predict(api_name="/cancel") == "stopped 1 job(s)"
     assert running.token.cancelled and running.token.reason == "cancelled through /cancel"
@@ -289,9 +320,10 @@ def test_gradios_cache_stays_within_the_file_limit_after_30_edits(client, app):
         client.predict(image=handle_file(str(EXAMPLE)), instruction="make it blue", seed=seed, **FAST,
                        api_name="/edit")
     services.janitor.run_once()  # the janitor runs every few seconds; this is the same call
-    cached = gradio_internals.cache_files(app["demo"])
+    cached = gradio_internals.cache_files(services.cache_folder)
     assert len(cached) <= app["config"].cache_max_files + len(gradio_internals._kept(app["demo"]))
     assert all(os.path.isfile(f) for f in cached)
+    assert services.cache_folder.name.startswith("hidream-ui-gradio-")  # not the shared /tmp/gradio
 
 
 def test_status_without_login_shows_no_absolute_paths(client, app):
@@ -318,12 +350,23 @@ def test_after_login_status_answers(private_app):
     assert status["model_source"] == "tiny"
 
 
-def test_with_auth_status_needs_login_and_guessing_is_throttled(private_app):
+def test_with_auth_status_needs_login_and_parallel_guessing_is_throttled(private_app):
     with httpx.Client(base_url=private_app["url"], timeout=30) as http:
         anonymous = http.post("/gradio_api/run/status", json={"data": []})
         assert anonymous.status_code in (401, 403)
-        codes = [http.post("/login", data={"username": "booth", "password": f"guess{i}"}).status_code
-                 for i in range(3)]
-        assert codes == [400, 400, 400]
+    codes = []
+
+    def guess(i: int) -> None:
+        with httpx.Client(base_url=private_app["url"], timeout=30) as http:
+            codes.append(http.post("/login", data={"username": "booth", "password": f"guess{i}"}).status_code)
+
+    threads = [threading.Thread(target=guess, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # Every attempt counts from the moment it arrives: parallel guesses get no more tries.
+    assert sorted(codes) == [400] * 3 + [429] * 9, codes
+    with httpx.Client(base_url=private_app["url"], timeout=30) as http:
         throttled = http.post("/login", data={"username": "booth", "password": "s3cret-pass"})
-        assert throttled.status_code == 429 and "try again" in throttled.json()["detail"]
+    assert throttled.status_code == 429 and "try again" in throttled.json()["detail"]

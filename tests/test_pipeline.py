@@ -311,3 +311,9 @@ def test_out_of_memory_frees_memory_after_the_failing_frames_are_gone(engine, mo
         engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False)
     assert seen == {"alive_when_freed": False}  # the traceback no longer pinned the tensors
     assert info.value.__cause__ is None and info.value.__context__ is None
+
+
+@pytest.mark.parametrize("value", [5, ["sdpa"], {"name": "sdpa"}])
+def test_an_attention_name_that_is_not_text_is_a_clear_error(engine, value):
+    with pytest.raises(EngineError, match="attention must be a strategy name"):
+        engine.set_attention(value)

@@ -3,7 +3,6 @@ upload gate, served results, cache pruning, path redaction, text validation, His
 
 from __future__ import annotations
 
-import os
 import time
 import types
 from pathlib import Path
@@ -67,21 +66,23 @@ def test_a_token_records_where_it_was_cancelled_and_asks_its_liveness_probe():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_login_throttle_locks_an_address_after_repeated_failures_then_forgives():
+def test_login_throttle_counts_attempts_up_front_per_address_and_per_user():
     now = {"t": 1000.0}
     throttle = LoginThrottle(max_failures=3, window=60, clock=lambda: now["t"])
-    for _ in range(3):
-        assert throttle.retry_after("10.0.0.1") == 0
-        throttle.failed("10.0.0.1")
-    assert throttle.retry_after("10.0.0.1") == pytest.approx(60)
-    assert throttle.retry_after("10.0.0.2") == 0  # another address is not affected
+    # Three attempts in flight at once (none answered yet) already use up the address's budget.
+    attempts = [throttle.begin("address:10.0.0.1", "user:booth") for _ in range(3)]
+    assert all(wait == 0 and attempt is not None for wait, attempt in attempts)
+    wait, attempt = throttle.begin("address:10.0.0.1", "user:booth")
+    assert attempt is None and wait == pytest.approx(60)
+    # Another address guessing the same user is throttled too (addresses can be spoofed) ...
+    assert throttle.begin("address:10.0.0.2", "user:booth")[1] is None
+    # ... while another user from another address is not.
+    assert throttle.begin("address:10.0.0.3", "user:visitor")[1] is not None
     now["t"] += 61
-    assert throttle.retry_after("10.0.0.1") == 0
-    throttle.failed("10.0.0.1")
-    throttle.succeeded("10.0.0.1")  # a good login clears the slate
-    throttle.failed("10.0.0.1")
-    throttle.failed("10.0.0.1")
-    assert throttle.retry_after("10.0.0.1") == 0
+    wait, attempt = throttle.begin("address:10.0.0.1", "user:booth")
+    assert wait == 0 and attempt is not None
+    throttle.succeeded(attempt, "address:10.0.0.1", "user:booth")  # a good login clears the slate
+    assert throttle.retry_after("address:10.0.0.1") == 0 and throttle.retry_after("user:booth") == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,19 +140,35 @@ def test_cache_pruning_keeps_examples_and_the_newest_files(tmp_path):
         path = tmp_path / f"h{i}" / "f.png"
         path.parent.mkdir()
         path.write_bytes(b"x")
-        os.utime(path, (1000 + i, 1000 + i))
         files.append(str(path))
+        time.sleep(0.01)  # distinct creation times: h0 oldest
+    stray = tmp_path / "session-copy" / "batch.zip"  # a file no gradio record lists (a session copy)
+    stray.parent.mkdir()
+    stray.write_bytes(b"zip")
     uploads, outputs = set(files[:3]), set(files[3:])
     example = types.SimpleNamespace(keep_in_cache={files[0]})
     demo = types.SimpleNamespace(temp_file_sets=[uploads, outputs], blocks={1: example})
-    # ctime cannot be set: all six are "new"; keep the newest two plus the example.
-    removed = gradio_internals.prune_cache(demo, max_files=2, max_age=3600)
-    assert removed == 3
-    left = sorted(uploads | outputs)
-    assert files[0] in left and len(left) == 3 and all(os.path.isfile(f) for f in left)
-    assert not any(Path(f).parent.exists() for f in files if f not in left)  # empty hash folders gone
-    assert gradio_internals.prune_cache(demo, max_files=100, max_age=0, now=time.time() + 10) == 2
-    assert uploads | outputs == {files[0]}
+    removed = gradio_internals.prune_cache(demo, tmp_path, max_files=2, max_age=3600)
+    assert removed == 4  # 7 files: the example stays, the newest two stay
+    left = sorted(str(p) for p in gradio_internals.cache_files(tmp_path))
+    assert left == sorted([files[0], files[5], str(stray)])
+    assert not Path(files[1]).parent.exists()  # emptied hash folders go too
+    assert uploads | outputs == {files[0], files[5]}  # gradio's records follow
+    assert gradio_internals.prune_cache(demo, tmp_path, max_files=100, max_age=0, now=time.time() + 10) == 2
+    assert [str(p) for p in gradio_internals.cache_files(tmp_path)] == [files[0]]
+
+
+def test_only_uploads_and_examples_count_as_the_apps_files():
+    from hidream_ui.ui import gradio_internals
+
+    example = types.SimpleNamespace(keep_in_cache={"/cache/ex/apple.png"})
+    component = types.SimpleNamespace(keep_in_cache=set())
+    demo = types.SimpleNamespace(upload_file_set={"/cache/up/photo.png"}, blocks={1: example, 2: component},
+                                 temp_file_sets=[{"/cache/up/photo.png"}, {"/cache/other/named-by-a-client.png"}])
+    assert gradio_internals.is_app_file(demo, "/cache/up/photo.png")
+    assert gradio_internals.is_app_file(demo, "/cache/ex/apple.png")
+    # Gradio records any cache path a client names in a component's files: that is not an upload.
+    assert not gradio_internals.is_app_file(demo, "/cache/other/named-by-a-client.png")
 
 
 def test_unknown_gradio_internals_degrade_to_safe_answers():
@@ -194,3 +211,76 @@ def test_history_shows_a_placeholder_for_results_retention_deleted(tmp_path):
     placeholder, caption = items[0]
     assert isinstance(placeholder, Image.Image) and caption.startswith("[deleted by retention]")
     assert items[1] == (str(kept), "new")
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches: limits before decoding
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_batch_over_the_item_limit_is_refused_before_any_image_is_decoded():
+    from hidream_ui.engine.batch import BatchRequest, BatchSource, plan_batch
+    from hidream_ui.requests import EditSettings
+
+    decoded = []
+
+    def open_fn(data, name=None):
+        decoded.append(name)
+        return Image.new("RGB", (8, 8))
+
+    request = BatchRequest(sources=tuple(BatchSource(f"{i}.png", b"") for i in range(3)),
+                           instructions=("a", "b"), settings=EditSettings())
+    with pytest.raises(RequestError, match="at most 4 items"):
+        plan_batch(request, open_fn, max_items=4)
+    assert decoded == []
+
+
+def test_a_batch_holds_at_most_its_pixel_budget_decoded():
+    from hidream_ui.engine.batch import BatchSource, open_sources
+
+    def open_fn(data, name=None):
+        return Image.new("RGB", (100, 100))  # 10,000 pixels each
+
+    sources = [BatchSource(f"{i}.png", b"") for i in range(5)]
+    opened, rejected = open_sources(sources, open_fn, max_total_pixels=25_000)
+    assert [name for name, _ in opened] == ["0.png", "1.png", "2.png"]
+    assert [name for name, _ in rejected] == ["3.png", "4.png"]
+    assert "at most 25,000 per batch" in rejected[0][1]
+
+
+def test_reading_settings_never_decodes_a_huge_image(tmp_path, monkeypatch):
+    from PIL import PngImagePlugin
+
+    from hidream_ui.outputs import TEXT_SCAN_MAX_PIXELS, MetadataError, read_metadata
+
+    huge = tmp_path / "huge.png"
+    Image.new("1", (6000, 5000)).save(huge)  # 30 MP, a few KB, no settings
+    assert 6000 * 5000 > TEXT_SCAN_MAX_PIXELS
+
+    def no_decoding(self):
+        raise AssertionError("the image was decoded")
+
+    monkeypatch.setattr(PngImagePlugin.PngImageFile, "load", no_decoding)
+    with pytest.raises(MetadataError, match="no hidream_ui settings"):
+        read_metadata(huge)
+
+
+# ---------------------------------------------------------------------------------------------
+# Process
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sigterm_ends_the_app_like_ctrl_c():
+    import signal
+
+    from hidream_ui.cli.app import stop_on_signals
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_signals()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])

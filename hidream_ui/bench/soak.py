@@ -1,15 +1,15 @@
 """`python -m hidream_ui bench soak [--json] [--edits N] [--sample-at K] [--every M] [--retention R] ...`.
 
 A soak of the running app: launches it in this process (`app_main.launch`, tiny model, CPU, a
-free 127.0.0.1 port, a temporary --output-dir and a private gradio cache folder) and sends N
+free 127.0.0.1 port and a temporary --output-dir) and sends N
 edits (default 200) one after another through its public API with `gradio_client`
 (`/edit`, the bundled `assets/apple.png` uploaded with `handle_file`, 2 steps at the draft size).
 
 Sampled at edit K (default 20, after the warm-up: model load, first allocations) and at the end,
 and every M edits in between (a small series):
 * RSS of the server process -- this process, since the app runs in it -- and its growth K -> end;
-* files gradio holds for this app in its cache (`gradio_internals.cache_files(demo)`), and files
-  on disk in the private gradio cache folder (a cross-check: files gradio stored but forgot);
+* files in the app's gradio cache folder (a folder of this process alone, see
+  `gradio_internals.private_cache_folder`);
 * files (and result PNGs) in --output-dir.
 Before every sample the app's cache janitor is run once (it otherwise runs every 5 s, so a sample
 would depend on timing) and the garbage collector too: both are said so in the report.
@@ -59,7 +59,7 @@ def _files_under(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file()]
 
 
-def _sample(edit: int, demo, output_dir: Path, gradio_dir: Path) -> dict:
+def _sample(edit: int, demo, output_dir: Path) -> dict:
     from hidream_ui.ui import gradio_internals
 
     janitor = getattr(getattr(demo, "hidream_services", None), "janitor", None)
@@ -69,8 +69,7 @@ def _sample(edit: int, demo, output_dir: Path, gradio_dir: Path) -> dict:
     return {
         "edit": edit,
         "rss_mb": round(_rss_mb(), 1),
-        "cache_files": len(gradio_internals.cache_files(demo)),
-        "gradio_dir_files": len(_files_under(gradio_dir)),
+        "cache_files": len(gradio_internals.cache_files(demo.hidream_services.cache_folder)),
         "output_files": len(outputs),
         "output_pngs": sum(1 for p in outputs if p.suffix.lower() == ".png"),
         "janitor_removed": pruned,
@@ -111,13 +110,8 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
 
     picture = Path(image) if image is not None else ASSETS_DIR / "apple.png"
     tmp = Path(tempfile.mkdtemp(prefix="hidream-bench-soak-"))
-    output_dir, gradio_dir, downloads = tmp / "outputs", tmp / "gradio", tmp / "client_downloads"
-    gradio_dir.mkdir()
+    output_dir, downloads = tmp / "outputs", tmp / "client_downloads"
     downloads.mkdir()
-    # gradio reads GRADIO_TEMP_DIR when the blocks and the server app are built (inside launch):
-    # a private cache folder, so every file this run makes is counted here and removed at the end.
-    previous_temp = os.environ.get("GRADIO_TEMP_DIR")
-    os.environ["GRADIO_TEMP_DIR"] = str(gradio_dir)
     config = AppConfig(device="cpu", output_dir=output_dir, port=free_port(), retention=retention,
                        cache_max_files=cache_max_files, max_queue=max_queue)
     demo = client = None
@@ -156,7 +150,7 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
                     first_error, first_error_edit = f"{type(exc).__name__}: {exc}", index
             edit_seconds.append(time.perf_counter() - started)
             if index == sample_at or index == edits or index % every == 0:
-                series.append(_sample(index, demo, output_dir, gradio_dir))
+                series.append(_sample(index, demo, output_dir))
         total = time.perf_counter() - t0
     finally:
         if client is not None:
@@ -164,10 +158,6 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
         if demo is not None:
             with contextlib.redirect_stdout(sys.stderr):  # gradio prints "Closing server...": keep --json clean
                 demo.close()
-        if previous_temp is None:
-            os.environ.pop("GRADIO_TEMP_DIR", None)
-        else:
-            os.environ["GRADIO_TEMP_DIR"] = previous_temp
         shutil.rmtree(tmp, ignore_errors=True)
 
     warm = next(s for s in series if s["edit"] == sample_at)
@@ -184,7 +174,6 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
                    "within_target": growth is not None and growth <= TARGET_RSS_GROWTH_PERCENT},
         "cache_files": {**counts("cache_files"), "limit": cache_max_files,
                         "target": "flat after warm-up", "within_target": warm["cache_files"] == end["cache_files"]},
-        "gradio_dir_files": counts("gradio_dir_files"),
         "output_files": {**counts("output_files"), "target": "flat after warm-up",
                          "within_target": warm["output_files"] == end["output_files"]},
         "output_pngs": {**counts("output_pngs"), "limit": retention},

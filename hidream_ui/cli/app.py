@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 EXIT_CONFIG = 2
+# One upload request may carry this many files of --max-upload-mb (a batch upload sends several).
+UPLOAD_REQUEST_FILES = 8
 JANITOR_INTERVAL = 5.0  # seconds between two checks of gradio's cache against --cache-max-files
 MCP_HINT = "--mcp needs Gradio's MCP extra: pip install \"gradio[mcp]\" (or start without --mcp)"
 
@@ -79,11 +81,15 @@ def launch(
         raise ConfigError(MCP_HINT)
 
     from hidream_ui.engine.engine import get_engine
+    from hidream_ui.ui import gradio_internals
     from hidream_ui.ui.layout import build_demo, launch_options
     from hidream_ui.ui.services import AppServices
 
     engine = engine or get_engine(config)
     services = AppServices.for_config(config)
+    engine.hide_paths = services.public
+    # Before any Blocks exist: gradio reads GRADIO_TEMP_DIR when it builds components.
+    services.cache_folder = gradio_internals.private_cache_folder()
     demo = build_demo(engine, services=services)
     # No max_size: gradio would count /status and /cancel too; `admission` limits the device lane.
     demo.queue(max_size=None)
@@ -138,8 +144,9 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     from hidream_ui.ui.guard import BoothGuard, LoginThrottle
 
     throttle = None if services.public else LoginThrottle(config.max_login_failures)
-    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, config.cache_max_files, config.cache_max_age),
-                           interval=JANITOR_INTERVAL)
+    folder = services.cache_folder
+    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, folder, config.cache_max_files,
+                                                                config.cache_max_age), interval=JANITOR_INTERVAL)
     services.janitor = janitor
 
     @contextlib.asynccontextmanager
@@ -150,9 +157,25 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
         finally:
             janitor.stop()
             services.close()
-            gradio_internals.prune_cache(demo, 0, 0)  # nothing of this app stays in the cache
+            # Nothing stays in the cache (one app per process; tests close theirs at the end).
+            gradio_internals.prune_cache(demo, folder, 0, 0)
 
-    return {"middleware": [Middleware(BoothGuard, jobs=services.jobs, throttle=throttle)], "lifespan": lifespan}
+    guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,
+                       max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024)
+    return {"middleware": [guard], "lifespan": lifespan}
+
+
+def stop_on_signals() -> None:
+    """SIGINT and SIGTERM both end the server the way Ctrl-C does (gradio closes it, the lifespan
+    clean-up runs). SIGTERM would otherwise kill the process with no clean-up, and a shell starts
+    background jobs with SIGINT ignored."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -171,6 +194,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop_on_signals()
     try:
         launch(config)
     except ConfigError as exc:
@@ -185,4 +209,4 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return 0
 
 
-__all__ = ["build_parser", "launch", "main", "mcp_available"]
+__all__ = ["build_parser", "launch", "main", "mcp_available", "stop_on_signals"]

@@ -115,6 +115,7 @@ def plan_items(request: BatchRequest, source_names: list[str], max_items: int,
         raise RequestError("instructions", "", "at least one instruction (one per line)")
     if not source_names:
         raise RequestError("images", [], "at least one readable image")
+    check_item_count(request, len(source_names), max_items)
     if request.mode == "matrix":
         pairs = [(i, text) for i in range(len(source_names)) for text in request.instructions]
     else:
@@ -122,9 +123,6 @@ def plan_items(request: BatchRequest, source_names: list[str], max_items: int,
             raise RequestError("instructions", f"{len(request.instructions)} lines",
                                f"exactly one line per image in paired mode ({len(source_names)} images)")
         pairs = list(enumerate(request.instructions))
-    if len(pairs) > max_items:
-        raise RequestError("batch", f"{len(pairs)} items",
-                           f"at most {max_items} items per batch (images x instructions); split the batch")
     base = validated_seed(request.seed)
     if request.seed_policy == "random" or base == -1:
         draw = (lambda: rng.randint(0, SEED_MAX)) if rng is not None else (lambda: secrets.randbelow(SEED_MAX + 1))
@@ -141,18 +139,41 @@ def plan_items(request: BatchRequest, source_names: list[str], max_items: int,
     return items
 
 
+def check_item_count(request: BatchRequest, images: int, max_items: int) -> None:
+    """Refuses a batch of more than `max_items` items. Called with the number of sources before
+    any is decoded (an upper bound: some may not open), and again with the images that opened."""
+    count = images * len(request.instructions) if request.mode == "matrix" else min(images, len(request.instructions))
+    if count > max_items:
+        raise RequestError("batch", f"{count} items",
+                           f"at most {max_items} items per batch (images x instructions); split the batch")
+
+
 def item_params(settings: EditSettings, item: BatchItem) -> EditParams:
     return settings.params(item.instruction, item.seed).validated()
 
 
-def open_sources(sources, open_fn) -> tuple[list[tuple[str, Image.Image]], list[tuple[str, str]]]:
-    """Opens every source with `open_fn`; returns (opened, rejected) keeping upload order."""
+def open_sources(sources, open_fn, max_total_pixels: int | None = None
+                 ) -> tuple[list[tuple[str, Image.Image]], list[tuple[str, str]]]:
+    """Opens every source with `open_fn`; returns (opened, rejected) keeping upload order.
+
+    `max_total_pixels` bounds what one batch holds decoded at once: once the images opened so far
+    reach it, the remaining sources are rejected with the reason (each image alone is bounded by
+    `open_fn`'s own limit, checked from its header).
+    """
     opened, rejected = [], []
+    total = 0
     for source in sources:
+        if max_total_pixels is not None and total >= max_total_pixels:
+            rejected.append((source.name, f"not opened: the batch's images already hold {total:,} pixels "
+                                          f"(at most {max_total_pixels:,} per batch); split the batch"))
+            continue
         try:
-            opened.append((source.name, open_fn(source.data, name=source.name)))
+            image = open_fn(source.data, name=source.name)
         except ValueError as exc:  # ImageError is a ValueError; anything else is a bug and propagates
             rejected.append((source.name, str(exc)))
+            continue
+        total += image.width * image.height
+        opened.append((source.name, image))
     return opened, rejected
 
 
@@ -161,6 +182,9 @@ def open_sources(sources, open_fn) -> tuple[list[tuple[str, Image.Image]], list[
 # ---------------------------------------------------------------------------------------------
 
 MAX_BATCH_SIZE = 64  # items per transformer call
+# Decoded pixels one batch may hold, in units of the per-image limit (--max-pixels): 4 x 25 MP by
+# default, ~300 MB as RGB. Enough for 64 items of a 1024 px source, far from a memory bomb.
+BATCH_PIXEL_BUDGET = 4
 
 
 @dataclass
@@ -175,14 +199,15 @@ class BatchPlan:
 
 
 def plan_batch(request: BatchRequest, open_fn: Callable, max_items: int, rng: random.Random | None = None,
-               *, opened: tuple[list, list] | None = None) -> BatchPlan:
+               *, opened: tuple[list, list] | None = None, max_total_pixels: int | None = None) -> BatchPlan:
     """Validates the settings, opens the sources (or takes the caller's `opened` = (images,
     rejected)) and expands the items: every check of a batch, before any work."""
     settings = request.settings.validated()
     if request.batch_size is not None and not 1 <= int(request.batch_size) <= MAX_BATCH_SIZE:
         raise RequestError("batch_size", request.batch_size,
                            f"1..{MAX_BATCH_SIZE} items per transformer call, or empty for auto")
-    images, rejected = opened if opened is not None else open_sources(request.sources, open_fn)
+    check_item_count(request, len(request.sources), max_items)  # before any source is decoded
+    images, rejected = opened if opened is not None else open_sources(request.sources, open_fn, max_total_pixels)
     if not images:
         reasons = "; ".join(f"{name}: {reason.removeprefix(f'{name}: ')}" for name, reason in rejected) or "no files"
         raise RequestError("images", [name for name, _ in rejected], f"at least one readable image ({reasons})")

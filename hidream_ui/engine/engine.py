@@ -90,6 +90,8 @@ class EditEngine:
         self._state = "idle"
         self._progress = Progress()
         self._last_error: str | None = None
+        # Set by an app without login: results and the status name model folders, never their paths.
+        self.hide_paths = False
         self.counters = {"edits": 0, "text_encoder_calls": 0, "transformer_calls": 0}
 
     # ------------------------------------------------------------------ device
@@ -205,6 +207,8 @@ class EditEngine:
         from hidream_ui.pipeline.attention.processor import AttentionUnavailable
         from hidream_ui.pipeline.attention.registry import apply, get_strategy, resolve
 
+        if name is not None and not isinstance(name, str):
+            raise EngineError(f"attention must be a strategy name (text), got {type(name).__name__} {name!r:.40}")
         name = (name or "").strip().lower()
         with self._lock:  # never in the middle of an edit
             try:
@@ -463,7 +467,8 @@ class EditEngine:
         from hidream_ui.engine import batch as batches
 
         plan = batch if isinstance(batch, batches.BatchPlan) else batches.plan_batch(
-            batch, self.open_image, self.config.max_batch_items)
+            batch, self.open_image, self.config.max_batch_items,
+            max_total_pixels=batches.BATCH_PIXEL_BUDGET * self.config.max_pixels)
         token = cancel or CancelToken()
         self.load()
         with self._lock:
@@ -496,7 +501,7 @@ class EditEngine:
         return RunInfo(
             variant=self.config.variant,
             model_source=sources.kind if sources else ("tiny" if self.config.uses_tiny_model else "real"),
-            model_paths=sources.to_dict() if sources else None,
+            model_paths=sources.to_dict(names_only=self.hide_paths) if sources else None,
             device=self.device.torch_device,
             device_name=self.device.name,
             dtype=dtype_name(self.dtype),
@@ -537,7 +542,8 @@ class EditEngine:
         if model is not None:
             swap = model.swap
             status = status.replace(
-                model_paths=model.sources.to_dict(), load_seconds=round(model.load_seconds, 3),
+                model_paths=model.sources.to_dict(names_only=self.hide_paths),
+                load_seconds=round(model.load_seconds, 3),
                 weight_swap=None if swap is None else WeightSwapStats(
                     tensors=len(swap.inactive), bytes=swap.nbytes, on_device=swap.on_device, swaps=swap.swaps,
                     bytes_copied=swap.bytes_copied))

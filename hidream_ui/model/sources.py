@@ -28,9 +28,14 @@ class ModelSources:
     kind: str  # "tiny" or "real"
     tiny_profile: str | None = None
 
-    def to_dict(self) -> dict:
-        return {"variant": self.variant, "kind": self.kind, "llama": self.llama, "i1": self.i1,
-                "e1": self.e1, "tiny_profile": self.tiny_profile}
+    def to_dict(self, *, names_only: bool = False) -> dict:
+        """The sources as JSON; `names_only` gives each local part's folder name, not its absolute
+        path (what an app without login may show of the server's disk; hub ids stay as they are)."""
+        def shown(source: str) -> str:
+            return Path(source).name if names_only and os.path.isabs(source) else source
+
+        return {"variant": self.variant, "kind": self.kind, "llama": shown(self.llama), "i1": shown(self.i1),
+                "e1": shown(self.e1), "tiny_profile": self.tiny_profile}
 
 
 def resolve_sources(config: AppConfig, *, build_tiny: bool = True) -> ModelSources:

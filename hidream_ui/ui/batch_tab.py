@@ -26,7 +26,16 @@ import gradio as gr
 
 from hidream_ui.archive import sources_from_uploads, write_batch_zip
 from hidream_ui.config import AppConfig
-from hidream_ui.engine.batch import BatchRequest, BatchResult, BatchSource, clean_instructions, open_sources, plan_batch
+from hidream_ui.engine.batch import (
+    BATCH_PIXEL_BUDGET,
+    BatchRequest,
+    BatchResult,
+    BatchSource,
+    check_item_count,
+    clean_instructions,
+    open_sources,
+    plan_batch,
+)
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.requests import (
@@ -191,7 +200,9 @@ class BatchTab:
                              seed_policy=str(seed_policy or "fixed"), batch_size=size)
         # Decoded and planned here, once (the engine runs this plan), so the item count is known
         # for the progress line and every file that does not open is reported with its reason.
-        images, refused = open_sources(sources, self.engine.open_image)
+        check_item_count(batch, len(sources), self.config.max_batch_items)  # before decoding anything
+        images, refused = open_sources(sources, self.engine.open_image,
+                                       max_total_pixels=BATCH_PIXEL_BUDGET * self.config.max_pixels)
         plan = plan_batch(batch, self.engine.open_image, self.config.max_batch_items,
                           opened=(images, rejected + refused))
         total = len(plan.items)

@@ -11,8 +11,11 @@ noticed. Known to match gradio 6.31.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -63,6 +66,26 @@ def event_alive(demo: Any, event_id: str | None) -> bool:
         if getattr(event, "_id", None) == event_id:
             return bool(getattr(event, "alive", True))
     return True
+
+
+def logged_in_user(scope: dict) -> str | None:
+    """The user an HTTP request (ASGI `scope`) is logged in as, by gradio's own cookie rule; None
+    when it is not (or when the app behind the scope is not a gradio app)."""
+    from http.cookies import CookieError, SimpleCookie
+
+    app = scope.get("app")
+    tokens, cookie_id = getattr(app, "tokens", None), getattr(app, "cookie_id", None)
+    if not isinstance(tokens, dict) or cookie_id is None:
+        return None
+    header = b"; ".join(value for key, value in scope.get("headers", ()) if key == b"cookie")
+    try:
+        cookies = SimpleCookie(header.decode("latin-1"))
+    except CookieError:
+        return None
+    for name in (f"access-token-{cookie_id}", f"access-token-unsecure-{cookie_id}"):
+        if name in cookies:
+            return tokens.get(cookies[name].value)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,75 +168,100 @@ def admit_jobs(demo: Any, concurrency_id: str, *, max_waiting: int, per_session:
 # Files gradio stored for this app
 # ---------------------------------------------------------------------------------------------
 
-
-def _file_sets(demo: Any) -> list[set]:
-    sets = getattr(demo, "temp_file_sets", None)
-    return [s for s in (sets or []) if isinstance(s, set)]
+_PRIVATE_CACHE: Path | None = None
 
 
-def is_app_file(demo: Any, path: str) -> bool:
-    """True when gradio stored `path` for this app: an upload received through it, or a copy it
-    made of an example or a result. Exact paths as gradio recorded them; nothing else."""
-    return any(path in files for files in _file_sets(demo))
+def private_cache_folder() -> Path:
+    """Gradio's cache folder for this process alone (made once; `GRADIO_TEMP_DIR` points at it).
+
+    Gradio's default cache (/tmp/gradio) is shared by every Gradio app on the machine, and gradio
+    accepts, and records as this app's own, any path inside it that a client names: with a shared
+    folder one app could then serve, or prune, another app's files. A folder of our own makes
+    "inside the cache" mean "ours". Set before the Blocks are built (gradio reads the variable when
+    it builds components and on every upload); removed when the process exits.
+    """
+    global _PRIVATE_CACHE
+    if _PRIVATE_CACHE is None:
+        base = Path(os.environ.get("GRADIO_TEMP_DIR") or tempfile.gettempdir())
+        base.mkdir(parents=True, exist_ok=True)
+        _PRIVATE_CACHE = Path(tempfile.mkdtemp(prefix="hidream-ui-gradio-", dir=base))
+        os.environ["GRADIO_TEMP_DIR"] = str(_PRIVATE_CACHE)
+        atexit.register(shutil.rmtree, _PRIVATE_CACHE, True)
+    return _PRIVATE_CACHE
 
 
 def _kept(demo: Any) -> set[str]:
+    """Files gradio keeps for the app's lifetime: the cached copies of the bundled examples."""
     kept: set[str] = set()
     for block in list((getattr(demo, "blocks", None) or {}).values()):
         kept.update(getattr(block, "keep_in_cache", None) or ())
     return kept
 
 
-def cache_files(demo: Any) -> list[str]:
-    """The files gradio stored for this app that still exist (examples included)."""
-    files = set()
-    for stored in _file_sets(demo):
-        files.update(list(stored))
-    return sorted(f for f in files if os.path.isfile(f))
+def is_app_file(demo: Any, path: str) -> bool:
+    """True when `path` is an upload received through this app's upload route, or the cached copy
+    of a bundled example. Exact paths as gradio recorded them; nothing else (in particular not the
+    other files gradio records per component, which include any cache path a client names)."""
+    uploads = getattr(demo, "upload_file_set", None)
+    return (isinstance(uploads, set) and path in uploads) or path in _kept(demo)
 
 
-def prune_cache(demo: Any, max_files: int, max_age: float, *, now: float | None = None) -> int:
-    """Deletes this app's cached files older than `max_age` seconds, then the oldest beyond
-    `max_files`; returns how many went. Examples (gradio's keep-in-cache set) always stay.
+def cache_files(folder: Path) -> list[Path]:
+    """Every file in the cache folder (it is this process's alone), oldest first."""
+    files = []
+    for path in Path(folder).rglob("*"):
+        try:
+            if path.is_file():
+                files.append((path.lstat().st_ctime, path))
+        except OSError:
+            continue
+    return [path for _, path in sorted(files)]
 
-    Also removes the hash folders gradio made for them once empty. Files of other apps that
-    share the cache folder are never touched: only the paths gradio recorded for this app.
+
+def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now: float | None = None) -> int:
+    """Deletes the cache folder's files older than `max_age` seconds, then the oldest beyond
+    `max_files`; returns how many went. The examples' cached copies always stay.
+
+    Walks the folder rather than gradio's records: gradio also caches per-session copies (a
+    DownloadButton updated mid-stream, for one) that no record of the app lists. Emptied hash
+    folders go too, and deleted paths leave gradio's records.
     """
     now = time.time() if now is None else now
-    kept = _kept(demo)
-    holders: dict[str, list[set]] = {}  # one cached file can be recorded by several components
-    for stored in _file_sets(demo):
-        for path in list(stored):
-            if path not in kept:
-                holders.setdefault(path, []).append(stored)
-    entries = []
-    for path, sets in holders.items():
+    kept = {os.path.realpath(p) for p in _kept(demo)}
+    files = [p for p in cache_files(folder) if os.path.realpath(p) not in kept]
+    removed: set[str] = set()
+    for index, path in enumerate(reversed(files)):  # newest first
         try:
-            entries.append((os.lstat(path).st_ctime, path))
+            created = path.lstat().st_ctime
         except OSError:
-            for stored in sets:
-                stored.discard(path)  # already gone
-    entries.sort(reverse=True)  # newest first
-    removed = 0
-    for index, (created, path) in enumerate(entries):
+            continue
         if index < max_files and now - created <= max_age:
             continue
         try:
-            os.remove(path)
+            path.unlink()
         except FileNotFoundError:
             pass
         except OSError as exc:
             logger.warning("cannot remove cached file %s: %s", path, exc)
             continue
-        for stored in holders[path]:
-            stored.discard(path)
-        removed += 1
-        try:
-            Path(path).parent.rmdir()  # gradio's per-file hash folder, when now empty
-        except OSError:
-            pass
-    return removed
+        removed.add(str(path))
+        parent = path.parent
+        while parent != Path(folder) and Path(folder) in parent.parents:
+            try:
+                parent.rmdir()  # gradio's per-file hash folders, once empty
+            except OSError:
+                break
+            parent = parent.parent
+    if removed:
+        for stored in _file_sets(demo):
+            stored.difference_update(removed)
+    return len(removed)
 
 
-__all__ = ["current_event_id", "event_alive", "queue_figures", "session_jobs", "waiting_jobs", "admit_jobs",
-           "is_app_file", "cache_files", "prune_cache"]
+def _file_sets(demo: Any) -> list[set]:
+    sets = getattr(demo, "temp_file_sets", None)
+    return [s for s in (sets or []) if isinstance(s, set)]
+
+
+__all__ = ["current_event_id", "event_alive", "logged_in_user", "queue_figures", "session_jobs", "waiting_jobs",
+           "admit_jobs", "is_app_file", "cache_files", "prune_cache", "private_cache_folder"]

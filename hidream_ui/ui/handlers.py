@@ -162,13 +162,10 @@ class Handlers:
         queue = self._queue()
         if queue is not None:
             status = status.replace(queue=QueueFigures(**queue))
-        if self.services.public:
-            status = status.replace(
-                model_paths=None if status.model_paths is None else {
-                    key: (Path(value).name if isinstance(value, str) and value else value)
-                    for key, value in status.model_paths.items()},
-                **{key: redact_paths(getattr(status, key)) for key in ("device_error", "last_error", "attention_note")
-                   if getattr(status, key)})
+        if self.services.public:  # model_paths are folder names already (`EditEngine.hide_paths`)
+            status = status.replace(**{key: redact_paths(getattr(status, key))
+                                       for key in ("device_error", "last_error", "attention_note")
+                                       if getattr(status, key)})
         return status
 
     def status(self) -> dict:

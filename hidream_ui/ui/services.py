@@ -42,6 +42,7 @@ class AppServices:
     results: ServedResults
     demo: Any = None  # the gr.Blocks, once built: the gate and the liveness probe read it
     janitor: Any = None  # the CacheJanitor, once the app is launched
+    cache_folder: Path | None = None  # gradio's cache folder of this process (set by the launcher)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod

@@ -22,6 +22,9 @@ VARIANTS = ("e1.1", "e1-full")
 TEXT_ENCODER_MODES = ("device", "cpu", "offload")
 REFINERS = ("e1", "i1")
 TINY_PROFILES = ("tiny", "bench")
+# Instruction rewriting (README "Instruction rewriting"). "auto": openai when a URL is given, else off.
+REWRITERS = ("auto", "off", "local", "openai")
+REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
 
 
 class ConfigError(ValueError):
@@ -66,10 +69,23 @@ class AppConfig:
     max_login_failures: int = 5
     cache_max_files: int = 200
     cache_max_age: int = 3600
+    # Instruction rewriting: a VLM behind an OpenAI-compatible URL, or the local Llama (text only).
+    # The API key is read from the environment when the client is made, never stored here.
+    rewriter: str = "auto"
+    rewriter_url: str | None = None
+    rewriter_model: str | None = None
+    rewriter_timeout: float = 20.0
 
     @property
     def uses_tiny_model(self) -> bool:
         return self.model_dir is None and self.i1 is None and self.e1 is None and self.llama is None
+
+    @property
+    def rewriter_backend(self) -> str:
+        """"off", "local" or "openai" ("auto" resolved: openai when a URL is configured)."""
+        if self.rewriter == "auto":
+            return "openai" if self.rewriter_url else "off"
+        return self.rewriter
 
     def replace(self, **changes) -> "AppConfig":
         return validate(dataclasses.replace(self, **changes))
@@ -119,6 +135,20 @@ _SERVER_OPTIONS = [
 ]
 
 
+_REWRITER_OPTIONS = [
+    ("--rewriter", ("HIDREAM_REWRITER",), "rewriter",
+     "instruction rewriting: auto (openai when --rewriter-url is set, else off) | off | "
+     "local (the Llama text encoder + its LM head, text only, ~1 GB more in bf16) | openai"),
+    ("--rewriter-url", ("HIDREAM_REWRITER_URL",), "rewriter_url",
+     "base URL of an OpenAI-compatible chat-completions server with image input, e.g. http://127.0.0.1:8000/v1 "
+     "(key from HIDREAM_REWRITER_API_KEY, else OPENAI_API_KEY)"),
+    ("--rewriter-model", ("HIDREAM_REWRITER_MODEL",), "rewriter_model",
+     "model name the rewriter server serves (e.g. Qwen/Qwen2.5-VL-7B-Instruct)"),
+    ("--rewriter-timeout", ("HIDREAM_REWRITER_TIMEOUT",), "rewriter_timeout",
+     "seconds to wait for the rewriter's answer (default 20)"),
+]
+
+
 _INT_FIELDS = ("port", "max_queue", "retention", "max_batch_items", "max_grid_cells", "max_upload_mb", "max_pixels",
                "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age")
 
@@ -137,11 +167,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mcp", action="store_true", default=None, help="also serve Gradio's MCP server")
 
 
+def add_rewriter_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("instruction rewriting")
+    for flag, envs, dest, help_text in _REWRITER_OPTIONS:
+        group.add_argument(flag, dest=dest, default=None, help=f"{help_text} [env {', '.join(envs)}]")
+
+
 def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> AppConfig:
     """Builds the config from parsed flags, falling back to environment variables."""
     environ = os.environ if environ is None else environ
     raw: dict[str, tuple[str, object]] = {}  # dest -> (source name for errors, value)
-    for flag, envs, dest, _ in _MODEL_OPTIONS + _SERVER_OPTIONS:
+    for flag, envs, dest, _ in _MODEL_OPTIONS + _SERVER_OPTIONS + _REWRITER_OPTIONS:
         value = getattr(ns, dest, None)
         if value is not None:
             raw[dest] = (flag, value)
@@ -160,6 +196,7 @@ def from_args(argv: list[str] | None = None, environ: Mapping[str, str] | None =
     parser = argparse.ArgumentParser(add_help=False)
     add_model_arguments(parser)
     add_server_arguments(parser)
+    add_rewriter_arguments(parser)
     ns, _ = parser.parse_known_args(argv or [])
     return from_namespace(ns, environ)
 
@@ -173,7 +210,12 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
             fields[dest] = _to_int(source, value)
         elif dest == "auth":
             fields[dest] = _parse_auth(source, str(value))
-        elif dest in ("device", "dtype", "variant", "attention", "text_encoders", "refiner", "tiny_profile"):
+        elif dest == "rewriter_timeout":
+            fields[dest] = _to_float(source, value)
+        elif dest in ("rewriter_url", "rewriter_model"):
+            fields[dest] = str(value).strip() or None
+        elif dest in ("device", "dtype", "variant", "attention", "text_encoders", "refiner", "tiny_profile",
+                      "rewriter"):
             fields[dest] = str(value).strip().lower()
         else:
             fields[dest] = value
@@ -188,6 +230,13 @@ def _to_int(source: str, value: object) -> int:
         return int(str(value).strip())
     except ValueError:
         raise ConfigError(f"{source}={value!r} is not a whole number") from None
+
+
+def _to_float(source: str, value: object) -> float:
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{source}={value!r} is not a number") from None
 
 
 def _parse_auth(source: str, value: str) -> tuple[str, str]:
@@ -228,7 +277,31 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError(f"retention={config.retention} must be 0 (keep everything) or more")
     if config.auth is not None and config.auth_file is not None:
         raise ConfigError("use either --auth or --auth-file, not both")
+    _validate_rewriter(config)
     return config
+
+
+def _validate_rewriter(config: AppConfig) -> None:
+    from urllib.parse import urlsplit
+
+    _choice("rewriter", config.rewriter, REWRITERS)
+    lo, hi = REWRITER_TIMEOUT_RANGE
+    timeout = config.rewriter_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not lo <= timeout <= hi:
+        raise ConfigError(f"rewriter_timeout={timeout!r} must be a number of seconds from {lo:g} to {hi:g}")
+    url = config.rewriter_url
+    if url is not None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"rewriter_url={url!r} is not an http(s) URL; give the server's API base, "
+                              "e.g. http://127.0.0.1:8000/v1")
+    if config.rewriter_backend == "openai":
+        if not url:
+            raise ConfigError("rewriter='openai' needs --rewriter-url (or HIDREAM_REWRITER_URL): the base URL of an "
+                              "OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+        if not config.rewriter_model:
+            raise ConfigError("--rewriter-url needs --rewriter-model (or HIDREAM_REWRITER_MODEL): the model name "
+                              "the server serves, e.g. Qwen/Qwen2.5-VL-7B-Instruct")
 
 
 def read_auth_file(path: Path) -> list[tuple[str, str]]:

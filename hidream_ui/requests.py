@@ -19,11 +19,14 @@ import random
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from PIL import Image
 
 from hidream_ui.config import VARIANTS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hidream_ui.rewrite.prompt import RewriteResult
 
 __all__ = [
     "VARIANTS",
@@ -40,6 +43,7 @@ __all__ = [
     "Timings",
     "RunInfo",
     "validated_seed",
+    "validated_flag",
     "target_prompt",
     "DEFAULT_NEGATIVE",
     "EditResult",
@@ -268,6 +272,11 @@ def validated_seed(value: object) -> int:
     return _as_int("seed", value, -1, SEED_MAX)
 
 
+def validated_flag(name: str, value: object) -> bool:
+    """A yes/no field (a checkbox, or "true"/"false" from an API client), or RequestError naming it."""
+    return _as_bool(name, value)
+
+
 @dataclass(frozen=True)
 class EditParams:
     """Everything that reproduces an edit except the source image.
@@ -368,6 +377,9 @@ class EditRequest:
     image: Image.Image
     params: EditParams
     source_name: str | None = None
+    # When the instruction came from the rewriter: its answer, recorded in the result's metadata.
+    # `params.instruction` is what the model gets either way (the rewritten, perhaps hand-edited, text).
+    rewrite: "RewriteResult | None" = None
 
     def validated(self) -> "EditRequest":
         """Check the image type and validate the params (image content is checked by imaging)."""
@@ -424,6 +436,7 @@ class EditResult:
     saved_png: Path | None = None
     saved_json: Path | None = None
     source_name: str | None = None
+    rewrite: "RewriteResult | None" = None  # the rewriter's answer the instruction came from, if any
 
     METADATA_FORMAT = "hidream_ui/1"
 
@@ -431,7 +444,10 @@ class EditResult:
         """JSON-ready description of this result (written into the PNG and the sidecar).
 
         The core keys come first and win over an ``info`` entry of the same name, so an engine
-        fact can never disguise the params that reproduce the image.
+        fact can never disguise the params that reproduce the image. A rewritten instruction adds
+        ``rewrite``: the user's request (``original``), the rewriter's lines, the prompt it composed
+        and whether the user changed that prompt before editing (``edited``); ``params.instruction``
+        stays the text actually used, so ``EditParams.from_dict(metadata["params"])`` reproduces the edit.
         """
         core: dict[str, Any] = {
             "format": self.METADATA_FORMAT,
@@ -442,6 +458,10 @@ class EditResult:
             "timings": self.timings.to_dict(),
             "peak_memory_bytes": self.peak_memory_bytes,
         }
+        if self.rewrite is not None:
+            composed = self.rewrite.compose(self.info.variant)
+            core["rewrite"] = {**self.rewrite.to_dict(), "prompt": composed,
+                               "edited": self.params.instruction != composed.strip()}
         for key, value in self.info.to_dict().items():
             core.setdefault(str(key), value)
         return _jsonable(core)

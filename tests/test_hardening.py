@@ -79,9 +79,10 @@ def raw_call(url: str, api: str, data: list, session: str = "raw-client") -> dic
 
 
 @pytest.mark.parametrize("api, data", [
-    ("edit", lambda f: [f, "make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, False, True]),
+    ("edit", lambda f: [f, "make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, False, True, False]),
     ("compare", lambda f: [f, "make it blue", "seed", "1", "none", "", "", 3.0, 1.5, 2, 0.3, True, "draft", 1]),
-    ("batch_edit", lambda f: [[f], "make it blue", "matrix", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, "fixed", 0]),
+    ("batch_edit", lambda f: [[f], "make it blue", "matrix", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, "fixed", 0,
+                              False]),
 ])
 @pytest.mark.parametrize("meta", [None, {"_type": "gradio.FileData"}], ids=["no-meta", "file-meta"])
 def test_a_server_path_from_a_raw_client_is_refused_without_saying_whether_it_exists(app, tmp_path, api, data,
@@ -112,7 +113,7 @@ def test_a_file_in_the_apps_own_cache_that_nobody_uploaded_is_refused(app):
     edits = app["engine"].counters["edits"]
     for value in ({"path": str(planted)}, {"path": str(planted), "meta": {"_type": "gradio.FileData"}}):
         answer = raw_call(app["url"], "edit", [value, "make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 1,
-                                               False, True])
+                                               False, True, False])
         assert answer["event"] == "error" and NOT_UPLOADED.split(" (")[0] in json.dumps(answer["data"])
     assert app["engine"].counters["edits"] == edits
 
@@ -293,7 +294,7 @@ def test_a_client_that_goes_away_stops_its_edit(app):
         fn_index = next(i for i, dep in enumerate(http.get("/config").json()["dependencies"])
                         if dep.get("api_name") == "edit")
         data = [{"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "apple.png"}, "leave me", "",
-                3.0, 1.5, 200, 0.3, True, "draft", 4, False, True]
+                3.0, 1.5, 200, 0.3, True, "draft", 4, False, True, False]
         joined = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index,
                                                            "session_hash": session})
         assert joined.status_code == 200, joined.text

@@ -18,6 +18,7 @@ from hidream_ui.config import (
     AppConfig,
     ConfigError,
     add_model_arguments,
+    add_rewriter_arguments,
     add_server_arguments,
     from_namespace,
     read_auth_file,
@@ -45,6 +46,7 @@ def build_parser(prog: str = "python app.py") -> argparse.ArgumentParser:
     )
     add_model_arguments(parser)
     add_server_arguments(parser)
+    add_rewriter_arguments(parser)
     return parser
 
 
@@ -120,15 +122,17 @@ def launch(
 
 
 def admission(demo, config: AppConfig) -> bool:
-    """--max-queue and --max-jobs-per-client on the device lane (`gradio_internals.admit_jobs`)."""
+    """--max-queue and --max-jobs-per-client on the device lane and on the rewriter's lane (a
+    remote rewriter's requests do not wait behind edits, but are bounded the same way) (see
+    `gradio_internals.admit_jobs`)."""
     from hidream_ui.ui import gradio_internals
-    from hidream_ui.ui.layout import DEVICE_GROUP
+    from hidream_ui.ui.common import DEVICE_GROUP, REWRITER_GROUP
 
     def message(held: int) -> str:
         return (f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
                 "client): wait for one to finish, or stop it.")
 
-    return gradio_internals.admit_jobs(demo, DEVICE_GROUP, max_waiting=config.max_queue,
+    return gradio_internals.admit_jobs(demo, (DEVICE_GROUP, REWRITER_GROUP), max_waiting=config.max_queue,
                                        per_session=config.max_jobs_per_client, per_session_message=message)
 
 

@@ -30,6 +30,7 @@ from hidream_ui.requests import (
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.engine.engine import EditEngine
     from hidream_ui.engine.jobs import CancelToken, StepFn
+    from hidream_ui.rewrite.prompt import RewriteResult
 
 MODES = ("matrix", "paired")
 SEED_POLICIES = ("fixed", "increment", "random")
@@ -65,10 +66,17 @@ class BatchItem:
     error: str | None = None
     result: EditResult | None = None
     seconds: float | None = None
+    # Set when the instruction was rewritten (`RewriteService.rewrite_items`): the line as the user
+    # wrote it and the rewriter's answer; `instruction` is then the composed prompt that runs.
+    original_instruction: str | None = None
+    rewrite: "RewriteResult | None" = None
 
     def manifest_row(self) -> dict:
         row = {"index": self.index, "source": self.source_name, "instruction": self.instruction, "seed": self.seed,
                "status": self.status, "error": self.error, "seconds": self.seconds}
+        if self.rewrite is not None:
+            row["original_instruction"] = self.original_instruction
+            row["rewrite"] = self.rewrite.to_dict()
         if self.result is not None:
             row["output"] = self.result.saved_png.name if self.result.saved_png else None
             row["working_size"] = list(self.result.working_size)
@@ -232,6 +240,8 @@ def execute(engine: "EditEngine", plan: BatchPlan, token: "CancelToken", on_item
     counters_before = dict(engine.counters)
     groups: dict[tuple[int, int], list[BatchItem]] = {}
     for item in plan.items:
+        if item.status != "pending":  # already settled before the run (a failed rewrite)
+            continue
         # Arithmetic only (no resize); a working size the model cannot take fails the whole
         # batch here, before any item runs.
         size = engine.working_plan(plan.images[item.source_index][1].size, plan.settings.working_resolution)
@@ -257,7 +267,8 @@ def execute(engine: "EditEngine", plan: BatchPlan, token: "CancelToken", on_item
         try:
             results = engine._run(
                 [EditRequest(image=plan.images[it.source_index][1], params=item_params(plan.settings, it),
-                             source_name=it.source_name) for it in chunk], on_step, save=True, token=token)
+                             source_name=it.source_name, rewrite=it.rewrite) for it in chunk],
+                on_step, save=True, token=token)
         except EditCancelled:
             cancelled = True
             for it in chunk:

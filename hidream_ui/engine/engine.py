@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 # Numeric working sides the UI offers, where the model can take them (see `working_sides`).
@@ -383,12 +384,42 @@ class EditEngine:
                     image=restore_size(out, request.image.size), source_image=request.image, params=params,
                     working_size=image.size, source_size=request.image.size, timings=timings,
                     peak_memory_bytes=peak, info=dataclasses.replace(info, batch_size=len(requests)),
-                    source_name=request.source_name,
+                    source_name=request.source_name, rewrite=request.rewrite,
                 )
                 if save:
                     result = save_result(result, self.config.output_dir, retention=self.config.retention or None)
                 results.append(result)
             return results
+
+    def run_exclusive(self, state: str, work: Callable[["LoadedModel"], T], *,
+                      cancel: CancelToken | None = None) -> T:
+        """Runs `work(model)` on the device under the engine lock, the model loaded first: device
+        work that is not an edit (the local instruction rewriter runs the Llama). `state` is what
+        the status shows meanwhile ("rewriting"); `cancel` (or `cancel()`) is the token `work` may
+        check. An out-of-memory frees the memory and raises OutOfMemory, as an edit's does.
+        """
+        from hidream_ui.device.runtime import bind_device_to_thread
+
+        self.load()
+        with self._lock:
+            model = self.model
+            token = cancel or CancelToken()
+            if token.cancelled:
+                raise EditCancelled(f"{state} cancelled before it started")
+            outer_token, self._token = self._token, token
+            self._state = state
+            try:
+                bind_device_to_thread(model.device, backends=self._backends)
+                return work(model)
+            except Exception as exc:
+                if not self._is_oom(exc):
+                    raise
+                # Only out-of-memory gets here; freed below, once this block has dropped the traceback.
+            finally:
+                self._state = "idle"
+                self._token = outer_token
+            self._free()
+            raise OutOfMemory(f"out of memory on {model.device.torch_device} while {state}; memory was freed")
 
     def working_plan(self, source_size: tuple[int, int], working_resolution) -> "WorkingPlan":
         """The working-size plan for a source of `source_size` on the loaded model.

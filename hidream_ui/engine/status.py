@@ -50,8 +50,23 @@ class QueueFigures:
 
 
 @dataclass(frozen=True)
+class RewriterStatus:
+    """The instruction rewriter (`--rewriter`), when one is configured."""
+
+    backend: str  # "openai" | "local"
+    model: str
+    timeout: float | None = None  # openai: seconds one answer may take
+    lm_head_bytes: int | None = None  # local: memory the Llama LM head takes (known once the model is loaded)
+    lm_head_loaded: bool | None = None  # local: loaded (on the first rewrite)
+    rewrites: int = 0  # answers from the back end
+    cache_hits: int = 0
+    failures: int = 0
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
 class EngineStatus:
-    state: str  # "idle" | "loading" | "editing"
+    state: str  # "idle" | "loading" | "editing" | "rewriting"
     progress: Progress
     loaded: bool
     variant: str
@@ -76,6 +91,7 @@ class EngineStatus:
     weight_swap: WeightSwapStats | None = None
     # Added by the UI.
     queue: QueueFigures | None = None
+    rewriter: RewriterStatus | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The `/status` JSON."""
@@ -85,4 +101,4 @@ class EngineStatus:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["EngineStatus", "Progress", "PromptCacheStats", "QueueFigures", "WeightSwapStats"]
+__all__ = ["EngineStatus", "Progress", "PromptCacheStats", "QueueFigures", "RewriterStatus", "WeightSwapStats"]

@@ -41,6 +41,7 @@ from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.requests import (
     EditParams,
     RequestError,
+    validated_flag,
 )
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
@@ -85,6 +86,8 @@ def _batch_size(value: Any) -> int | None:
 
 
 def item_caption(item) -> str:
+    if item.original_instruction is not None:  # rewritten: the user's line reads better; the PNG has the prompt
+        return f"{item.original_instruction} (rewritten) · seed {item.seed}"
     return f"{item.instruction} · seed {item.seed}"
 
 
@@ -187,12 +190,21 @@ class BatchTab:
     @guarded("the batch")
     def run(self, files, instructions, mode, negative_prompt, guidance_scale, image_guidance_scale,
             num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed, seed_policy,
-            batch_size, request: gr.Request = None, progress=gr.Progress()):
+            batch_size, rewrite=False, request: gr.Request = None, progress=gr.Progress()):
         """Edits every uploaded image (or zip of images) with every instruction (one per line), or
-        pairs line i with image i. Streams (gallery, report, results zip) as items finish."""
+        pairs line i with image i. Streams (gallery, report, results zip) as items finish.
+
+        With `rewrite` each (image, instruction) pair goes through the configured rewriter first
+        (cached); an item whose rewrite fails is listed as an error and the others run."""
         # Everything is checked before the device is touched: a typo costs nothing.
         settings = settings_from_widgets(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
                                          refine_strength, clip_cfg_norm, working_resolution)
+        rewriter = None
+        if validated_flag("rewrite", rewrite):
+            rewriter = self.services.rewriter
+            if rewriter is None:
+                raise RequestError("rewrite", True, "false: no rewriter is configured (start the app with "
+                                                    "--rewriter-url URL --rewriter-model NAME, or --rewriter local)")
         size = _batch_size(batch_size)
         sources, rejected = self._sources(files)
         batch = BatchRequest(sources=tuple(sources), instructions=clean_instructions(instructions or ""),
@@ -216,12 +228,19 @@ class BatchTab:
         with self.services.job("batch", request) as job:
 
             def work(emit):
+                if rewriter is not None:  # per item, before any edit: cached per image + instruction
+                    rewriter.rewrite_items(plan, cancel=job.token, on_failed=lambda item: emit("item", item),
+                                           on_progress=lambda done, count: emit("rewrite", (done, count)))
                 return self.engine.run_batch(plan, on_item=lambda item: emit("item", item),
                                              on_step=lambda info: emit("step", info), cancel=job.token)
 
             for kind, payload in stream_worker(work, on_abandon=lambda: job.token.cancel("the client went away"),
                                                name="hidream-batch"):
-                if kind == "step":
+                if kind == "rewrite":
+                    done, count = payload
+                    run.step_text = f"rewriting instruction {done + 1}/{count}"
+                    progress((done, count), desc=run.step_text, unit="instructions")
+                elif kind == "step":
                     info: StepInfo = payload
                     run.first_step = run.first_step or time.perf_counter()
                     run.step_text = f"{info.stage} step {info.step}/{info.total}"
@@ -259,6 +278,7 @@ def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices
     """Adds the Batch tab to the Blocks being built; returns its handlers (for tests and cleanup)."""
     handlers = BatchTab(engine, config, services)
     defaults = EditParams.defaults_for(config.variant)
+    rewriter = handlers.services.rewriter
     with gr.Tab("Batch", id="batch"):
         gr.Markdown(
             "Upload images (or a **.zip** of images) and write **one instruction per line**. "
@@ -273,6 +293,11 @@ def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices
                                           placeholder="Turn the sky into a sunset\nMake it snow",
                                           elem_id="hui-batch-instructions")
                 mode = gr.Radio(list(MODE_CHOICES), value="matrix", label="Pairing")
+                rewrite = gr.Checkbox(value=rewriter is not None and config.variant == "e1-full",
+                                      visible=rewriter is not None, label="Rewrite instructions",
+                                      info="each image + instruction through the rewriter first "
+                                           f"({rewriter.label if rewriter is not None else 'none configured'})",
+                                      elem_id="hui-batch-rewrite")
                 with gr.Row():
                     run_button = gr.Button("Run batch", variant="primary", elem_id="hui-batch-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-batch-stop")
@@ -293,7 +318,7 @@ def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices
                 download = gr.DownloadButton("Download results (.zip)", value=None, elem_id="hui-batch-zip")
         inputs = [files, instructions, mode, negative_prompt, guidance_scale, image_guidance_scale,
                   num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed, seed_policy,
-                  batch_size]
+                  batch_size, rewrite]
         run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download], api_name="batch_edit",
                          concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
                          show_progress_on=[gallery])

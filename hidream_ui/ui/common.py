@@ -28,12 +28,13 @@ from hidream_ui.requests import (
     RequestError,
     validated_seed,
 )
+from hidream_ui.rewrite.prompt import RewriteError
 
 logger = logging.getLogger(__name__)
 
 
 # Errors whose message is written for users: shown exactly as raised.
-USER_ERRORS = (EngineError, RequestError, ImageError, MetadataError, ArchiveError)
+USER_ERRORS = (EngineError, RequestError, ImageError, MetadataError, ArchiveError, RewriteError)
 
 # Working resolutions offered before the model's geometry is known; `page_load` replaces them with
 # the ones the configured model can take (`EditEngine.working_resolution_choices`).
@@ -198,10 +199,12 @@ def summarise_result(result, load_seconds: float = 0.0) -> str:
     width, height = result.working_size
     name = result.saved_png.name if result.saved_png else "not saved"
     load = f" · model load {load_seconds:.1f} s" if load_seconds >= 0.05 else ""
+    rewrite = getattr(result, "rewrite", None)
+    rewritten = f" · instruction rewritten by {rewrite.backend} ({rewrite.seconds:.1f} s)" if rewrite else ""
     return (
         f"Seed **{params.seed}** · working size {width}×{height} · {params.num_inference_steps} steps · "
         f"{timings.total:.1f} s (denoise {timings.denoise:.1f} s, "
-        f"{timings.per_step:.2f} s/step){load} · saved `{name}` (settings in its metadata)"
+        f"{timings.per_step:.2f} s/step){load}{rewritten} · saved `{name}` (settings in its metadata)"
     )
 
 
@@ -223,6 +226,11 @@ def deleted_placeholder():
 # The concurrency id of everything that touches the device: the model is not re-entrant, so these
 # events queue behind each other (limit 1); /status, /cancel and the Stop buttons stay outside it.
 DEVICE_GROUP = "device"
+# The lane of a remote rewriter (--rewriter-url): network waits, not device work, so it does not
+# queue behind edits; bounded like the device lane (--max-queue, --max-jobs-per-client). The local
+# rewriter runs on the device and uses DEVICE_GROUP.
+REWRITER_GROUP = "rewriter"
+REWRITER_CONCURRENCY = 4
 
 
 def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_abandon: Callable[[], None],

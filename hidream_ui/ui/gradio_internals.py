@@ -121,9 +121,10 @@ def waiting_jobs(demo: Any, concurrency_id: str) -> int:
     return figures["waiting"] if figures else 0
 
 
-def admit_jobs(demo: Any, concurrency_id: str, *, max_waiting: int, per_session: int,
+def admit_jobs(demo: Any, concurrency_id: str | tuple[str, ...], *, max_waiting: int, per_session: int,
                per_session_message: Callable[[int], str]) -> bool:
-    """The app's admission policy for the `concurrency_id` group (the device lane), enforced
+    """The app's admission policy for the `concurrency_id` group (the device lane; a tuple names
+    several lanes, each limited on its own: the rewriter's lane is the other one), enforced
     where gradio itself admits events: the queue's `push`, which the browser, gradio_client and
     the REST `/call/` route all go through.
 
@@ -142,17 +143,19 @@ def admit_jobs(demo: Any, concurrency_id: str, *, max_waiting: int, per_session:
     if original is None or not isinstance(fns, dict) or getattr(original, "_hidream_admission", False):
         return False
     lock = asyncio.Lock()  # pushes interleave at their awaits: count and push as one step
+    lanes = (concurrency_id,) if isinstance(concurrency_id, str) else tuple(concurrency_id)
 
     async def push(body, request, username):
         fn = fns.get(getattr(body, "fn_index", None))
-        if getattr(fn, "concurrency_id", None) != concurrency_id:
+        lane = getattr(fn, "concurrency_id", None)
+        if lane not in lanes:
             return await original(body, request, username)
         session = getattr(body, "session_hash", None)
         async with lock:
-            waiting = waiting_jobs(demo, concurrency_id)
+            waiting = waiting_jobs(demo, lane)
             if waiting >= max_waiting:
                 return False, f"Queue is full. Max size is {max_waiting} and size is {waiting}.", "queue_full"
-            held = session_jobs(demo, session, concurrency_id) if session is not None else 0
+            held = session_jobs(demo, session, lane) if session is not None else 0
             if held >= per_session:
                 refusal = {"__type__": "validate", "is_valid": False, "message": per_session_message(held),
                            "parameter_name": "queue"}

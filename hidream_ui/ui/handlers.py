@@ -18,11 +18,14 @@ from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.engine.status import EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
-from hidream_ui.requests import EditParams, EditRequest
+from hidream_ui.requests import EditParams, EditRequest, RequestError, validated_flag
+from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
+from hidream_ui.rewrite.service import needs_rewrite
 from hidream_ui.ui.common import (
     WORKING_RESOLUTIONS,
     deleted_placeholder,
     form_values,
+    gr_error,
     guarded,
     params_from_widgets,
     summarise_result,
@@ -89,24 +92,75 @@ class Handlers:
         seed,
         randomize_seed,
         collapse_padding,
+        rewrite=False,
         request: gr.Request = None,
         progress=gr.Progress(),
     ):
         """Edits the image following the instruction.
 
-        Returns (before, after) images, the saved PNG (with the settings in its metadata), the
-        seed used, a one-line summary and this session's history entry.
+        With `rewrite` the instruction goes through the configured rewriter first (cached per image
+        and instruction; an E1-Full prompt already in its two-part format is used as written) and
+        the edit uses its prompt; the metadata records both. Returns (before, after) images, the
+        saved PNG (with the settings in its metadata), the seed used, a one-line summary and this
+        session's history entry.
         """
         # Validate everything before loading anything: bad input costs nothing.
         params = params_from_widgets(instruction, negative_prompt, guidance_scale, image_guidance_scale,
                                      num_inference_steps, refine_strength, clip_cfg_norm, working_resolution,
                                      seed, randomize_seed, collapse_padding)
+        service = self._rewriter() if validated_flag("rewrite", rewrite) else None
+        return self._edit(image, params, service=service, record=None, request=request, progress=progress)
+
+    @guarded("the edit")
+    def edit_rewritten(
+        self,
+        image,
+        rewritten,
+        rewrite,
+        negative_prompt,
+        guidance_scale,
+        image_guidance_scale,
+        num_inference_steps,
+        refine_strength,
+        clip_cfg_norm,
+        working_resolution,
+        seed,
+        randomize_seed,
+        collapse_padding,
+        request: gr.Request = None,
+        progress=gr.Progress(),
+    ):
+        """Edits with the rewritten (and perhaps hand-edited) prompt `rewritten`; `rewrite`, the
+        rewriter's answer as `/rewrite` returned it (or null), is recorded beside it in the metadata."""
+        if rewritten is None or (isinstance(rewritten, str) and not rewritten.strip()):
+            raise RequestError("instruction", rewritten, "a rewritten instruction: press Rewrite first "
+                                                         "(or Edit to use your instruction as written)")
+        record = RewriteResult.from_dict(_json_value(rewrite)) if _json_value(rewrite) else None
+        params = params_from_widgets(rewritten, negative_prompt, guidance_scale, image_guidance_scale,
+                                     num_inference_steps, refine_strength, clip_cfg_norm, working_resolution,
+                                     seed, randomize_seed, collapse_padding)
+        return self._edit(image, params, service=None, record=record, request=request, progress=progress)
+
+    def _edit(self, image, params: EditParams, *, service, record: RewriteResult | None, request, progress):
         source, name = self.services.gate.path(image, "image")
         picture = self.engine.open_image(source, name=name)
-        edit_request = EditRequest(image=picture, params=params, source_name=name).validated()
+        EditRequest(image=picture, params=params, source_name=name).validated()  # before any work
 
         with self.services.job("edit", request) as job:
-            load_seconds = self._load_with_progress(progress)
+            load_seconds = 0.0
+            if service is not None and needs_rewrite(params.instruction):
+                if service.uses_device:
+                    load_seconds = self._load_with_progress(progress)
+                progress(0.0, desc=f"Rewriting the instruction ({service.label})")
+                try:
+                    record = service.rewrite(picture, params.instruction, cancel=job.token)
+                except RewriteError as exc:
+                    raise gr_error(f"Rewriting the instruction failed: {exc}. Nothing was edited: uncheck "
+                                   "“Rewrite instruction” to edit with your instruction as written.",
+                                   title="Rewrite failed") from None
+                params = EditParams.from_dict({**params.to_dict(), "instruction": service.prompt(record)})
+            edit_request = EditRequest(image=picture, params=params, source_name=name, rewrite=record).validated()
+            load_seconds += self._load_with_progress(progress)
             progress(0.0, desc="Encoding the instruction")
 
             def on_step(info: StepInfo) -> None:
@@ -130,6 +184,61 @@ class Handlers:
                 result.params.seed,
                 summarise_result(result, load_seconds),
                 entry)
+
+    # ------------------------------------------------------------------ rewrite
+    def _rewriter(self):
+        service = self.services.rewriter
+        if service is None:
+            raise RequestError("rewrite", True, "false: no rewriter is configured (start the app with "
+                                                "--rewriter-url URL --rewriter-model NAME, or --rewriter local)")
+        return service
+
+    @guarded("rewriting the instruction")
+    def rewrite(self, image, instruction, request: gr.Request = None, progress=gr.Progress()):
+        """Rewrites the instruction for this image with the configured rewriter (a vision-language
+        model behind an OpenAI-compatible URL, or the local Llama, text only).
+
+        Returns the prompt the edit would use (E1.1: the refined instruction; E1-Full: `Editing
+        Instruction: ... Target Image Description: ...`) and the rewriter's answer (original, source,
+        instruction, target, backend, model, seconds). Answers are cached per image and instruction.
+        """
+        service = self._rewriter()
+        text = EditParams(instruction="" if instruction is None else instruction).validated().instruction
+        source, name = self.services.gate.path(image, "image")
+        picture = self.engine.open_image(source, name=name)
+        with self.services.job("rewrite", request) as job:
+            if service.uses_device:
+                self._load_with_progress(progress)
+            progress(0.0, desc=f"Rewriting with {service.label}")
+            try:
+                result = service.rewrite(picture, text, cancel=job.token)
+            except RewriteError as exc:
+                raise gr_error(f"Rewriting failed: {exc}. Your instruction is unchanged: “Edit with this” edits "
+                               "with it as written; Rewrite tries again.", title="Rewrite failed") from None
+        return service.prompt(result), result.to_dict()
+
+    @staticmethod
+    def rewrite_failed(instruction):
+        """After a failed Rewrite: the box holds the instruction as written, so "Edit with this" uses it."""
+        return (instruction or "", None,
+                "Not rewritten (the message says why). The box holds your instruction as written.")
+
+    def rewrite_note(self, rewrite) -> str:
+        """The line under the rewritten prompt: who rewrote it, and what to do next."""
+        try:
+            record = RewriteResult.from_dict(_json_value(rewrite))
+        except RequestError:
+            return ""
+        return (f"Rewritten by {record.backend} · {record.model} in {record.seconds:.1f} s. "
+                "Change the text if you like, then press “Edit with this”.")
+
+    def show_rewrite(self, entry: dict | None):
+        """After an edit: the prompt it used and the rewriter's answer, when the edit rewrote."""
+        record = ((entry or {}).get("metadata") or {}).get("rewrite")
+        if not record:
+            return gr.update(), gr.update(), gr.update()
+        answer = {key: value for key, value in record.items() if key not in ("prompt", "edited")}
+        return entry["metadata"]["params"]["instruction"], answer, self.rewrite_note(answer)
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops the caller's running edit after its current step (never another user's)."""
@@ -162,6 +271,8 @@ class Handlers:
         queue = self._queue()
         if queue is not None:
             status = status.replace(queue=QueueFigures(**queue))
+        if self.services.rewriter is not None:
+            status = status.replace(rewriter=self.services.rewriter.status())
         if self.services.public:  # model_paths are folder names already (`EditEngine.hide_paths`)
             status = status.replace(**{key: redact_paths(getattr(status, key))
                                        for key in ("device_error", "last_error", "attention_note")
@@ -309,3 +420,15 @@ class Handlers:
         params = load_settings(path)
         gr.Info(f"Loaded the settings from {Path(str(path)).name} (seed {params.seed}).")
         return (*form_values(params), gr.Tabs(selected="edit"))
+
+
+def _json_value(value: Any) -> Any:
+    """A gr.JSON value as handlers receive it with `preprocess=False` (the parsed JSON, or its text)."""
+    if isinstance(value, str):
+        import json
+
+        try:
+            return json.loads(value) if value.strip() else None
+        except ValueError:
+            raise RequestError("rewrite", value, "the rewriter's answer as JSON (what /rewrite returned)") from None
+    return value

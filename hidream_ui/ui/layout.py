@@ -9,6 +9,10 @@ API names are part of the app's contract (README, tests, MCP):
 * ``/cancel``         stops the caller's own running edit / batch / comparison; never queued
 * ``/set_attention``  strategy name -> the active strategy (refusals are errors with the reason)
 * ``/load_model``     loads the model now (otherwise the first edit does)
+* ``/rewrite``        image, instruction -> the prompt the rewriter makes of it, and its answer
+                      (``--rewriter``; an error with the reason when it fails or none is configured)
+* ``/edit_rewritten`` like ``/edit``, with the (edited) rewritten prompt and the ``/rewrite`` answer,
+                      which the result's metadata records beside the prompt used
 
 Tabs: Edit, then the Batch and Compare tabs (built by `batch_tab` / `compare_tab`), then History.
 The system panel sits outside the tabs so it is visible on all of them.
@@ -35,6 +39,8 @@ from hidream_ui.requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RAN
 from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
+    REWRITER_CONCURRENCY,
+    REWRITER_GROUP,
     WORKING_RESOLUTIONS,
     example_instruction,
     instruction_placeholder,
@@ -60,6 +66,21 @@ APP_CSS = """
 #hui-system { position: sticky; top: 0.5em; }
 #hui-attention-note { font-size: 0.85em; min-height: 1.2em; }
 """
+
+
+# The values of the rewritten prompt box, the rewriter's answer and its note once a rewrite is stale.
+CLEAR_REWRITE_JS = "() => ['', null, '']"
+
+
+def rewrite_info(rewriter, variant: str) -> str:
+    """The "Rewrite instruction" checkbox's hint: who rewrites, and what it does."""
+    if rewriter is None:
+        return "no rewriter configured (--rewriter-url or --rewriter local)"
+    what = ("sends the image and your instruction to " if not rewriter.uses_device else
+            "text only, with the model's own Llama: ") + rewriter.label
+    goal = ("builds the Editing Instruction + Target Image Description prompt" if variant == "e1-full" else
+            "makes the instruction precise")
+    return f"{goal}; {what}"
 
 
 def launch_options() -> dict[str, Any]:
@@ -123,6 +144,11 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
     variant = config.variant
     defaults = EditParams.defaults_for(variant)
     services = services or AppServices.for_config(config)
+    if services.rewriter is None:
+        from hidream_ui.rewrite.service import RewriteService
+
+        services.rewriter = RewriteService.for_config(config, engine)  # None when rewriting is off
+    rewriter = services.rewriter
     handlers = Handlers(engine, services=services)
     # Gradio's own cache clean-up: files older than the limit go (checked every minute or
     # sooner), and all of this app's files at shutdown. The file-count limit is the janitor's.
@@ -148,11 +174,28 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                                 instruction = gr.Textbox(label="Instruction", lines=2,
                                                          placeholder=instruction_placeholder(variant),
                                                          elem_id="hui-instruction")
+                                # On by default for E1-Full, the variant trained on the long two-part
+                                # prompts (upstream's "Refine Instruction"); hidden without a rewriter.
+                                rewrite = gr.Checkbox(
+                                    value=rewriter is not None and variant == "e1-full",
+                                    visible=rewriter is not None, label="Rewrite instruction",
+                                    info=rewrite_info(rewriter, variant), elem_id="hui-rewrite-on")
                                 gr.Markdown(variant_hint(variant))
                                 negative_prompt = gr.Textbox(label="Negative prompt", value=defaults.negative_prompt)
                                 with gr.Row():
                                     edit_button = gr.Button("Edit", variant="primary", elem_id="hui-edit")
                                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-stop")
+                                with gr.Accordion("Rewritten instruction", open=True, visible=rewriter is not None,
+                                                  elem_id="hui-rewrite-box"):
+                                    rewritten = gr.Textbox(label="Prompt the edit uses (editable)", lines=3,
+                                                           elem_id="hui-rewritten")
+                                    rewrite_note = gr.Markdown(elem_id="hui-rewrite-note")
+                                    with gr.Row():
+                                        rewrite_button = gr.Button("Rewrite", size="sm", elem_id="hui-rewrite")
+                                        edit_rewritten_button = gr.Button("Edit with this", size="sm",
+                                                                          elem_id="hui-edit-rewritten")
+                                    rewrite_details = gr.JSON(label="Rewriter's answer", open=False,
+                                                              elem_id="hui-rewrite-details")
                                 with gr.Accordion("Advanced settings", open=False):
                                     guidance_scale = gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale,
                                                                label="Guidance scale",
@@ -231,16 +274,45 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
 
         # ---- edit: preprocess=False so the handler opens the upload itself and can say what is
         # wrong with a damaged file (gradio's own decode error is a developer message).
+        edit_outputs = [result_slider, saved_png, seed_used, summary, last_entry]
         edit_event = edit_button.click(
-            handlers.edit, inputs=[image, *form], outputs=[result_slider, saved_png, seed_used, summary, last_entry],
+            handlers.edit, inputs=[image, *form, rewrite], outputs=edit_outputs,
             api_name="edit", concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
             show_progress_on=[result_slider],
         )
         edit_event.success(handlers.add_history, [history, last_entry], [history, gallery, result_details],
-                           queue=False, show_progress="hidden", api_visibility="private")
+                           queue=False, show_progress="hidden", api_visibility="private"
+                           ).then(handlers.show_rewrite, [last_entry], [rewritten, rewrite_details, rewrite_note],
+                                  queue=False, show_progress="hidden", api_visibility="private")
+
+        # ---- rewriting: "Rewrite" shows the prompt (editable) before any edit; "Edit with this" edits
+        # with the box's text and records the rewriter's answer beside it. A remote rewriter's
+        # requests wait on the network, not the device: their own lane (see common.REWRITER_GROUP).
+        on_device = rewriter is not None and rewriter.uses_device
+        rewrite_event = rewrite_button.click(
+            handlers.rewrite, inputs=[image, instruction], outputs=[rewritten, rewrite_details], api_name="rewrite",
+            concurrency_id=DEVICE_GROUP if on_device else REWRITER_GROUP,
+            concurrency_limit=1 if on_device else REWRITER_CONCURRENCY, preprocess=False,
+            show_progress_on=[rewritten])
+        rewrite_event.success(handlers.rewrite_note, [rewrite_details], [rewrite_note], queue=False,
+                              show_progress="hidden", api_visibility="private")
+        rewrite_event.failure(handlers.rewrite_failed, [instruction], [rewritten, rewrite_details, rewrite_note],
+                              queue=False, show_progress="hidden", api_visibility="private")
+        edit_rewritten_event = edit_rewritten_button.click(
+            handlers.edit_rewritten, inputs=[image, rewritten, rewrite_details, *form[1:]], outputs=edit_outputs,
+            api_name="edit_rewritten", concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
+            show_progress_on=[result_slider])
+        edit_rewritten_event.success(handlers.add_history, [history, last_entry], [history, gallery, result_details],
+                                     queue=False, show_progress="hidden", api_visibility="private")
+        # A rewrite belongs to one image and one instruction: a new one clears it. In the browser
+        # only (`js`, no handler): `.input` fires on every keystroke.
+        for trigger in (instruction.input, image.change):
+            trigger(None, None, [rewritten, rewrite_details, rewrite_note], js=CLEAR_REWRITE_JS, queue=False,
+                    show_progress="hidden", api_visibility="private")
+
         # Stop never queues: it must get through while the edit holds the device group.
-        stop_button.click(handlers.stop, None, None, cancels=[edit_event], queue=False,
-                          show_progress="hidden", api_visibility="private")
+        stop_button.click(handlers.stop, None, None, cancels=[edit_event, edit_rewritten_event, rewrite_event],
+                          queue=False, show_progress="hidden", api_visibility="private")
 
         load_button.click(handlers.load_model, None, load_message, api_name="load_model",
                           concurrency_id=DEVICE_GROUP, concurrency_limit=1, show_progress_on=[load_message])

@@ -43,6 +43,7 @@ class AppServices:
     demo: Any = None  # the gr.Blocks, once built: the gate and the liveness probe read it
     janitor: Any = None  # the CacheJanitor, once the app is launched
     cache_folder: Path | None = None  # gradio's cache folder of this process (set by the launcher)
+    rewriter: Any = None  # the RewriteService (None: rewriting off); set by `layout.build_demo`
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod

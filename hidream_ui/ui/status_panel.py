@@ -53,6 +53,8 @@ def state_line(status: EngineStatus) -> tuple[str, str]:
         if progress.stage == "refine":
             text += " (refine)"
         return state, text
+    if state == "rewriting":
+        return state, "rewriting the instruction (local Llama)"
     if state == "loading":
         percent = f" {progress.fraction:.0%}" if progress.fraction is not None else ""
         return state, f"loading model{percent} · {progress.message or ''}".rstrip(" ·")
@@ -74,6 +76,14 @@ def render_status(status: EngineStatus) -> str:
     parts.append(_kv("Attention", status.attention or "?"))
     if status.queue is not None:
         parts.append(_kv("Queue", f"{status.queue.waiting} waiting · {status.queue.running} running"))
+    rewriter = status.rewriter
+    if rewriter is not None:
+        parts.append(_kv("Rewriter", f"{rewriter.backend} · {rewriter.model}"))
+        if rewriter.backend == "local":
+            head = ("known once the model is loaded" if rewriter.lm_head_bytes is None else
+                    f"{format_bytes(rewriter.lm_head_bytes)}, " + ("loaded" if rewriter.lm_head_loaded
+                                                                  else "loads on the first rewrite"))
+            parts.append(_kv("LM head", head))
     memory = status.memory
     if memory is not None:
         parts.append("<h4>Memory</h4>")
@@ -92,8 +102,9 @@ def render_status(status: EngineStatus) -> str:
         if memory.utilization is not None:
             kind = (status.device_type or "device").upper()
             parts.append(_bar(f"{kind} utilisation", memory.utilization, 100.0, f"{memory.utilization:.0f}%"))
+    rewrite_error = status.rewriter.last_error if status.rewriter is not None else None
     for prefix, note in (("device: ", status.device_error), ("", status.attention_note),
-                         ("last error: ", status.last_error)):
+                         ("last error: ", status.last_error), ("last rewrite error: ", rewrite_error)):
         if note:
             parts.append(f'<div class="hui-note">{html.escape(prefix + str(note))}</div>')
     parts.append("</div>")

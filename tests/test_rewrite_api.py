@@ -154,6 +154,10 @@ def test_a_prompt_already_in_the_e1_full_format_is_used_as_written(client, vlm):
     assert len(vlm.chat_requests()) == before
     metadata = read_metadata(png)
     assert metadata["params"]["instruction"] == FORMATTED and "rewrite" not in metadata
+    # The Rewrite button agrees: no call to the rewriter, the prompt comes back as written.
+    prompt, answer = client.predict(image=handle_file(str(EXAMPLE)), instruction=FORMATTED, api_name="/rewrite")
+    assert prompt == FORMATTED and answer is None
+    assert len(vlm.chat_requests()) == before
 
 
 def test_status_names_the_rewriter_without_its_url(client, vlm):

@@ -206,6 +206,9 @@ class Handlers:
         text = EditParams(instruction="" if instruction is None else instruction).validated().instruction
         source, name = self.services.gate.path(image, "image")
         picture = self.engine.open_image(source, name=name)
+        if not needs_rewrite(text):  # as the edit itself does: a two-part prompt is used as written
+            gr.Info("The instruction is already in E1-Full's two-part format: it is used as written.")
+            return text, None
         with self.services.job("rewrite", request) as job:
             if service.uses_device:
                 self._load_with_progress(progress)

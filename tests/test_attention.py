@@ -1,6 +1,6 @@
 """Attention strategies: exactness against float64 and diffusers, padding collapse, runtime switching.
 
-References are independent of hidream_ui.attention: plain float64 softmax attention over the
+References are independent of hidream_ui.pipeline.attention: plain float64 softmax attention over the
 *expanded* keys (a collapsed token with multiplicity P written out as P copies), and diffusers' own
 HiDreamAttnProcessor run in float64 on the expanded sequence.
 """

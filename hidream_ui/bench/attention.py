@@ -330,7 +330,7 @@ def bench_kernels(profile: AttentionProfile, sides: Sequence[int], strategies: S
 
 
 def build_transformer(profile_name: str, dtype, device: str):
-    """(transformer, source): the tiny checkpoint's transformer when hidream_ui.tiny can provide it,
+    """(transformer, source): the tiny checkpoint's transformer when hidream_ui.model.tiny can provide it,
     else one built in-process with the same geometry and seeded random weights."""
     import torch
     from diffusers import HiDreamImageTransformer2DModel

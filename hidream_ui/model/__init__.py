@@ -4,7 +4,7 @@ verification), `geometry`, `loading`, and `tiny/` (the offline checkpoint builde
 Where the weights come from, checking them before a load, and loading them for E1.1 / E1-Full.
 
 The same functions load the real 17B checkpoints and the offline tiny checkpoint (built by
-`hidream_ui.tiny` in the upstream folder layout): there is no separate "test" loading path.
+`hidream_ui.model.tiny` in the upstream folder layout): there is no separate "test" loading path.
 
 Upstream layout (what users of the NPU port keep on disk under one folder)::
 

@@ -127,7 +127,7 @@ _SERVER_OPTIONS = [
     ("--max-jobs-per-client", ("HIDREAM_MAX_JOBS_PER_CLIENT",), "max_jobs_per_client",
      "jobs one client (browser tab or API client) may have queued or running (default 2)"),
     ("--max-login-failures", ("HIDREAM_MAX_LOGIN_FAILURES",), "max_login_failures",
-     "failed logins per address per minute before logins from it pause for a minute (default 5)"),
+     "failed logins per address or user name per minute before they pause for a minute (default 5)"),
     ("--cache-max-files", ("HIDREAM_CACHE_MAX_FILES",), "cache_max_files",
      "files kept in Gradio's upload/result cache for this app; the oldest go first (default 200)"),
     ("--cache-max-age", ("HIDREAM_CACHE_MAX_AGE",), "cache_max_age",

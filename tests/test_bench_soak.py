@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -12,10 +11,8 @@ from hidream_ui.bench import soak as bench_soak
 
 @pytest.fixture(scope="module")
 def report(tiny_cache):
-    before = os.environ.get("GRADIO_TEMP_DIR")
-    result = bench_soak.run(edits=6, sample_at=2, every=2, retention=3, cache_max_files=200)
-    assert os.environ.get("GRADIO_TEMP_DIR") == before  # the private cache folder is not left set
-    return result
+    # A cache limit the 6 edits exceed (2 files per edit), so "bounded by the limit" can fail.
+    return bench_soak.run(edits=6, sample_at=2, every=2, retention=3, cache_max_files=5)
 
 
 def test_report_has_the_figures_and_targets(report):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -116,6 +117,30 @@ def test_a_file_in_the_apps_own_cache_that_nobody_uploaded_is_refused(app):
                                                False, True, False])
         assert answer["event"] == "error" and NOT_UPLOADED.split(" (")[0] in json.dumps(answer["data"])
     assert app["engine"].counters["edits"] == edits
+
+
+def test_no_event_serves_a_server_file_a_client_names(app, tmp_path):
+    """Every event of the app, private ones included (the Compare tab's slider pickers, History),
+    sent a raw server path in every input, as a file and as a gallery entry: none may hand the
+    file back. The secret sits where gradio would copy from (the temp folder)."""
+    import uuid
+
+    marker = f"secret-{uuid.uuid4().hex}".encode()
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"\x89PNG\r\n\x1a\n" + marker)
+    forged = ({"path": str(secret)}, [{"image": {"path": str(secret)}, "caption": "x"}])
+    with httpx.Client(base_url=app["url"], timeout=30) as http:
+        dependencies = http.get("/config").json()["dependencies"]
+        for index, dependency in enumerate(dependencies):
+            if dependency.get("api_name") in ("edit", "compare", "batch_edit", "edit_rewritten"):
+                continue  # queued device work: covered by the raw-path tests above
+            for value in forged:
+                answer = http.post("/gradio_api/run/predict", json={
+                    "fn_index": index, "data": [value] * len(dependency.get("inputs", [])),
+                    "session_hash": "probe"})
+                for url in set(re.findall(r'"url":\s*"([^"]+)"', answer.text)):
+                    fetched = http.get(url if url.startswith("http") else url)
+                    assert marker not in fetched.content, (index, url)
 
 
 def test_uploads_and_bundled_examples_still_work(client, app):
@@ -321,8 +346,8 @@ def test_gradios_cache_stays_within_the_file_limit_after_30_edits(client, app):
         client.predict(image=handle_file(str(EXAMPLE)), instruction="make it blue", seed=seed, **FAST,
                        api_name="/edit")
     services.janitor.run_once()  # the janitor runs every few seconds; this is the same call
-    cached = gradio_internals.cache_files(services.cache_folder)
-    assert len(cached) <= app["config"].cache_max_files + len(gradio_internals._kept(app["demo"]))
+    cached = gradio_internals.app_cache_files(app["demo"], services.cache_folder)
+    assert len(cached) <= app["config"].cache_max_files
     assert all(os.path.isfile(f) for f in cached)
     assert services.cache_folder.name.startswith("hidream-ui-gradio-")  # not the shared /tmp/gradio
 

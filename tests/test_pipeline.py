@@ -267,6 +267,9 @@ def test_working_sides_follow_the_model_geometry():
     assert real.image_size == 1024 and working_sides(real) == [512, 768, 1024]
     small = geometry_for("e1.1", {"patch_size": 2, "max_resolution": [64, 64]}, {"block_out_channels": [1] * 4})
     assert working_sides(small) == [512]
+    # E1-Full takes a side N as N x N within a 4608-token budget: 1024 (8192 tokens) must not be offered.
+    full = geometry_for("e1-full", {"patch_size": 2, "max_resolution": [128, 128]}, {"block_out_channels": [1] * 4})
+    assert full.max_seq == 4608 and working_sides(full) == [512, 768]
 
 
 def test_a_cancel_token_stops_the_edit_within_one_step(engine):
@@ -317,3 +320,18 @@ def test_out_of_memory_frees_memory_after_the_failing_frames_are_gone(engine, mo
 def test_an_attention_name_that_is_not_text_is_a_clear_error(engine, value):
     with pytest.raises(EngineError, match="attention must be a strategy name"):
         engine.set_attention(value)
+
+
+def test_a_cancel_during_the_last_step_saves_nothing(engine, tmp_path):
+    from hidream_ui.engine.jobs import CancelToken
+
+    token = CancelToken()
+    before = sorted(engine.config.output_dir.glob("*.png"))
+
+    def on_step(info):
+        if info.step == info.total:  # the request arrives while the last step runs
+            token.cancel("test")
+
+    with pytest.raises(EditCancelled, match="after the last step"):
+        engine.edit(EditRequest(image=picture(64, 64), params=params(num_inference_steps=3)), on_step, cancel=token)
+    assert sorted(engine.config.output_dir.glob("*.png")) == before

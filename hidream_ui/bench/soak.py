@@ -1,6 +1,6 @@
 """`python -m hidream_ui bench soak [--json] [--edits N] [--sample-at K] [--every M] [--retention R] ...`.
 
-A soak of the running app: launches it in this process (`app_main.launch`, tiny model, CPU, a
+A soak of the running app: launches it in this process (`cli.app.launch`, tiny model, CPU, a
 free 127.0.0.1 port and a temporary --output-dir) and sends N
 edits (default 200) one after another through its public API with `gradio_client`
 (`/edit`, the bundled `assets/apple.png` uploaded with `handle_file`, 2 steps at the draft size).
@@ -8,8 +8,8 @@ edits (default 200) one after another through its public API with `gradio_client
 Sampled at edit K (default 20, after the warm-up: model load, first allocations) and at the end,
 and every M edits in between (a small series):
 * RSS of the server process -- this process, since the app runs in it -- and its growth K -> end;
-* files in the app's gradio cache folder (a folder of this process alone, see
-  `gradio_internals.private_cache_folder`);
+* files in the app's gradio cache folder that count against --cache-max-files (a folder of this
+  process alone, see `gradio_internals.private_cache_folder`; the examples' copies do not count);
 * files (and result PNGs) in --output-dir.
 Before every sample the app's cache janitor is run once (it otherwise runs every 5 s, so a sample
 would depend on timing) and the garbage collector too: both are said so in the report.
@@ -69,7 +69,7 @@ def _sample(edit: int, demo, output_dir: Path) -> dict:
     return {
         "edit": edit,
         "rss_mb": round(_rss_mb(), 1),
-        "cache_files": len(gradio_internals.cache_files(demo.hidream_services.cache_folder)),
+        "cache_files": len(gradio_internals.app_cache_files(demo, demo.hidream_services.cache_folder)),
         "output_files": len(outputs),
         "output_pngs": sum(1 for p in outputs if p.suffix.lower() == ".png"),
         "janitor_removed": pruned,

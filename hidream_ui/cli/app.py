@@ -155,13 +155,15 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        gradio_internals.register_demo(demo)
         janitor.start()
         try:
             yield
         finally:
+            gradio_internals.register_demo(demo, live=False)
             janitor.stop()
             services.close()
-            # Nothing stays in the cache (one app per process; tests close theirs at the end).
+            # Nothing of this app stays in the cache (other apps of the process keep theirs).
             gradio_internals.prune_cache(demo, folder, 0, 0)
 
     guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,

@@ -350,11 +350,10 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
     """
     from hidream_ui.engine.errors import EditCancelled
     from hidream_ui.engine.jobs import CancelToken
-    from hidream_ui.imaging import open_image
 
     started = time.perf_counter()
     plan = plan_compare(params, axis_x, values_x, axis_y, values_y, max_cells=engine.config.max_grid_cells)
-    picture = open_image(image, name=source_name)
+    picture = engine.open_image(image, name=source_name)  # the app's --max-pixels
     uses_attention = any(axis is not None and axis.kind == "attention" for axis in (plan.axis_x, plan.axis_y))
     if uses_attention:
         _check_attention_available(engine, {cell.attention for cell in plan.cells})

@@ -40,8 +40,10 @@ OFFERED_SIDES = (512, 768, 1024)
 
 def working_sides(geometry) -> list[int]:
     """The offered numeric sides that a model of `geometry` can run: at least the requests'
-    minimum side and at most the model's own working size."""
-    return [side for side in OFFERED_SIDES if WORKING_SIDE_MIN <= side <= geometry.image_size]
+    minimum side, and within its token budget. A side N works at N x N (E1-Full) or at an N x N
+    area (E1.1), and the edit input is H x 2W latents: 2 (N / multiple)^2 tokens at most."""
+    return [side for side in OFFERED_SIDES
+            if side >= WORKING_SIDE_MIN and 2 * (side // geometry.multiple) ** 2 <= geometry.max_seq]
 
 
 class PromptCache:
@@ -341,6 +343,8 @@ class EditEngine:
                     stage_fn=stage_fn,
                     callback_on_step_end=step_end,
                 )
+                if token.cancelled:  # during the last step (or the decode): a cancelled edit saves nothing
+                    raise EditCancelled(f"edit cancelled: {token.reason or 'cancelled'} after the last step")
                 finished = time.perf_counter()
                 peak = snapshot(model.device, backends=self._backends).peak
             except EditInterrupted as exc:

@@ -38,6 +38,9 @@ class StepInfo:
 StepFn = Callable[[StepInfo], None]
 
 
+MAX_EARLY_CANCELS = 256  # cancels remembered for events that had not started yet
+
+
 class CancelToken:
     """Set once, read at every step. Remembers why and at which step it was set, so a test (or
     a log line) can tell how far the work ran after the request to stop.
@@ -130,8 +133,10 @@ class JobRegistry:
         with self._lock:
             return [job for job in self._jobs.values() if session is None or job.session == session]
 
-    def cancel(self, session: str | None, event_id: str | None = None, reason: str = "cancelled") -> int:
-        """Cancels the session's jobs (only the one of `event_id` when given); returns how many.
+    def cancel(self, session: str | None, event_id: str | None = None, reason: str = "cancelled",
+               kind: str | None = None) -> int:
+        """Cancels the session's jobs (only the one of `event_id`, or of `kind`, when given);
+        returns how many.
 
         A session of None matches nothing: an anonymous caller can cancel no one's work.
         """
@@ -139,11 +144,15 @@ class JobRegistry:
             return 0
         with self._lock:
             jobs = [job for job in self._jobs.values()
-                    if job.session == session and (event_id is None or job.event_id == event_id)]
+                    if job.session == session and (event_id is None or job.event_id == event_id)
+                    and (kind is None or job.kind == kind)]
             if not jobs and event_id is not None:
                 now = time.monotonic()
-                # Forget early cancels nobody claimed (the event never started) after a minute.
+                # Forget early cancels nobody claimed (the event never started) after a minute, and
+                # keep the table small whatever a client sends (the oldest go first).
                 self._early = {key: t for key, t in self._early.items() if now - t < 60}
+                while len(self._early) >= MAX_EARLY_CANCELS:
+                    self._early.pop(next(iter(self._early)))
                 self._early[(session, event_id)] = now
         for job in jobs:
             job.token.cancel(reason)

@@ -217,7 +217,7 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         source = (source - self.vae.config.shift_factor) * self.vae.config.scaling_factor
         source = source.to(dtype).repeat_interleave(repeat, dim=0)
 
-        # 3. Starting noise (sampled on the generator's device: CPU by default, see devices.py).
+        # 3. Starting noise (sampled on the generator's device: CPU by default, see device/runtime.py).
         shape = (count, self.transformer.config.in_channels, source.shape[-2], source.shape[-1])
         latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
 

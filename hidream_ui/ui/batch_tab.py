@@ -1,13 +1,13 @@
 """The Batch tab: many images x many instructions with one set of settings, streamed as they finish.
 
-`build_batch_tab(engine, config)` adds a `gr.Tab("Batch")` to the Blocks being built (call it
+`build_batch_tab(engine, config, services)` adds a `gr.Tab("Batch")` to the Blocks being built (call it
 inside `with gr.Tabs():`). API: ``/batch_edit`` (files, instructions, mode, settings ->
 gallery, report, results zip).
 
 How a run streams: the handler is a generator. It validates everything and opens the uploads
 first (bad input never reaches the device), then runs `engine.run_batch` in a worker thread whose
 callbacks put events on a `queue.Queue`; the generator turns each finished item into a gallery
-update. Stop asks the engine to stop after the current step (`engine.cancel`) instead of killing
+update. Stop sets the run's cancel token (the job stops after the current step) instead of killing
 the event, so the run still ends normally: the finished items stay in the gallery and in the zip.
 
 Imports gradio at the top: only the UI imports this module.
@@ -259,7 +259,7 @@ class BatchTab:
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops this session's batch after the current step; finished items are kept."""
-        if self.services.cancel(request):
+        if self.services.cancel(request, kind="batch"):
             logger.info("batch stopped by its user")
 
     def close(self) -> None:

@@ -29,6 +29,7 @@ from hidream_ui.requests import (
     validated_seed,
 )
 from hidream_ui.rewrite.prompt import RewriteError
+from hidream_ui.ui.services import redact_paths
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,10 @@ def example_instruction(instruction: str, variant: str, target: str | None = Non
 
 
 def gr_error(message: str, title: str = "Error") -> gr.Error:
-    # gr.Error renders its message as HTML in the browser; file names in messages are user input.
-    return gr.Error(html.escape(message, quote=False), title=title, print_exception=False)
+    """What a user sees of a failure. gr.Error renders its message as HTML in the browser (file
+    names in messages are user input), and the server's absolute paths (a model folder named in an
+    error) are cut to their last component: the server log keeps the whole message."""
+    return gr.Error(html.escape(redact_paths(message), quote=False), title=title, print_exception=False)
 
 
 def guarded(what: str) -> Callable[[Callable], Callable]:
@@ -239,9 +242,9 @@ def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_aband
 
     `work` calls `emit(kind, payload)`; this yields each `(kind, payload)`, then `("done",
     return value)`, or re-raises what `work` raised. If the consumer stops early (the browser
-    went away, gradio closed the generator) `on_abandon()` asks the work to stop; either way the
-    thread is joined, so the device is free again when this generator is gone and the next queued
-    event never overlaps a half-stopped run.
+    went away, gradio closed the generator) `on_abandon()` asks the work to stop and the thread
+    ends after its current step, without anyone waiting for it: the engine lock keeps the next
+    queued job from overlapping it.
     """
     events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
 
@@ -267,8 +270,12 @@ def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_aband
             yield kind, payload
     finally:
         if not finished:
+            # Gradio closes an abandoned generator on its event loop: waiting there for the step to
+            # end would stall every client. The worker stops after its step; the engine lock keeps
+            # the next job from overlapping it.
             on_abandon()
-        thread.join()
+        else:
+            thread.join()
 
 
 def settings_widgets(defaults: EditParams) -> tuple:

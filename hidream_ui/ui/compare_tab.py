@@ -1,6 +1,6 @@
 """The Compare tab: one image and one instruction over a grid of settings (one or two axes).
 
-`build_compare_tab(engine, config)` adds a `gr.Tab("Compare")` to the Blocks being built. API:
+`build_compare_tab(engine, config, services)` adds a `gr.Tab("Compare")` to the Blocks being built. API:
 ``/compare`` (image, instruction, axes and their values, shared settings -> labelled grid image,
 gallery of the cells, report). Two dropdowns pick any two cells for a before/after slider.
 
@@ -98,7 +98,7 @@ class CompareTab:
                 text += f" · {state['step']}"
             return text
 
-        yield render_grid(partial()), [], report()
+        yield render_grid(partial()), [], report(), []
 
         progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
         result: CompareResult | None = None
@@ -123,22 +123,25 @@ class CompareTab:
                     shown = str(cell_result.saved_png) if cell_result.saved_png else cell_result.image
                     gallery.append((shown, cell_caption(plan, cell)))
                     progress((len(cells), total), desc=f"{len(cells)}/{total} cells", unit="cells")
-                    yield render_grid(partial()), list(gallery), report()
+                    yield render_grid(partial()), list(gallery), report(), list(gallery)
                 elif kind == "done":
                     result = payload
-        yield (render_grid(result), list(gallery), report(done=True, cancelled=result.cancelled))
+        yield (render_grid(result), list(gallery), report(done=True, cancelled=result.cancelled), list(gallery))
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops this session's comparison after the current step; finished cells are kept."""
-        if self.services.cancel(request):
+        if self.services.cancel(request, kind="compare"):
             logger.info("comparison stopped by its user")
 
     # ------------------------------------------------------------------ the slider pickers
     @staticmethod
-    def pickers(gallery: Any):
+    def pickers(cells: Any):
         """Dropdown choices (one per finished cell) and a first pair for the slider: the first and
-        the last cell, usually the two ends of the range."""
-        entries = _gallery_entries(gallery)
+        the last cell, usually the two ends of the range.
+
+        `cells` is the session's own list of (result file, caption), kept in a gr.State by the run:
+        never the gallery's value, which a client could fill with any server path."""
+        entries = _cell_entries(cells)
         choices = [(caption or f"cell {i + 1}", i) for i, (_, caption) in enumerate(entries)]
         if not entries:
             return gr.update(choices=[], value=None), gr.update(choices=[], value=None), None
@@ -147,8 +150,8 @@ class CompareTab:
                 (entries[a][0], entries[b][0]))
 
     @staticmethod
-    def pair(gallery: Any, a: Any, b: Any):
-        entries = _gallery_entries(gallery)
+    def pair(cells: Any, a: Any, b: Any):
+        entries = _cell_entries(cells)
         try:
             first, second = entries[int(a)][0], entries[int(b)][0]
         except (TypeError, ValueError, IndexError):
@@ -156,23 +159,10 @@ class CompareTab:
         return (first, second)
 
 
-def _gallery_entries(gallery: Any) -> list[tuple[Any, str]]:
-    """(image path, caption) pairs from a Gallery value (tuples from Python, GalleryImage dicts or
-    objects from the browser)."""
-    entries = []
-    for entry in gallery or []:
-        if isinstance(entry, (list, tuple)) and entry:
-            image, caption = entry[0], entry[1] if len(entry) > 1 else ""
-        elif isinstance(entry, dict):
-            image, caption = entry.get("image"), entry.get("caption") or ""
-        else:
-            image, caption = getattr(entry, "image", entry), getattr(entry, "caption", "") or ""
-        if isinstance(image, dict):
-            image = image.get("path") or image.get("url")
-        else:
-            image = getattr(image, "path", None) or image
-        entries.append((image, caption))
-    return entries
+def _cell_entries(cells: Any) -> list[tuple[Any, str]]:
+    """(result file or image, caption) pairs from the session's cell list."""
+    return [(entry[0], entry[1] if len(entry) > 1 else "") for entry in (cells or [])
+            if isinstance(entry, (list, tuple)) and entry]
 
 
 def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> CompareTab:
@@ -225,13 +215,15 @@ def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServic
         axis_y.change(hint, [axis_y], [values_y], queue=False, show_progress="hidden", api_visibility="private")
         inputs = [image, instruction, axis_x, values_x, axis_y, values_y, negative_prompt, guidance_scale,
                   image_guidance_scale, num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed]
-        event = run_button.click(handlers.run, inputs=inputs, outputs=[grid, cells, report], api_name="compare",
+        cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers
+        event = run_button.click(handlers.run, inputs=inputs, outputs=[grid, cells, report, cell_files],
+                                 api_name="compare",
                                  concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
                                  show_progress_on=[grid])
-        event.then(handlers.pickers, [cells], [pick_a, pick_b, slider], queue=False, show_progress="hidden",
+        event.then(handlers.pickers, [cell_files], [pick_a, pick_b, slider], queue=False, show_progress="hidden",
                    api_visibility="private")
         for picker in (pick_a, pick_b):
-            picker.input(handlers.pair, [cells, pick_a, pick_b], [slider], queue=False, show_progress="hidden",
+            picker.input(handlers.pair, [cell_files, pick_a, pick_b], [slider], queue=False, show_progress="hidden",
                          api_visibility="private")
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
     return handlers

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -172,6 +173,17 @@ def admit_jobs(demo: Any, concurrency_id: str | tuple[str, ...], *, max_waiting:
 # ---------------------------------------------------------------------------------------------
 
 _PRIVATE_CACHE: Path | None = None
+# The apps served from this process (usually one; tests launch several): each app's janitor leaves
+# the files the others recorded alone, since they share the process's cache folder.
+_LIVE_DEMOS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def register_demo(demo: Any, live: bool = True) -> None:
+    """Marks `demo` as served (or, with `live=False`, as closed) for `prune_cache`."""
+    if live:
+        _LIVE_DEMOS.add(demo)
+    else:
+        _LIVE_DEMOS.discard(demo)
 
 
 def private_cache_folder() -> Path:
@@ -221,6 +233,18 @@ def cache_files(folder: Path) -> list[Path]:
     return [path for _, path in sorted(files)]
 
 
+def app_cache_files(demo: Any, folder: Path) -> list[Path]:
+    """The cache folder's files that count against this app's limits, oldest first: all of them
+    except the examples' copies and the files another app of this process recorded (usually there
+    is no other app; tests launch several)."""
+    kept = {os.path.realpath(p) for p in _kept(demo)}
+    for other in list(_LIVE_DEMOS):
+        if other is not demo:
+            kept.update(os.path.realpath(p) for stored in _file_sets(other) for p in list(stored))
+            kept.update(os.path.realpath(p) for p in _kept(other))
+    return [p for p in cache_files(folder) if os.path.realpath(p) not in kept]
+
+
 def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now: float | None = None) -> int:
     """Deletes the cache folder's files older than `max_age` seconds, then the oldest beyond
     `max_files`; returns how many went. The examples' cached copies always stay.
@@ -230,8 +254,7 @@ def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now:
     folders go too, and deleted paths leave gradio's records.
     """
     now = time.time() if now is None else now
-    kept = {os.path.realpath(p) for p in _kept(demo)}
-    files = [p for p in cache_files(folder) if os.path.realpath(p) not in kept]
+    files = app_cache_files(demo, folder)
     removed: set[str] = set()
     for index, path in enumerate(reversed(files)):  # newest first
         try:
@@ -267,4 +290,5 @@ def _file_sets(demo: Any) -> list[set]:
 
 
 __all__ = ["current_event_id", "event_alive", "logged_in_user", "queue_figures", "session_jobs", "waiting_jobs",
-           "admit_jobs", "is_app_file", "cache_files", "prune_cache", "private_cache_folder"]
+           "admit_jobs", "is_app_file", "cache_files", "prune_cache", "private_cache_folder", "register_demo",
+           "app_cache_files"]

@@ -4,6 +4,7 @@ engine; results -> widget updates. Imports gradio at the top: only the UI import
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import logging
 import time
@@ -245,7 +246,7 @@ class Handlers:
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops the caller's running edit after its current step (never another user's)."""
-        if self.services.cancel(request):
+        if self.services.cancel(request, kind="edit"):
             logger.info("edit cancelled by its user")
 
     def cancel(self, request: gr.Request) -> str:
@@ -275,7 +276,11 @@ class Handlers:
         if queue is not None:
             status = status.replace(queue=QueueFigures(**queue))
         if self.services.rewriter is not None:
-            status = status.replace(rewriter=self.services.rewriter.status())
+            rewriter = self.services.rewriter.status()
+            if self.services.public and rewriter.last_error:
+                # It may quote the vision model's words about one visitor's photo: not for the others.
+                rewriter = dataclasses.replace(rewriter, last_error="the last rewrite failed (see the server log)")
+            status = status.replace(rewriter=rewriter)
         if self.services.public:  # model_paths are folder names already (`EditEngine.hide_paths`)
             status = status.replace(**{key: redact_paths(getattr(status, key))
                                        for key in ("device_error", "last_error", "attention_note")

@@ -76,9 +76,10 @@ class AppServices:
         with self.jobs.start(kind, session, event_id, alive) as job:
             yield job
 
-    def cancel(self, request: Any, reason: str = "stopped by its user") -> int:
-        """Cancels the caller's own jobs (never anyone else's); returns how many."""
-        return self.jobs.cancel(getattr(request, "session_hash", None), reason=reason)
+    def cancel(self, request: Any, reason: str = "stopped by its user", kind: str | None = None) -> int:
+        """Cancels the caller's own jobs (never anyone else's; only those of `kind` when given, so a
+        tab's Stop stops that tab's work); returns how many."""
+        return self.jobs.cancel(getattr(request, "session_hash", None), reason=reason, kind=kind)
 
     def close(self) -> None:
         for cleanup in reversed(self.cleanups):

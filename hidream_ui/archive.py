@@ -15,6 +15,7 @@ Pure standard library + PIL: no torch, no gradio.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -287,22 +288,30 @@ def _zip_label(src: object) -> str:
 def sources_from_uploads(uploads: Iterable[tuple[str, str | os.PathLike]], *,
                          limits: ZipLimits = ZipLimits()) -> tuple[list[BatchSource], list[tuple[str, str]]]:
     """Batch sources from uploaded files given as (display name, path): zips are expanded in memory
-    (see `read_zip_images`), anything else is passed on by path for the engine to open.
+    (see `read_zip_images`; all the zips of one upload share `limits.max_total_bytes`), anything
+    else is passed on by path for the engine to open.
 
     A zip that cannot be read is one rejected entry, not an error: the other uploads still run.
     Zips are recognised by content, not by extension (renamed downloads are common).
     """
     sources: list[BatchSource] = []
     rejected: list[tuple[str, str]] = []
+    budget = limits.max_total_bytes  # shared by every zip of the request, not one budget each
     for display, path in uploads:
         if _looks_like_zip(path):
+            if budget <= 0:
+                rejected.append((display, f"not read: the zips of this upload already hold "
+                                          f"{limits.max_total_bytes // 2**20} MiB; split the batch"))
+                continue
             try:
-                inner, refused = read_zip_images(path, name=display, limits=limits)
+                inner, refused = read_zip_images(path, name=display,
+                                                 limits=dataclasses.replace(limits, max_total_bytes=budget))
             except ArchiveError as exc:
                 rejected.append((display, str(exc)))
                 continue
             if not inner and not refused:
                 rejected.append((display, "the zip holds no files"))
+            budget -= sum(len(source.data) for source in inner if isinstance(source.data, (bytes, bytearray)))
             sources.extend(inner)
             rejected.extend(refused)
         else:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from hidream_ui.bench import free_port  # noqa: F401 - test modules import it from here too
+
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
@@ -30,15 +32,6 @@ def tiny_dir(tiny_cache) -> Path:
     from hidream_ui.model.tiny.build import ensure_tiny
 
     return ensure_tiny(profile="tiny", seed=0)
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

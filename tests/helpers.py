@@ -45,3 +45,9 @@ def edit_params(instruction: str = "make the sky purple", *, steps: int = 2, **o
     values = {**EditParams.defaults_for("e1.1").to_dict(), "instruction": instruction, "num_inference_steps": steps,
               "working_resolution": "draft", **overrides}
     return EditParams.from_dict(values)
+
+
+def write_picture(path, seed: int = 0, size: tuple[int, int] = (80, 60)):
+    """`random_picture(seed, size)` saved as a PNG at `path`; returns the path."""
+    random_picture(seed, size).save(path)
+    return path

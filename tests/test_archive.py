@@ -190,3 +190,17 @@ def test_uploads_expand_zips_and_keep_other_files(tmp_path):
     assert sources[0].data == tmp_path / "photo.png"  # plain files go to the engine by path
     assert [name for name, _ in rejected] == ["more.zip/y.txt", "broken.zip"]
     assert "not a readable zip" in dict(rejected)["broken.zip"]
+
+
+def test_the_zips_of_one_upload_share_one_byte_budget(tmp_path):
+    member = png_bytes(1)
+    zips = []
+    for index in range(3):
+        path = tmp_path / f"part{index}.zip"
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("a.png", member)
+        zips.append((path.name, path))
+    # Room for two members in all: the third zip is not read, whatever its own size.
+    sources, rejected = sources_from_uploads(zips, limits=ZipLimits(max_total_bytes=2 * len(member)))
+    assert [s.name for s in sources] == ["part0.zip/a.png", "part1.zip/a.png"]
+    assert [name for name, _ in rejected] == ["part2.zip"] and "split the batch" in rejected[0][1]

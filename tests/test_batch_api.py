@@ -10,23 +10,16 @@ import threading
 import types
 import zipfile
 
-import numpy as np
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
-from helpers import wait_for
+from helpers import wait_for, write_picture
 from PIL import Image
 
 from hidream_ui.archive import MANIFEST_NAME
 from hidream_ui.outputs import read_metadata
 
 FAST = {"num_inference_steps": 2, "working_resolution": "draft"}
-
-
-def write_picture(path, seed: int, size=(80, 60)):
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
-    return path
 
 
 @pytest.fixture(scope="module")

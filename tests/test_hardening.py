@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
-from helpers import wait_for
+from helpers import wait_for, write_picture
 from PIL import Image
 
 from hidream_ui.ui import gradio_internals
@@ -29,12 +28,6 @@ from hidream_ui.ui.layout import ASSETS_DIR
 EXAMPLE = ASSETS_DIR / "apple.png"
 FAST = {"num_inference_steps": 2, "working_resolution": "draft"}
 SLOW = {"num_inference_steps": 200, "working_resolution": "draft"}
-
-
-def write_picture(path: Path, seed: int = 0, size=(80, 60)) -> Path:
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
-    return path
 
 
 def results(folder: Path) -> list[Path]:

@@ -9,11 +9,11 @@ import json
 import time
 import zipfile
 
+import helpers
 import pytest
 from fake_vlm import SLOW_SECONDS, FakeVLM, canned_lines, user_images, user_text
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
-from helpers import random_picture
 from PIL import Image
 
 from hidream_ui.archive import MANIFEST_NAME
@@ -95,9 +95,7 @@ def test_edit_with_rewrite_saves_original_and_rewritten_in_the_png(client, vlm, 
 
 
 def write_picture(folder, seed: int, size=(80, 60)):
-    path = folder / f"picture-{seed}.png"
-    random_picture(seed, size).save(path)
-    return path
+    return helpers.write_picture(folder / f"picture-{seed}.png", seed, size)
 
 
 def test_edit_with_this_records_a_hand_edited_prompt(client):

@@ -18,6 +18,15 @@ KINDS = {
 }
 
 
+def free_port() -> int:
+    """A free TCP port on the loopback interface (for apps the benchmarks and tests launch)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     from hidream_ui.cli.commands import dispatch
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from hidream_ui.bench import free_port
 
 TARGET_SECONDS = 15.0
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -40,12 +41,6 @@ _IMPORTS_CHILD = textwrap.dedent("""
         t = now
     print(json.dumps(marks))
 """)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _env(output_dir: str) -> dict[str, str]:

@@ -29,22 +29,17 @@ import gc
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from hidream_ui.bench import free_port
+
 TARGET_RSS_GROWTH_PERCENT = 3.0
 INSTRUCTION = "Replace the red apple with a green pear"
 FAST = {"num_inference_steps": 2, "working_resolution": "draft"}
 _MB = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rss_mb() -> float:

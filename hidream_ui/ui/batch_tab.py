@@ -28,6 +28,7 @@ from hidream_ui.archive import sources_from_uploads, write_batch_zip
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.batch import (
     BATCH_PIXEL_BUDGET,
+    MAX_BATCH_SIZE,
     BatchRequest,
     BatchResult,
     BatchSource,
@@ -309,7 +310,7 @@ def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices
                         seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
                                          info="-1: random")
                         seed_policy = gr.Radio(list(SEED_POLICY_CHOICES), value="fixed", label="Seed per item")
-                    batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=64,
+                    batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_BATCH_SIZE,
                                            label="Items per transformer call", info="0 = from free memory")
             with gr.Column():
                 gallery = gr.Gallery(label="Results", columns=4, height=420, object_fit="contain", interactive=False,

@@ -70,11 +70,6 @@ class LoginThrottle:
             now = self._clock()
             return self._wait(self._recent(key, now), now)
 
-    def failed(self, key: str) -> None:
-        with self._lock:
-            self._recent(key, self._clock()).append(self._clock())
-            self._bound()
-
     def _wait(self, failures: deque, now: float) -> float:
         if len(failures) < self.max_failures:
             return 0.0

@@ -433,3 +433,21 @@ def test_status_panel_shows_the_rewriter_and_escapes_its_error():
     text = render_status(EngineStatus(state="idle", rewriter=remote, **base))
     assert "openai · qwen-vl" in text and "LM head" not in text
     assert EngineStatus(state="idle", **base).to_dict()["rewriter"] is None  # the key is always there
+
+
+def test_a_batch_stops_asking_a_rewriter_that_does_not_answer(vlm):
+    from hidream_ui.engine.batch import BatchRequest, BatchSource, plan_batch
+    from hidream_ui.requests import EditSettings
+    from hidream_ui.rewrite.openai_backend import OpenAIRewriter
+    from hidream_ui.rewrite.service import RewriteService
+
+    service = RewriteService(OpenAIRewriter(vlm.url, "fake-vl", api_key=None, timeout=1.0), "e1-full")
+    request = BatchRequest(sources=tuple(BatchSource(f"{i}.png", random_picture(30 + i)) for i in range(3)),
+                           instructions=("[slow] make it red",), settings=EditSettings())
+    plan = plan_batch(request, lambda data, name: data, max_items=16)
+    count = len(vlm.chat_requests())
+    failed = []
+    assert service.rewrite_items(plan, on_failed=failed.append) == 0
+    # One timeout, then the other two items are not asked (3 x the timeout otherwise).
+    assert len(vlm.chat_requests()) == count + 1
+    assert len(failed) == 3 and sum("not asked" in item.error for item in failed) == 2

@@ -123,6 +123,14 @@ class EditEngine:
         return self._dtype
 
     @property
+    def model_source(self) -> str:
+        """"tiny" or "real": the loaded model's kind (a --model-dir can hold a tiny checkpoint),
+        before the load what the configuration says."""
+        if self._model is not None:
+            return self._model.sources.kind
+        return "tiny" if self.config.uses_tiny_model else "real"
+
+    @property
     def loaded(self) -> bool:
         return self._model is not None
 
@@ -535,7 +543,7 @@ class EditEngine:
         sources = model.sources if model else None
         return RunInfo(
             variant=self.config.variant,
-            model_source=sources.kind if sources else ("tiny" if self.config.uses_tiny_model else "real"),
+            model_source=self.model_source,
             model_paths=sources.to_dict(names_only=self.hide_paths) if sources else None,
             device=self.device.torch_device,
             device_name=self.device.name,
@@ -557,7 +565,7 @@ class EditEngine:
             progress=self._progress,
             loaded=model is not None,
             variant=self.config.variant,
-            model_source="tiny" if self.config.uses_tiny_model else (model.sources.kind if model else "real"),
+            model_source=self.model_source,
             attention=self._attention or self._attention_request,
             attention_note=self._attention_note,
             refiner=self.config.refiner,

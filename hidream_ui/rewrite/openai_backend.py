@@ -112,13 +112,14 @@ class OpenAIRewriter:
                 model=self.model, messages=build_messages(image, instruction), temperature=0.0,
                 max_tokens=self.max_tokens)
         except openai.APITimeoutError:
-            raise RewriteError(f"the rewriter did not answer within {self.timeout:g} s") from None
+            raise RewriteError(f"the rewriter did not answer within {self.timeout:g} s", unreachable=True) from None
         except openai.APIStatusError as exc:
             raise RewriteError(f"the rewriter answered HTTP {exc.status_code}: {_server_text(exc)}") from None
         except openai.APIConnectionError as exc:
             cause = exc.__cause__ or exc
             logger.warning("rewriter at %s unreachable: %r", self.url, cause)
-            raise RewriteError(f"cannot reach the rewriter server ({type(cause).__name__}: {cause})") from None
+            raise RewriteError(f"cannot reach the rewriter server ({type(cause).__name__}: {cause})",
+                               unreachable=True) from None
         except openai.APIResponseValidationError as exc:
             raise RewriteError(f"the rewriter's reply is not a chat completion: {_server_text(exc)}") from None
         except openai.OpenAIError as exc:

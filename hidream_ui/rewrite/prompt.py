@@ -77,7 +77,15 @@ _REFUSAL = re.compile(r"^(?:i'?m sorry|i am sorry|sorry|i can(?:no|')t|i cannot|
 
 class RewriteError(ValueError):
     """Rewriting failed (timeout, HTTP error, refusal, unusable answer); the message says which and
-    is written for users. Never fatal: the caller can always edit with the original instruction."""
+    is written for users. Never fatal: the caller can always edit with the original instruction.
+
+    `unreachable` marks failures of the server rather than of one answer (no answer in time, no
+    connection): a batch stops asking after the first of those instead of waiting out each item.
+    """
+
+    def __init__(self, message: str, *, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def _short(text: str, limit: int = 160) -> str:

@@ -167,9 +167,13 @@ class RewriteService:
             if item.status == "pending" and needs_rewrite(item.instruction) and pair not in pairs:
                 pairs.append(pair)
         outcomes: dict[tuple[int, str], RewriteResult | Exception] = {}
+        down: RewriteError | None = None  # the server did not answer: the remaining items are not asked
         for done, (index, text) in enumerate(pairs):
             if cancel is not None and cancel.cancelled:
                 break
+            if down is not None:
+                outcomes[(index, text)] = RewriteError(f"not asked: {down}")
+                continue
             if on_progress is not None:
                 on_progress(done, len(pairs))
             try:
@@ -178,6 +182,8 @@ class RewriteService:
                 break
             except (RewriteError, EngineError, ValueError) as exc:  # ValueError: RequestError
                 outcomes[(index, text)] = exc
+                if isinstance(exc, RewriteError) and exc.unreachable:
+                    down = exc
         rewritten = 0
         for item in plan.items:
             outcome = outcomes.get((item.source_index, item.instruction))

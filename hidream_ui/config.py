@@ -48,6 +48,10 @@ class AppConfig:
     text_encoders: str = "device"
     refiner: str = "e1"
     prompt_cache_size: int = 32
+    # Several devices (README "Several devices"): one engine per device, e.g. ("npu:0", "npu:1") or
+    # ("all",); () = one engine on `device`. `placement`: (part, device) pairs splitting one model.
+    devices: tuple[str, ...] = ()
+    placement: tuple[tuple[str, str], ...] = ()
     # Outputs.
     output_dir: Path = Path("outputs")
     retention: int = 500
@@ -106,6 +110,11 @@ _MODEL_OPTIONS = [
     ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),
     ("--text-encoders", ("HIDREAM_TEXT_ENCODERS",), "text_encoders",
      "device: keep on the device | cpu: run on the host | offload: move to the device only to encode"),
+    ("--devices", ("HIDREAM_DEVICES",), "devices",
+     "one engine per device: a list such as npu:0,npu:1 or cuda:0,cuda:1 or cpu,cpu (splits the cores), or all "
+     "(every visible accelerator); not with --device"),
+    ("--placement", ("HIDREAM_PLACEMENT",), "placement",
+     "parts of one model on different devices: transformer=DEV,encoders=DEV[,vae=DEV]"),
     ("--refiner", ("HIDREAM_REFINER",), "refiner",
      "weights of the refine stage: e1 (what upstream computes, zero copies) | i1 (HiDream-I1-Full, swapped)"),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
@@ -210,6 +219,10 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
             fields[dest] = _to_int(source, value)
         elif dest == "auth":
             fields[dest] = _parse_auth(source, str(value))
+        elif dest == "devices":
+            fields[dest] = parse_devices(source, str(value))
+        elif dest == "placement":
+            fields[dest] = parse_placement(source, str(value))
         elif dest == "rewriter_timeout":
             fields[dest] = _to_float(source, value)
         elif dest in ("rewriter_url", "rewriter_model"):
@@ -278,7 +291,37 @@ def validate(config: AppConfig) -> AppConfig:
     if config.auth is not None and config.auth_file is not None:
         raise ConfigError("use either --auth or --auth-file, not both")
     _validate_rewriter(config)
+    _validate_devices(config)
     return config
+
+
+def _validate_devices(config: AppConfig) -> None:
+    """--devices and --placement (parsed by `hidream_ui.device.pool_spec`, the one grammar)."""
+    from hidream_ui.device.pool_spec import PoolSpecError, check_devices, check_placement
+
+    try:
+        check_devices(config.devices, config.device)
+        check_placement(config.placement, config.device, config.devices, config.text_encoders)
+    except PoolSpecError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def parse_devices(source: str, value: str) -> tuple[str, ...]:
+    from hidream_ui.device.pool_spec import PoolSpecError, split_devices
+
+    try:
+        return split_devices(value)
+    except PoolSpecError as exc:
+        raise ConfigError(f"{source}={value!r}: {exc}") from None
+
+
+def parse_placement(source: str, value: str) -> tuple[tuple[str, str], ...]:
+    from hidream_ui.device.pool_spec import PoolSpecError, split_placement
+
+    try:
+        return split_placement(value)
+    except PoolSpecError as exc:
+        raise ConfigError(f"{source}={value!r}: {exc}") from None
 
 
 def _validate_rewriter(config: AppConfig) -> None:

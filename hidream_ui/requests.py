@@ -418,6 +418,7 @@ class RunInfo:
     refiner: str
     versions: dict[str, str]
     batch_size: int = 1  # items in the pipeline call that produced the result
+    engine: str | None = None  # the pool's engine that ran it ("npu:1", "cpu#2"), with --devices
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

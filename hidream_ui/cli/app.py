@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
 
     from hidream_ui.engine.engine import EditEngine
+    from hidream_ui.engine.pool import EnginePool
 
 
 EXIT_CONFIG = 2
@@ -66,7 +67,7 @@ def _auth(config: AppConfig):
 def launch(
     config: AppConfig,
     *,
-    engine: "EditEngine | None" = None,
+    engine: "EditEngine | EnginePool | None" = None,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
 ) -> tuple["gr.Blocks", str]:
@@ -87,6 +88,14 @@ def launch(
     from hidream_ui.ui.layout import build_demo, launch_options
     from hidream_ui.ui.services import AppServices
 
+    if engine is None and config.devices:  # --devices: one engine per device (engine/pool.py)
+        from hidream_ui.engine.errors import EngineError
+        from hidream_ui.engine.pool import EnginePool
+
+        try:
+            engine = EnginePool.for_config(config)
+        except EngineError as exc:
+            raise ConfigError(str(exc)) from None
     engine = engine or get_engine(config)
     services = AppServices.for_config(config)
     engine.hide_paths = services.public

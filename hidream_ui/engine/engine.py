@@ -95,6 +95,8 @@ class EditEngine:
         self._last_error: str | None = None
         # Set by an app without login: results and the status name model folders, never their paths.
         self.hide_paths = False
+        # Set by an EnginePool (engine/pool.py): which of its engines this is, saved in every result.
+        self.pool_label: str | None = None
         self.counters = {"edits": 0, "text_encoder_calls": 0, "transformer_calls": 0}
 
     # ------------------------------------------------------------------ device
@@ -105,7 +107,9 @@ class EditEngine:
             from hidream_ui.device.detect import resolve_device
 
             try:
-                self._device = resolve_device(self.config.device, backends=self._backends)
+                # --placement names the transformer's device: the engine's device.
+                spec = dict(self.config.placement).get("transformer", self.config.device)
+                self._device = resolve_device(spec, backends=self._backends)
             except DeviceError as exc:
                 raise EngineError(str(exc)) from exc
         return self._device
@@ -550,6 +554,7 @@ class EditEngine:
             dtype=dtype_name(self.dtype),
             attention=self._attention,
             refiner=self.config.refiner,
+            engine=self.pool_label,
             versions={"hidream_ui": __version__, "torch": torch.__version__,
                       "diffusers": diffusers.__version__, "transformers": transformers.__version__},
         )

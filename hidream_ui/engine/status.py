@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hidream_ui.device.memory import MemorySnapshot
+from hidream_ui.device.telemetry import DeviceTelemetry
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,23 @@ class RewriterStatus:
 
 
 @dataclass(frozen=True)
+class DeviceRow:
+    """One engine (one device) of the app: the System panel's row and an entry of `/status` `devices`."""
+
+    engine: str  # "npu:1", or "cpu#2" when a device type repeats (--devices cpu,cpu)
+    device: str | None
+    device_name: str | None
+    state: str
+    progress: Progress
+    loaded: bool
+    busy: bool  # running a job of the pool
+    jobs: int  # jobs the pool gave it so far
+    memory: MemorySnapshot | None  # the allocator's figures (this process)
+    telemetry: DeviceTelemetry | None  # what the device reports (npu-smi / NVML / psutil)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class EngineStatus:
     state: str  # "idle" | "loading" | "editing" | "rewriting"
     progress: Progress
@@ -92,6 +110,8 @@ class EngineStatus:
     # Added by the UI.
     queue: QueueFigures | None = None
     rewriter: RewriterStatus | None = None
+    # One row per engine/device (engine/pool.py); a single engine gives one row.
+    devices: list[DeviceRow] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """The `/status` JSON."""
@@ -101,4 +121,5 @@ class EngineStatus:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["EngineStatus", "Progress", "PromptCacheStats", "QueueFigures", "RewriterStatus", "WeightSwapStats"]
+__all__ = ["DeviceRow", "EngineStatus", "Progress", "PromptCacheStats", "QueueFigures", "RewriterStatus",
+           "WeightSwapStats"]

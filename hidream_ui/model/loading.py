@@ -187,11 +187,13 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     pipeline.geometry = geometry
 
     progress(0.8, f"moving to {device.torch_device}")
-    text_device = device.torch_device if config.text_encoders == "device" else "cpu"
-    for name in ("vae", "transformer"):
-        getattr(pipeline, name).to(device.torch_device)
+    from hidream_ui.device.pool_spec import placement_for
+
+    placement = placement_for(config.placement, device.torch_device, config.text_encoders)
+    pipeline.transformer.to(placement.transformer)
+    pipeline.vae.to(placement.vae)
     for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"):
-        getattr(pipeline, name).to(text_device)
+        getattr(pipeline, name).to(placement.encoders)
     pipeline.text_encoder_mode = config.text_encoders
     pipeline.compute_device = device.torch_device
 

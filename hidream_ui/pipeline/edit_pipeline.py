@@ -212,10 +212,11 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
 
         # 2. Source latents: the distribution's mode, shifted and scaled like HiDream's training latents.
         pixels = self.image_processor.preprocess(images, height=height, width=width)
-        pixels = pixels.to(device=device, dtype=self.vae.dtype)
+        # The VAE may live on another device than the transformer (--placement vae=DEV).
+        pixels = pixels.to(device=self.vae.device, dtype=self.vae.dtype)
         source = self.vae.encode(pixels).latent_dist.mode()
         source = (source - self.vae.config.shift_factor) * self.vae.config.scaling_factor
-        source = source.to(dtype).repeat_interleave(repeat, dim=0)
+        source = source.to(device=device, dtype=dtype).repeat_interleave(repeat, dim=0)
 
         # 3. Starting noise (sampled on the generator's device: CPU by default, see device/runtime.py).
         shape = (count, self.transformer.config.in_channels, source.shape[-2], source.shape[-1])
@@ -273,6 +274,7 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         if output_type == "latent":
             result = latents
         else:
+            latents = latents.to(self.vae.device)
             decoded = self.vae.decode((latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor,
                                       return_dict=False)[0]
             result = self.image_processor.postprocess(decoded, output_type=output_type)

@@ -39,6 +39,7 @@ from hidream_ui.engine.batch import (
 )
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.jobs import StepInfo
+from hidream_ui.engine.pool import lane_size
 from hidream_ui.requests import (
     EditParams,
     RequestError,
@@ -321,7 +322,7 @@ def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices
                   num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed, seed_policy,
                   batch_size, rewrite]
         run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download], api_name="batch_edit",
-                         concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
+                         concurrency_id=DEVICE_GROUP, concurrency_limit=lane_size(engine), preprocess=False,
                          show_progress_on=[gallery])
         # Stop never queues (it must get through while the batch holds the device group) and does
         # not cancel the event: the run ends by itself after the current step and keeps its items.

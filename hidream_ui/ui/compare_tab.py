@@ -22,6 +22,7 @@ from hidream_ui.config import AppConfig
 from hidream_ui.engine.compare import AXES, CompareResult, cell_caption, plan_compare, render_grid, run_compare
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.jobs import StepInfo
+from hidream_ui.engine.pool import lane_size
 from hidream_ui.requests import EditParams, RequestError
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
@@ -218,7 +219,7 @@ def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServic
         cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers
         event = run_button.click(handlers.run, inputs=inputs, outputs=[grid, cells, report, cell_files],
                                  api_name="compare",
-                                 concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
+                                 concurrency_id=DEVICE_GROUP, concurrency_limit=lane_size(engine), preprocess=False,
                                  show_progress_on=[grid])
         event.then(handlers.pickers, [cell_files], [pick_a, pick_b, slider], queue=False, show_progress="hidden",
                    api_visibility="private")

@@ -17,6 +17,7 @@ from hidream_ui.config import AppConfig
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import StepInfo
+from hidream_ui.engine.pool import device_row, shared_sampler
 from hidream_ui.engine.status import EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
 from hidream_ui.requests import EditParams, EditRequest, RequestError, validated_flag
@@ -272,6 +273,8 @@ class Handlers:
         """The engine's status plus the queue figures; without a login (`--auth`) it names model
         sources, never their absolute paths, and error texts lose the paths they hold."""
         status = self.engine.status()
+        if not status.devices:  # one engine: its row (a pool's status already has one per engine)
+            status = status.replace(devices=[device_row(self.engine, status=status)])
         queue = self._queue()
         if queue is not None:
             status = status.replace(queue=QueueFigures(**queue))
@@ -294,6 +297,21 @@ class Handlers:
         absolute paths.
         """
         return self.engine_status().to_dict()
+
+    def telemetry_plot(self):
+        """The live plot's rows: memory and utilisation per device over the last minutes (cached
+        telemetry only; the timer calls it every 2 s)."""
+        import pandas as pd
+
+        from hidream_ui.ui.devices_panel import PLOT_COLUMNS, plot_rows
+
+        try:
+            labels = [row.engine for row in self.engine_status().devices]
+            rows = plot_rows(shared_sampler().history(), labels)
+        except Exception:  # noqa: BLE001 - a broken plot must not spam error toasts
+            logger.warning("telemetry plot failed", exc_info=True)
+            rows = []
+        return pd.DataFrame(rows, columns=list(PLOT_COLUMNS))
 
     def status_panel(self) -> str:
         """HTML for the system panel. Never raises: the timer calls it every 2 s."""

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 import gradio as gr
 
 from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.pool import lane_size
 from hidream_ui.requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
 from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.common import (
@@ -150,6 +151,7 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
         services.rewriter = RewriteService.for_config(config, engine)  # None when rewriting is off
     rewriter = services.rewriter
     handlers = Handlers(engine, services=services)
+    lane = lane_size(engine)  # device jobs at once: one per engine (--devices)
     # Gradio's own cache clean-up: files older than the limit go (checked every minute or
     # sooner), and all of this app's files at shutdown. The file-count limit is the janitor's.
     delete_cache = (max(1, min(60, config.cache_max_age)), config.cache_max_age)
@@ -266,6 +268,9 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                 attention = gr.Dropdown(label="Attention", choices=[(str(config.attention), str(config.attention))],
                                         value=str(config.attention), interactive=True, elem_id="hui-attention")
                 attention_note = gr.Markdown(elem_id="hui-attention-note")
+                telemetry_plot = gr.LinePlot(x="seconds", y="percent", color="series", y_lim=[0, 100], height=200,
+                                             x_title="seconds ago", y_title="%", label="Memory and utilisation",
+                                             elem_id="hui-telemetry-plot")
                 load_button = gr.Button("Load model", size="sm")
                 load_message = gr.Markdown(label="Model")
 
@@ -277,7 +282,7 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
         edit_outputs = [result_slider, saved_png, seed_used, summary, last_entry]
         edit_event = edit_button.click(
             handlers.edit, inputs=[image, *form, rewrite], outputs=edit_outputs,
-            api_name="edit", concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
+            api_name="edit", concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False,
             show_progress_on=[result_slider],
         )
         edit_event.success(handlers.add_history, [history, last_entry], [history, gallery, result_details],
@@ -292,7 +297,7 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
         rewrite_event = rewrite_button.click(
             handlers.rewrite, inputs=[image, instruction], outputs=[rewritten, rewrite_details], api_name="rewrite",
             concurrency_id=DEVICE_GROUP if on_device else REWRITER_GROUP,
-            concurrency_limit=1 if on_device else REWRITER_CONCURRENCY, preprocess=False,
+            concurrency_limit=lane if on_device else REWRITER_CONCURRENCY, preprocess=False,
             show_progress_on=[rewritten])
         rewrite_event.success(handlers.rewrite_note, [rewrite_details], [rewrite_note], queue=False,
                               show_progress="hidden", api_visibility="private")
@@ -300,7 +305,7 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                               queue=False, show_progress="hidden", api_visibility="private")
         edit_rewritten_event = edit_rewritten_button.click(
             handlers.edit_rewritten, inputs=[image, rewritten, rewrite_details, *form[1:]], outputs=edit_outputs,
-            api_name="edit_rewritten", concurrency_id=DEVICE_GROUP, concurrency_limit=1, preprocess=False,
+            api_name="edit_rewritten", concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False,
             show_progress_on=[result_slider])
         edit_rewritten_event.success(handlers.add_history, [history, last_entry], [history, gallery, result_details],
                                      queue=False, show_progress="hidden", api_visibility="private")
@@ -315,13 +320,13 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                           queue=False, show_progress="hidden", api_visibility="private")
 
         load_button.click(handlers.load_model, None, load_message, api_name="load_model",
-                          concurrency_id=DEVICE_GROUP, concurrency_limit=1, show_progress_on=[load_message])
+                          concurrency_id=DEVICE_GROUP, concurrency_limit=lane, show_progress_on=[load_message])
 
         # ---- attention: the dropdown's `.input` (user changes only, so setting its value from the
         # server does not trigger it again); the API endpoint is a plain typed function.
         attention.select(handlers.change_attention, [attention], [attention, attention_note, status_panel],
-                        concurrency_id=DEVICE_GROUP, concurrency_limit=1, api_visibility="private")
-        gr.api(handlers.set_attention, api_name="set_attention", concurrency_id=DEVICE_GROUP, concurrency_limit=1)
+                        concurrency_id=DEVICE_GROUP, concurrency_limit=lane, api_visibility="private")
+        gr.api(handlers.set_attention, api_name="set_attention", concurrency_id=DEVICE_GROUP, concurrency_limit=lane)
 
         # ---- status and cancel bypass the queue: they must answer while it is full (that is when
         # people need them), and the panel keeps moving while an edit runs.
@@ -329,6 +334,8 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
         gr.api(handlers.cancel, api_name="cancel", queue=False)
         timer = gr.Timer(2)
         timer.tick(handlers.status_panel, None, status_panel, queue=False, show_progress="hidden",
+                   api_visibility="private")
+        timer.tick(handlers.telemetry_plot, None, telemetry_plot, queue=False, show_progress="hidden",
                    api_visibility="private")
         demo.load(handlers.page_load, None, [attention, status_panel, working_resolution], queue=False,
                   show_progress="hidden", api_visibility="private")

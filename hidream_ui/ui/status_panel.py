@@ -6,6 +6,7 @@ import html
 
 from hidream_ui.device.memory import format_bytes
 from hidream_ui.engine.status import EngineStatus
+from hidream_ui.ui.devices_panel import DEVICES_CSS, render_device_rows
 
 # ---------------------------------------------------------------------------------------------
 # Status panel
@@ -27,7 +28,7 @@ STATUS_CSS = """
 .hui-status .hui-bar-label { display: flex; justify-content: space-between; font-size: 0.85em; margin-top: 0.35em; }
 .hui-status .hui-note { font-size: 0.85em; opacity: 0.85; margin-top: 0.4em; }
 .hui-status h4 { margin: 0.7em 0 0.2em 0; font-size: 0.95em; }
-"""
+""" + DEVICES_CSS
 
 
 def _kv(key: str, value: str) -> str:
@@ -102,6 +103,7 @@ def render_status(status: EngineStatus) -> str:
         if memory.utilization is not None:
             kind = (status.device_type or "device").upper()
             parts.append(_bar(f"{kind} utilisation", memory.utilization, 100.0, f"{memory.utilization:.0f}%"))
+    parts.append(render_device_rows(status.devices))
     rewrite_error = status.rewriter.last_error if status.rewriter is not None else None
     for prefix, note in (("device: ", status.device_error), ("", status.attention_note),
                          ("last error: ", status.last_error), ("last rewrite error: ", rewrite_error)):

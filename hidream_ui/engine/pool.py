@@ -1,0 +1,401 @@
+"""EnginePool: one EditEngine per device (`--devices`), behind the EditEngine surface the UI uses.
+
+Why a pool of whole engines rather than one engine fanning out: each engine owns its model, its
+lock and its device, exactly as a single-device app does, so everything that holds for one engine
+(loading, attention, memory plans, cancellation, OOM recovery) holds for each, and flags apply to
+every engine by construction (each is built from the AppConfig, only the device differs).
+
+* A job goes to an idle engine (the least used first, so a queue spreads evenly); the device lane's
+  concurrency equals the pool size (`ui/layout.py`), so N jobs run at once.
+* Engines load lazily and in parallel: the first job starts every engine's load in the background
+  and waits only for the engine it got.
+* A batch spreads its items over the engines (round-robin shares, each run by `engine.batch.execute`
+  on one engine, batching within its share) and keeps its stable item order; each result's
+  metadata names the engine that ran it (`RunInfo.engine`).
+* CPU engines (`--devices cpu,cpu`) split the host's cores: each computing thread sets its own
+  intra-op thread count (OpenMP's thread count is per calling thread).
+* On NPU/CUDA each engine makes its card current in the computing thread (`bind_device_to_thread`,
+  inside EditEngine), so two jobs on two cards never compute on the same one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+from hidream_ui.config import AppConfig
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.errors import EditCancelled, EngineError
+from hidream_ui.engine.status import DeviceRow, EngineStatus
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hidream_ui.device.telemetry import TelemetrySampler
+    from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
+    from hidream_ui.engine.jobs import CancelToken, StepFn
+    from hidream_ui.requests import EditRequest, EditResult
+
+logger = logging.getLogger(__name__)
+
+_STATE_ORDER = ("editing", "rewriting", "loading", "idle")  # the pool's state: the busiest engine's
+_WAIT_POLL = 0.2  # seconds between two looks at a job's cancel token while it waits for an engine
+
+
+def host_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class Slot:
+    """One engine of the pool and its bookkeeping."""
+
+    index: int
+    label: str  # "npu:1"; "cpu#2" when a device type repeats
+    engine: EditEngine
+    threads: int | None = None  # CPU engines: intra-op threads of each computing thread
+    busy: bool = False
+    jobs: int = 0
+
+
+_SHARED_SAMPLER: "TelemetrySampler | None" = None
+_SAMPLER_LOCK = threading.Lock()
+
+
+def shared_sampler() -> "TelemetrySampler":
+    """The process's telemetry sampler: one device has one reading, whoever asks."""
+    global _SHARED_SAMPLER
+    with _SAMPLER_LOCK:
+        if _SHARED_SAMPLER is None:
+            from hidream_ui.device.telemetry import TelemetrySampler
+
+            _SHARED_SAMPLER = TelemetrySampler()
+        return _SHARED_SAMPLER
+
+
+def device_row(engine: EditEngine, label: str | None = None, sampler: "TelemetrySampler | None" = None, *,
+               status: EngineStatus | None = None, busy: bool | None = None, jobs: int = 0) -> DeviceRow:
+    """One engine's row for the System panel and `/status` `devices`. Cheap: no lock, no device
+    sync (the engine's status), telemetry from the sampler's cache."""
+    status = status or engine.status()
+    telemetry = None
+    label = label or status.device or "?"
+    if status.device is not None:
+        try:
+            telemetry = (sampler or shared_sampler()).read(label, engine.device)
+        except EngineError:  # the device cannot be used: the row says why (status.device_error)
+            telemetry = None
+    return DeviceRow(engine=label, device=status.device, device_name=status.device_name, state=status.state,
+                     progress=status.progress, loaded=status.loaded, busy=status.state != "idle" if busy is None
+                     else busy, jobs=jobs, memory=status.memory, telemetry=telemetry,
+                     error=status.device_error or status.last_error)
+
+
+def engine_labels(devices: Sequence[str]) -> list[str]:
+    """Pool labels: the device string, numbered where it repeats ("cpu#1", "cpu#2")."""
+    repeated = {name for name in devices if list(devices).count(name) > 1}
+    seen: dict[str, int] = {}
+    labels = []
+    for name in devices:
+        seen[name] = seen.get(name, 0) + 1
+        labels.append(f"{name}#{seen[name]}" if name in repeated else name)
+    return labels
+
+
+class EnginePool:
+    """Several engines behind the surface of one (`edit`, `run_batch`, `load`, `status`, ...)."""
+
+    def __init__(self, config: AppConfig, engines: Sequence[EditEngine], labels: Sequence[str] | None = None,
+                 threads: Sequence[int | None] | None = None, sampler: "TelemetrySampler | None" = None):
+        if not engines:
+            raise EngineError("an engine pool needs at least one engine")
+        labels = list(labels or engine_labels([e.config.device for e in engines]))
+        threads = list(threads or [None] * len(engines))
+        self.config = config
+        self.slots = [Slot(i, label, engine, thread_count)
+                      for i, (label, engine, thread_count) in enumerate(zip(labels, engines, threads))]
+        for slot in self.slots:
+            slot.engine.pool_label = slot.label if len(self.slots) > 1 else None
+        self._cond = threading.Condition()
+        self._sampler = sampler
+        self._loading_started = False
+
+    @classmethod
+    def for_config(cls, config: AppConfig, backends=None, *, cores: int | None = None,
+                   engine_factory: Callable[[AppConfig], EditEngine] | None = None) -> "EnginePool":
+        """One engine per device of `config.devices` (or one engine on `config.device`). `all` is
+        resolved here (it needs the device survey); named devices resolve lazily, as `--device` does.
+        Raises EngineError for a device that cannot be used (only with `all`)."""
+        from hidream_ui.device.pool_spec import ALL, expand_devices
+
+        factory = engine_factory or (lambda cfg: EditEngine(cfg, backends=backends))
+        if not config.devices:
+            return cls(config, [factory(config)])
+        names = list(config.devices)
+        if config.devices == (ALL,):
+            from hidream_ui.device.backends import DeviceError
+
+            try:
+                names = [info.torch_device for info in expand_devices(config.devices, backends=backends)]
+            except DeviceError as exc:
+                raise EngineError(f"--devices all: {exc}") from exc
+        engines = [factory(dataclasses.replace(config, devices=(), device=name)) for name in names]
+        cpu_engines = sum(1 for name in names if name == "cpu")
+        share = max(1, (cores or host_cores()) // cpu_engines) if cpu_engines > 1 else None
+        threads = [share if name == "cpu" else None for name in names]
+        return cls(config, engines, engine_labels(names), threads)
+
+    # ------------------------------------------------------------------ the pool
+    @property
+    def size(self) -> int:
+        return len(self.slots)
+
+    @property
+    def engines(self) -> list[EditEngine]:
+        return [slot.engine for slot in self.slots]
+
+    @property
+    def primary(self) -> EditEngine:
+        """The engine whose facts (model geometry, attention choices) stand for all: every engine
+        runs the same model in the same configuration."""
+        return self.slots[0].engine
+
+    def _bind_threads(self, slot: Slot) -> None:
+        if slot.threads is not None:
+            import torch
+
+            # Per calling thread under OpenMP (torch's CPU build): each engine's computing thread
+            # gets its share of the cores, whichever gradio worker thread it is.
+            torch.set_num_threads(slot.threads)
+
+    @contextmanager
+    def acquire(self, cancel: "CancelToken | None" = None) -> Iterator[Slot]:
+        """An idle engine for the caller's job (waits for one; a cancelled job stops waiting).
+
+        Among idle engines: a loaded one before one still loading, then the least used, then the
+        lowest index, so a steady queue spreads its jobs evenly over the cards."""
+        with self._cond:
+            while True:
+                idle = [slot for slot in self.slots if not slot.busy]
+                if idle:
+                    break
+                if cancel is not None and cancel.cancelled:
+                    raise EditCancelled("cancelled while waiting for a free device")
+                self._cond.wait(_WAIT_POLL)
+            slot = min(idle, key=lambda s: (not s.engine.loaded, s.jobs, s.index))
+            slot.busy = True
+            slot.jobs += 1
+        try:
+            self._bind_threads(slot)
+            yield slot
+        finally:
+            with self._cond:
+                slot.busy = False
+                self._cond.notify_all()
+
+    def start_loading(self) -> None:
+        """Starts every engine's load in a background thread (once): engines load in parallel,
+        each binding its own device in its own thread."""
+        if self.size == 1:
+            return
+        with self._cond:
+            if self._loading_started:
+                return
+            self._loading_started = True
+        for slot in self.slots:
+            threading.Thread(target=self._load_slot, args=(slot,), name=f"hidream-load-{slot.label}",
+                             daemon=True).start()
+
+    def _load_slot(self, slot: Slot) -> None:
+        try:
+            self._bind_threads(slot)
+            slot.engine.load()
+        except Exception:  # noqa: BLE001 - a background load's failure is raised again to the job that uses it
+            logger.exception("loading the model on %s failed", slot.label)
+
+    # ------------------------------------------------------------------ EditEngine surface
+    @property
+    def loaded(self) -> bool:
+        return any(engine.loaded for engine in self.engines)
+
+    def load(self, on_progress=None):
+        """Starts every engine's load and waits for the first engine's (with progress)."""
+        self.start_loading()
+        slot = self.slots[0]
+        self._bind_threads(slot)
+        return slot.engine.load(on_progress=on_progress)
+
+    def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
+             cancel: "CancelToken | None" = None) -> "EditResult":
+        """One edit on an idle engine."""
+        self.start_loading()
+        with self.acquire(cancel) as slot:
+            return slot.engine.edit(request, on_step, save=save, cancel=cancel)
+
+    def run_exclusive(self, state: str, work, *, cancel: "CancelToken | None" = None):
+        """Device work that is not an edit (the local rewriter), on an idle engine."""
+        self.start_loading()
+        with self.acquire(cancel) as slot:
+            return slot.engine.run_exclusive(state, work, cancel=cancel)
+
+    def run_batch(self, batch: "BatchRequest | BatchPlan", on_item: Callable | None = None,
+                  on_step: "StepFn | None" = None, *, cancel: "CancelToken | None" = None) -> "BatchResult":
+        """A batch over the pool: item i goes to share i mod N, each share runs on an idle engine
+        (batching within the share); items keep their planned order in the result."""
+        from hidream_ui.engine import batch as batches
+        from hidream_ui.engine.jobs import CancelToken
+
+        if self.size == 1:
+            return self.primary.run_batch(batch, on_item, on_step, cancel=cancel)
+        plan = batch if isinstance(batch, batches.BatchPlan) else batches.plan_batch(
+            batch, self.open_image, self.config.max_batch_items,
+            max_total_pixels=batches.BATCH_PIXEL_BUDGET * self.config.max_pixels)
+        token = cancel or CancelToken()
+        pending = [item for item in plan.items if item.status == "pending"]
+        shares = [pending[i::self.size] for i in range(self.size)]
+        shares = [share for share in shares if share]
+        started = time.perf_counter()
+        results: list[Any] = [None] * len(shares)
+        failures: list[BaseException] = []
+
+        def run_share(index: int, share: list) -> None:
+            try:
+                with self.acquire(token) as slot:
+                    sub = dataclasses.replace(plan, items=share)
+                    results[index] = slot.engine.run_batch(sub, on_item, on_step, cancel=token)
+            except EditCancelled:
+                for item in share:
+                    if item.status == "pending":
+                        item.status, item.error = "cancelled", "not started: the batch was cancelled"
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread below
+                failures.append(exc)
+                token.cancel(f"another part of the batch failed: {exc}")
+
+        self.start_loading()
+        threads = [threading.Thread(target=run_share, args=(i, share), name=f"hidream-batch-{i}", daemon=True)
+                   for i, share in enumerate(shares)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+        return self._merge(plan, [r for r in results if r is not None], time.perf_counter() - started, token)
+
+    @staticmethod
+    def _merge(plan: "BatchPlan", parts: list["BatchResult"], seconds: float, token: "CancelToken") -> "BatchResult":
+        from hidream_ui.engine.batch import BatchResult
+
+        stats: dict[str, Any] = {"batch_sizes": {}}
+        for part in parts:
+            for key, value in part.stats.items():
+                if key == "batch_sizes":
+                    stats["batch_sizes"].update(value)
+                else:
+                    stats[key] = stats.get(key, 0) + value
+        cancelled = token.cancelled or any(part.cancelled for part in parts)
+        return BatchResult(items=plan.items, rejected=plan.rejected, cancelled=cancelled, seconds=round(seconds, 4),
+                           stats=stats)
+
+    def set_attention(self, name: str) -> str:
+        """Switches every engine (each under its own lock, so never in the middle of its edit)."""
+        resolved = [engine.set_attention(name) for engine in self.engines]
+        return resolved[0]
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        for engine in self.engines:
+            engine.cancel(reason)
+
+    @property
+    def hide_paths(self) -> bool:
+        return self.primary.hide_paths
+
+    @hide_paths.setter
+    def hide_paths(self, value: bool) -> None:
+        for engine in self.engines:
+            engine.hide_paths = value
+
+    @property
+    def counters(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for engine in self.engines:
+            for key, value in engine.counters.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    # Facts that are the same on every engine (same model, same configuration): the primary's.
+    @property
+    def device(self):
+        return self.primary.device
+
+    @property
+    def dtype(self):
+        return self.primary.dtype
+
+    @property
+    def model(self):
+        for engine in self.engines:
+            if engine.loaded:
+                return engine.model
+        return self.primary.model
+
+    @property
+    def model_source(self) -> str:
+        return self.primary.model_source
+
+    @property
+    def attention_request(self) -> str:
+        return self.primary.attention_request
+
+    @property
+    def open_image(self):
+        return self.primary.open_image
+
+    def attention_choices(self):
+        return self.primary.attention_choices()
+
+    def working_plan(self, source_size, working_resolution):
+        return self.primary.working_plan(source_size, working_resolution)
+
+    def working_resolution_choices(self) -> list[str]:
+        return self.primary.working_resolution_choices()
+
+    # ------------------------------------------------------------------ status
+    def device_rows(self) -> list[DeviceRow]:
+        return [device_row(slot.engine, slot.label, self._sampler, busy=slot.busy, jobs=slot.jobs)
+                for slot in self.slots]
+
+    def status(self) -> EngineStatus:
+        """The primary engine's status with the pool's state (its busiest engine's), summed
+        counters and one row per device. Cheap: no lock, no device sync."""
+        if self.size == 1:
+            return self.primary.status()
+        rows = self.device_rows()
+        states = [row.state for row in rows]
+        state = next((s for s in _STATE_ORDER if s in states), states[0])
+        busiest = next(row for row in rows if row.state == state)
+        base = self.primary.status()
+        return base.replace(state=state, progress=busiest.progress, loaded=any(row.loaded for row in rows),
+                            counters=self.counters, devices=rows)
+
+
+def engines_of(engine: "EditEngine | EnginePool") -> list[EditEngine]:
+    """The engines behind what the UI holds (a pool's, or the one engine)."""
+    return engine.engines if isinstance(engine, EnginePool) else [engine]
+
+
+def lane_size(engine: "EditEngine | EnginePool") -> int:
+    """How many device jobs may run at once: one per engine."""
+    return len(engines_of(engine))
+
+
+__all__ = ["EnginePool", "Slot", "device_row", "engine_labels", "engines_of", "host_cores", "lane_size",
+           "shared_sampler"]

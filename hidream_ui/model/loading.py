@@ -5,6 +5,7 @@ refine stage's weight sets.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,8 +125,22 @@ def _bytes_read(sources: ModelSources, refiner: str) -> int:
     return total
 
 
+# transformers / diffusers build models under process-global patches (meta-device init swaps
+# nn.Module's parameter registration), so two loads in two threads corrupt each other ("Cannot
+# copy out of meta tensor"). An engine pool (--devices) therefore loads its engines one after the
+# other, in the background; the first engine serves as soon as it is ready.
+_LOAD_LOCK = threading.Lock()
+
+
 def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
                on_progress: ProgressFn | None = None, sources: ModelSources | None = None) -> LoadedModel:
+    """Loads the pipeline for `config.variant` onto `device` in `dtype` (one load at a time per process)."""
+    with _LOAD_LOCK:
+        return _load_model(config, device, dtype, on_progress, sources)
+
+
+def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
+                on_progress: ProgressFn | None = None, sources: ModelSources | None = None) -> LoadedModel:
     """Loads the pipeline for `config.variant` onto `device` in `dtype`.
 
     Weights go straight into `dtype` (diffusers/transformers stream the safetensors shards into

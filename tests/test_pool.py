@@ -1,0 +1,216 @@
+"""The engine pool (`--devices`): one engine per device, jobs on idle engines, batches spread in order.
+
+The 4-NPU tests run real EditEngines with a fake NPU backend (tests/fakes.py): device resolution,
+dtype probing, per-thread `set_device`, memory figures and the pool's dispatch are the real code;
+only the tensors stay on the CPU (`cpu_tensors` loads the tiny model on the CPU and labels it with
+the fake card), because this machine has no NPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from fakes import FakeNPUBackend
+from helpers import edit_params, random_picture
+
+from hidream_ui.config import AppConfig, ConfigError, from_args
+from hidream_ui.device.backends import CPUBackend
+from hidream_ui.engine.batch import BatchRequest, BatchSource
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.pool import EnginePool, engine_labels, lane_size
+from hidream_ui.requests import EditRequest, EditSettings
+
+
+@pytest.fixture
+def cpu_tensors(monkeypatch, tiny_cache):
+    """Loads the model's tensors on the CPU whatever device the engine resolved (the fake NPU's
+    DeviceInfo stays on the LoadedModel, so the engine binds and measures the fake card)."""
+    from hidream_ui.device.detect import resolve_device
+    from hidream_ui.model import loading
+
+    real = loading.load_model
+    cpu = resolve_device("cpu")
+
+    def load(config, device, dtype, on_progress=None, sources=None):
+        model = real(config, cpu, dtype, on_progress=on_progress, sources=sources)
+        return dataclasses.replace(model, device=device)
+
+    monkeypatch.setattr(loading, "load_model", load)
+
+
+def npu_pool(tmp_path, count: int) -> tuple[EnginePool, FakeNPUBackend]:
+    npu = FakeNPUBackend(count=count, names=[f"Ascend910B3-{i}" for i in range(count)])
+    backends = {"npu": npu, "cpu": CPUBackend()}
+    config = AppConfig(devices=tuple(f"npu:{i}" for i in range(count)), dtype="fp32", attention="sdpa",
+                       output_dir=tmp_path)
+    return EnginePool.for_config(config, backends=backends), npu
+
+
+def test_eight_concurrent_jobs_on_four_fake_npus_run_two_per_card_each_bound_in_its_thread(tmp_path, cpu_tensors):
+    pool, npu = npu_pool(tmp_path, 4)
+    assert pool.size == 4 and lane_size(pool) == 4
+    # Four jobs must be inside the pipeline at the same time before any goes on: proves the four
+    # engines compute at once (and, with one job per engine at a time, on four different cards).
+    together = threading.Barrier(4, timeout=120)
+    computing: dict[int, set[int]] = {}  # job -> threads that ran its steps
+
+    def job(number: int):
+        def on_step(info):
+            computing.setdefault(number, set()).add(threading.get_ident())
+            if info.step == 1:
+                together.wait()
+
+        request = EditRequest(image=random_picture(number), params=edit_params(seed=number, steps=2))
+        return pool.edit(request, on_step, save=False)
+
+    with ThreadPoolExecutor(8) as executor:
+        results = list(executor.map(job, range(8)))
+
+    per_card = {f"npu:{i}": sum(1 for r in results if r.info.device == f"npu:{i}") for i in range(4)}
+    assert per_card == {"npu:0": 2, "npu:1": 2, "npu:2": 2, "npu:3": 2}
+    assert {r.info.engine for r in results} == {"npu:0", "npu:1", "npu:2", "npu:3"}
+    set_calls = {(call.thread_id, call.args[0]) for call in npu.calls_to("set_device")}
+    for number, result in enumerate(results):
+        card = int(result.info.device.split(":")[1])
+        (thread,) = computing[number]
+        # The card of the engine that ran the job was made current in the very thread that computed it.
+        assert (thread, card) in set_calls, f"job {number}: set_device({card}) not called in its computing thread"
+    assert {slot.label: slot.jobs for slot in pool.slots} == {"npu:0": 2, "npu:1": 2, "npu:2": 2, "npu:3": 2}
+
+
+def test_a_batch_over_the_pool_keeps_its_order_and_names_each_items_device(tmp_path, cpu_tensors):
+    pool, _ = npu_pool(tmp_path, 2)
+    settings = EditSettings(num_inference_steps=2, working_resolution="draft")
+    batch = BatchRequest(sources=tuple(BatchSource(f"img{i}.png", random_picture(i)) for i in range(3)),
+                         instructions=("make it blue", "make it red"), settings=settings, seed=10,
+                         seed_policy="increment", batch_size=1)
+    finished = []
+    result = pool.run_batch(batch, on_item=lambda item: finished.append(item.index))
+
+    assert [item.index for item in result.items] == list(range(6))
+    assert all(item.status == "ok" for item in result.items)
+    assert [item.result.params.seed for item in result.items] == list(range(10, 16))
+    assert [item.instruction for item in result.items] == ["make it blue", "make it red"] * 3
+    sidecars = [json.loads(item.result.saved_json.read_text()) for item in result.items]
+    assert {meta["device"] for meta in sidecars} == {"npu:0", "npu:1"}  # spread over both cards
+    for meta in sidecars:  # each saved sidecar says where its item ran
+        assert meta["engine"] == meta["device"] and meta["device_name"] == f"Ascend910B3-{meta['device'][-1]}"
+    assert sorted(finished) == list(range(6))
+    assert result.stats["edits"] == 6
+
+
+def test_a_pool_batch_gives_the_images_of_one_engine(tmp_path, tiny_cache):
+    """cpu,cpu: two real engines (one core each) against one engine with one core, same seeds:
+    bit-identical. (Against one engine on two cores the images differ in the last bit: fp32 sums
+    come out in another order with another thread count.)"""
+    import torch
+
+    threads = torch.get_num_threads()
+    config = AppConfig(device="cpu", output_dir=tmp_path / "one")
+    settings = EditSettings(num_inference_steps=2, working_resolution="draft")
+    batch = BatchRequest(sources=(BatchSource("a.png", random_picture(1)), BatchSource("b.png", random_picture(2))),
+                         instructions=("make it blue",), settings=settings, seed=5, seed_policy="increment",
+                         batch_size=1)
+    try:
+        single = EnginePool(config, [EditEngine(config)], threads=[1]).edit
+        reference = [single(EditRequest(image=random_picture(i), params=edit_params("make it blue", seed=4 + i,
+                                                                                     steps=2)), save=False)
+                     for i in (1, 2)]
+        pool = EnginePool.for_config(config.replace(device="auto", devices=("cpu", "cpu"),
+                                                    output_dir=tmp_path / "two"), cores=2)
+        assert [slot.threads for slot in pool.slots] == [1, 1]
+        spread = pool.run_batch(batch)
+    finally:
+        torch.set_num_threads(threads)  # the pool's threads set the process default too
+    assert [item.result.info.engine for item in spread.items] == ["cpu#1", "cpu#2"]
+    for one, two in zip(reference, spread.items):
+        assert one.params.seed == two.seed
+        assert np.array_equal(np.asarray(one.image), np.asarray(two.result.image))
+
+
+def test_a_cancelled_job_stops_waiting_for_a_busy_pool(tmp_path):
+    from hidream_ui.engine.errors import EditCancelled
+    from hidream_ui.engine.jobs import CancelToken
+
+    pool = EnginePool(AppConfig(device="cpu", output_dir=tmp_path), [EditEngine(AppConfig(device="cpu"))])
+    token = CancelToken()
+    with pool.acquire():
+        threading.Timer(0.3, token.cancel).start()
+        with pytest.raises(EditCancelled, match="waiting for a free device"):
+            with pool.acquire(token):
+                pass
+
+
+def test_status_has_one_row_per_engine_and_the_busiest_state(tmp_path):
+    npu = FakeNPUBackend(count=2)
+    config = AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path)
+    pool = EnginePool.for_config(config, backends={"npu": npu, "cpu": CPUBackend()})
+    status = pool.status()
+    assert [row.engine for row in status.devices] == ["npu:0", "npu:1"]
+    assert [row.device_name for row in status.devices] == ["FakeNPU-0", "FakeNPU-1"]
+    assert status.devices[1].memory.allocated == npu.allocated
+    assert status.state == "idle"
+    pool.engines[1]._state = "editing"  # what an edit sets while it runs
+    assert pool.status().state == "editing"
+    assert pool.status().to_dict()["devices"][1]["state"] == "editing"
+
+
+def test_labels_number_repeated_devices_only():
+    assert engine_labels(["npu:0", "npu:1"]) == ["npu:0", "npu:1"]
+    assert engine_labels(["cpu", "cpu"]) == ["cpu#1", "cpu#2"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--devices", "npu:0,npu:0"], "names npu:0 twice"),
+    (["--devices", "npu:0,cuda:0"], "mixes device types"),
+    (["--devices", "npu:0", "--device", "npu:1"], "are exclusive"),
+    (["--devices", "all,npu:1"], "'all' stands alone"),
+    (["--devices", "tpu:0"], "'tpu:0'"),
+    (["--devices", "npu:0,,npu:1"], "comma-separated"),
+    (["--devices", "auto"], "not auto"),
+    (["--placement", "encoders=npu:1"], "name the transformer's device"),
+    (["--placement", "transformer=npu:0,unet=npu:1"], "'unet=npu:1'"),
+    (["--placement", "transformer=npu:0,encoders=npu:1", "--devices", "npu:0,npu:1"], "use one of them"),
+    (["--placement", "transformer=npu:0,encoders=cpu", "--text-encoders", "offload"], "--text-encoders offload"),
+    (["--placement", "transformer=npu:0", "--device", "npu:1"], "disagree"),
+])
+def test_bad_devices_and_placement_are_refused_naming_the_value(argv, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        from_args(argv, environ={})
+
+
+def test_devices_and_placement_parse_from_flags_and_env():
+    assert from_args(["--devices", "NPU:0, npu:1"], environ={}).devices == ("npu:0", "npu:1")
+    assert from_args([], environ={"HIDREAM_DEVICES": "cpu,cpu"}).devices == ("cpu", "cpu")
+    assert from_args(["--devices", "all"], environ={}).devices == ("all",)
+    config = from_args(["--placement", "transformer=npu:0,encoders=npu:1,vae=npu:1"], environ={})
+    assert config.placement == (("transformer", "npu:0"), ("encoders", "npu:1"), ("vae", "npu:1"))
+
+
+def test_devices_all_takes_every_visible_accelerator(tmp_path):
+    npu = FakeNPUBackend(count=3)
+    pool = EnginePool.for_config(AppConfig(devices=("all",), output_dir=tmp_path),
+                                 backends={"npu": npu, "cpu": CPUBackend()})
+    assert [slot.label for slot in pool.slots] == ["npu:0", "npu:1", "npu:2"]
+    off = FakeNPUBackend(available=False)
+    cpu_only = EnginePool.for_config(AppConfig(devices=("all",), output_dir=tmp_path),
+                                     backends={"npu": off, "cpu": CPUBackend()})
+    assert [slot.label for slot in cpu_only.slots] == ["cpu"]
+
+
+def test_the_device_lane_admits_one_job_per_engine(tmp_path):
+    from hidream_ui.ui.layout import build_demo
+
+    npu = FakeNPUBackend(count=3)
+    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1", "npu:2"), output_dir=tmp_path),
+                                 backends={"npu": npu, "cpu": CPUBackend()})
+    demo = build_demo(pool)
+    limits = {fn.api_name: fn.concurrency_limit for fn in demo.fns.values() if fn.api_name}
+    assert limits["edit"] == 3 and limits["batch_edit"] == 3 and limits["compare"] == 3
+    single = build_demo(EditEngine(AppConfig(device="cpu", output_dir=tmp_path)))
+    assert {fn.api_name: fn.concurrency_limit for fn in single.fns.values() if fn.api_name}["edit"] == 1

@@ -214,3 +214,31 @@ def test_the_device_lane_admits_one_job_per_engine(tmp_path):
     assert limits["edit"] == 3 and limits["batch_edit"] == 3 and limits["compare"] == 3
     single = build_demo(EditEngine(AppConfig(device="cpu", output_dir=tmp_path)))
     assert {fn.api_name: fn.concurrency_limit for fn in single.fns.values() if fn.api_name}["edit"] == 1
+
+
+def test_placement_puts_the_transformer_on_the_engine_device_and_the_rest_where_named(tmp_path):
+    from hidream_ui.device.pool_spec import Placement, placement_for
+
+    config = from_args(["--placement", "transformer=npu:1,encoders=npu:0,vae=npu:0"], environ={})
+    npu = FakeNPUBackend(count=2)
+    engine = EditEngine(config.replace(output_dir=tmp_path), backends={"npu": npu, "cpu": CPUBackend()})
+    assert engine.device.torch_device == "npu:1"  # the transformer's card is the engine's card
+    placed = placement_for(config.placement, "npu:1", config.text_encoders)
+    assert placed == Placement(transformer="npu:1", encoders="npu:0", vae="npu:0") and placed.split
+    # Without --placement: today's rule (--text-encoders decides where the encoders go).
+    assert placement_for((), "npu:0", "cpu").encoders == "cpu"
+    assert placement_for((), "npu:0", "device").encoders == "npu:0" and not placement_for((), "npu:0", "device").split
+
+
+def test_split_placement_runs_the_tiny_model_and_gives_the_same_image(tmp_path, tiny_cache):
+    """This machine has one device (the CPU), so the parts are placed on it by name: the placed
+    loader and the pipeline's moves between the VAE's, the encoders' and the transformer's device run
+    for real; a second card is what it cannot show (README "What cannot be tested here")."""
+    request = EditRequest(image=random_picture(7), params=edit_params(seed=7, steps=2))
+    plain = EditEngine(AppConfig(device="cpu", output_dir=tmp_path)).edit(request, save=False)
+    placed_engine = EditEngine(from_args(["--placement", "transformer=cpu,encoders=cpu,vae=cpu"], environ={})
+                               .replace(output_dir=tmp_path))
+    placed = placed_engine.edit(request, save=False)
+    pipe = placed_engine.model.pipeline
+    assert {pipe.text_encoder_4.device.type, pipe.vae.device.type, pipe.transformer.device.type} == {"cpu"}
+    assert np.array_equal(np.asarray(plain.image), np.asarray(placed.image))

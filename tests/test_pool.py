@@ -242,3 +242,34 @@ def test_split_placement_runs_the_tiny_model_and_gives_the_same_image(tmp_path, 
     pipe = placed_engine.model.pipeline
     assert {pipe.text_encoder_4.device.type, pipe.vae.device.type, pipe.transformer.device.type} == {"cpu"}
     assert np.array_equal(np.asarray(plain.image), np.asarray(placed.image))
+
+
+def test_status_api_returns_one_row_per_engine_of_a_cpu_pool(tmp_path, tiny_cache):
+    from gradio_client import Client
+
+    from hidream_ui.bench import free_port
+    from hidream_ui.cli.app import launch
+
+    config = AppConfig(devices=("cpu", "cpu"), output_dir=tmp_path, port=free_port())
+    demo, url = launch(config, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(url, verbose=False)
+        status = client.predict(api_name="/status")
+        assert [row["engine"] for row in status["devices"]] == ["cpu#1", "cpu#2"]
+        assert all(row["state"] == "idle" and not row["loaded"] for row in status["devices"])
+        # Telemetry is collected in the background: a later poll has psutil's figures.
+        rows = wait_for_rows(client)
+        assert all(row["telemetry"]["source"] == "psutil" and row["telemetry"]["per_core"] for row in rows)
+        client.close()
+    finally:
+        demo.close()
+
+
+def wait_for_rows(client):
+    from helpers import wait_for
+
+    def ready():
+        rows = client.predict(api_name="/status")["devices"]
+        return rows if all(row["telemetry"] and row["telemetry"]["source"] == "psutil" for row in rows) else None
+
+    return wait_for(ready, "psutil telemetry in /status", timeout=20)

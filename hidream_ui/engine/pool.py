@@ -7,8 +7,9 @@ every engine by construction (each is built from the AppConfig, only the device 
 
 * A job goes to an idle engine (the least used first, so a queue spreads evenly); the device lane's
   concurrency equals the pool size (`ui/layout.py`), so N jobs run at once.
-* Engines load lazily and in parallel: the first job starts every engine's load in the background
-  and waits only for the engine it got.
+* Engines load lazily in the background: the first job starts every engine's load and waits only
+  for the engine it got. The loads themselves run one at a time (`model.loading._LOAD_LOCK`:
+  from_pretrained patches process-global state), so "parallel" means beside the serving engines.
 * A batch spreads its items over the engines (round-robin shares, each run by `engine.batch.execute`
   on one engine, batching within its share) and keeps its stable item order; each result's
   metadata names the engine that ran it (`RunInfo.engine`).
@@ -202,8 +203,8 @@ class EnginePool:
                 self._cond.notify_all()
 
     def start_loading(self) -> None:
-        """Starts every engine's load in a background thread (once): engines load in parallel,
-        each binding its own device in its own thread."""
+        """Starts every engine's load in a background thread (once), each binding its own device in
+        its own thread; the loads queue on the loader's lock and the first engine serves meanwhile."""
         if self.size == 1:
             return
         with self._cond:

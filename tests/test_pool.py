@@ -273,3 +273,74 @@ def wait_for_rows(client):
         return rows if all(row["telemetry"] and row["telemetry"]["source"] == "psutil" for row in rows) else None
 
     return wait_for(ready, "psutil telemetry in /status", timeout=20)
+
+
+def test_a_comparison_switches_attention_on_its_own_engine_only(tmp_path, cpu_tensors, monkeypatch):
+    """An attention grid on a pool: every cell on one engine, whose attention is switched and
+    restored; the other engines (serving other people's jobs meanwhile) are never switched."""
+    from hidream_ui.engine.compare import run_compare
+
+    pool, _ = npu_pool(tmp_path, 2)
+    switched: list[tuple[str, str]] = []
+    for slot in pool.slots:
+        original = slot.engine.set_attention
+        monkeypatch.setattr(slot.engine, "set_attention",
+                            lambda name, label=slot.label, original=original: switched.append((label, name))
+                            or original(name))
+    result = run_compare(pool, random_picture(3), edit_params(seed=3, steps=1), "attention", "math, sdpa",
+                         save=False)
+    (engine,) = {cell.info.engine for cell in result.cells}
+    assert [cell.info.attention for cell in result.cells] == ["math", "sdpa"]
+    assert {label for label, _ in switched} == {engine}, switched
+    assert [slot.engine.attention_request for slot in pool.slots] == ["sdpa", "sdpa"]
+    assert all(not slot.busy for slot in pool.slots)
+
+
+def test_a_pool_attention_switch_waits_for_the_job_running_on_each_engine(tmp_path):
+    npu = FakeNPUBackend(count=2)
+    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", attention="sdpa",
+                                           output_dir=tmp_path), backends={"npu": npu, "cpu": CPUBackend()})
+    with pool.acquire() as held:  # a job (a comparison between two of its cells) holds engine 0
+        switch = threading.Thread(target=pool.set_attention, args=("math",))
+        switch.start()
+        switch.join(0.5)
+        assert switch.is_alive() and held.engine.attention_request == "sdpa"  # not under the running job
+    switch.join(10)
+    assert [engine.attention_request for engine in pool.engines] == ["math", "math"]
+    assert [slot.jobs for slot in pool.slots] == [1, 0]  # a switch is not a job
+
+
+def test_a_failed_background_load_is_reported_and_its_engine_gets_no_jobs(tmp_path, monkeypatch):
+    from helpers import wait_for
+
+    from hidream_ui.engine.errors import EditCancelled
+    from hidream_ui.engine.jobs import CancelToken
+    from hidream_ui.ui.devices_panel import render_device_rows
+
+    npu = FakeNPUBackend(count=2)
+    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
+                                 backends={"npu": npu, "cpu": CPUBackend()})
+    started = threading.Event()
+
+    def broken(on_progress=None):
+        raise RuntimeError("NPU out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(pool.engines[0], "load", lambda on_progress=None: started.set())
+    monkeypatch.setattr(pool.engines[1], "load", broken)
+    pool.start_loading()
+    rows = wait_for(lambda: (rows := pool.status().devices)[1].error and rows, "the failed load in the row")
+    assert "NPU out of memory" in rows[1].error and rows[0].error is None
+    assert "NPU out of memory" in render_device_rows(rows)
+    assert started.wait(5)
+    # Engine 0 is busy: the next job waits for it instead of failing the same way on engine 1.
+    token = CancelToken()
+    with pool.acquire() as first:
+        assert first.index == 0
+        threading.Timer(0.5, token.cancel).start()
+        with pytest.raises(EditCancelled):
+            with pool.acquire(token):
+                pass
+    # Every engine failed: a job goes to one anyway (it tries the load again and reports why).
+    pool.slots[0].load_error = "loading the model failed: also broken"
+    with pool.acquire() as slot:
+        assert slot.index in (0, 1)

@@ -350,6 +350,7 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
     """
     from hidream_ui.engine.errors import EditCancelled
     from hidream_ui.engine.jobs import CancelToken
+    from hidream_ui.engine.pool import one_engine
 
     started = time.perf_counter()
     plan = plan_compare(params, axis_x, values_x, axis_y, values_y, max_cells=engine.config.max_grid_cells)
@@ -357,37 +358,44 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
     uses_attention = any(axis is not None and axis.kind == "attention" for axis in (plan.axis_x, plan.axis_y))
     if uses_attention:
         _check_attention_available(engine, {cell.attention for cell in plan.cells})
-    engine.load()
-    for cell in plan.cells:  # a size the model cannot take fails the request before any cell runs
-        engine.working_plan(picture.size, cell.params.working_resolution)
-    token = cancel or CancelToken()
-    previous = engine.attention_request if uses_attention else None
-    results: list[EditResult] = []
-    cancelled = False
+    # A pool (--devices) lends one engine for the whole grid: its attention switches stay on that
+    # engine, and no other job runs there between a switch and the cell it is for.
     try:
-        for cell in plan.cells:
-            if token.cancelled:
-                cancelled = True
-                break
-            if cell.attention is not None:
-                engine.set_attention(cell.attention)
+        with one_engine(engine, cancel) as engine:
+            engine.load()
+            for cell in plan.cells:  # a size the model cannot take fails the request before any cell runs
+                engine.working_plan(picture.size, cell.params.working_resolution)
+            token = cancel or CancelToken()
+            previous = engine.attention_request if uses_attention else None
+            results: list[EditResult] = []
+            cancelled = False
             try:
-                result = engine.edit(EditRequest(image=picture, params=cell.params, source_name=source_name),
-                                     on_step, save=save, cancel=token)
-            except EditCancelled:
-                cancelled = True
-                break
-            results.append(result)
-            if on_cell is not None:
-                on_cell(cell, result)
-    finally:
-        if uses_attention and previous:
-            try:
-                engine.set_attention(previous)
-            except Exception:  # noqa: BLE001 - never mask the error that got us here
-                logger.exception("could not restore attention %r after the comparison", previous)
-    return CompareResult(plan=plan, source_image=picture, cells=results, cancelled=cancelled,
-                         seconds=round(time.perf_counter() - started, 4))
+                for cell in plan.cells:
+                    if token.cancelled:
+                        cancelled = True
+                        break
+                    if cell.attention is not None:
+                        engine.set_attention(cell.attention)
+                    try:
+                        result = engine.edit(EditRequest(image=picture, params=cell.params, source_name=source_name),
+                                             on_step, save=save, cancel=token)
+                    except EditCancelled:
+                        cancelled = True
+                        break
+                    results.append(result)
+                    if on_cell is not None:
+                        on_cell(cell, result)
+            finally:
+                if uses_attention and previous:
+                    try:
+                        engine.set_attention(previous)
+                    except Exception:  # noqa: BLE001 - never mask the error that got us here
+                        logger.exception("could not restore attention %r after the comparison", previous)
+            return CompareResult(plan=plan, source_image=picture, cells=results, cancelled=cancelled,
+                                 seconds=round(time.perf_counter() - started, 4))
+    except EditCancelled:  # while it waited for one of the pool's engines: nothing ran
+        return CompareResult(plan=plan, source_image=picture, cells=[], cancelled=True,
+                             seconds=round(time.perf_counter() - started, 4))
 
 
 def _check_attention_available(engine: "EditEngine", names: set) -> None:

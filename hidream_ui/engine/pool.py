@@ -65,6 +65,12 @@ class Slot:
     threads: int | None = None  # CPU engines: intra-op threads of each computing thread
     busy: bool = False
     jobs: int = 0
+    load_error: str | None = None  # why its background load failed (shown in its row until a load succeeds)
+
+    @property
+    def failed(self) -> bool:
+        """Its background load failed and no load has succeeded since: jobs go elsewhere."""
+        return self.load_error is not None and not self.engine.loaded
 
 
 _SHARED_SAMPLER: "TelemetrySampler | None" = None
@@ -83,7 +89,8 @@ def shared_sampler() -> "TelemetrySampler":
 
 
 def device_row(engine: EditEngine, label: str | None = None, sampler: "TelemetrySampler | None" = None, *,
-               status: EngineStatus | None = None, busy: bool | None = None, jobs: int = 0) -> DeviceRow:
+               status: EngineStatus | None = None, busy: bool | None = None, jobs: int = 0,
+               load_error: str | None = None) -> DeviceRow:
     """One engine's row for the System panel and `/status` `devices`. Cheap: no lock, no device
     sync (the engine's status), telemetry from the sampler's cache."""
     status = status or engine.status()
@@ -97,7 +104,7 @@ def device_row(engine: EditEngine, label: str | None = None, sampler: "Telemetry
     return DeviceRow(engine=label, device=status.device, device_name=status.device_name, state=status.state,
                      progress=status.progress, loaded=status.loaded, busy=status.state != "idle" if busy is None
                      else busy, jobs=jobs, memory=status.memory, telemetry=telemetry,
-                     error=status.device_error or status.last_error)
+                     error=status.device_error or load_error or status.last_error)
 
 
 def engine_labels(devices: Sequence[str]) -> list[str]:
@@ -128,6 +135,8 @@ class EnginePool:
         self._cond = threading.Condition()
         self._sampler = sampler
         self._loading_started = False
+        # One pool-wide attention switch at a time (two could leave the engines on different strategies).
+        self._attention_lock = threading.Lock()
 
     @classmethod
     def for_config(cls, config: AppConfig, backends=None, *, cores: int | None = None,
@@ -178,14 +187,20 @@ class EnginePool:
             torch.set_num_threads(slot.threads)
 
     @contextmanager
-    def acquire(self, cancel: "CancelToken | None" = None) -> Iterator[Slot]:
+    def acquire(self, cancel: "CancelToken | None" = None, *, slot: Slot | None = None) -> Iterator[Slot]:
         """An idle engine for the caller's job (waits for one; a cancelled job stops waiting).
 
         Among idle engines: a loaded one before one still loading, then the least used, then the
-        lowest index, so a steady queue spreads its jobs evenly over the cards."""
+        lowest index, so a steady queue spreads its jobs evenly over the cards. An engine whose
+        background load failed gets no job while another engine can take it (the job waits
+        instead of failing the same way); when every engine failed, a job tries again and reports.
+        `slot`: that engine and no other, once it is idle (not counted as a job: an attention switch)."""
+        wanted = slot
         with self._cond:
             while True:
-                idle = [slot for slot in self.slots if not slot.busy]
+                idle = [s for s in self.slots if not s.busy and (wanted is None or s is wanted)]
+                if wanted is None and not all(s.failed for s in self.slots):
+                    idle = [s for s in idle if not s.failed]
                 if idle:
                     break
                 if cancel is not None and cancel.cancelled:
@@ -193,7 +208,8 @@ class EnginePool:
                 self._cond.wait(_WAIT_POLL)
             slot = min(idle, key=lambda s: (not s.engine.loaded, s.jobs, s.index))
             slot.busy = True
-            slot.jobs += 1
+            if wanted is None:
+                slot.jobs += 1
         try:
             self._bind_threads(slot)
             yield slot
@@ -201,6 +217,14 @@ class EnginePool:
             with self._cond:
                 slot.busy = False
                 self._cond.notify_all()
+
+    @contextmanager
+    def pinned(self, cancel: "CancelToken | None" = None) -> Iterator[EditEngine]:
+        """One idle engine held for a whole job of several edits (a comparison switches attention
+        between its cells: on its own engine only, and nobody else's job runs there meanwhile)."""
+        self.start_loading()
+        with self.acquire(cancel) as slot:
+            yield slot.engine
 
     def start_loading(self) -> None:
         """Starts every engine's load in a background thread (once), each binding its own device in
@@ -219,8 +243,11 @@ class EnginePool:
         try:
             self._bind_threads(slot)
             slot.engine.load()
-        except Exception:  # noqa: BLE001 - a background load's failure is raised again to the job that uses it
+        except Exception as exc:  # noqa: BLE001 - reported in the engine's row; its jobs go to the others
             logger.exception("loading the model on %s failed", slot.label)
+            with self._cond:
+                slot.load_error = f"loading the model failed: {exc}"
+                self._cond.notify_all()
 
     # ------------------------------------------------------------------ EditEngine surface
     @property
@@ -307,8 +334,13 @@ class EnginePool:
                            stats=stats)
 
     def set_attention(self, name: str) -> str:
-        """Switches every engine (each under its own lock, so never in the middle of its edit)."""
-        resolved = [engine.set_attention(name) for engine in self.engines]
+        """Switches every engine, each once it is idle (never in the middle of a job: a comparison
+        holds its engine from its first cell to its last), one pool-wide switch at a time."""
+        resolved = []
+        with self._attention_lock:
+            for slot in self.slots:
+                with self.acquire(slot=slot):
+                    resolved.append(slot.engine.set_attention(name))
         return resolved[0]
 
     def cancel(self, reason: str = "cancelled") -> None:
@@ -371,7 +403,8 @@ class EnginePool:
 
     # ------------------------------------------------------------------ status
     def device_rows(self) -> list[DeviceRow]:
-        return [device_row(slot.engine, slot.label, self._sampler, busy=slot.busy, jobs=slot.jobs)
+        return [device_row(slot.engine, slot.label, self._sampler, busy=slot.busy, jobs=slot.jobs,
+                           load_error=slot.load_error if slot.failed else None)
                 for slot in self.slots]
 
     def status(self) -> EngineStatus:
@@ -393,10 +426,21 @@ def engines_of(engine: "EditEngine | EnginePool") -> list[EditEngine]:
     return engine.engines if isinstance(engine, EnginePool) else [engine]
 
 
+@contextmanager
+def one_engine(engine: "EditEngine | EnginePool", cancel: "CancelToken | None" = None) -> Iterator[EditEngine]:
+    """The engine a multi-edit job (a comparison) runs on from start to end: one of the pool's,
+    held for the job, or the one engine."""
+    if isinstance(engine, EnginePool):
+        with engine.pinned(cancel) as pinned:
+            yield pinned
+    else:
+        yield engine
+
+
 def lane_size(engine: "EditEngine | EnginePool") -> int:
     """How many device jobs may run at once: one per engine."""
     return len(engines_of(engine))
 
 
 __all__ = ["EnginePool", "Slot", "device_row", "engine_labels", "engines_of", "host_cores", "lane_size",
-           "shared_sampler"]
+           "one_engine", "shared_sampler"]

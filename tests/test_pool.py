@@ -344,3 +344,20 @@ def test_a_failed_background_load_is_reported_and_its_engine_gets_no_jobs(tmp_pa
     pool.slots[0].load_error = "loading the model failed: also broken"
     with pool.acquire() as slot:
         assert slot.index in (0, 1)
+
+
+def test_an_app_without_login_shows_no_server_paths_in_the_device_rows(tmp_path):
+    from hidream_ui.ui.handlers import Handlers
+    from hidream_ui.ui.services import AppServices
+
+    npu = FakeNPUBackend(count=2)
+    config = AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path)
+    pool = EnginePool.for_config(config, backends={"npu": npu, "cpu": CPUBackend()})
+    pool.engines[0]._last_error = "the configured model is incomplete: /srv/models/HiDream-E1-1/transformer missing"
+    pool.slots[1].load_error = "loading the model failed: /srv/models/Llama-3.1-8B-Instruct/config.json unreadable"
+    handlers = Handlers(pool, services=AppServices.for_config(config))
+    assert handlers.services.public
+    status = handlers.status()
+    assert "/srv/models" not in json.dumps(status, default=str) and "/srv/models" not in handlers.status_panel()
+    assert [row["error"] for row in status["devices"]] == [
+        "the configured model is incomplete: transformer missing", "loading the model failed: config.json unreadable"]

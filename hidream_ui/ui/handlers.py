@@ -18,7 +18,7 @@ from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.engine.pool import device_row, shared_sampler
-from hidream_ui.engine.status import EngineStatus, QueueFigures
+from hidream_ui.engine.status import DeviceRow, EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
 from hidream_ui.requests import EditParams, EditRequest, RequestError, validated_flag
 from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
@@ -41,6 +41,13 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------
 # Handlers
 # ---------------------------------------------------------------------------------------------
+
+
+def _redacted_row(row: DeviceRow) -> DeviceRow:
+    telemetry = row.telemetry
+    if telemetry is not None and telemetry.note:
+        telemetry = dataclasses.replace(telemetry, note=redact_paths(telemetry.note))
+    return dataclasses.replace(row, error=redact_paths(row.error) if row.error else row.error, telemetry=telemetry)
 
 
 class Handlers:
@@ -288,6 +295,8 @@ class Handlers:
             status = status.replace(**{key: redact_paths(getattr(status, key))
                                        for key in ("device_error", "last_error", "attention_note")
                                        if getattr(status, key)})
+            # Each device row repeats its engine's errors (and a tool's stderr in the telemetry note).
+            status = status.replace(devices=[_redacted_row(row) for row in status.devices])
         return status
 
     def status(self) -> dict:

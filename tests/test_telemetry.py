@@ -238,3 +238,16 @@ def test_panel_rows_and_plot_rows_show_each_device():
     history = [TelemetryPoint(100.0, "npu:1", 87.0, 50.0), TelemetryPoint(101.0, "other-app", 1.0, 1.0)]
     assert plot_rows(history, ["npu:1", "npu:2"], now=110.0) == [[-10.0, 50.0, "npu:1 memory"],
                                                                  [-10.0, 87.0, "npu:1 utilisation"]]
+
+
+def test_two_cpu_engines_reading_together_see_the_same_load():
+    """--devices cpu,cpu: both rows refresh in the same poll. psutil's load is "since the previous
+    call", so a second call right after the first would measure nothing (0 %) for one of them."""
+    cpu = DeviceInfo("cpu", None, "cpu", "CPU")
+    read_cpu(cpu)
+    deadline = time.perf_counter() + 0.8
+    while time.perf_counter() < deadline:  # keep one core busy
+        sum(range(10_000))
+    first, second = read_cpu(cpu), read_cpu(cpu)
+    assert max(first.per_core) > 0
+    assert second.per_core == first.per_core and second.utilization == first.utilization

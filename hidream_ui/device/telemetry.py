@@ -245,12 +245,31 @@ def read_cuda(device: "DeviceInfo", nvml: Any = None) -> DeviceTelemetry:
     return DeviceTelemetry(**{**asdict(reading), **extras, "per_core": ()})
 
 
+CPU_MIN_INTERVAL = 0.5  # seconds: readers within this of the last measurement share it
+_CPU_LOCK = threading.Lock()
+_CPU_LAST: dict[int, tuple[float, tuple[float, ...]]] = {}  # id(psutil module) -> (monotonic time, per-core %)
+
+
+def _per_core_load(psutil: Any) -> tuple[float, ...]:
+    """psutil's per-core load since its previous call, shared by every reader of this host: with
+    `--devices cpu,cpu` both rows refresh together, and a second `cpu_percent` call microseconds
+    after the first measures nothing (0 %)."""
+    with _CPU_LOCK:
+        now = time.monotonic()
+        last = _CPU_LAST.get(id(psutil))
+        if last is not None and now - last[0] < CPU_MIN_INTERVAL:
+            return last[1]
+        cores = tuple(float(x) for x in psutil.cpu_percent(interval=None, percpu=True))
+        _CPU_LAST[id(psutil)] = (now, cores)
+        return cores
+
+
 def read_cpu(device: "DeviceInfo", psutil_module: Any = None) -> DeviceTelemetry:
     """psutil: per-core load since the previous call (non-blocking), this process's RSS, host RAM."""
     psutil = psutil_module
     if psutil is None:
         import psutil
-    cores = tuple(float(x) for x in psutil.cpu_percent(interval=None, percpu=True))
+    cores = _per_core_load(psutil)
     return DeviceTelemetry(device.torch_device, "psutil",
                            utilization=round(sum(cores) / len(cores), 1) if cores else None,
                            memory_used=int(psutil.Process().memory_info().rss),

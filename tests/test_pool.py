@@ -361,3 +361,33 @@ def test_an_app_without_login_shows_no_server_paths_in_the_device_rows(tmp_path)
     assert "/srv/models" not in json.dumps(status, default=str) and "/srv/models" not in handlers.status_panel()
     assert [row["error"] for row in status["devices"]] == [
         "the configured model is incomplete: transformer missing", "loading the model failed: config.json unreadable"]
+
+
+def test_an_engines_share_of_the_cores_ends_with_its_job(tmp_path):
+    """cpu,cpu on 4 cores: 2 threads per engine while it computes; afterwards the worker thread,
+    and any thread started later, has the process's count again (torch starts a new thread from
+    the last count set anywhere)."""
+    import torch
+
+    default = torch.get_num_threads()
+    pool = EnginePool.for_config(AppConfig(devices=("cpu", "cpu"), output_dir=tmp_path), cores=2 * default + 2)
+    share = pool.slots[0].threads
+    assert share != default
+    seen = {}
+
+    def job():
+        with pool.acquire():
+            seen["during"] = torch.get_num_threads()
+        seen["after"] = torch.get_num_threads()
+
+    def later():
+        seen["new thread"] = torch.get_num_threads()
+
+    try:
+        for target in (job, later):
+            thread = threading.Thread(target=target)
+            thread.start()
+            thread.join()
+    finally:
+        torch.set_num_threads(default)
+    assert seen == {"during": share, "after": default, "new thread": default}

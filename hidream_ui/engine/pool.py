@@ -135,6 +135,7 @@ class EnginePool:
         self._cond = threading.Condition()
         self._sampler = sampler
         self._loading_started = False
+        self._default_threads: int | None = None  # torch's thread count before the pool set any
         # One pool-wide attention switch at a time (two could leave the engines on different strategies).
         self._attention_lock = threading.Lock()
 
@@ -178,13 +179,27 @@ class EnginePool:
         runs the same model in the same configuration."""
         return self.slots[0].engine
 
-    def _bind_threads(self, slot: Slot) -> None:
-        if slot.threads is not None:
-            import torch
+    @contextmanager
+    def _threads(self, slot: Slot) -> Iterator[None]:
+        """The engine's share of the cores in the calling thread for the block, then the process's
+        count again: a gradio worker goes on to other work with it, not with an engine's share, and
+        so does every new thread (torch starts one from the last count set anywhere)."""
+        if slot.threads is None:
+            yield
+            return
+        import torch
 
-            # Per calling thread under OpenMP (torch's CPU build): each engine's computing thread
-            # gets its share of the cores, whichever gradio worker thread it is.
-            torch.set_num_threads(slot.threads)
+        # Per calling thread under OpenMP (torch's CPU build): each engine's computing thread
+        # gets its share of the cores, whichever gradio worker thread it is.
+        with self._cond:
+            if self._default_threads is None:  # before any engine of this pool set its share
+                self._default_threads = torch.get_num_threads()
+            default = self._default_threads
+        torch.set_num_threads(slot.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(default)
 
     @contextmanager
     def acquire(self, cancel: "CancelToken | None" = None, *, slot: Slot | None = None) -> Iterator[Slot]:
@@ -211,8 +226,8 @@ class EnginePool:
             if wanted is None:
                 slot.jobs += 1
         try:
-            self._bind_threads(slot)
-            yield slot
+            with self._threads(slot):
+                yield slot
         finally:
             with self._cond:
                 slot.busy = False
@@ -241,8 +256,8 @@ class EnginePool:
 
     def _load_slot(self, slot: Slot) -> None:
         try:
-            self._bind_threads(slot)
-            slot.engine.load()
+            with self._threads(slot):
+                slot.engine.load()
         except Exception as exc:  # noqa: BLE001 - reported in the engine's row; its jobs go to the others
             logger.exception("loading the model on %s failed", slot.label)
             with self._cond:
@@ -258,8 +273,8 @@ class EnginePool:
         """Starts every engine's load and waits for the first engine's (with progress)."""
         self.start_loading()
         slot = self.slots[0]
-        self._bind_threads(slot)
-        return slot.engine.load(on_progress=on_progress)
+        with self._threads(slot):
+            return slot.engine.load(on_progress=on_progress)
 
     def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
              cancel: "CancelToken | None" = None) -> "EditResult":

@@ -112,3 +112,14 @@ def test_the_console_script_runs_the_same_command_table():
     import importlib
 
     assert getattr(importlib.import_module(module_name), attribute) is cli.main
+
+
+def test_edit_cli_runs_on_the_first_of_devices_not_on_the_auto_device(tmp_path, capsys):
+    """`--devices npu:1` (or HIDREAM_DEVICES for the app, inherited here) names where to run: with
+    no NPU here the edit must fail naming it, not run quietly on the auto device (the CPU)."""
+    src = tmp_path / "in.png"
+    Image.new("RGB", (48, 40), (200, 30, 30)).save(src)
+    code = cli.main(["edit", "--image", str(src), "--instruction", "make it blue", "--steps", "1",
+                     "--working-resolution", "draft", "--devices", "npu:1", "--output-dir", str(tmp_path / "out")])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 1 and summary["ok"] is False and "npu" in summary["error"], summary

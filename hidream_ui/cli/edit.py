@@ -53,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         params["collapse_padding"] = not args.padded
         request = EditRequest(image=open_image(args.image), params=EditParams.from_dict(params),
                               source_name=Path(args.image).name)
-        engine = EditEngine(config)
+        if config.devices:  # --devices / HIDREAM_DEVICES: one edit runs on the pool's first device
+            from hidream_ui.engine.pool import EnginePool
+
+            engine = EnginePool.for_config(config).primary
+        else:
+            engine = EditEngine(config)
         result = engine.edit(request)
     except (ConfigError, RequestError, ImageError, EngineError) as exc:
         print(json.dumps({"ok": False, "error": str(exc)}), file=sys.stdout)

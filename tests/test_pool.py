@@ -391,3 +391,32 @@ def test_an_engines_share_of_the_cores_ends_with_its_job(tmp_path):
     finally:
         torch.set_num_threads(default)
     assert seen == {"during": share, "after": default, "new thread": default}
+
+
+def test_the_loader_puts_each_part_on_its_placed_device(tmp_path, tiny_cache, monkeypatch):
+    """The loader reads `--placement` for every part (the moves to cards this machine lacks are
+    recorded, not made; the split run itself is tested on the CPU above)."""
+    import torch
+
+    from hidream_ui.device.backends import DeviceInfo
+    from hidream_ui.model.loading import load_model
+
+    moves: dict[str, set[str]] = {}
+    real_to = torch.nn.Module.to
+
+    def to(module, *args, **kwargs):
+        target = args[0] if args else kwargs.get("device")
+        if isinstance(target, str) and target.startswith("npu"):
+            moves.setdefault(type(module).__name__, set()).add(target)
+            return module
+        return real_to(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    config = from_args(["--placement", "transformer=npu:0,encoders=npu:1,vae=npu:1"], environ={})
+    card = DeviceInfo(type="npu", index=0, torch_device="npu:0", name="fake", physical_index=0)
+    model = load_model(config.replace(output_dir=tmp_path), card, torch.float32)
+    pipe = model.pipeline
+    assert moves[type(pipe.transformer).__name__] == {"npu:0"} and moves[type(pipe.vae).__name__] == {"npu:1"}
+    for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"):
+        assert moves[type(getattr(pipe, name)).__name__] == {"npu:1"}, name
+    assert pipe.compute_device == "npu:0"

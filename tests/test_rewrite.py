@@ -451,3 +451,23 @@ def test_a_batch_stops_asking_a_rewriter_that_does_not_answer(vlm):
     # One timeout, then the other two items are not asked (3 x the timeout otherwise).
     assert len(vlm.chat_requests()) == count + 1
     assert len(failed) == 3 and sum("not asked" in item.error for item in failed) == 2
+
+
+def test_local_rewriter_keeps_one_head_per_llama():
+    """An engine pool (--devices) has one Llama per card: each rewrite uses its own Llama's head,
+    never the head of the card that rewrote first (copied over on every rewrite)."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaModel
+
+    from hidream_ui.rewrite.local_backend import LocalRewriter
+
+    config = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+    llamas = [LlamaModel(config), LlamaModel(config)]
+    models = [SimpleNamespace(pipeline=SimpleNamespace(text_encoder_4=llama)) for llama in llamas]
+    backend = LocalRewriter(engine=None)
+    for _ in range(2):
+        for model, llama in zip(models, llamas):
+            assert backend._ensure_head(model) is llama.get_input_embeddings().weight
+    assert backend.head_loaded

@@ -420,3 +420,27 @@ def test_the_loader_puts_each_part_on_its_placed_device(tmp_path, tiny_cache, mo
     for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"):
         assert moves[type(getattr(pipe, name)).__name__] == {"npu:1"}, name
     assert pipe.compute_device == "npu:0"
+
+
+def test_load_loads_the_first_engine_in_the_callers_thread_with_its_progress(tmp_path, monkeypatch):
+    """The Load button: the first engine loads in the handler's thread and reports its progress;
+    the others load in the background (a background load of the first would leave the button
+    waiting without a word)."""
+    npu = FakeNPUBackend(count=2)
+    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
+                                 backends={"npu": npu, "cpu": CPUBackend()})
+    calls: list[tuple[int, str, bool]] = []
+    both = threading.Barrier(2, timeout=5)
+
+    for index, engine in enumerate(pool.engines):
+        def load(on_progress=None, index=index):
+            calls.append((index, threading.current_thread().name, on_progress is not None))
+            if on_progress is not None:
+                on_progress(0.5, "loading")
+            both.wait()  # both loads are under way before either returns
+
+        monkeypatch.setattr(engine, "load", load)
+    progress = []
+    pool.load(on_progress=lambda fraction, message: progress.append(fraction))
+    assert sorted(calls) == [(0, threading.current_thread().name, True), (1, "hidream-load-npu:1", False)]
+    assert progress == [0.5]

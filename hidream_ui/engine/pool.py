@@ -241,9 +241,10 @@ class EnginePool:
         with self.acquire(cancel) as slot:
             yield slot.engine
 
-    def start_loading(self) -> None:
+    def start_loading(self, skip: Slot | None = None) -> None:
         """Starts every engine's load in a background thread (once), each binding its own device in
-        its own thread; the loads queue on the loader's lock and the first engine serves meanwhile."""
+        its own thread; the loads queue on the loader's lock and the first engine serves meanwhile.
+        `skip`: the engine the caller loads itself (in the foreground, with its progress)."""
         if self.size == 1:
             return
         with self._cond:
@@ -251,6 +252,8 @@ class EnginePool:
                 return
             self._loading_started = True
         for slot in self.slots:
+            if slot is skip:
+                continue
             threading.Thread(target=self._load_slot, args=(slot,), name=f"hidream-load-{slot.label}",
                              daemon=True).start()
 
@@ -270,9 +273,10 @@ class EnginePool:
         return any(engine.loaded for engine in self.engines)
 
     def load(self, on_progress=None):
-        """Starts every engine's load and waits for the first engine's (with progress)."""
-        self.start_loading()
+        """Starts every engine's load and waits for the first engine's (with progress: loaded here,
+        not by a background thread that the caller would wait for without a word)."""
         slot = self.slots[0]
+        self.start_loading(skip=slot)
         with self._threads(slot):
             return slot.engine.load(on_progress=on_progress)
 

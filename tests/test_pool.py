@@ -444,3 +444,18 @@ def test_load_loads_the_first_engine_in_the_callers_thread_with_its_progress(tmp
     pool.load(on_progress=lambda fraction, message: progress.append(fraction))
     assert sorted(calls) == [(0, threading.current_thread().name, True), (1, "hidream-load-npu:1", False)]
     assert progress == [0.5]
+
+
+def test_a_cpu_pool_status_shows_the_cpu_load(tmp_path):
+    """Every engine of `cpu,cpu` reads the host's load in one poll: the later readers must not
+    measure the microseconds since the first (0 %), the top-level bar least of all."""
+    import time
+
+    pool = EnginePool.for_config(AppConfig(devices=("cpu", "cpu"), output_dir=tmp_path))
+    pool.status()
+    deadline = time.perf_counter() + 0.8
+    while time.perf_counter() < deadline:  # keep one core busy
+        sum(range(10_000))
+    status = pool.status()
+    assert status.memory.utilization > 0
+    assert [row.memory.utilization for row in status.devices] == [status.memory.utilization] * 2

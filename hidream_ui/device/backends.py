@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import platform
+import threading
+import time
 from dataclasses import asdict, dataclass
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
@@ -346,6 +348,11 @@ class CUDABackend(_TorchAcceleratorBackend):
         return float(torch.cuda.utilization(index))
 
 
+CPU_LOAD_REUSE = 0.5  # seconds
+_CPU_LOAD_LOCK = threading.Lock()
+_CPU_LOAD: list = []  # [monotonic time, percent] of the last measurement
+
+
 class CPUBackend:
     """The host. Always available; synchronisation, caches and device binding do not exist.
 
@@ -424,7 +431,16 @@ class CPUBackend:
 
         # Whole-machine CPU load since the previous call (non-blocking; the first call of the
         # process returns 0.0). Polled every few seconds by the status panel, that is useful.
-        return float(psutil.cpu_percent(interval=None))
+        # Callers within CPU_LOAD_REUSE of a measurement share it: a pool of CPU engines (and
+        # each status poll) asks several times in a row, and a call right after another measures
+        # nothing (0 %).
+        with _CPU_LOAD_LOCK:
+            now = time.monotonic()
+            if _CPU_LOAD and now - _CPU_LOAD[0] < CPU_LOAD_REUSE:
+                return _CPU_LOAD[1]
+            value = float(psutil.cpu_percent(interval=None))
+            _CPU_LOAD[:] = [now, value]
+            return value
 
     def probe_dtype(self, index: int | None, dtype: str) -> tuple[bool, str]:
         return run_dtype_probe("cpu", dtype)

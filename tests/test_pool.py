@@ -459,3 +459,24 @@ def test_a_cpu_pool_status_shows_the_cpu_load(tmp_path):
     status = pool.status()
     assert status.memory.utilization > 0
     assert [row.memory.utilization for row in status.devices] == [status.memory.utilization] * 2
+
+
+def test_the_load_button_tries_a_failed_engine_again(tmp_path, monkeypatch):
+    from helpers import wait_for
+
+    npu = FakeNPUBackend(count=2)
+    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
+                                 backends={"npu": npu, "cpu": CPUBackend()})
+    attempts = []
+
+    def flaky(on_progress=None):
+        attempts.append(threading.current_thread().name)
+        raise RuntimeError("NPU out of memory (another process held the card)")
+
+    monkeypatch.setattr(pool.engines[0], "load", lambda on_progress=None: None)
+    monkeypatch.setattr(pool.engines[1], "load", flaky)
+    pool.start_loading()
+    wait_for(lambda: pool.slots[1].failed, "the failed background load")
+    pool.load()
+    wait_for(lambda: len(attempts) == 2, "a second try of the failed engine")
+    assert attempts == ["hidream-load-npu:1"] * 2

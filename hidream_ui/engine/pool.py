@@ -274,9 +274,14 @@ class EnginePool:
 
     def load(self, on_progress=None):
         """Starts every engine's load and waits for the first engine's (with progress: loaded here,
-        not by a background thread that the caller would wait for without a word)."""
+        not by a background thread that the caller would wait for without a word). Engines whose
+        background load failed try again in the background."""
         slot = self.slots[0]
         self.start_loading(skip=slot)
+        for failed in self.slots[1:]:  # the Load button tries again the engines whose load failed
+            if failed.failed:
+                threading.Thread(target=self._load_slot, args=(failed,), name=f"hidream-load-{failed.label}",
+                                 daemon=True).start()
         with self._threads(slot):
             return slot.engine.load(on_progress=on_progress)
 

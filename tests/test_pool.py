@@ -423,26 +423,26 @@ def test_the_loader_puts_each_part_on_its_placed_device(tmp_path, tiny_cache, mo
 
 
 def test_load_loads_the_first_engine_in_the_callers_thread_with_its_progress(tmp_path, monkeypatch):
-    """The Load button: the first engine loads in the handler's thread and reports its progress;
-    the others load in the background (a background load of the first would leave the button
-    waiting without a word)."""
+    """The Load button: the first engine loads in the handler's thread and reports its progress
+    (exactly once: a background load of it would leave the button waiting without a word); the
+    others load in the background."""
     npu = FakeNPUBackend(count=2)
     pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
                                  backends={"npu": npu, "cpu": CPUBackend()})
-    calls: list[tuple[int, str, bool]] = []
-    both = threading.Barrier(2, timeout=5)
+    from helpers import wait_for
 
+    calls: list[tuple[int, str, bool]] = []
     for index, engine in enumerate(pool.engines):
         def load(on_progress=None, index=index):
             calls.append((index, threading.current_thread().name, on_progress is not None))
             if on_progress is not None:
                 on_progress(0.5, "loading")
-            both.wait()  # both loads are under way before either returns
 
         monkeypatch.setattr(engine, "load", load)
     progress = []
     pool.load(on_progress=lambda fraction, message: progress.append(fraction))
-    assert sorted(calls) == [(0, threading.current_thread().name, True), (1, "hidream-load-npu:1", False)]
+    wait_for(lambda: len(calls) == 2, "the second engine's load")
+    assert calls == [(0, threading.current_thread().name, True), (1, "hidream-load-npu:1", False)]
     assert progress == [0.5]
 
 
@@ -480,3 +480,30 @@ def test_the_load_button_tries_a_failed_engine_again(tmp_path, monkeypatch):
     pool.load()
     wait_for(lambda: len(attempts) == 2, "a second try of the failed engine")
     assert attempts == ["hidream-load-npu:1"] * 2
+
+
+def test_background_loads_go_in_pool_order_so_the_first_job_waits_for_its_engine_only(tmp_path, monkeypatch):
+    """The loads run one at a time (the loader's lock). Engine 0 (the first job's) still probes its
+    dtype when the others could take the lock: they must not load before it."""
+    import time
+
+    from helpers import wait_for
+
+    from hidream_ui.model import loading
+
+    npu = FakeNPUBackend(count=3)
+    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1", "npu:2"), dtype="fp32", output_dir=tmp_path),
+                                 backends={"npu": npu, "cpu": CPUBackend()})
+    order: list[int] = []
+    for index, engine in enumerate(pool.engines):
+        def load(on_progress=None, index=index):
+            if index == 0:
+                time.sleep(0.3)  # the dtype probe before the load (a subprocess on a card)
+            with loading._LOAD_LOCK:
+                order.append(index)
+                time.sleep(0.05)
+
+        monkeypatch.setattr(engine, "load", load)
+    pool.start_loading()
+    wait_for(lambda: len(order) == 3, "three loads")
+    assert order == [0, 1, 2]

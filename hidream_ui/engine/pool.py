@@ -242,20 +242,26 @@ class EnginePool:
             yield slot.engine
 
     def start_loading(self, skip: Slot | None = None) -> None:
-        """Starts every engine's load in a background thread (once), each binding its own device in
-        its own thread; the loads queue on the loader's lock and the first engine serves meanwhile.
-        `skip`: the engine the caller loads itself (in the foreground, with its progress)."""
+        """Starts the engines' loads (once) in one background thread, in the pool's order. The loads
+        run one at a time anyway (the loader's lock); in this order the first job, which gets the
+        first engine, waits for that engine's load only, not for the loads of engines that won the
+        lock while its own still probed its dtype. Each load makes its device current in that
+        thread. `skip`: the engine the caller has just loaded itself."""
         if self.size == 1:
             return
         with self._cond:
             if self._loading_started:
                 return
             self._loading_started = True
-        for slot in self.slots:
-            if slot is skip:
-                continue
-            threading.Thread(target=self._load_slot, args=(slot,), name=f"hidream-load-{slot.label}",
-                             daemon=True).start()
+        self._load_in_background([slot for slot in self.slots if slot is not skip])
+
+    def _load_in_background(self, slots: list[Slot]) -> None:
+        def run() -> None:
+            for slot in slots:
+                threading.current_thread().name = f"hidream-load-{slot.label}"
+                self._load_slot(slot)
+
+        threading.Thread(target=run, name="hidream-load", daemon=True).start()
 
     def _load_slot(self, slot: Slot) -> None:
         try:
@@ -273,17 +279,18 @@ class EnginePool:
         return any(engine.loaded for engine in self.engines)
 
     def load(self, on_progress=None):
-        """Starts every engine's load and waits for the first engine's (with progress: loaded here,
-        not by a background thread that the caller would wait for without a word). Engines whose
-        background load failed try again in the background."""
+        """Loads the first engine here (with progress: the caller does not wait without a word for a
+        background thread), then starts the others' loads in the background; engines whose
+        background load failed try again."""
         slot = self.slots[0]
-        self.start_loading(skip=slot)
-        for failed in self.slots[1:]:  # the Load button tries again the engines whose load failed
-            if failed.failed:
-                threading.Thread(target=self._load_slot, args=(failed,), name=f"hidream-load-{failed.label}",
-                                 daemon=True).start()
-        with self._threads(slot):
-            return slot.engine.load(on_progress=on_progress)
+        try:
+            with self._threads(slot):
+                return slot.engine.load(on_progress=on_progress)
+        finally:
+            retry = [other for other in self.slots[1:] if other.failed]
+            self.start_loading(skip=slot)
+            if retry:
+                self._load_in_background(retry)
 
     def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
              cancel: "CancelToken | None" = None) -> "EditResult":

@@ -507,3 +507,31 @@ def test_background_loads_go_in_pool_order_so_the_first_job_waits_for_its_engine
     pool.start_loading()
     wait_for(lambda: len(order) == 3, "three loads")
     assert order == [0, 1, 2]
+
+
+def test_the_live_plot_reads_cached_telemetry_only(tmp_path, monkeypatch):
+    """The plot's timer tick comes beside the panel's: it must not compute the engines' status
+    (allocator and utilisation queries per device) a second time, only read the sampler's history."""
+    import time
+
+    from hidream_ui.device.telemetry import TelemetryPoint
+    from hidream_ui.engine.pool import shared_sampler
+    from hidream_ui.ui.handlers import Handlers
+    from hidream_ui.ui.services import AppServices
+
+    npu = FakeNPUBackend(count=2)
+    config = AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path)
+    pool = EnginePool.for_config(config, backends={"npu": npu, "cpu": CPUBackend()})
+    handlers = Handlers(pool, services=AppServices.for_config(config))
+    sampler = shared_sampler()
+    with sampler._lock:
+        sampler._history.append(TelemetryPoint(time.time(), "npu:1", 75.0, 40.0))
+
+    def no_status():
+        raise AssertionError("the plot computed the engine status")
+
+    for engine in pool.engines:
+        monkeypatch.setattr(engine, "status", no_status)
+    frame = handlers.telemetry_plot()
+    assert {(row.percent, row.series) for row in frame.itertuples()} >= {(40.0, "npu:1 memory"),
+                                                                         (75.0, "npu:1 utilisation")}

@@ -457,6 +457,17 @@ def engines_of(engine: "EditEngine | EnginePool") -> list[EditEngine]:
     return engine.engines if isinstance(engine, EnginePool) else [engine]
 
 
+def device_labels(engine: "EditEngine | EnginePool") -> list[str]:
+    """The labels of the app's device rows (what the telemetry is kept under), without computing
+    any status: a pool's engine labels, or the one engine's device ([] while it cannot be used)."""
+    if isinstance(engine, EnginePool):
+        return [slot.label for slot in engine.slots]
+    try:
+        return [engine.device.torch_device]
+    except EngineError:
+        return []
+
+
 @contextmanager
 def one_engine(engine: "EditEngine | EnginePool", cancel: "CancelToken | None" = None) -> Iterator[EditEngine]:
     """The engine a multi-edit job (a comparison) runs on from start to end: one of the pool's,
@@ -473,5 +484,5 @@ def lane_size(engine: "EditEngine | EnginePool") -> int:
     return len(engines_of(engine))
 
 
-__all__ = ["EnginePool", "Slot", "device_row", "engine_labels", "engines_of", "host_cores", "lane_size",
-           "one_engine", "shared_sampler"]
+__all__ = ["EnginePool", "Slot", "device_labels", "device_row", "engine_labels", "engines_of", "host_cores",
+           "lane_size", "one_engine", "shared_sampler"]

@@ -17,7 +17,7 @@ from hidream_ui.config import AppConfig
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import StepInfo
-from hidream_ui.engine.pool import device_row, shared_sampler
+from hidream_ui.engine.pool import device_labels, device_row, shared_sampler
 from hidream_ui.engine.status import DeviceRow, EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
 from hidream_ui.requests import EditParams, EditRequest, RequestError, validated_flag
@@ -309,13 +309,13 @@ class Handlers:
 
     def telemetry_plot(self):
         """The live plot's rows: memory and utilisation per device over the last minutes (cached
-        telemetry only; the timer calls it every 2 s)."""
+        telemetry only, no engine status: the timer calls it every 2 s, beside the panel's)."""
         import pandas as pd
 
         from hidream_ui.ui.devices_panel import PLOT_COLUMNS, plot_rows
 
         try:
-            labels = [row.engine for row in self.engine_status().devices]
+            labels = device_labels(self.engine)
             rows = plot_rows(shared_sampler().history(), labels)
         except Exception:  # noqa: BLE001 - a broken plot must not spam error toasts
             logger.warning("telemetry plot failed", exc_info=True)

@@ -47,6 +47,10 @@ class AppConfig:
     attention: str = "auto"
     text_encoders: str = "device"
     refiner: str = "e1"
+    # Memory plan and transformer storage (README "Memory plans"); auto = chosen from free memory at load.
+    memory: str = "auto"
+    weights: str = "auto"
+    transformer_file: Path | None = None
     prompt_cache_size: int = 32
     # Outputs.
     output_dir: Path = Path("outputs")
@@ -106,6 +110,12 @@ _MODEL_OPTIONS = [
     ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),
     ("--text-encoders", ("HIDREAM_TEXT_ENCODERS",), "text_encoders",
      "device: keep on the device | cpu: run on the host | offload: move to the device only to encode"),
+    ("--memory", ("HIDREAM_MEMORY",), "memory",
+     "memory plan: auto (the fastest that fits) | full | encoders-offload | encoders-cpu | blocks | sequential"),
+    ("--weights", ("HIDREAM_WEIGHTS",), "weights",
+     "transformer storage: auto (bf16 unless only fp8 fits without streaming) | bf16 | fp8"),
+    ("--transformer-file", ("HIDREAM_TRANSFORMER_FILE",), "transformer_file",
+     "single-file transformer checkpoint (.safetensors, diffusers or ComfyUI keys) used in place of the folder"),
     ("--refiner", ("HIDREAM_REFINER",), "refiner",
      "weights of the refine stage: e1 (what upstream computes, zero copies) | i1 (HiDream-I1-Full, swapped)"),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
@@ -204,7 +214,7 @@ def from_args(argv: list[str] | None = None, environ: Mapping[str, str] | None =
 def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
     fields: dict[str, object] = {}
     for dest, (source, value) in raw.items():
-        if dest in ("model_dir", "output_dir", "auth_file"):
+        if dest in ("model_dir", "output_dir", "auth_file", "transformer_file"):
             fields[dest] = Path(str(value)).expanduser()
         elif dest in _INT_FIELDS:
             fields[dest] = _to_int(source, value)
@@ -215,7 +225,7 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
         elif dest in ("rewriter_url", "rewriter_model"):
             fields[dest] = str(value).strip() or None
         elif dest in ("device", "dtype", "variant", "attention", "text_encoders", "refiner", "tiny_profile",
-                      "rewriter"):
+                      "rewriter", "memory", "weights"):
             fields[dest] = str(value).strip().lower()
         else:
             fields[dest] = value
@@ -278,7 +288,9 @@ def validate(config: AppConfig) -> AppConfig:
     if config.auth is not None and config.auth_file is not None:
         raise ConfigError("use either --auth or --auth-file, not both")
     _validate_rewriter(config)
-    return config
+    from hidream_ui.model.plans import validate_memory_options
+
+    return validate_memory_options(config, ConfigError)
 
 
 def _validate_rewriter(config: AppConfig) -> None:

@@ -418,6 +418,7 @@ class RunInfo:
     refiner: str
     versions: dict[str, str]
     batch_size: int = 1  # items in the pipeline call that produced the result
+    memory_plan: dict[str, Any] | None = None  # MemoryPlan.to_dict(): plan, weights, prediction (model/plans.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

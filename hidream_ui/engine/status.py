@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hidream_ui.device.memory import MemorySnapshot
+from hidream_ui.model.plans import MemoryPlan
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class EngineStatus:
     model_paths: dict[str, Any] | None = None
     load_seconds: float | None = None
     weight_swap: WeightSwapStats | None = None
+    memory_plan: MemoryPlan | None = None  # the plan the model was placed with (model/plans.py)
     # Added by the UI.
     queue: QueueFigures | None = None
     rewriter: RewriterStatus | None = None

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from hidream_ui.device.backends import DeviceInfo
+    from hidream_ui.model.plans import MemoryPlan
     from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
 
 
@@ -88,6 +89,7 @@ class LoadedModel:
     uses_lora: bool = False
     load_seconds: float = 0.0
     weight_bytes: int = 0
+    plan: "MemoryPlan | None" = None  # the memory plan the model was placed with
 
     def use_stage_weights(self, stage: str) -> None:
         """Puts the transformer in the state of `stage` ("edit" or "refine")."""
@@ -125,14 +127,20 @@ def _bytes_read(sources: ModelSources, refiner: str) -> int:
 
 
 def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
-               on_progress: ProgressFn | None = None, sources: ModelSources | None = None) -> LoadedModel:
-    """Loads the pipeline for `config.variant` onto `device` in `dtype`.
+               on_progress: ProgressFn | None = None, sources: ModelSources | None = None,
+               plan: "MemoryPlan | None" = None) -> LoadedModel:
+    """Loads the pipeline for `config.variant` onto `device` in `dtype`, placed by `plan` (the
+    memory plan; None: everything resident in bf16 storage, i.e. `full`).
 
     Weights go straight into `dtype` (diffusers/transformers stream the safetensors shards into
-    an empty model), so a bf16 checkpoint never exists as an fp32 copy on the host.
+    an empty model), so a bf16 checkpoint never exists as an fp32 copy on the host; an fp8 plan's
+    transformer is streamed tensor by tensor straight into fp8 (model/fp8.py).
     """
+    from hidream_ui.model.plans import MemoryPlan, apply_plan
+
+    plan = plan or MemoryPlan(name="full", weights="bf16", requested="full", requested_weights="bf16")
+    fp8 = plan.weights == "fp8"
     import torch
-    from diffusers import HiDreamImageTransformer2DModel
     from transformers import AutoTokenizer, LlamaModel
 
     from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
@@ -155,14 +163,13 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     uses_lora = sources.variant == "e1-full"
     swap_sets: dict[str, torch.Tensor] = {}
     if sources.variant == "e1.1":
-        transformer = HiDreamImageTransformer2DModel.from_pretrained(
-            sources.e1, subfolder="transformer", dtype=dtype, **_load_kwargs(sources.e1))
+        transformer = _load_transformer(Path(sources.e1) if _is_local(sources.e1) else sources.e1, dtype, fp8,
+                                        config.transformer_file)
         if config.refiner == "i1":
             progress(0.5, "loading HiDream-I1-Full transformer weights for the refine stage")
             swap_sets = _differing_tensors(transformer, Path(sources.i1) / "transformer", dtype)
     else:
-        transformer = HiDreamImageTransformer2DModel.from_pretrained(
-            sources.i1, subfolder="transformer", dtype=dtype, **_load_kwargs(sources.i1))
+        transformer = _load_transformer(Path(sources.i1) if _is_local(sources.i1) else sources.i1, dtype, fp8, None)
         plain_originals = _attach_e1_full(transformer, sources.e1, dtype)
         if config.refiner == "i1":
             swap_sets = plain_originals
@@ -186,14 +193,12 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     transformer.max_seq = geometry.max_seq
     pipeline.geometry = geometry
 
-    progress(0.8, f"moving to {device.torch_device}")
-    text_device = device.torch_device if config.text_encoders == "device" else "cpu"
-    for name in ("vae", "transformer"):
-        getattr(pipeline, name).to(device.torch_device)
-    for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"):
-        getattr(pipeline, name).to(text_device)
-    pipeline.text_encoder_mode = config.text_encoders
-    pipeline.compute_device = device.torch_device
+    progress(0.8, f"placing the model on {device.torch_device}: memory plan {plan.label}")
+    if fp8:
+        from hidream_ui.model.fp8 import apply_fp8
+
+        apply_fp8(transformer, dtype)  # diffusers wants layerwise casting installed before group offloading
+    apply_plan(pipeline, plan, device)
 
     swap = None
     if swap_sets:
@@ -204,11 +209,33 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     weight_bytes = _bytes_read(sources, config.refiner)
     loaded = LoadedModel(
         pipeline=pipeline, sources=sources, device=device, dtype=dtype, geometry=geometry,
-        refiner=config.refiner, text_encoders=config.text_encoders, swap=swap, uses_lora=uses_lora,
-        load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes,
+        refiner=config.refiner, text_encoders=pipeline.text_encoder_mode, swap=swap, uses_lora=uses_lora,
+        load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes, plan=plan,
     )
     progress(1.0, f"model ready in {loaded.load_seconds:.1f} s")
     return loaded
+
+
+def _load_transformer(root, dtype, fp8: bool, single_file: Path | None):
+    """The transformer from `root`/transformer (a local folder or a hub id), or from `single_file` (its
+    config still from `root`): bf16 through diffusers' loaders, fp8 streamed tensor by tensor."""
+    from diffusers import HiDreamImageTransformer2DModel
+
+    if not fp8:
+        if single_file is not None:
+            return HiDreamImageTransformer2DModel.from_single_file(
+                str(single_file), config=str(root), subfolder="transformer", dtype=dtype,
+                **_load_kwargs(str(root)))
+        return HiDreamImageTransformer2DModel.from_pretrained(root, subfolder="transformer", dtype=dtype,
+                                                              **_load_kwargs(str(root)))
+    from hidream_ui.model.fp8 import load_streamed, weight_files
+
+    if not isinstance(root, Path):
+        raise ModelError(f"--weights fp8 streams local weight files; {root!r} is a hub id: download it and "
+                         "give --model-dir")
+    folder = root / "transformer"
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return load_streamed(config, weight_files(single_file or folder), dtype, fp8=True)
 
 
 def _attach_e1_full(transformer, e1_source: str, dtype) -> dict:
@@ -260,7 +287,8 @@ def _differing_tensors(transformer, folder: Path, dtype) -> dict:
             for key in handle.keys():
                 if key not in params:
                     continue
-                value = handle.get_tensor(key).to(dtype)
+                # The parameter's own dtype: float8 for the fp8-stored linears of an fp8 plan.
+                value = handle.get_tensor(key).to(params[key].dtype)
                 if not torch.equal(value, params[key].detach().to("cpu")):
                     kept[key] = value
     return kept

@@ -15,6 +15,7 @@ KINDS = {
     "batch": ("hidream_ui.bench.batch", "run_batch vs a loop of single edits"),
     "app": ("hidream_ui.bench.app", "cold start of `python app.py` to serving"),
     "soak": ("hidream_ui.bench.soak", "N edits through the running app: RSS growth, cached/output files, failures"),
+    "memory": ("hidream_ui.bench.memory", "every memory plan and storage: peaks, speed, error vs full, prediction"),
 }
 
 

@@ -233,3 +233,23 @@ def test_plan_for_tiny_reads_configs_only(tiny_cache):
     config = AppConfig(device="cpu")
     choice = plan_for(config, resolve_device("cpu"), torch.float32, free=10 * GB)
     assert choice.chosen.name == "full" and len(choice.rows) == 10
+
+
+def test_fp8_halves_the_transformers_resident_bytes_measured_in_rss(tmp_path):
+    """A transformer big enough for RSS to see (~140 MB in bf16) written by the tiny builder's own writer,
+    streamed into bf16 and into fp8 storage, each in a fresh process (bench memory's measurement)."""
+    import dataclasses
+
+    from hidream_ui.bench.memory import transformer_load
+    from hidream_ui.model.tiny.parts import _write_transformer
+    from hidream_ui.model.tiny.profiles import PROFILES
+
+    spec = dataclasses.replace(PROFILES["tiny"], name="mid", num_attention_heads=8, attention_head_dim=64,
+                               transformer_shards=3)
+    _write_transformer(tmp_path / "transformer", spec, 0, stream="mid")
+    load = transformer_load(tmp_path / "transformer")
+    assert load["bf16"]["param_bytes"] > 100 * 2**20
+    assert load["param_ratio"] <= 0.52
+    assert load["resident_ratio"] <= 0.55, load
+    # Streaming: the host never held the bf16 copy on the way to fp8 (bf16 then cast would peak at 1.5x).
+    assert load["fp8"]["peak_growth"] <= 0.75 * load["bf16"]["param_bytes"], load

@@ -21,7 +21,7 @@ from hidream_ui.device.detect import parse_device_spec
 VARIANTS = ("e1.1", "e1-full")
 TEXT_ENCODER_MODES = ("device", "cpu", "offload")
 REFINERS = ("e1", "i1")
-TINY_PROFILES = ("tiny", "bench")
+TINY_PROFILES = ("tiny", "bench", "full")  # full: release dimensions, random weights built in memory
 # Instruction rewriting (README "Instruction rewriting"). "auto": openai when a URL is given, else off.
 REWRITERS = ("auto", "off", "local", "openai")
 REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
@@ -104,7 +104,7 @@ _MODEL_OPTIONS = [
     ("--e1", ("HIDREAM_E1",), "e1", "HiDream-E1-1 (or HiDream-E1-Full for --variant e1-full): folder or hub id"),
     ("--variant", ("HIDREAM_VARIANT",), "variant", f"model variant: {' | '.join(VARIANTS)} (default e1.1)"),
     ("--tiny-profile", ("HIDREAM_TINY_PROFILE",), "tiny_profile",
-     "offline random-weight model used when no weights are configured: tiny | bench"),
+     "offline random-weight model used when no weights are configured: tiny | bench | full (release size, in memory)"),
     ("--device", ("HIDREAM_DEVICE", "PREFERRED_DEVICE"), "device", "auto | npu | npu:N | cuda | cuda:N | cpu"),
     ("--dtype", ("HIDREAM_DTYPE",), "dtype", "auto | bf16 | fp16 | fp32 (auto probes the device)"),
     ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),

@@ -253,3 +253,39 @@ def test_fp8_halves_the_transformers_resident_bytes_measured_in_rss(tmp_path):
     assert load["resident_ratio"] <= 0.55, load
     # Streaming: the host never held the bf16 copy on the way to fp8 (bf16 then cast would peak at 1.5x).
     assert load["fp8"]["peak_growth"] <= 0.75 * load["bf16"]["param_bytes"], load
+
+
+# ----------------------------------------------------------------------------------------------- plan command
+
+
+def test_plan_command_marks_the_auto_choice(capsys):
+    from hidream_ui.cli.plan import main
+
+    assert main(["--tiny-profile", "full", "--device-memory", "24GB"]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "<- auto" in line]
+    assert len(lines) == 1 and "fp8" in lines[0] and "blocks" not in lines[0]
+    assert all(plan in out for plan in PLANS)
+
+
+def test_plan_command_json_and_refusal(capsys):
+    import json
+
+    from hidream_ui.cli.plan import main
+
+    assert main(["--tiny-profile", "full", "--device-memory", "80GB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chosen"]["name"] == "full" and report["working_size"] == [1024, 1024]
+    assert len(report["rows"]) == 10 and report["free"] == 80 * GB
+    assert main(["--tiny-profile", "full", "--device-memory", "8GB", "--weights", "bf16", "--memory", "full"]) == 1
+    out = capsys.readouterr().out
+    assert "needs at least" in out and "8.0 GB is free" in out and "--memory auto" in out
+
+
+def test_plan_command_names_bad_values(capsys):
+    from hidream_ui.cli.plan import main
+
+    assert main(["--device-memory", "lots"]) == 2
+    assert "'lots'" in capsys.readouterr().err
+    assert main(["--tiny-profile", "full", "--working-resolution", "1000"]) == 2
+    assert "'1000'" in capsys.readouterr().err

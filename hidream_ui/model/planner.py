@@ -339,7 +339,7 @@ def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights
                 name=plan, weights=store, requested=memory, requested_weights=weights, predicted_peak=row.peak,
                 host_bytes=row.host, free=free, working_size=tuple(working_size),
                 reason=_reason(memory, weights, plan, store, row.peak, free))
-    refusal = None if chosen is not None else _refusal(rows, free, working_size, weights)
+    refusal = None if chosen is not None else _refusal(rows, free, working_size, weights, memory)
     return PlanChoice(rows=tuple(rows), chosen=chosen, refusal=refusal)
 
 
@@ -353,7 +353,7 @@ def _reason(memory: str, weights: str, plan: str, store: str, peak: int, free: i
     return f"{plan} · {store}: {asked}; predicted peak {_gb(peak)}{where}"
 
 
-def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: str) -> str:
+def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: str, memory: str) -> str:
     usable = [r for r in rows if not r.note]
     size = "x".join(map(str, working_size))
     if not usable:
@@ -362,6 +362,8 @@ def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: 
     smallest = min(usable, key=lambda r: r.peak)
     needed = smallest.peak + margin(smallest.peak)
     hints = []
+    if memory != "auto":
+        hints.append("--memory auto")
     if weights != "fp8" and not any(r.weights == "fp8" for r in usable):
         hints.append("--weights fp8")
     hints.append("a smaller working resolution")

@@ -289,3 +289,28 @@ def test_plan_command_names_bad_values(capsys):
     assert "'lots'" in capsys.readouterr().err
     assert main(["--tiny-profile", "full", "--working-resolution", "1000"]) == 2
     assert "'1000'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- full profile
+
+
+def test_full_profile_is_made_in_memory_through_the_real_loader(tiny_cache, tmp_path, monkeypatch):
+    """The full profile's code path with the release dimensions swapped for small ones (61 GB would not fit
+    here): parts made in memory from merged configs, nothing written, placed by the plan, and an edit runs."""
+    from types import MappingProxyType
+
+    from hidream_ui.model.tiny import profiles
+
+    small = {part: MappingProxyType({}) for part in profiles.RELEASE_CONFIGS}
+    small["t5"] = MappingProxyType({"num_layers": 1})  # a visible override of the tiny config (2 layers)
+    monkeypatch.setattr(profiles, "RELEASE_CONFIGS", MappingProxyType(small))
+    engine = EditEngine(AppConfig(device="cpu", tiny_profile="full", memory="blocks", weights="fp8",
+                                  output_dir=tmp_path))
+    result = engine.edit(EditRequest(image=_picture(), params=edit_params(steps=2, seed=1)), save=False)
+    pipe = engine.model.pipeline
+    assert pipe.text_encoder_3.config.num_layers == 1
+    assert engine.model.sources.tiny_profile == "full" and result.info.memory_plan["name"] == "blocks"
+    assert any(p.dtype == torch.float8_e4m3fn for p in pipe.transformer.parameters())
+    assert installed_hooks(pipe.transformer).get("group_offloading", 0) > 0
+    with pytest.raises(ConfigError, match="tiny_profile='huge'"):
+        AppConfig(tiny_profile="huge").replace()

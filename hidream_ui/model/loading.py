@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Callable
 from hidream_ui.config import AppConfig
 from hidream_ui.model.geometry import Geometry, geometry_for
 from hidream_ui.model.layout import E1_FULL_FILE, E1_FULL_LORA_ALPHA, E1_FULL_LORA_RANK, E1_FULL_LORA_TARGETS
+from hidream_ui.model.plans import TEXT_ENCODERS
 from hidream_ui.model.sources import ModelError, ModelSources, _is_local, resolve_sources, verify_sources
+from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -154,15 +156,23 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
 
     progress(0.05, f"loading Llama text encoder from {sources.llama}")
     tokenizer_4 = AutoTokenizer.from_pretrained(sources.llama, **_load_kwargs(sources.llama))
-    # LlamaModel, not LlamaForCausalLM: HiDream only reads hidden states, and the 8B LM head
-    # (128k x 4096) would cost 1 GB of memory for nothing. Default attention implementation
-    # (sdpa): asking for attentions at load would force the slow eager path.
-    text_encoder_4 = LlamaModel.from_pretrained(sources.llama, dtype=dtype, **_load_kwargs(sources.llama))
+    if sources.tiny_profile == FULL_PROFILE_NAME:
+        text_encoder_4 = None  # made in memory with the other parts below
+    else:
+        # LlamaModel, not LlamaForCausalLM: HiDream only reads hidden states, and the 8B LM head
+        # (128k x 4096) would cost 1 GB of memory for nothing. Default attention implementation
+        # (sdpa): asking for attentions at load would force the slow eager path.
+        text_encoder_4 = LlamaModel.from_pretrained(sources.llama, dtype=dtype, **_load_kwargs(sources.llama))
 
     progress(0.35, "loading transformer")
     uses_lora = sources.variant == "e1-full"
     swap_sets: dict[str, torch.Tensor] = {}
-    if sources.variant == "e1.1":
+    made: dict = {}  # components made in memory (the full profile), passed to the pipeline as they are
+    if sources.tiny_profile == FULL_PROFILE_NAME:
+        made = _release_parts(config, sources, plan, device, dtype)
+        text_encoder_4 = made.pop("text_encoder_4")
+        transformer = made.pop("transformer")
+    elif sources.variant == "e1.1":
         transformer = _load_transformer(Path(sources.e1) if _is_local(sources.e1) else sources.e1, dtype, fp8,
                                         config.transformer_file)
         if config.refiner == "i1":
@@ -183,7 +193,7 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     try:
         pipeline = HiDreamEditPipeline.from_pretrained(
             sources.i1, transformer=transformer, tokenizer_4=tokenizer_4, text_encoder_4=text_encoder_4,
-            dtype=dtype, **_load_kwargs(sources.i1))
+            dtype=dtype, **made, **_load_kwargs(sources.i1))
     finally:
         diffusers_logging.set_verbosity(verbosity)
     pipeline.set_progress_bar_config(disable=True)
@@ -214,6 +224,22 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     )
     progress(1.0, f"model ready in {loaded.load_seconds:.1f} s")
     return loaded
+
+
+def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan", device: "DeviceInfo",
+                   dtype) -> dict:
+    """The full profile: every part at the release's dimensions, random weights made in memory."""
+    from hidream_ui.model.tiny.in_memory import release_parts
+
+    if sources.variant != "e1.1" or config.refiner != "e1" or config.transformer_file is not None:
+        raise ModelError("--tiny-profile full makes E1.1 in memory only: it has no E1-Full LoRA file, no second "
+                         "weight set for --refiner i1 and no --transformer-file")
+    spec = plan.spec
+    where = {"transformer": spec.transformer == "resident", "vae": True,
+             **{name: spec.encoders == "resident" for name in TEXT_ENCODERS}}
+    placement = {name: device.torch_device if resident else "cpu" for name, resident in where.items()}
+    return release_parts(Path(sources.llama), Path(sources.i1), dtype, fp8=plan.weights == "fp8",
+                         seed=config.tiny_seed, placement=placement)
 
 
 def _load_transformer(root, dtype, fp8: bool, single_file: Path | None):

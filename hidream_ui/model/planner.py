@@ -208,19 +208,19 @@ def sizes_from_configs(configs: Mapping[str, Mapping[str, Any]]) -> ModelSizes:
 
 
 def read_configs(config: "AppConfig") -> dict[str, dict[str, Any]]:
-    """The part configs of the configured model: the release's for the `full` profile, else the config
-    files on disk (the tiny checkpoint is built first if needed). No weight is read."""
+    """The part configs of the configured model from its config files (the tiny checkpoint is built first
+    if needed); for the `full` profile, the tiny files with the release's dimensions laid over them, as
+    model/tiny/in_memory.py makes it. No weight is read."""
     from hidream_ui.model.sources import resolve_sources
-    from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME, RELEASE_CONFIGS
+    from hidream_ui.model.tiny import profiles
 
-    if config.uses_tiny_model and config.tiny_profile == FULL_PROFILE_NAME:
-        return {k: dict(v) for k, v in RELEASE_CONFIGS.items()}
     sources = resolve_sources(config)
     i1 = Path(sources.i1)
     transformer_root = Path(sources.e1) if sources.variant == "e1.1" else i1
     folders = {"transformer": transformer_root / "transformer", "llama": Path(sources.llama),
                "t5": i1 / "text_encoder_3", "clip_l": i1 / "text_encoder", "clip_g": i1 / "text_encoder_2",
                "vae": i1 / "vae"}
+    full = sources.tiny_profile == profiles.FULL_PROFILE_NAME
     out = {}
     for part, folder in folders.items():
         path = folder / "config.json"
@@ -228,6 +228,8 @@ def read_configs(config: "AppConfig") -> dict[str, dict[str, Any]]:
             out[part] = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise PlanRefused(f"cannot plan: {path} is not readable ({exc})") from None
+        if full:
+            out[part].update(_public(profiles.RELEASE_CONFIGS[part]))
     return out
 
 

@@ -314,3 +314,36 @@ def test_full_profile_is_made_in_memory_through_the_real_loader(tiny_cache, tmp_
     assert installed_hooks(pipe.transformer).get("group_offloading", 0) > 0
     with pytest.raises(ConfigError, match="tiny_profile='huge'"):
         AppConfig(tiny_profile="huge").replace()
+
+
+# ----------------------------------------------------------------------------------------------- single file
+
+
+@pytest.mark.parametrize("kind", ["diffusers", "comfyui"])
+def test_single_file_transformer_loads_and_edits_like_the_folder(kind, reference, tiny_dir, tmp_path):
+    from hidream_ui.model.tiny.profiles import SINGLE_FILE_DIR, SINGLE_FILES
+
+    path = tiny_dir / SINGLE_FILE_DIR / SINGLE_FILES[kind]
+    config = from_args(["--transformer-file", str(path), "--device", "cpu", "--memory", "full", "--weights",
+                        "bf16", "--output-dir", str(tmp_path)])
+    latents, _ = _latents_via_callback(EditEngine(config))
+    assert torch.equal(latents, reference[0])
+
+
+def test_single_file_with_fp8_streams_the_file(tiny_dir, tmp_path):
+    from hidream_ui.model.tiny.profiles import SINGLE_FILE_DIR, SINGLE_FILES
+
+    folder = EditEngine(AppConfig(device="cpu", memory="full", weights="fp8", output_dir=tmp_path))
+    single = EditEngine(AppConfig(device="cpu", memory="full", weights="fp8", output_dir=tmp_path,
+                                  transformer_file=tiny_dir / SINGLE_FILE_DIR / SINGLE_FILES["comfyui"]))
+    assert torch.equal(_latents_via_callback(folder)[0], _latents_via_callback(single)[0])
+
+
+def test_transformer_file_is_refused_for_e1_full(tiny_dir):
+    from hidream_ui.model.tiny.profiles import SINGLE_FILE_DIR, SINGLE_FILES
+
+    path = tiny_dir / SINGLE_FILE_DIR / SINGLE_FILES["diffusers"]
+    with pytest.raises(ConfigError, match="replaces the E1.1 transformer"):
+        from_args(["--transformer-file", str(path), "--variant", "e1-full"])
+    with pytest.raises(ConfigError, match="must be a .safetensors file"):
+        from_args(["--transformer-file", str(tiny_dir / "hidream_ui_tiny.json")])

@@ -8,9 +8,14 @@ from types import MappingProxyType
 from typing import Any
 
 # Bump whenever the bytes written for a given (profile, seed) change: ensure_tiny() keys its cache on it.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 MARKER_FILENAME = "hidream_ui_tiny.json"
+# Single-file copies of the E1.1 transformer (for --transformer-file): diffusers keys, and the ComfyUI
+# repackaged layout (every key under "model.diffusion_model.").
+SINGLE_FILE_DIR = "single_file"
+SINGLE_FILES = {"diffusers": "hidream_e1_1_diffusers.safetensors", "comfyui": "hidream_e1_1_comfyui_bf16.safetensors"}
+COMFYUI_PREFIX = "model.diffusion_model."
 # Non-LoRA keys the tiny E1-Full checkpoint replaces (names as in the adapter-wrapped state_dict). The real file's
 # plain keys are not documented; these exercise the "reload_keys" path of the editing pipeline.
 E1_FULL_PLAIN_KEYS: tuple[str, ...] = (

@@ -1,4 +1,5 @@
-"""`python -m hidream_ui bench memory [--profile tiny|bench|full] [--device ...] [--size 256] [--steps 2] [--json]`.
+"""`python -m hidream_ui bench memory [--profile tiny|bench|full] [--device ...] [--size 256] [--steps 2]
+[--calibrate] [--json]`.
 
 For every memory plan and transformer storage that can run, in a fresh subprocess each (clean
 peaks): peak device memory (the allocator's peak on CUDA/NPU; None on CPU, which has no device
@@ -118,6 +119,53 @@ def transformer_load(folder: Path) -> dict:
             "peak_ratio": round(fp8["peak_growth"] / max(1, bf16["peak_growth"]), 3)}
 
 
+def calibrate(sides=(256, 384)) -> dict:
+    """Measures the planner's activation constants on CPU (fp32): the bench profile's transformer (the real
+    hidden width, heads and MoE shape; 1 double + 1 single block) for one guidance-batch call, and the
+    release-size VAE decoding, at each side; each figure divided by the unit the planner multiplies it by."""
+    import torch
+    from diffusers import AutoencoderKL, HiDreamImageTransformer2DModel
+
+    from hidream_ui.bench.attention import _PeakMeter
+    from hidream_ui.model.layout import PROMPT_TOKENS
+    from hidream_ui.model.planner import ACTIVATION_PER_PIXEL_CHANNEL, ACTIVATION_PER_TOKEN_UNIT, GUIDANCE_BATCH
+    from hidream_ui.model.tiny.profiles import PROFILES, RELEASE_CONFIGS
+    from hidream_ui.pipeline.attention.registry import apply
+    from hidream_ui.pipeline.edit_pipeline import collapsed_tokens
+
+    meter = _PeakMeter("cpu")
+    torch.manual_seed(0)
+    transformer = HiDreamImageTransformer2DModel(**PROFILES["bench"].transformer_config()).eval()
+    apply(transformer, "sdpa", "cpu", torch.float32)
+    config = transformer.config
+    inner = config.num_attention_heads * config.attention_head_dim
+    vae = AutoencoderKL.from_config(dict(RELEASE_CONFIGS["vae"])).eval()
+    channels = RELEASE_CONFIGS["vae"]["block_out_channels"][0]
+    rows = []
+    batch = GUIDANCE_BATCH
+    for side in sides:
+        latent = torch.randn(batch, config.in_channels, side // 8, 2 * side // 8)
+        tokens, mask, sizes, ids = collapsed_tokens(latent, config.patch_size, 2 * transformer.max_seq)
+        t5_dim, llama_dim = config.caption_channels
+        inputs = dict(hidden_states=tokens, hidden_states_masks=mask, img_sizes=sizes, img_ids=ids,
+                      timesteps=torch.full((batch,), 500.0),
+                      encoder_hidden_states_t5=torch.randn(batch, PROMPT_TOKENS, t5_dim),
+                      encoder_hidden_states_llama3=torch.randn(max(config.llama_layers) + 1, batch, PROMPT_TOKENS,
+                                                               llama_dim),
+                      pooled_embeds=torch.randn(batch, config.text_emb_dim), return_dict=False)
+        n_tokens = tokens.shape[1] + 2 * PROMPT_TOKENS
+        with torch.inference_mode():
+            _, peak = meter.measure(lambda: transformer(**inputs))
+            z = torch.randn(1, 16, side // 8, side // 8)
+            _, vae_peak = meter.measure(lambda: vae.decode(z))
+        rows.append({"side": side, "tokens": n_tokens, "transformer_peak": peak,
+                     "per_token_unit": round(peak / (batch * n_tokens * inner * 4), 2),
+                     "vae_decode_peak": vae_peak,
+                     "per_pixel_channel": round(vae_peak / (side * side * channels * 4), 2)})
+    return {"method": meter.method, "rows": rows, "planner_per_token_unit": ACTIVATION_PER_TOKEN_UNIT,
+            "planner_per_pixel_channel": ACTIVATION_PER_PIXEL_CHANNEL}
+
+
 def run(profile: str, device: str, size: str, steps: int, combos: list[tuple[str, str]]) -> dict:
     import torch
 
@@ -191,6 +239,10 @@ def format_table(report: dict) -> str:
                      f"{r['host_peak_growth'] / gb:9.2f}G {r['seconds_per_step']:7.2f} "
                      f"{r['seconds_new_instruction']:7.2f} {r['seconds_cached_instruction']:8.2f} "
                      f"{r['max_abs_diff_vs_full']:12.3g}")
+    for c in report.get("calibration", {}).get("rows", []):
+        lines.append(f"calibration {c['side']}px: transformer {c['per_token_unit']} per token unit (planner "
+                     f"{report['calibration']['planner_per_token_unit']}), VAE {c['per_pixel_channel']} per pixel "
+                     f"channel (planner {report['calibration']['planner_per_pixel_channel']})")
     load = report["transformer_load"]
     lines.append(f"transformer load: bf16 resident {load['bf16']['resident_growth'] / 2**20:.0f} MiB, fp8 "
                  f"{load['fp8']['resident_growth'] / 2**20:.0f} MiB (x{load['resident_ratio']}); peak growth x"
@@ -207,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default=None,
                         help="working resolution: auto | draft | a side in pixels (default 256; tiny: auto)")
     parser.add_argument("--steps", type=int, default=2, help="denoising steps per edit (default 2)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="also measure the planner's activation constants on CPU (bench geometry; minutes)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     size = args.size or ("auto" if args.profile == "tiny" else "256")
@@ -217,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     combos = [(plan, weights) for weights in WEIGHTS for plan in PLANS]
     try:
         report = run(args.profile, args.device, size, args.steps, combos)
+        if args.calibrate:
+            report["calibration"] = calibrate()
     except (RuntimeError, ValueError) as exc:
         print(f"bench memory: {exc}", file=sys.stderr)
         return 1

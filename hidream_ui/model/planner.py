@@ -33,12 +33,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from hidream_ui.config import AppConfig
 
-# Live activation bytes of one transformer block at its peak, per (batch item x token x hidden unit x element).
-# Measured on CPU with the bench profile (hidden 2560, 20 heads x 128, the real MoE shape), fp32 and sdpa
-# (whose CPU and accelerator kernels keep O(S) attention memory); see `bench memory`'s "calibration" rows.
-ACTIVATION_PER_TOKEN_UNIT = 14.0
-# VAE decode peak per (output pixel x first-block channels x element): the up blocks' full-resolution convs.
-ACTIVATION_PER_PIXEL_CHANNEL = 6.0
+# Live activation bytes of one transformer call at its peak, per (batch item x token x hidden unit x element).
+# Measured on CPU in fp32 with the bench profile (hidden 2560, 20 heads x 128, the real MoE shape) and sdpa, whose
+# CPU and accelerator kernels keep O(S) attention memory: 25.8 at 256 px (fixed overheads dominate), 16.7 at 384,
+# 16.5 at 512 (`bench memory --calibrate`). Rounded up; not checked on an accelerator (none was available).
+ACTIVATION_PER_TOKEN_UNIT = 17.0
+# VAE decode peak per (output pixel x first-block channels x element), measured the same way with the release-size
+# VAE: 13.6 at 256 px, 11.8 at 384, 10.1 at 512, falling with size (fixed overheads); 1024 px uses the 512 figure.
+ACTIVATION_PER_PIXEL_CHANNEL = 10.0
 # Headroom auto keeps free: the larger of 1 GiB and this share of the free memory (allocator fragmentation,
 # the CUDA/NPU context, the prompt cache's embeddings).
 MARGIN_FRACTION = 0.05

@@ -16,6 +16,7 @@ growth), the figure behind "fp8 halves the transformer's resident bytes".
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -155,9 +156,8 @@ def calibrate(sides=(256, 384)) -> dict:
                       pooled_embeds=torch.randn(batch, config.text_emb_dim), return_dict=False)
         n_tokens = tokens.shape[1] + 2 * PROMPT_TOKENS
         with torch.inference_mode():
-            _, peak = meter.measure(lambda: transformer(**inputs))
-            z = torch.randn(1, 16, side // 8, side // 8)
-            _, vae_peak = meter.measure(lambda: vae.decode(z))
+            _, peak = meter.measure(functools.partial(transformer, **inputs))
+            _, vae_peak = meter.measure(functools.partial(vae.decode, torch.randn(1, 16, side // 8, side // 8)))
         rows.append({"side": side, "tokens": n_tokens, "transformer_peak": peak,
                      "per_token_unit": round(peak / (batch * n_tokens * inner * 4), 2),
                      "vae_decode_peak": vae_peak,

@@ -191,6 +191,10 @@ def test_full_plan_installs_no_hooks(reference, tiny_cache, tmp_path):
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"):
         assert installed_hooks(getattr(pipe, name)) == {}
     assert engine.model.plan.requested == "auto" and engine.model.plan.name == "full"
+    from hidream_ui.ui.status_panel import render_status
+
+    assert "Memory plan" in render_status(engine.status()) and "full · bf16 (auto)" in render_status(engine.status())
+    assert engine.status().to_dict()["memory_plan"]["name"] == "full"
 
 
 def test_fp8_output_close_to_bf16_and_reports_its_error(reference, tmp_path):

@@ -26,28 +26,20 @@ from pathlib import Path
 
 # One (plan, weights) run in a child process. argv: profile device plan weights working_resolution steps latents.
 _EDIT_CHILD = textwrap.dedent("""
-    import json, sys, threading, time
-    import psutil
-    proc = psutil.Process()
+    import json, sys, time
     import torch, diffusers, transformers  # imports are the baseline
+    from hidream_ui.bench.rss import PeakRSS
     from hidream_ui.config import AppConfig
     from hidream_ui.engine.engine import EditEngine
     from hidream_ui.requests import EditRequest, EditParams
     from PIL import Image
     import numpy as np
-    baseline = proc.memory_info().rss
-    peak = [baseline]
-    stop = threading.Event()
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            time.sleep(0.005)
-    threading.Thread(target=sample, daemon=True).start()
+    rss = PeakRSS()
     profile, device, plan, weights, size, steps, latents_path = sys.argv[1:8]
     config = AppConfig(tiny_profile=profile, device=device, memory=plan, weights=weights, output_dir="/tmp")
     engine = EditEngine(config)
     t0 = time.perf_counter(); engine.load(); load_s = time.perf_counter() - t0
-    load_peak = peak[0]
+    load_peak = rss.peak
     pipe = engine.model.pipeline
     captured = {}
     step = pipe.scheduler.step
@@ -65,41 +57,33 @@ _EDIT_CHILD = textwrap.dedent("""
         result = engine.edit(EditRequest(image=image, params=EditParams.from_dict(values)), save=False)
         runs.append({"label": label, "seconds": time.perf_counter() - t0, "per_step": result.timings.per_step,
                      "text_encode": result.timings.text_encode, "device_peak": result.peak_memory_bytes})
-    stop.set()
+    peak = rss.stop()
     torch.save(captured["latents"], latents_path)
-    print(json.dumps({"plan": engine.model.plan.to_dict(), "load_seconds": load_s, "baseline_rss": baseline,
-                      "load_peak_rss": load_peak, "peak_rss": max(peak[0], proc.memory_info().rss), "runs": runs,
+    print(json.dumps({"plan": engine.model.plan.to_dict(), "load_seconds": load_s, "baseline_rss": rss.baseline,
+                      "load_peak_rss": load_peak, "peak_rss": peak, "runs": runs,
                       "working_size": list(result.working_size)}))
 """)
 
 # The transformer alone, streamed into bf16 or fp8 storage. argv: folder fp8(0/1).
 _LOAD_CHILD = textwrap.dedent("""
-    import json, sys, threading, time
-    import psutil
-    proc = psutil.Process()
+    import json, sys, time
     import torch, diffusers, accelerate, safetensors
     from pathlib import Path
     from accelerate.utils import set_module_tensor_to_device
     from diffusers import HiDreamImageTransformer2DModel  # imports are the baseline, not the load
+    from hidream_ui.bench.rss import PeakRSS
     from hidream_ui.model.fp8 import load_streamed, weight_files
     folder = Path(sys.argv[1]); fp8 = sys.argv[2] == "1"
     config = json.loads((folder / "config.json").read_text())
-    baseline = proc.memory_info().rss
-    peak = [baseline]
-    stop = threading.Event()
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            time.sleep(0.002)
-    threading.Thread(target=sample, daemon=True).start()
+    rss = PeakRSS(interval=0.002)
     t0 = time.perf_counter()
     model = load_streamed(config, weight_files(folder), torch.bfloat16, fp8=fp8)
     seconds = time.perf_counter() - t0
-    stop.set()
-    resident = proc.memory_info().rss
+    peak = rss.stop()
+    resident = rss.now()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(json.dumps({"fp8": fp8, "seconds": seconds, "peak_growth": max(peak[0], resident) - baseline,
-                      "resident_growth": resident - baseline, "param_bytes": params}))
+    print(json.dumps({"fp8": fp8, "seconds": seconds, "peak_growth": peak - rss.baseline,
+                      "resident_growth": resident - rss.baseline, "param_bytes": params}))
 """)
 
 

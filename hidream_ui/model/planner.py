@@ -158,10 +158,6 @@ def _part_size(module, block_modules=(), fp8_names: set[str] | None = None) -> P
                     nonleaf=total - sum(leaf_counts), max_leaf=max(leaf_counts, default=0), max_fp8_leaf=max_fp8)
 
 
-def _hf_config(cls, config: Mapping[str, Any]):
-    return cls.from_dict({k: v for k, v in config.items() if not k.startswith("_")})
-
-
 def _public(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items() if not k.startswith("_")}
 
@@ -169,28 +165,15 @@ def _public(config: Mapping[str, Any]) -> dict[str, Any]:
 @functools.lru_cache(maxsize=8)
 def _sizes_cached(key: str) -> ModelSizes:
     import torch
-    from diffusers import AutoencoderKL, HiDreamImageTransformer2DModel
-    from transformers import (
-        CLIPTextConfig,
-        CLIPTextModelWithProjection,
-        LlamaConfig,
-        LlamaModel,
-        T5Config,
-        T5EncoderModel,
-    )
 
     from hidream_ui.model.fp8 import fp8_module_names
+    from hidream_ui.model.tiny.in_memory import instantiate
 
     configs = json.loads(key)
     with torch.device("meta"):
-        transformer = HiDreamImageTransformer2DModel.from_config(configs["transformer"])
-        encoders = {
-            "clip_l": CLIPTextModelWithProjection(_hf_config(CLIPTextConfig, configs["clip_l"])),
-            "clip_g": CLIPTextModelWithProjection(_hf_config(CLIPTextConfig, configs["clip_g"])),
-            "t5": T5EncoderModel(_hf_config(T5Config, configs["t5"])),
-            "llama": LlamaModel(_hf_config(LlamaConfig, configs["llama"])),
-        }
-        vae = AutoencoderKL.from_config(configs["vae"])
+        transformer = instantiate("transformer", configs["transformer"])
+        encoders = {part: instantiate(part, configs[part]) for part in ENCODER_PARTS}
+        vae = instantiate("vae", configs["vae"])
     tconf, vconf, lconf = configs["transformer"], configs["vae"], configs["llama"]
     return ModelSizes(
         transformer=_part_size(transformer, fp8_names=set(fp8_module_names(transformer))),

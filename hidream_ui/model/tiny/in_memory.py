@@ -38,7 +38,9 @@ def _merged(folder: Path, dims: Mapping[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _instantiate(component: str, config: dict[str, Any]):
+def instantiate(part: str, config: Mapping[str, Any]):
+    """One part (a RELEASE_CONFIGS key) from its config, on whatever device context the caller set (`meta`
+    for the planner, empty weights here). The one home of "which class is each part"."""
     from diffusers import AutoencoderKL, HiDreamImageTransformer2DModel
     from transformers import (
         CLIPTextConfig,
@@ -50,13 +52,13 @@ def _instantiate(component: str, config: dict[str, Any]):
     )
 
     public = {k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"}
-    if component == "transformer":
+    if part == "transformer":
         return HiDreamImageTransformer2DModel.from_config(public)
-    if component == "vae":
+    if part == "vae":
         return AutoencoderKL.from_config(public)
-    if component == "text_encoder_4":
+    if part == "llama":
         return LlamaModel(LlamaConfig.from_dict(public))
-    if component == "text_encoder_3":
+    if part == "t5":
         return T5EncoderModel(T5Config.from_dict(public))
     return CLIPTextModelWithProjection(CLIPTextConfig.from_dict(public))
 
@@ -99,11 +101,11 @@ def release_parts(llama_folder: Path, i1_folder: Path, dtype: "torch.dtype", *, 
         config_folder = llama_folder if folder is None else i1_folder / folder
         config = _merged(config_folder, profiles.RELEASE_CONFIGS[part])
         with init_empty_weights(include_buffers=False):
-            module = _instantiate(component, config)
+            module = instantiate(part, config)
         low = fp8_parameter_names(module) if fp8 and component == "transformer" else set()
         _fill(module, dtype, placement.get(component, "cpu"), seed + offset, low, getattr(torch, STORAGE_DTYPE_NAME))
         parts[component] = module.eval().requires_grad_(False)
     return parts
 
 
-__all__ = ["release_parts"]
+__all__ = ["instantiate", "release_parts"]

@@ -351,3 +351,21 @@ def test_transformer_file_is_refused_for_e1_full(tiny_dir):
         from_args(["--transformer-file", str(path), "--variant", "e1-full"])
     with pytest.raises(ConfigError, match="must be a .safetensors file"):
         from_args(["--transformer-file", str(tiny_dir / "hidream_ui_tiny.json")])
+
+
+# ----------------------------------------------------------------------------------------------- bench memory
+
+
+def test_bench_memory_measures_plans_side_by_side(tiny_cache):
+    """Two plans through the real benchmark (fresh processes): offload matches full bit for bit, each row has
+    the planner's prediction beside the measured figures."""
+    from hidream_ui.bench.memory import format_table, run
+
+    report = run("tiny", "cpu", "auto", 1, [("full", "bf16"), ("blocks", "bf16")], transformer_load_too=False)
+    rows = {row["plan"]: row for row in report["rows"]}
+    assert rows["full"]["max_abs_diff_vs_full"] == 0 and rows["blocks"]["max_abs_diff_vs_full"] == 0
+    for row in rows.values():
+        assert row["predicted_peak"] > 0 and row["host_peak_growth"] > 0 and row["seconds_per_step"] > 0
+        assert row["device_peak"] is None  # CPU: no device allocator
+    assert rows["blocks"]["predicted_peak"] < rows["full"]["predicted_peak"]
+    assert "blocks" in format_table(report)

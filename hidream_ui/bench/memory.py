@@ -150,7 +150,8 @@ def calibrate(sides=(256, 384)) -> dict:
             "planner_per_pixel_channel": ACTIVATION_PER_PIXEL_CHANNEL}
 
 
-def run(profile: str, device: str, size: str, steps: int, combos: list[tuple[str, str]]) -> dict:
+def run(profile: str, device: str, size: str, steps: int, combos: list[tuple[str, str]], *,
+        transformer_load_too: bool = True) -> dict:
     import torch
 
     from hidream_ui.config import AppConfig
@@ -201,7 +202,7 @@ def run(profile: str, device: str, size: str, steps: int, combos: list[tuple[str
                 working_size=list(working),
             )
             rows.append(row)
-        load = transformer_load(Path(sources.e1) / "transformer")
+        load = transformer_load(Path(sources.e1) / "transformer") if transformer_load_too else None
     return {"benchmark": "memory", "profile": profile, "device": dev.torch_device, "dtype": str(dtype),
             "size": size, "steps": steps, "rows": rows, "transformer_load": load,
             "note": "CPU: no device allocator; predicted_over_measured compares with the host RSS growth"
@@ -228,6 +229,8 @@ def format_table(report: dict) -> str:
                      f"{report['calibration']['planner_per_token_unit']}), VAE {c['per_pixel_channel']} per pixel "
                      f"channel (planner {report['calibration']['planner_per_pixel_channel']})")
     load = report["transformer_load"]
+    if load is None:
+        return "\n".join(lines)
     lines.append(f"transformer load: bf16 resident {load['bf16']['resident_growth'] / 2**20:.0f} MiB, fp8 "
                  f"{load['fp8']['resident_growth'] / 2**20:.0f} MiB (x{load['resident_ratio']}); peak growth x"
                  f"{load['peak_ratio']}")

@@ -369,3 +369,23 @@ def test_bench_memory_measures_plans_side_by_side(tiny_cache):
         assert row["device_peak"] is None  # CPU: no device allocator
     assert rows["blocks"]["predicted_peak"] < rows["full"]["predicted_peak"]
     assert "blocks" in format_table(report)
+
+
+# ----------------------------------------------------------------------------------------------- composition
+
+
+def test_fp8_composes_with_e1_full_lora_and_the_refine_weight_swap(tiny_cache, tmp_path):
+    lora = EditEngine(AppConfig(device="cpu", memory="full", weights="fp8", variant="e1-full", output_dir=tmp_path))
+    lora.edit(EditRequest(image=_picture(), params=edit_params(steps=2, seed=1)), save=False)
+    params = dict(lora.model.pipeline.transformer.named_parameters())
+    assert {p.dtype for n, p in params.items() if "lora_" in n} == {torch.float32}  # the adapter is not fp8
+    assert params["double_stream_blocks.0.block.attn1.to_q.base_layer.weight"].dtype == torch.float8_e4m3fn
+
+    swap = EditEngine(AppConfig(device="cpu", memory="encoders-cpu", weights="fp8", refiner="i1",
+                                output_dir=tmp_path))
+    swap.edit(EditRequest(image=_picture(), params=edit_params(steps=3, seed=1)), save=False)
+    weights = swap.model.swap
+    assert weights.swaps >= 2 and weights.active == "edit"
+    # The second set is kept in each parameter's own storage dtype (fp8 where fp8 stores).
+    assert all(weights.inactive[name].dtype == weights.params[name].dtype for name in weights.inactive)
+    assert any(t.dtype == torch.float8_e4m3fn for t in weights.inactive.values())

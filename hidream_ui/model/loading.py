@@ -280,6 +280,12 @@ def _attach_e1_full(transformer, e1_source: str, dtype) -> dict:
     transformer.add_adapter(LoraConfig(
         r=E1_FULL_LORA_RANK, lora_alpha=E1_FULL_LORA_ALPHA, lora_dropout=0.0,
         target_modules=list(E1_FULL_LORA_TARGETS), init_lora_weights="gaussian"))
+    # peft makes adapter weights in the base layer's dtype: under fp8 storage that would be float8. The LoRA
+    # stays in the compute dtype (fp8 skips it); a no-op when the base layers are in `dtype` already.
+    with torch.no_grad():
+        for name, param in transformer.named_parameters():
+            if "lora_" in name and param.dtype != dtype:
+                param.data = param.data.to(dtype)
     state = load_file(str(path))
     own = transformer.state_dict(keep_vars=True)
     unexpected = sorted(k for k in state if k not in own)

@@ -389,3 +389,12 @@ def test_fp8_composes_with_e1_full_lora_and_the_refine_weight_swap(tiny_cache, t
     # The second set is kept in each parameter's own storage dtype (fp8 where fp8 stores).
     assert all(weights.inactive[name].dtype == weights.params[name].dtype for name in weights.inactive)
     assert any(t.dtype == torch.float8_e4m3fn for t in weights.inactive.values())
+
+
+def test_hub_sources_load_with_the_asked_plan_without_a_prediction(tmp_path):
+    from hidream_ui.device.detect import resolve_device
+    from hidream_ui.model.planner import resolve_plan
+
+    config = AppConfig(device="cpu", i1="org/i1", e1="org/e1", llama="org/llama", memory="encoders-cpu")
+    plan = resolve_plan(config, resolve_device("cpu"), torch.float32)
+    assert plan.name == "encoders-cpu" and plan.predicted_peak is None and "no prediction" in plan.reason

@@ -192,6 +192,10 @@ def sizes_from_configs(configs: Mapping[str, Mapping[str, Any]]) -> ModelSizes:
     return _sizes_cached(json.dumps({k: _public(v) for k, v in configs.items()}, sort_keys=True))
 
 
+class ConfigsUnavailable(PlanRefused):
+    """The part configs are not on local disk (a hub id not downloaded yet): nothing to predict from."""
+
+
 def read_configs(config: "AppConfig") -> dict[str, dict[str, Any]]:
     """The part configs of the configured model from its config files (the tiny checkpoint is built first
     if needed); for the `full` profile, the tiny files with the release's dimensions laid over them, as
@@ -212,7 +216,7 @@ def read_configs(config: "AppConfig") -> dict[str, dict[str, Any]]:
         try:
             out[part] = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            raise PlanRefused(f"cannot plan: {path} is not readable ({exc})") from None
+            raise ConfigsUnavailable(f"cannot plan: {path} is not readable ({exc})") from None
         if full:
             out[part].update(_public(profiles.RELEASE_CONFIGS[part]))
     return out
@@ -393,8 +397,16 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
 
 
 def resolve_plan(config: "AppConfig", device, dtype: "torch.dtype", backends=None) -> MemoryPlan:
-    """The plan the engine loads with; PlanRefused (with the numbers) when none fits."""
-    choice = plan_for(config, device, dtype, backends)
+    """The plan the engine loads with; PlanRefused (with the numbers) when none fits. A model whose configs
+    are not local yet (hub ids) gets the plan asked for (auto: `full`, bf16 unless fp8 was asked for)
+    without a prediction: diffusers downloads the configs only as it loads."""
+    try:
+        choice = plan_for(config, device, dtype, backends)
+    except ConfigsUnavailable as exc:
+        memory = requested_plan(config)
+        return MemoryPlan(name="full" if memory == "auto" else memory,
+                          weights="fp8" if config.weights == "fp8" else "bf16", requested=memory,
+                          requested_weights=config.weights, reason=f"no prediction: {exc}")
     if choice.chosen is None:
         raise PlanRefused(choice.refusal or "no memory plan fits")
     return choice.chosen
@@ -419,6 +431,6 @@ def parse_bytes(text: str) -> int:
     return int(value * scale)
 
 
-__all__ = ["ModelSizes", "PartSize", "PlanChoice", "PlanEstimate", "activation_bytes", "candidates", "choose",
-           "default_working_size", "estimate", "margin", "parse_bytes", "plan_for", "read_configs", "resolve_plan",
-           "sizes_from_configs"]
+__all__ = ["ConfigsUnavailable", "ModelSizes", "PartSize", "PlanChoice", "PlanEstimate", "activation_bytes",
+           "candidates", "choose", "default_working_size", "estimate", "margin", "parse_bytes", "plan_for",
+           "read_configs", "resolve_plan", "sizes_from_configs"]

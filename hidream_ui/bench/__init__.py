@@ -1,4 +1,4 @@
-"""`python -m hidream_ui bench <load|edit|attention|batch|app|soak> [--json] ...`.
+"""`python -m hidream_ui bench <load|edit|attention|batch|app|soak|memory> [--json] ...`.
 
 Benchmarks print numbers measured side by side in one run (and ratios between them); they are
 not tests and assert nothing. Each kind lives in its own module, imported only when asked for.

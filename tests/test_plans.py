@@ -398,3 +398,20 @@ def test_hub_sources_load_with_the_asked_plan_without_a_prediction(tmp_path):
     config = AppConfig(device="cpu", i1="org/i1", e1="org/e1", llama="org/llama", memory="encoders-cpu")
     plan = resolve_plan(config, resolve_device("cpu"), torch.float32)
     assert plan.name == "encoders-cpu" and plan.predicted_peak is None and "no prediction" in plan.reason
+
+
+def test_fp8_is_refused_with_the_reason_where_the_device_cannot_hold_it(tiny_cache):
+    """A (fake) NPU: no torch_npu here, so the real fp8 round trip on "npu:0" fails and its reason is given;
+    `auto` then skips the fp8 rows instead of refusing."""
+    from fakes import FakeNPUBackend
+
+    from hidream_ui.device.backends import CPUBackend, DeviceInfo
+    from hidream_ui.model.plans import PlanRefused
+
+    npu = DeviceInfo(type="npu", index=0, torch_device="npu:0", name="FakeNPU-0")
+    backends = {"npu": FakeNPUBackend(), "cpu": CPUBackend()}
+    with pytest.raises(PlanRefused, match="cannot hold float8_e4m3fn tensors on npu:0"):
+        plan_for(AppConfig(weights="fp8"), npu, torch.bfloat16, backends)
+    choice = plan_for(AppConfig(), npu, torch.bfloat16, backends, free=24 * GB)
+    assert all("float8" in row.note for row in choice.rows if row.weights == "fp8")
+    assert choice.chosen.weights == "bf16"

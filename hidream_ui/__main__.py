@@ -15,6 +15,7 @@ COMMANDS = {
     "edit": ("hidream_ui.cli.edit", "edit one image from the command line; prints a JSON summary"),
     "doctor": ("hidream_ui.cli.doctor",
                "report versions, devices, dtypes and model paths; non-zero if the model cannot load"),
+    "plan": ("hidream_ui.cli.plan", "predict every memory plan's device peak before loading; mark the one auto picks"),
     "bench": ("hidream_ui.bench", f"benchmarks: {' | '.join(KINDS)} (print JSON with --json)"),
     "make-tiny": ("hidream_ui.model.tiny.build",
                   "build the offline random-weight HiDream checkpoint in the upstream layout"),

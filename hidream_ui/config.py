@@ -21,7 +21,7 @@ from hidream_ui.device.detect import parse_device_spec
 VARIANTS = ("e1.1", "e1-full")
 TEXT_ENCODER_MODES = ("device", "cpu", "offload")
 REFINERS = ("e1", "i1")
-TINY_PROFILES = ("tiny", "bench")
+TINY_PROFILES = ("tiny", "bench", "full")  # full: release dimensions, random weights built in memory
 # Instruction rewriting (README "Instruction rewriting"). "auto": openai when a URL is given, else off.
 REWRITERS = ("auto", "off", "local", "openai")
 REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
@@ -47,6 +47,10 @@ class AppConfig:
     attention: str = "auto"
     text_encoders: str = "device"
     refiner: str = "e1"
+    # Memory plan and transformer storage (README "Memory plans"); auto = chosen from free memory at load.
+    memory: str = "auto"
+    weights: str = "auto"
+    transformer_file: Path | None = None
     prompt_cache_size: int = 32
     # Several devices (README "Several devices"): one engine per device, e.g. ("npu:0", "npu:1") or
     # ("all",); () = one engine on `device`. `placement`: (part, device) pairs splitting one model.
@@ -104,7 +108,7 @@ _MODEL_OPTIONS = [
     ("--e1", ("HIDREAM_E1",), "e1", "HiDream-E1-1 (or HiDream-E1-Full for --variant e1-full): folder or hub id"),
     ("--variant", ("HIDREAM_VARIANT",), "variant", f"model variant: {' | '.join(VARIANTS)} (default e1.1)"),
     ("--tiny-profile", ("HIDREAM_TINY_PROFILE",), "tiny_profile",
-     "offline random-weight model used when no weights are configured: tiny | bench"),
+     "offline random-weight model used when no weights are configured: tiny | bench | full (release size, in memory)"),
     ("--device", ("HIDREAM_DEVICE", "PREFERRED_DEVICE"), "device", "auto | npu | npu:N | cuda | cuda:N | cpu"),
     ("--dtype", ("HIDREAM_DTYPE",), "dtype", "auto | bf16 | fp16 | fp32 (auto probes the device)"),
     ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),
@@ -115,6 +119,12 @@ _MODEL_OPTIONS = [
      "(every visible accelerator); not with --device"),
     ("--placement", ("HIDREAM_PLACEMENT",), "placement",
      "parts of one model on different devices: transformer=DEV,encoders=DEV[,vae=DEV]"),
+    ("--memory", ("HIDREAM_MEMORY",), "memory",
+     "memory plan: auto (the fastest that fits) | full | encoders-offload | encoders-cpu | blocks | sequential"),
+    ("--weights", ("HIDREAM_WEIGHTS",), "weights",
+     "transformer storage: auto (bf16 unless only fp8 fits without streaming) | bf16 | fp8"),
+    ("--transformer-file", ("HIDREAM_TRANSFORMER_FILE",), "transformer_file",
+     "single-file transformer checkpoint (.safetensors, diffusers or ComfyUI keys) used in place of the folder"),
     ("--refiner", ("HIDREAM_REFINER",), "refiner",
      "weights of the refine stage: e1 (what upstream computes, zero copies) | i1 (HiDream-I1-Full, swapped)"),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
@@ -213,7 +223,7 @@ def from_args(argv: list[str] | None = None, environ: Mapping[str, str] | None =
 def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
     fields: dict[str, object] = {}
     for dest, (source, value) in raw.items():
-        if dest in ("model_dir", "output_dir", "auth_file"):
+        if dest in ("model_dir", "output_dir", "auth_file", "transformer_file"):
             fields[dest] = Path(str(value)).expanduser()
         elif dest in _INT_FIELDS:
             fields[dest] = _to_int(source, value)
@@ -228,7 +238,7 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
         elif dest in ("rewriter_url", "rewriter_model"):
             fields[dest] = str(value).strip() or None
         elif dest in ("device", "dtype", "variant", "attention", "text_encoders", "refiner", "tiny_profile",
-                      "rewriter"):
+                      "rewriter", "memory", "weights"):
             fields[dest] = str(value).strip().lower()
         else:
             fields[dest] = value
@@ -292,7 +302,9 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError("use either --auth or --auth-file, not both")
     _validate_rewriter(config)
     _validate_devices(config)
-    return config
+    from hidream_ui.model.plans import validate_memory_options
+
+    return validate_memory_options(config, ConfigError)
 
 
 def _validate_devices(config: AppConfig) -> None:

@@ -419,6 +419,7 @@ class RunInfo:
     versions: dict[str, str]
     batch_size: int = 1  # items in the pipeline call that produced the result
     engine: str | None = None  # the pool's engine that ran it ("npu:1", "cpu#2"), with --devices
+    memory_plan: dict[str, Any] | None = None  # MemoryPlan.to_dict(): plan, weights, prediction (model/plans.py)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -36,8 +36,8 @@ def cpu_tensors(monkeypatch, tiny_cache):
     real = loading.load_model
     cpu = resolve_device("cpu")
 
-    def load(config, device, dtype, on_progress=None, sources=None):
-        model = real(config, cpu, dtype, on_progress=on_progress, sources=sources)
+    def load(config, device, dtype, on_progress=None, sources=None, plan=None):
+        model = real(config, cpu, dtype, on_progress=on_progress, sources=sources, plan=plan)
         return dataclasses.replace(model, device=device)
 
     monkeypatch.setattr(loading, "load_model", load)

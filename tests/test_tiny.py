@@ -105,6 +105,9 @@ def test_layout_mirrors_the_upstream_folders(tiny_dir):
         "HiDream-E1-1/transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
         "HiDream-E1-1/transformer/diffusion_pytorch_model.safetensors.index.json",
         "HiDream-E1-Full/HiDream-E1-Full.safetensors",
+        # --transformer-file inputs: the E1.1 transformer as one file, diffusers and ComfyUI key layouts
+        f"{profiles.SINGLE_FILE_DIR}/{profiles.SINGLE_FILES['diffusers']}",
+        f"{profiles.SINGLE_FILE_DIR}/{profiles.SINGLE_FILES['comfyui']}",
     }
     for clip_tokenizer in ("tokenizer", "tokenizer_2"):
         expected |= {

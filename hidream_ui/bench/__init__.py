@@ -1,4 +1,4 @@
-"""`python -m hidream_ui bench <load|edit|attention|batch|app|soak|pool> [--json] ...`.
+"""`python -m hidream_ui bench <load|edit|attention|batch|app|soak|pool|memory|speed> [--json] ...`.
 
 Benchmarks print numbers measured side by side in one run (and ratios between them); they are
 not tests and assert nothing. Each kind lives in its own module, imported only when asked for.
@@ -16,6 +16,7 @@ KINDS = {
     "app": ("hidream_ui.bench.app", "cold start of `python app.py` to serving"),
     "soak": ("hidream_ui.bench.soak", "N edits through the running app: RSS growth, cached/output files, failures"),
     "pool": ("hidream_ui.bench.pool", "N concurrent edits through the app: --device cpu vs --devices cpu,cpu"),
+    "memory": ("hidream_ui.bench.memory", "every memory plan and storage: peaks, speed, error vs full, prediction"),
 }
 
 

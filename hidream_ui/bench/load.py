@@ -15,18 +15,10 @@ import sys
 import textwrap
 
 _CHILD = textwrap.dedent("""
-    import json, sys, threading, time
-    import psutil
-    proc = psutil.Process()
+    import json, sys, time
     import torch, diffusers, transformers  # baseline: imports only
-    baseline = proc.memory_info().rss
-    peak = [baseline]
-    stop = threading.Event()
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            time.sleep(0.01)
-    thread = threading.Thread(target=sample, daemon=True); thread.start()
+    from hidream_ui.bench.rss import PeakRSS
+    rss = PeakRSS(interval=0.01)
     from hidream_ui.config import AppConfig
     from hidream_ui.device.detect import resolve_device, resolve_dtype
     from hidream_ui.model.loading import load_model
@@ -36,8 +28,7 @@ _CHILD = textwrap.dedent("""
     t0 = time.perf_counter()
     model = load_model(config, device, dtype)
     seconds = time.perf_counter() - t0
-    stop.set(); thread.join()
-    peak[0] = max(peak[0], proc.memory_info().rss)
+    peak = rss.stop()
     # CPU weights may still be lazily mapped from the safetensors files: read every parameter once so
     # the resident size is the real cost, not the part touched so far.
     with torch.no_grad():
@@ -45,11 +36,11 @@ _CHILD = textwrap.dedent("""
             if isinstance(c, torch.nn.Module):
                 for p in c.parameters():
                     p.float().sum()
-    touched = proc.memory_info().rss
+    touched = rss.now()
     params = sum(p.numel() * p.element_size() for c in model.pipeline.components.values()
                  if isinstance(c, torch.nn.Module) for p in c.parameters())
-    print(json.dumps({"seconds": seconds, "baseline_rss": baseline, "peak_rss": peak[0],
-                      "final_rss": proc.memory_info().rss, "touched_rss": touched,
+    print(json.dumps({"seconds": seconds, "baseline_rss": rss.baseline, "peak_rss": peak,
+                      "final_rss": rss.now(), "touched_rss": touched,
                       "weight_file_bytes": model.weight_bytes,
                       "resident_param_bytes": params}))
 """)

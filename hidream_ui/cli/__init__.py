@@ -1,1 +1,1 @@
-"""Command-line entry points: `app` (the Gradio app), `edit`, `doctor`."""
+"""Command-line entry points: `app` (the Gradio app), `edit`, `doctor`, `plan`."""

@@ -154,6 +154,8 @@ class EditEngine:
                 return self._model
             from hidream_ui.device.runtime import bind_device_to_thread
             from hidream_ui.model.loading import load_model
+            from hidream_ui.model.planner import resolve_plan
+            from hidream_ui.model.plans import PlanRefused
             from hidream_ui.model.sources import ModelError
 
             self._state = "loading"
@@ -168,10 +170,14 @@ class EditEngine:
             try:
                 device, dtype = self.device, self.dtype
                 bind_device_to_thread(device, backends=self._backends)
-                model = load_model(self.config, device, dtype, on_progress=progress)
+                # The memory plan is decided from the configs and the free memory before any weight is read,
+                # so a model that cannot fit is refused with the numbers instead of failing mid-load.
+                plan = resolve_plan(self.config, device, dtype, backends=self._backends)
+                progress(0.0, f"memory plan {plan.label}: {plan.reason}")
+                model = load_model(self.config, device, dtype, on_progress=progress, plan=plan)
                 self._model = model
                 self._apply_attention_at_load()
-            except ModelError as exc:
+            except (ModelError, PlanRefused) as exc:
                 self._last_error = str(exc)
                 raise EngineError(str(exc)) from exc
             except Exception as exc:
@@ -184,7 +190,8 @@ class EditEngine:
             if oom:
                 self._free()
                 raise EngineError(f"out of memory while loading the model on {self.device.torch_device}: "
-                                  "try --text-encoders cpu, a smaller dtype, or another device")
+                                  "try a smaller --memory plan (see `python -m hidream_ui plan`), --weights fp8, "
+                                  "or another device")
             logger.info("model loaded: %s", model.sources.to_dict())
             return model
 
@@ -555,6 +562,7 @@ class EditEngine:
             attention=self._attention,
             refiner=self.config.refiner,
             engine=self.pool_label,
+            memory_plan=model.plan.to_dict() if model is not None and model.plan is not None else None,
             versions={"hidream_ui": __version__, "torch": torch.__version__,
                       "diffusers": diffusers.__version__, "transformers": transformers.__version__},
         )
@@ -592,6 +600,7 @@ class EditEngine:
             status = status.replace(
                 model_paths=model.sources.to_dict(names_only=self.hide_paths),
                 load_seconds=round(model.load_seconds, 3),
+                memory_plan=model.plan,
                 weight_swap=None if swap is None else WeightSwapStats(
                     tensors=len(swap.inactive), bytes=swap.nbytes, on_device=swap.on_device, swaps=swap.swaps,
                     bytes_copied=swap.bytes_copied))

@@ -13,6 +13,7 @@ from typing import Any
 
 from hidream_ui.device.memory import MemorySnapshot
 from hidream_ui.device.telemetry import DeviceTelemetry
+from hidream_ui.model.plans import MemoryPlan
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,7 @@ class EngineStatus:
     model_paths: dict[str, Any] | None = None
     load_seconds: float | None = None
     weight_swap: WeightSwapStats | None = None
+    memory_plan: MemoryPlan | None = None  # the plan the model was placed with (model/plans.py)
     # Added by the UI.
     queue: QueueFigures | None = None
     rewriter: RewriterStatus | None = None

@@ -1,5 +1,6 @@
 """The model: `layout` (upstream folder names, LoRA geometry), `sources` (where parts come from,
-verification), `geometry`, `loading`, and `tiny/` (the offline checkpoint builder).
+verification), `geometry`, `loading`, `plans` / `planner` / `fp8` (memory plans, their predicted
+peaks, fp8 storage), and `tiny/` (the offline checkpoint builder).
 
 Where the weights come from, checking them before a load, and loading them for E1.1 / E1-Full.
 

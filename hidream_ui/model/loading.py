@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Callable
 from hidream_ui.config import AppConfig
 from hidream_ui.model.geometry import Geometry, geometry_for
 from hidream_ui.model.layout import E1_FULL_FILE, E1_FULL_LORA_ALPHA, E1_FULL_LORA_RANK, E1_FULL_LORA_TARGETS
+from hidream_ui.model.plans import TEXT_ENCODERS
 from hidream_ui.model.sources import ModelError, ModelSources, _is_local, resolve_sources, verify_sources
+from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from hidream_ui.device.backends import DeviceInfo
+    from hidream_ui.model.plans import MemoryPlan
     from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
 
 
@@ -89,6 +92,7 @@ class LoadedModel:
     uses_lora: bool = False
     load_seconds: float = 0.0
     weight_bytes: int = 0
+    plan: "MemoryPlan | None" = None  # the memory plan the model was placed with
 
     def use_stage_weights(self, stage: str) -> None:
         """Puts the transformer in the state of `stage` ("edit" or "refine")."""
@@ -133,21 +137,29 @@ _LOAD_LOCK = threading.Lock()
 
 
 def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
-               on_progress: ProgressFn | None = None, sources: ModelSources | None = None) -> LoadedModel:
-    """Loads the pipeline for `config.variant` onto `device` in `dtype` (one load at a time per process)."""
+               on_progress: ProgressFn | None = None, sources: ModelSources | None = None,
+               plan: "MemoryPlan | None" = None) -> LoadedModel:
+    """Loads the pipeline for `config.variant` onto `device` in `dtype`, placed by `plan` (one load at a
+    time per process)."""
     with _LOAD_LOCK:
-        return _load_model(config, device, dtype, on_progress, sources)
+        return _load_model(config, device, dtype, on_progress, sources, plan)
 
 
 def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
-                on_progress: ProgressFn | None = None, sources: ModelSources | None = None) -> LoadedModel:
-    """Loads the pipeline for `config.variant` onto `device` in `dtype`.
+                on_progress: ProgressFn | None = None, sources: ModelSources | None = None,
+                plan: "MemoryPlan | None" = None) -> LoadedModel:
+    """Loads the pipeline for `config.variant` onto `device` in `dtype`, placed by `plan` (the
+    memory plan; None: everything resident in bf16 storage, i.e. `full`) and `--placement`.
 
     Weights go straight into `dtype` (diffusers/transformers stream the safetensors shards into
-    an empty model), so a bf16 checkpoint never exists as an fp32 copy on the host.
+    an empty model), so a bf16 checkpoint never exists as an fp32 copy on the host; an fp8 plan's
+    transformer is streamed tensor by tensor straight into fp8 (model/fp8.py).
     """
+    from hidream_ui.model.plans import MemoryPlan, apply_plan
+
+    plan = plan or MemoryPlan(name="full", weights="bf16", requested="full", requested_weights="bf16")
+    fp8 = plan.weights == "fp8"
     import torch
-    from diffusers import HiDreamImageTransformer2DModel
     from transformers import AutoTokenizer, LlamaModel
 
     from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
@@ -161,23 +173,30 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
 
     progress(0.05, f"loading Llama text encoder from {sources.llama}")
     tokenizer_4 = AutoTokenizer.from_pretrained(sources.llama, **_load_kwargs(sources.llama))
-    # LlamaModel, not LlamaForCausalLM: HiDream only reads hidden states, and the 8B LM head
-    # (128k x 4096) would cost 1 GB of memory for nothing. Default attention implementation
-    # (sdpa): asking for attentions at load would force the slow eager path.
-    text_encoder_4 = LlamaModel.from_pretrained(sources.llama, dtype=dtype, **_load_kwargs(sources.llama))
+    if sources.tiny_profile == FULL_PROFILE_NAME:
+        text_encoder_4 = None  # made in memory with the other parts below
+    else:
+        # LlamaModel, not LlamaForCausalLM: HiDream only reads hidden states, and the 8B LM head
+        # (128k x 4096) would cost 1 GB of memory for nothing. Default attention implementation
+        # (sdpa): asking for attentions at load would force the slow eager path.
+        text_encoder_4 = LlamaModel.from_pretrained(sources.llama, dtype=dtype, **_load_kwargs(sources.llama))
 
     progress(0.35, "loading transformer")
     uses_lora = sources.variant == "e1-full"
     swap_sets: dict[str, torch.Tensor] = {}
-    if sources.variant == "e1.1":
-        transformer = HiDreamImageTransformer2DModel.from_pretrained(
-            sources.e1, subfolder="transformer", dtype=dtype, **_load_kwargs(sources.e1))
+    made: dict = {}  # components made in memory (the full profile), passed to the pipeline as they are
+    if sources.tiny_profile == FULL_PROFILE_NAME:
+        made = _release_parts(config, sources, plan, device, dtype)
+        text_encoder_4 = made.pop("text_encoder_4")
+        transformer = made.pop("transformer")
+    elif sources.variant == "e1.1":
+        transformer = _load_transformer(Path(sources.e1) if _is_local(sources.e1) else sources.e1, dtype, fp8,
+                                        config.transformer_file)
         if config.refiner == "i1":
             progress(0.5, "loading HiDream-I1-Full transformer weights for the refine stage")
             swap_sets = _differing_tensors(transformer, Path(sources.i1) / "transformer", dtype)
     else:
-        transformer = HiDreamImageTransformer2DModel.from_pretrained(
-            sources.i1, subfolder="transformer", dtype=dtype, **_load_kwargs(sources.i1))
+        transformer = _load_transformer(Path(sources.i1) if _is_local(sources.i1) else sources.i1, dtype, fp8, None)
         plain_originals = _attach_e1_full(transformer, sources.e1, dtype)
         if config.refiner == "i1":
             swap_sets = plain_originals
@@ -191,7 +210,7 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     try:
         pipeline = HiDreamEditPipeline.from_pretrained(
             sources.i1, transformer=transformer, tokenizer_4=tokenizer_4, text_encoder_4=text_encoder_4,
-            dtype=dtype, **_load_kwargs(sources.i1))
+            dtype=dtype, **made, **_load_kwargs(sources.i1))
     finally:
         diffusers_logging.set_verbosity(verbosity)
     pipeline.set_progress_bar_config(disable=True)
@@ -201,16 +220,15 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     transformer.max_seq = geometry.max_seq
     pipeline.geometry = geometry
 
-    progress(0.8, f"moving to {device.torch_device}")
+    progress(0.8, f"placing the model on {device.torch_device}: memory plan {plan.label}")
+    if fp8:
+        from hidream_ui.model.fp8 import apply_fp8
+
+        apply_fp8(transformer, dtype)  # diffusers wants layerwise casting installed before group offloading
     from hidream_ui.device.pool_spec import placement_for
 
-    placement = placement_for(config.placement, device.torch_device, config.text_encoders)
-    pipeline.transformer.to(placement.transformer)
-    pipeline.vae.to(placement.vae)
-    for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4"):
-        getattr(pipeline, name).to(placement.encoders)
-    pipeline.text_encoder_mode = config.text_encoders
-    pipeline.compute_device = device.torch_device
+    apply_plan(pipeline, plan, device, placement_for(config.placement, device.torch_device, "device"),
+               encoders_placed="encoders" in dict(config.placement))
 
     swap = None
     if swap_sets:
@@ -221,11 +239,49 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     weight_bytes = _bytes_read(sources, config.refiner)
     loaded = LoadedModel(
         pipeline=pipeline, sources=sources, device=device, dtype=dtype, geometry=geometry,
-        refiner=config.refiner, text_encoders=config.text_encoders, swap=swap, uses_lora=uses_lora,
-        load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes,
+        refiner=config.refiner, text_encoders=pipeline.text_encoder_mode, swap=swap, uses_lora=uses_lora,
+        load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes, plan=plan,
     )
     progress(1.0, f"model ready in {loaded.load_seconds:.1f} s")
     return loaded
+
+
+def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan", device: "DeviceInfo",
+                   dtype) -> dict:
+    """The full profile: every part at the release's dimensions, random weights made in memory."""
+    from hidream_ui.model.tiny.in_memory import release_parts
+
+    if sources.variant != "e1.1" or config.refiner != "e1" or config.transformer_file is not None:
+        raise ModelError("--tiny-profile full makes E1.1 in memory only: it has no E1-Full LoRA file, no second "
+                         "weight set for --refiner i1 and no --transformer-file")
+    spec = plan.spec
+    where = {"transformer": spec.transformer == "resident", "vae": True,
+             **{name: spec.encoders == "resident" for name in TEXT_ENCODERS}}
+    placement = {name: device.torch_device if resident else "cpu" for name, resident in where.items()}
+    return release_parts(Path(sources.llama), Path(sources.i1), dtype, fp8=plan.weights == "fp8",
+                         seed=config.tiny_seed, placement=placement)
+
+
+def _load_transformer(root, dtype, fp8: bool, single_file: Path | None):
+    """The transformer from `root`/transformer (a local folder or a hub id), or from `single_file` (its
+    config still from `root`): bf16 through diffusers' loaders, fp8 streamed tensor by tensor."""
+    from diffusers import HiDreamImageTransformer2DModel
+
+    if not fp8:
+        if single_file is not None:
+            return HiDreamImageTransformer2DModel.from_single_file(
+                str(single_file), config=str(root), subfolder="transformer", dtype=dtype,
+                **_load_kwargs(str(root)))
+        return HiDreamImageTransformer2DModel.from_pretrained(root, subfolder="transformer", dtype=dtype,
+                                                              **_load_kwargs(str(root)))
+    from hidream_ui.model.fp8 import load_streamed, weight_files
+
+    if not isinstance(root, Path):
+        raise ModelError(f"--weights fp8 streams local weight files; {root!r} is a hub id: download it and "
+                         "give --model-dir")
+    folder = root / "transformer"
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    return load_streamed(config, weight_files(single_file or folder), dtype, fp8=True)
 
 
 def _attach_e1_full(transformer, e1_source: str, dtype) -> dict:
@@ -244,6 +300,12 @@ def _attach_e1_full(transformer, e1_source: str, dtype) -> dict:
     transformer.add_adapter(LoraConfig(
         r=E1_FULL_LORA_RANK, lora_alpha=E1_FULL_LORA_ALPHA, lora_dropout=0.0,
         target_modules=list(E1_FULL_LORA_TARGETS), init_lora_weights="gaussian"))
+    # peft makes adapter weights in the base layer's dtype: under fp8 storage that would be float8. The LoRA
+    # stays in the compute dtype (fp8 skips it); a no-op when the base layers are in `dtype` already.
+    with torch.no_grad():
+        for name, param in transformer.named_parameters():
+            if "lora_" in name and param.dtype != dtype:
+                param.data = param.data.to(dtype)
     state = load_file(str(path))
     own = transformer.state_dict(keep_vars=True)
     unexpected = sorted(k for k in state if k not in own)
@@ -277,7 +339,8 @@ def _differing_tensors(transformer, folder: Path, dtype) -> dict:
             for key in handle.keys():
                 if key not in params:
                     continue
-                value = handle.get_tensor(key).to(dtype)
+                # The parameter's own dtype: float8 for the fp8-stored linears of an fp8 plan.
+                value = handle.get_tensor(key).to(params[key].dtype)
                 if not torch.equal(value, params[key].detach().to("cpu")):
                     kept[key] = value
     return kept

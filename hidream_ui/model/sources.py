@@ -42,11 +42,15 @@ def resolve_sources(config: AppConfig, *, build_tiny: bool = True) -> ModelSourc
     """Decides where each part comes from: explicit part > --model-dir > the tiny checkpoint."""
     if config.uses_tiny_model:
         from hidream_ui.model.tiny import build
+        from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
+        # The full profile is made in memory (model/tiny/in_memory.py); its tokenizers, scheduler and config
+        # keys come from the tiny build.
+        on_disk = "tiny" if config.tiny_profile == FULL_PROFILE_NAME else config.tiny_profile
         if build_tiny:
-            base = build.ensure_tiny(profile=config.tiny_profile, seed=config.tiny_seed)
+            base = build.ensure_tiny(profile=on_disk, seed=config.tiny_seed)
         else:
-            base = build.tiny_path(profile=config.tiny_profile, seed=config.tiny_seed)
+            base = build.tiny_path(profile=on_disk, seed=config.tiny_seed)
         return _sources_in(base, config.variant, kind="tiny", tiny_profile=config.tiny_profile)
     base = config.model_dir
     e1_default = E11_DIR if config.variant == "e1.1" else E1_FULL_DIR

@@ -106,27 +106,25 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
 
     @torch.no_grad()
     def encode_text(self, text: str, max_sequence_length: int = PROMPT_TOKENS) -> PromptEmbeds:
-        """Runs the four text encoders on one text; returns embeddings on the compute device."""
+        """Runs the four text encoders on one text; returns embeddings on the compute device.
+
+        Where the encoders run is the memory plan's business (model/plans.py): on the host ("cpu"),
+        resident, or streamed to the compute device by diffusers' offloading hooks while they run
+        ("offload": the hooks move each group in and out; their inputs go to the compute device).
+        """
         device = torch.device(self.compute_device or self._execution_device)
         dtype = self.transformer.dtype
         encoders = [self.text_encoder, self.text_encoder_2, self.text_encoder_3, self.text_encoder_4]
-        offload = self.text_encoder_mode == "offload"
-        if offload:
-            for encoder in encoders:
-                encoder.to(device)
-        try:
-            pooled = torch.cat([
-                self._get_clip_prompt_embeds(self.tokenizer, self.text_encoder, [text], max_sequence_length,
-                                             self.text_encoder.device, None).to(device, dtype),
-                self._get_clip_prompt_embeds(self.tokenizer_2, self.text_encoder_2, [text], max_sequence_length,
-                                             self.text_encoder_2.device, None).to(device, dtype),
-            ], dim=-1)
-            t5 = self._get_t5_prompt_embeds([text], max_sequence_length, self.text_encoder_3.device, None)
-            llama = self._get_llama3_prompt_embeds([text], max_sequence_length, self.text_encoder_4.device, None)
-        finally:
-            if offload:
-                for encoder in encoders:
-                    encoder.to("cpu")
+        inputs = [torch.device("cpu") if self.text_encoder_mode == "cpu" else
+                  device if self.text_encoder_mode == "offload" else encoder.device for encoder in encoders]
+        pooled = torch.cat([
+            self._get_clip_prompt_embeds(self.tokenizer, self.text_encoder, [text], max_sequence_length,
+                                         inputs[0], None).to(device, dtype),
+            self._get_clip_prompt_embeds(self.tokenizer_2, self.text_encoder_2, [text], max_sequence_length,
+                                         inputs[1], None).to(device, dtype),
+        ], dim=-1)
+        t5 = self._get_t5_prompt_embeds([text], max_sequence_length, inputs[2], None)
+        llama = self._get_llama3_prompt_embeds([text], max_sequence_length, inputs[3], None)
         return PromptEmbeds(t5=t5.to(device, dtype), llama=llama.to(device, dtype), pooled=pooled)
 
     # ------------------------------------------------------------------ transformer

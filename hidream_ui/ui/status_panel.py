@@ -75,6 +75,10 @@ def render_status(status: EngineStatus) -> str:
     source_text = "tiny (random weights)" if status.model_source == "tiny" else (status.model_source or "?")
     parts.append(_kv("Model", f"{(status.variant or '?').upper()} · {source_text}"))
     parts.append(_kv("Attention", status.attention or "?"))
+    plan = status.memory_plan
+    if plan is not None:
+        predicted = "" if plan.predicted_peak is None else f" · predicted peak {format_bytes(plan.predicted_peak)}"
+        parts.append(_kv("Memory plan", plan.label + predicted))
     if status.queue is not None:
         parts.append(_kv("Queue", f"{status.queue.waiting} waiting · {status.queue.running} running"))
     rewriter = status.rewriter

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from hidream_ui.model.layout import E1_FULL_DIR, E1_FULL_FILE, E11_DIR, I1_DIR, LLAMA_DIR
-from hidream_ui.model.tiny.files import _tree_bytes, _write_json
+from hidream_ui.model.tiny.files import _default_file_mode, _tree_bytes, _write_json
 from hidream_ui.model.tiny.parts import (
     _scheduler_config,
     _write_clip,
@@ -26,9 +26,12 @@ from hidream_ui.model.tiny.parts import (
 )
 from hidream_ui.model.tiny.profiles import (
     CACHE_ENV_VAR,
+    COMFYUI_PREFIX,
     FORMAT_VERSION,
     MARKER_FILENAME,
     PROFILES,
+    SINGLE_FILE_DIR,
+    SINGLE_FILES,
     TinyMarker,
     TinyProfile,
 )
@@ -249,6 +252,7 @@ def _build_tree(root: Path, spec: TinyProfile, seed: int) -> None:
     _write_transformer(i1 / "transformer", spec, seed, stream="i1/transformer")
     _write_transformer(root / E11_DIR / "transformer", spec, seed, stream="e1_1/transformer")
     _write_e1_full(root / E1_FULL_DIR / E1_FULL_FILE, spec, seed)
+    _write_single_files(root / SINGLE_FILE_DIR, root / E11_DIR / "transformer")
     marker = {
         "builder": "hidream_ui.tiny",
         "format_version": FORMAT_VERSION,
@@ -259,7 +263,23 @@ def _build_tree(root: Path, spec: TinyProfile, seed: int) -> None:
             "i1": I1_DIR,
             "e1_1": E11_DIR,
             "e1_full": f"{E1_FULL_DIR}/{E1_FULL_FILE}",
+            "single_file": {kind: f"{SINGLE_FILE_DIR}/{name}" for kind, name in SINGLE_FILES.items()},
         },
     }
     _write_json(root / MARKER_FILENAME, marker)
     logger.info("built tiny %s (seed %d) in %.1f s", spec.name, seed, time.perf_counter() - started)
+
+
+def _write_single_files(folder: Path, transformer: Path) -> None:
+    """The E1.1 transformer as one file, twice: diffusers keys, and ComfyUI's repackaged layout."""
+    from safetensors.torch import save_file
+
+    from hidream_ui.model.fp8 import read_tensors, weight_files
+
+    tensors = {key: value for path in weight_files(transformer) for key, value in read_tensors(path)}
+    folder.mkdir(parents=True, exist_ok=True)
+    mode = _default_file_mode(folder)
+    for kind, prefix in (("diffusers", ""), ("comfyui", COMFYUI_PREFIX)):
+        path = folder / SINGLE_FILES[kind]
+        save_file({prefix + key: value for key, value in tensors.items()}, str(path), metadata={"format": "pt"})
+        os.chmod(path, mode)

@@ -8,9 +8,14 @@ from types import MappingProxyType
 from typing import Any
 
 # Bump whenever the bytes written for a given (profile, seed) change: ensure_tiny() keys its cache on it.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 MARKER_FILENAME = "hidream_ui_tiny.json"
+# Single-file copies of the E1.1 transformer (for --transformer-file): diffusers keys, and the ComfyUI
+# repackaged layout (every key under "model.diffusion_model.").
+SINGLE_FILE_DIR = "single_file"
+SINGLE_FILES = {"diffusers": "hidream_e1_1_diffusers.safetensors", "comfyui": "hidream_e1_1_comfyui_bf16.safetensors"}
+COMFYUI_PREFIX = "model.diffusion_model."
 # Non-LoRA keys the tiny E1-Full checkpoint replaces (names as in the adapter-wrapped state_dict). The real file's
 # plain keys are not documented; these exercise the "reload_keys" path of the editing pipeline.
 E1_FULL_PLAIN_KEYS: tuple[str, ...] = (
@@ -140,3 +145,51 @@ class TinyMarker:
     profile: str
     seed: int
     format_version: int
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The `full` profile: every part at the real release's dimensions, taken from the published config.json files of
+# HiDream-ai/HiDream-I1-Full (transformer/, text_encoder/, text_encoder_2/, text_encoder_3/, vae/), HiDream-ai/
+# HiDream-E1-1 (transformer/: same architecture as I1-Full) and meta-llama/Llama-3.1-8B-Instruct. Never written to
+# disk (~61 GB in bf16): the planner reads these configs (parameter bytes counted on the `meta` device, no memory)
+# and benchmarks build random bf16 weights from them in memory on the target. Only the keys that decide the
+# parameter shapes are kept.
+
+FULL_PROFILE_NAME = "full"
+
+RELEASE_CONFIGS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "transformer": MappingProxyType({
+        "patch_size": 2, "in_channels": 16, "out_channels": 16, "num_layers": 16, "num_single_layers": 32,
+        "attention_head_dim": 128, "num_attention_heads": 20, "caption_channels": [4096, 4096],
+        "text_emb_dim": 2048, "num_routed_experts": 4, "num_activated_experts": 2, "axes_dims_rope": [64, 32, 32],
+        "max_resolution": [128, 128], "llama_layers": [*range(32), *([31] * 16)], "force_inference_output": False,
+    }),
+    # LlamaModel (no LM head, see model/loading.py) of Llama-3.1-8B-Instruct.
+    "llama": MappingProxyType({
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+        "rope_theta": 500000.0, "tie_word_embeddings": False,
+    }),
+    # T5-XXL encoder (text_encoder_3, T5EncoderModel).
+    "t5": MappingProxyType({
+        "d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24, "vocab_size": 32128,
+        "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128, "is_encoder_decoder": True,
+    }),
+    # Long-context CLIP-L / CLIP-G (CLIPTextModelWithProjection, 248 positions).
+    "clip_l": MappingProxyType({
+        "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
+        "projection_dim": 768, "vocab_size": 49408, "max_position_embeddings": 248, "hidden_act": "quick_gelu",
+    }),
+    "clip_g": MappingProxyType({
+        "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 20,
+        "projection_dim": 1280, "vocab_size": 49408, "max_position_embeddings": 248, "hidden_act": "gelu",
+    }),
+    # The FLUX-style 16-channel VAE (AutoencoderKL).
+    "vae": MappingProxyType({
+        "in_channels": 3, "out_channels": 3, "latent_channels": 16, "block_out_channels": [128, 256, 512, 512],
+        "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
+        "layers_per_block": 2, "norm_num_groups": 32, "scaling_factor": 0.3611, "shift_factor": 0.1159,
+        "use_quant_conv": False, "use_post_quant_conv": False, "sample_size": 1024,
+    }),
+})

@@ -1,0 +1,436 @@
+"""The planner: predicts each plan's device peak and host-RAM need before anything loads, and picks
+the plan `--memory auto` uses.
+
+Parameter bytes come from the configs alone: every part is instantiated on torch's `meta` device
+(no memory, no weights read) and its parameters counted the way the plan's hooks group them (see
+model/plans.py). Activations come from a per-working-size model whose constants were calibrated on
+peaks measured on this project's CPU machine (bench profile: the real attention geometry), see
+`ACTIVATION_*` below and README "Memory plans". No accelerator was available to check them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from hidream_ui.model.layout import PROMPT_TOKENS
+from hidream_ui.model.plans import (
+    ENCODER_BLOCK_MODULES,
+    PLAN_SPECS,
+    PLANS,
+    WEIGHTS,
+    MemoryPlan,
+    PlanRefused,
+    check_compatible,
+    requested_plan,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from hidream_ui.config import AppConfig
+
+# Live activation bytes of one transformer call at its peak, per (batch item x token x hidden unit x element).
+# Measured on CPU in fp32 with the bench profile (hidden 2560, 20 heads x 128, the real MoE shape) and sdpa, whose
+# CPU and accelerator kernels keep O(S) attention memory: 25.8 at 256 px (fixed overheads dominate), 16.7 at 384,
+# 16.5 at 512 (`bench memory --calibrate`). Rounded up; not checked on an accelerator (none was available).
+ACTIVATION_PER_TOKEN_UNIT = 17.0
+# VAE decode peak per (output pixel x first-block channels x element), measured the same way with the release-size
+# VAE: 13.6 at 256 px, 11.8 at 384, 10.1 at 512, falling with size (fixed overheads); 1024 px uses the 512 figure.
+ACTIVATION_PER_PIXEL_CHANNEL = 10.0
+# Headroom auto keeps free: the larger of 1 GiB and this share of the free memory (allocator fragmentation,
+# the CUDA/NPU context, the prompt cache's embeddings).
+MARGIN_FRACTION = 0.05
+MARGIN_MIN = 1 << 30
+GUIDANCE_BATCH = 3  # the editing step runs [uncond, image-cond, full-cond] in one call
+ENCODER_PARTS = ("clip_l", "clip_g", "t5", "llama")
+
+
+@dataclass(frozen=True)
+class PartSize:
+    """Element counts of one part, grouped as the plans' hooks group them."""
+
+    total: int
+    fp8: int = 0  # elements `--weights fp8` stores as float8 (transformer only)
+    unmatched: int = 0  # block level: elements outside the block groups (resident during the whole forward)
+    max_block: int = 0  # block level: the largest group
+    nonleaf: int = 0  # leaf level: elements outside any leaf layer
+    max_leaf: int = 0  # leaf level: the largest leaf
+    max_fp8_leaf: int = 0  # the largest fp8 layer (its compute-dtype copy lives during its forward)
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """What the planner knows about a model, from its configs."""
+
+    transformer: PartSize
+    encoders: Mapping[str, PartSize]
+    vae: PartSize
+    inner_dim: int
+    unit: int  # pixels per token side (VAE scale x patch)
+    vae_channels: int  # the VAE's first block width
+    llama_layers: int
+    llama_hidden: int
+
+    @property
+    def encoder_total(self) -> int:
+        return sum(part.total for part in self.encoders.values())
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    """One (plan, weights) row of the planner's table."""
+
+    plan: str
+    weights: str
+    peak: int  # predicted device bytes
+    host: int  # host bytes for weights the plan keeps there
+    relative_speed: float
+    phases: dict[str, int]  # encode / denoise / decode peaks
+    fits: bool | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sizes from configs
+
+
+def _count(module, seen: set[int] | None = None) -> int:
+    """Elements of `module`'s parameters not counted yet (`seen`: ids of counted ones; tied weights, such as
+    T5's shared embedding, count once)."""
+    seen = set() if seen is None else seen
+    total = 0
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def _leaf_layers():
+    from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS
+
+    return _GO_LC_SUPPORTED_PYTORCH_LAYERS
+
+
+def _block_groups(module, block_modules=(), seen: set[int] | None = None) -> tuple[int, int]:
+    """(unmatched elements, largest group) under diffusers' block-level grouping: each element of a top-level
+    ModuleList/Sequential is a group, children named in `block_modules` are grouped recursively, the rest is
+    the module's unmatched group."""
+    import torch
+
+    seen = set() if seen is None else seen
+    unmatched, largest = 0, 0
+    for name, child in module.named_children():
+        if name in block_modules:
+            sub_unmatched, sub_largest = _block_groups(child, block_modules, seen)
+            unmatched += sub_unmatched
+            largest = max(largest, sub_largest)
+        elif isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)):
+            largest = max([largest, *(_count(block, seen) for block in child)])
+        else:
+            unmatched += _count(child, seen)
+    for p in module.parameters(recurse=False):
+        if id(p) not in seen:
+            seen.add(id(p))
+            unmatched += p.numel()
+    return unmatched, largest
+
+
+def _part_size(module, block_modules=(), fp8_names: set[str] | None = None) -> PartSize:
+    leaves = [m for m in module.modules() if isinstance(m, _leaf_layers())]
+    seen: set[int] = set()
+    leaf_counts = [_count(m, seen) for m in leaves]
+    unmatched, largest = _block_groups(module, block_modules)
+    fp8, max_fp8 = 0, 0
+    if fp8_names is not None:
+        modules = dict(module.named_modules())
+        counts = [_count(modules[name]) for name in fp8_names]
+        fp8, max_fp8 = sum(counts), max(counts, default=0)
+    total = _count(module)
+    return PartSize(total=total, fp8=fp8, unmatched=unmatched, max_block=largest,
+                    nonleaf=total - sum(leaf_counts), max_leaf=max(leaf_counts, default=0), max_fp8_leaf=max_fp8)
+
+
+def _public(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items() if not k.startswith("_")}
+
+
+@functools.lru_cache(maxsize=8)
+def _sizes_cached(key: str) -> ModelSizes:
+    import torch
+
+    from hidream_ui.model.fp8 import fp8_module_names
+    from hidream_ui.model.tiny.in_memory import instantiate
+
+    configs = json.loads(key)
+    with torch.device("meta"):
+        transformer = instantiate("transformer", configs["transformer"])
+        encoders = {part: instantiate(part, configs[part]) for part in ENCODER_PARTS}
+        vae = instantiate("vae", configs["vae"])
+    tconf, vconf, lconf = configs["transformer"], configs["vae"], configs["llama"]
+    return ModelSizes(
+        transformer=_part_size(transformer, fp8_names=set(fp8_module_names(transformer))),
+        encoders={name: _part_size(module, ENCODER_BLOCK_MODULES) for name, module in encoders.items()},
+        vae=_part_size(vae),
+        inner_dim=int(tconf["num_attention_heads"]) * int(tconf["attention_head_dim"]),
+        unit=2 ** (len(vconf["block_out_channels"]) - 1) * int(tconf["patch_size"]),
+        vae_channels=int(vconf["block_out_channels"][0]),
+        llama_layers=int(lconf["num_hidden_layers"]),
+        llama_hidden=int(lconf["hidden_size"]),
+    )
+
+
+def sizes_from_configs(configs: Mapping[str, Mapping[str, Any]]) -> ModelSizes:
+    """Part sizes from the configs of transformer, llama, t5, clip_l, clip_g and vae (meta device: no memory)."""
+    return _sizes_cached(json.dumps({k: _public(v) for k, v in configs.items()}, sort_keys=True))
+
+
+class ConfigsUnavailable(PlanRefused):
+    """The part configs are not on local disk (a hub id not downloaded yet): nothing to predict from."""
+
+
+def read_configs(config: "AppConfig") -> dict[str, dict[str, Any]]:
+    """The part configs of the configured model from its config files (the tiny checkpoint is built first
+    if needed); for the `full` profile, the tiny files with the release's dimensions laid over them, as
+    model/tiny/in_memory.py makes it. No weight is read."""
+    from hidream_ui.model.sources import resolve_sources
+    from hidream_ui.model.tiny import profiles
+
+    sources = resolve_sources(config)
+    i1 = Path(sources.i1)
+    transformer_root = Path(sources.e1) if sources.variant == "e1.1" else i1
+    folders = {"transformer": transformer_root / "transformer", "llama": Path(sources.llama),
+               "t5": i1 / "text_encoder_3", "clip_l": i1 / "text_encoder", "clip_g": i1 / "text_encoder_2",
+               "vae": i1 / "vae"}
+    full = sources.tiny_profile == profiles.FULL_PROFILE_NAME
+    out = {}
+    for part, folder in folders.items():
+        path = folder / "config.json"
+        try:
+            out[part] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigsUnavailable(f"cannot plan: {path} is not readable ({exc})") from None
+        if full:
+            out[part].update(_public(profiles.RELEASE_CONFIGS[part]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Prediction
+
+
+def activation_bytes(sizes: ModelSizes, working_size: tuple[int, int], element: int, batch: int = 1) -> dict:
+    """Activation peaks (bytes) of each phase for `batch` images at `working_size` (width, height)."""
+    width, height = working_size
+    image_tokens = 2 * (width // sizes.unit) * (height // sizes.unit) + 1  # H x 2W, plus the collapsed pad token
+    tokens = image_tokens + 2 * PROMPT_TOKENS  # single-stream blocks carry the T5 and Llama tokens too
+    transformer = int(GUIDANCE_BATCH * batch * tokens * sizes.inner_dim * element * ACTIVATION_PER_TOKEN_UNIT)
+    decode = int(batch * width * height * sizes.vae_channels * element * ACTIVATION_PER_PIXEL_CHANNEL)
+    # Llama returns every layer's hidden states (HiDream reads them all); the rest is small at 128 tokens.
+    encode = 2 * (sizes.llama_layers + 1) * PROMPT_TOKENS * sizes.llama_hidden * element
+    return {"encode": encode, "denoise": transformer, "decode": decode}
+
+
+def _weights(part: PartSize, element: int, fp8: bool) -> int:
+    return part.fp8 + (part.total - part.fp8) * element if fp8 else part.total * element
+
+
+def _streamed(part: PartSize, how: str, element: int, fp8: bool) -> int:
+    """Device bytes of a streamed part while it runs: its resident group plus two groups (the running one
+    and the one prefetched on the side stream)."""
+    size = 1 if fp8 else element
+    if how == "blocks":
+        return part.unmatched * element + 2 * part.max_block * size
+    return part.nonleaf * element + 2 * part.max_leaf * size
+
+
+def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int, int], element: int,
+             batch: int = 1) -> PlanEstimate:
+    """Predicted device peak and host need of `plan` with `weights` storage at `working_size`."""
+    spec = PLAN_SPECS[plan]
+    fp8 = weights == "fp8"
+    act = activation_bytes(sizes, working_size, element, batch)
+    t_all = _weights(sizes.transformer, element, fp8)
+    e_all = sizes.encoder_total * element
+    vae = sizes.vae.total * element
+    cast = sizes.transformer.max_fp8_leaf * element if fp8 else 0  # one layer's compute-dtype copy
+    # Weights resident between calls, then what each phase brings in on top.
+    resident = vae + (t_all if spec.transformer == "resident" else 0) + (e_all if spec.encoders == "resident" else 0)
+    if spec.encoders in ("blocks", "leaf"):
+        encoder_in = max(_streamed(part, spec.encoders, element, False) for part in sizes.encoders.values())
+    else:
+        encoder_in = 0
+    transformer_in = 0 if spec.transformer == "resident" else _streamed(sizes.transformer, spec.transformer,
+                                                                         element, fp8)
+    phases = {
+        "encode": resident + encoder_in + act["encode"],
+        "denoise": resident + transformer_in + cast + act["denoise"],
+        "decode": resident + act["decode"],
+    }
+    host = 0
+    if spec.encoders != "resident":
+        host += e_all
+    if spec.transformer != "resident":
+        host += t_all
+    return PlanEstimate(plan=plan, weights=weights, peak=max(phases.values()), host=host,
+                        relative_speed=spec.relative_speed, phases=phases)
+
+
+def margin(free: int) -> int:
+    return max(MARGIN_MIN, int(free * MARGIN_FRACTION))
+
+
+def candidates(memory: str, weights: str) -> list[tuple[str, str]]:
+    """(plan, weights) pairs in the order auto tries them: the exact bf16 storage while the transformer can
+    stay resident, then fp8 resident (faster than streaming 34 GB every step), then the streaming plans
+    (fp8 first: half the bytes to move)."""
+    plans = PLANS if memory == "auto" else (memory,)
+    storages = WEIGHTS if weights == "auto" else (weights,)
+    order = []
+    for store in ("bf16", "fp8"):
+        order += [(p, store) for p in plans if PLAN_SPECS[p].transformer == "resident" and store in storages]
+    for p in plans:
+        if PLAN_SPECS[p].transformer != "resident":
+            order += [(p, store) for store in ("fp8", "bf16") if store in storages]
+    return order
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """The planner's answer: every row it considered and the one it picked (None: nothing fits)."""
+
+    rows: tuple[PlanEstimate, ...]
+    chosen: MemoryPlan | None
+    refusal: str | None
+
+
+def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights: str = "auto",
+           working_size: tuple[int, int], element: int, refiner: str = "e1", fp8_reason: str | None = None,
+           batch: int = 1) -> PlanChoice:
+    """Picks the first candidate whose predicted peak fits `free` minus the margin. `free=None` (unknown)
+    takes the first candidate. Every row is kept for the `plan` command's table."""
+    rows, chosen = [], None
+    limit = None if free is None else free - margin(free)
+    for plan, store in candidates(memory, weights):
+        row = estimate(sizes, plan, store, working_size, element, batch)
+        note = check_compatible(plan, refiner=refiner) or (fp8_reason if store == "fp8" else None)
+        fits = None if limit is None else row.peak <= limit
+        usable = note is None and fits is not False
+        row = PlanEstimate(**{**row.to_dict(), "fits": fits, "note": note or ""})
+        rows.append(row)
+        if chosen is None and usable:
+            chosen = MemoryPlan(
+                name=plan, weights=store, requested=memory, requested_weights=weights, predicted_peak=row.peak,
+                host_bytes=row.host, free=free, working_size=tuple(working_size),
+                reason=_reason(memory, weights, plan, store, row.peak, free))
+    refusal = None if chosen is not None else _refusal(rows, free, working_size, weights, memory)
+    return PlanChoice(rows=tuple(rows), chosen=chosen, refusal=refusal)
+
+
+def _gb(n: int | float) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+def _reason(memory: str, weights: str, plan: str, store: str, peak: int, free: int | None) -> str:
+    asked = "asked for" if memory != "auto" else "the fastest that fits"
+    where = f" of {_gb(free)} free" if free is not None else " (free memory unknown)"
+    return f"{plan} · {store}: {asked}; predicted peak {_gb(peak)}{where}"
+
+
+def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: str, memory: str) -> str:
+    usable = [r for r in rows if not r.note]
+    size = "x".join(map(str, working_size))
+    if not usable:
+        notes = "; ".join(sorted({r.note for r in rows}))
+        return f"no memory plan can be used: {notes}"
+    smallest = min(usable, key=lambda r: r.peak)
+    needed = smallest.peak + margin(smallest.peak)
+    hints = []
+    if memory != "auto":
+        hints.append("--memory auto")
+    if weights != "fp8" and not any(r.weights == "fp8" for r in usable):
+        hints.append("--weights fp8")
+    hints.append("a smaller working resolution")
+    return (f"needs at least {_gb(needed)} of device memory at {size} (smallest: {smallest.plan} · {smallest.weights}, "
+            f"predicted peak {_gb(smallest.peak)} + margin) but {_gb(free or 0)} is free; try {' / '.join(hints)}")
+
+
+def default_working_size(variant: str, configs: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
+    """The largest working size the app uses for `variant` (E1.1: its full area, 1024x1024 for the release;
+    E1-Full: its fixed side, 768x768)."""
+    from hidream_ui.model.geometry import geometry_for
+
+    geometry = geometry_for(variant, configs["transformer"], configs["vae"])
+    side = geometry.image_size if variant == "e1.1" else geometry.e1_full_side
+    return side, side
+
+
+def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *, free: int | None = None,
+             working_size: tuple[int, int] | None = None) -> PlanChoice:
+    """The planner's table and choice for `config` on `device` (its free memory now unless `free` is given),
+    from the configs only: nothing is loaded. `chosen` is None (with `refusal`) when nothing fits."""
+    import torch
+
+    from hidream_ui.device.memory import snapshot
+    from hidream_ui.model.fp8 import fp8_unavailable
+
+    configs = read_configs(config)
+    sizes = sizes_from_configs(configs)
+    if free is None:
+        free = snapshot(device, backends=backends).free
+    fp8_reason = None
+    if config.weights != "bf16":
+        fp8_reason = fp8_unavailable(device)
+        if fp8_reason and config.weights == "fp8":
+            raise PlanRefused(f"--weights fp8 cannot be used: {fp8_reason}")
+    return choose(sizes, free=free, memory=requested_plan(config), weights=config.weights,
+                  working_size=working_size or default_working_size(config.variant, configs),
+                  element=torch.tensor([], dtype=dtype).element_size(), refiner=config.refiner,
+                  fp8_reason=fp8_reason)
+
+
+def resolve_plan(config: "AppConfig", device, dtype: "torch.dtype", backends=None) -> MemoryPlan:
+    """The plan the engine loads with; PlanRefused (with the numbers) when none fits. A model whose configs
+    are not local yet (hub ids) gets the plan asked for (auto: `full`, bf16 unless fp8 was asked for)
+    without a prediction: diffusers downloads the configs only as it loads."""
+    try:
+        choice = plan_for(config, device, dtype, backends)
+    except ConfigsUnavailable as exc:
+        memory = requested_plan(config)
+        return MemoryPlan(name="full" if memory == "auto" else memory,
+                          weights="fp8" if config.weights == "fp8" else "bf16", requested=memory,
+                          requested_weights=config.weights, reason=f"no prediction: {exc}")
+    if choice.chosen is None:
+        raise PlanRefused(choice.refusal or "no memory plan fits")
+    return choice.chosen
+
+
+def parse_bytes(text: str) -> int:
+    """'24GB' -> 24e9, '24GiB' -> 24 * 2**30, '512MB', '1.5TB'; a bare number is GB. Raises ValueError."""
+    units = {"tib": 1 << 40, "gib": 1 << 30, "mib": 1 << 20, "tb": 10**12, "gb": 10**9, "mb": 10**6, "b": 1}
+    raw = str(text).strip().lower().replace(" ", "")
+    for suffix, factor in units.items():
+        if raw.endswith(suffix):
+            number, scale = raw[: -len(suffix)], factor
+            break
+    else:
+        number, scale = raw, 10**9
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a memory size; write e.g. 24GB or 24GiB") from None
+    if value <= 0:
+        raise ValueError(f"{text!r} must be more than 0")
+    return int(value * scale)
+
+
+__all__ = ["ConfigsUnavailable", "ModelSizes", "PartSize", "PlanChoice", "PlanEstimate", "activation_bytes",
+           "candidates", "choose", "default_working_size", "estimate", "margin", "parse_bytes", "plan_for",
+           "read_configs", "resolve_plan", "sizes_from_configs"]

@@ -27,6 +27,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.pipeline.guidance import combine_edit_guidance, combine_refine_guidance, refine_start_step
+from hidream_ui.pipeline.speed.cache import reset_step_cache, step_cache_stats
 from hidream_ui.requests import DEFAULT_NEGATIVE, target_prompt
 
 
@@ -91,6 +92,8 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
     # Set by hidream_ui.model.loading after loading: where the transformer computes, and where text encoders live.
     compute_device: str | None = None
     text_encoder_mode: str = "device"
+    # The last call's step-cache counters (None without a step cache; see pipeline/speed/cache.py).
+    step_cache_stats = None
 
     # ------------------------------------------------------------------ text
     def _get_llama3_prompt_embeds(self, prompt=None, max_sequence_length=PROMPT_TOKENS, device=None, dtype=None):
@@ -237,12 +240,15 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         width_latent = latents.shape[-1]
 
         stage("edit")
+        # Step cache (if one is installed): nothing cached may cross edits or the refine switch.
+        reset_step_cache(self.transformer, stats=True)
         try:
             for i, t in enumerate(timesteps):
                 if self.interrupt:
                     raise EditInterrupted(f"cancelled after {i} of {num_inference_steps} steps")
                 if i == switch:
                     stage("refine")
+                    reset_step_cache(self.transformer)
                 if i < switch:
                     copies = 3 if do_cfg else 1
                     hidden = torch.cat([torch.cat([latents] * copies), edit_image], dim=-1)
@@ -269,6 +275,8 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
                     latents = (outputs or {}).get("latents", latents)
         finally:
             stage("edit")
+            self.step_cache_stats = step_cache_stats(self.transformer)
+            reset_step_cache(self.transformer)  # frees the cached activations
 
         if output_type == "latent":
             result = latents

@@ -96,6 +96,9 @@ class EditEngine:
         # Set by an app without login: results and the status name model folders, never their paths.
         self.hide_paths = False
         self.counters = {"edits": 0, "text_encoder_calls": 0, "transformer_calls": 0}
+        from hidream_ui.pipeline.speed.runtime import SpeedRuntime
+
+        self._speed = SpeedRuntime.from_config(config)  # --moe / --compile / --cache (README "Speed modes")
 
     # ------------------------------------------------------------------ device
     @property
@@ -167,6 +170,7 @@ class EditEngine:
                 model = load_model(self.config, device, dtype, on_progress=progress)
                 self._model = model
                 self._apply_attention_at_load()
+                self._apply_speed_at_load()
             except ModelError as exc:
                 self._last_error = str(exc)
                 raise EngineError(str(exc)) from exc
@@ -197,6 +201,21 @@ class EditEngine:
             self._attention = apply(transformer, "auto", self.device, self.dtype)
             self._attention_note = f"attention {self._attention_request!r} not used: {exc}; using {self._attention}"
             logger.warning(self._attention_note)
+
+    def _apply_speed_at_load(self) -> None:
+        """The MoE mode and `--compile blocks` (its warm-up shows as the state "compiling")."""
+        from hidream_ui.pipeline.speed.runtime import warm_up_call
+        from hidream_ui.requests import DEFAULT_NEGATIVE
+
+        pipe = self._model.pipeline
+
+        def warm_up() -> None:
+            self._state = "compiling"
+            self._progress = Progress(message="compiling the transformer blocks (first call)")
+            plan = self.working_plan((1024, 1024), "auto")
+            warm_up_call(pipe, self.encode(DEFAULT_NEGATIVE), plan.working_size)
+
+        self._speed.at_load(pipe.transformer, self.device.type, warm_up)
 
     # ------------------------------------------------------------------ attention
     @property
@@ -336,6 +355,8 @@ class EditEngine:
                     return tensors
 
                 generators = [make_generator(p.seed, model.device) for p in params_list]
+                cache_spec = self._speed.before_call(pipe.transformer, first.cache)
+                params_list = [dataclasses.replace(p, cache=str(cache_spec)) for p in params_list]  # as used
                 output = pipe(
                     image=[image for image, _ in working],
                     prompt=[p.instruction for p in params_list],
@@ -389,7 +410,7 @@ class EditEngine:
                 total=round(finished - started, 4),
             )
             self.counters["edits"] += len(requests)
-            info = self._info()
+            info = dataclasses.replace(self._info(), speed=self._speed.call_info(pipe, cache_spec))
             results = []
             for request, params, (image, _), out in zip(requests, params_list, working, output.images):
                 result = EditResult(
@@ -573,6 +594,7 @@ class EditEngine:
             prompt_cache=PromptCacheStats(entries=len(self._cache), hits=self._cache.hits, misses=self._cache.misses),
             counters=dict(self.counters),
             last_error=self._last_error,
+            speed=self._speed.status(),
         )
         try:
             device = self.device

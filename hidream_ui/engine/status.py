@@ -66,7 +66,7 @@ class RewriterStatus:
 
 @dataclass(frozen=True)
 class EngineStatus:
-    state: str  # "idle" | "loading" | "editing" | "rewriting"
+    state: str  # "idle" | "loading" | "compiling" | "editing" | "rewriting"
     progress: Progress
     loaded: bool
     variant: str
@@ -89,6 +89,8 @@ class EngineStatus:
     model_paths: dict[str, Any] | None = None
     load_seconds: float | None = None
     weight_swap: WeightSwapStats | None = None
+    # Speed modes (pipeline/speed/runtime.py SpeedRuntime.status): moe, compile, compile_error, cache_default, ...
+    speed: dict[str, Any] | None = None
     # Added by the UI.
     queue: QueueFigures | None = None
     rewriter: RewriterStatus | None = None

@@ -81,10 +81,10 @@ def apply_moe(transformer, mode: str) -> int:
         raise ValueError(f"moe={mode!r} is not one of: {', '.join(MOE_MODES)}")
     modules = moe_modules(transformer)
     for module in modules:
-        registry = HookRegistry.check_if_exists_or_initialize(module)
-        has = registry.get_hook(HOOK_NAME) is not None
+        registry = getattr(module, "_diffusers_hook", None)  # exact mode leaves untouched modules untouched
+        has = registry is not None and registry.get_hook(HOOK_NAME) is not None
         if mode == "sync-free" and not has:
-            registry.register_hook(SyncFreeMoEHook(), HOOK_NAME)
+            HookRegistry.check_if_exists_or_initialize(module).register_hook(SyncFreeMoEHook(), HOOK_NAME)
         elif mode == "diffusers" and has:
             registry.remove_hook(HOOK_NAME, recurse=False)
     return len(modules)

@@ -1,4 +1,4 @@
-"""`python -m hidream_ui bench <load|edit|attention|batch|app|soak> [--json] ...`.
+"""`python -m hidream_ui bench <load|edit|attention|batch|app|soak|speed> [--json] ...`.
 
 Benchmarks print numbers measured side by side in one run (and ratios between them); they are
 not tests and assert nothing. Each kind lives in its own module, imported only when asked for.
@@ -15,6 +15,7 @@ KINDS = {
     "batch": ("hidream_ui.bench.batch", "run_batch vs a loop of single edits"),
     "app": ("hidream_ui.bench.app", "cold start of `python app.py` to serving"),
     "soak": ("hidream_ui.bench.soak", "N edits through the running app: RSS growth, cached/output files, failures"),
+    "speed": ("hidream_ui.bench.speed", "sync-free MoE, --compile blocks, step caching: time, syncs, deviation"),
 }
 
 

@@ -142,7 +142,11 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         kwargs = dict(timesteps=timestep, encoder_hidden_states_t5=text.t5, encoder_hidden_states_llama3=text.llama,
                       pooled_embeds=text.pooled, return_dict=False)
         if collapse_padding and hidden.shape[-2] != hidden.shape[-1]:
-            tokens, mask, sizes, ids = self._collapsed_tokens(hidden)
+            tokens, mask, _, ids = self._collapsed_tokens(hidden)
+            # Sizes as host ints (the same values as the tensor): unpatchify slices with them, and a
+            # device tensor there costs one device-to-host sync per image per call.
+            p = self.transformer.config.patch_size
+            sizes = [(hidden.shape[-2] // p, hidden.shape[-1] // p)] * hidden.shape[0]
             out = self.transformer(hidden_states=tokens, hidden_states_masks=mask, img_sizes=sizes, img_ids=ids,
                                    **kwargs)[0]
         else:

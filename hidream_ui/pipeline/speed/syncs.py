@@ -4,7 +4,9 @@ Counted the same way on every device (CPU included, and NPU, which has no sync d
 CUDA's): a `TorchFunctionMode` sees every call that would synchronize on an accelerator:
 reading a tensor's value on the host (`.cpu()`, `.to("cpu")`, `.item()`, `.tolist()`, `bool()` /
 `int()` / `float()` / `index` of a tensor) and ops whose output shape depends on the data
-(`nonzero`, boolean-mask indexing, `masked_select`, `unique`). On CPU these are no-ops or plain
+(`nonzero`, boolean-mask indexing, `masked_select`, `unique`), and slicing with tensor bounds.
+A `.to("cpu")` counts only when the tensor is elsewhere; `.cpu()` always counts (code that says
+`.cpu()` means a host copy on every device). On CPU these are no-ops or plain
 memory reads, so the count says what the same forward would cost in round trips on a device.
 """
 
@@ -48,8 +50,8 @@ class HostSyncCounter(TorchFunctionMode):
         kind = _READS.get(func)
         if kind is None and func is torch.Tensor.to and _to_host(args, kwargs):
             kind = "to_cpu"
-        if kind is None and func is torch.Tensor.__getitem__ and _bool_index(args):
-            kind = "bool_index"
+        if kind is None and func is torch.Tensor.__getitem__:
+            kind = _sync_index(args)
         if kind is not None:
             self.count.add(kind)
         return func(*args, **kwargs)
@@ -57,14 +59,21 @@ class HostSyncCounter(TorchFunctionMode):
 
 def _to_host(args, kwargs) -> bool:
     target = kwargs.get("device", args[1] if len(args) > 1 else None)
-    # Counted also when the tensor is already on the CPU: the same code on a device would transfer.
-    return isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu"
+    # Only a real transfer: `x.to(y.device)` is a no-op when both are on the same device.
+    return (isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu"
+            and args[0].device.type != "cpu")
 
 
-def _bool_index(args) -> bool:
+def _sync_index(args) -> str | None:
+    """"bool_index" (data-dependent shape) or "tensor_slice" (a slice bound read on the host)."""
     index = args[1] if len(args) > 1 else None
     items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+    if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items):
+        return "bool_index"
+    if any(isinstance(i, slice) and any(isinstance(b, torch.Tensor) for b in (i.start, i.stop, i.step))
+           for i in items):
+        return "tensor_slice"
+    return None
 
 
 def count_host_syncs(fn, *args, **kwargs) -> tuple[object, SyncCount]:

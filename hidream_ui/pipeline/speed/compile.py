@@ -73,6 +73,18 @@ def is_compile_error(exc: BaseException) -> bool:
     return module.startswith(("torchair", "torch._dynamo", "torch._inductor"))
 
 
+def failure_reason(exc: BaseException) -> str:
+    """One line: the compiler's error and, where it wraps one (BackendCompilerFailed), the root cause."""
+    parts = []
+    seen = set()
+    while exc is not None and id(exc) not in seen and len(parts) < 3:
+        seen.add(id(exc))
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        parts.append(f"{type(exc).__name__}: {lines[0].strip()[:200]}" if lines else type(exc).__name__)
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__
+    return " <- ".join(parts)
+
+
 def _blocks(transformer) -> list:
     return [m for m in transformer.modules() if type(m).__name__ in COMPILED_BLOCKS]
 
@@ -94,8 +106,7 @@ class CompileGuardHook(ModelHook):
         except Exception as exc:
             if not is_compile_error(exc):
                 raise
-            reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-            self.state.error = f"compile failed, running eager: {type(exc).__name__}: {reason}"
+            self.state.error = f"compile failed, running eager: {failure_reason(exc)}"
             uncompile_blocks(module)
             self.state.active = False
             return self.fn_ref.original_forward(*args, **kwargs)

@@ -276,3 +276,30 @@ def test_engine_records_the_cache_mode_and_skipped_fraction(engine, transformer)
     again = engine.edit(EditRequest(image=image, params=edit_params(steps=4, seed=5)), save=False)
     assert again.image.tobytes() == exact.image.tobytes()  # the exact default is untouched afterwards
     assert engine.status().speed["last_cache"] == "none"
+
+
+# ------------------------------------------------------------------ the Compare tab's speed axis
+
+
+def test_speed_axis_values():
+    from hidream_ui.engine.compare import parse_axis_values
+
+    assert parse_axis_values("speed", "exact, fast, interval:3, first-block : 0.05") == (
+        "none", "interval:2", "interval:3", "first-block:0.05")
+    with pytest.raises(RequestError, match="speed values"):
+        parse_axis_values("speed", "exact, warp")
+    with pytest.raises(RequestError, match="listed twice"):
+        parse_axis_values("speed", "exact, none")
+
+
+def test_compare_over_speed_records_each_cells_mode(engine, transformer):
+    from hidream_ui.engine.compare import run_compare
+
+    image = random_picture(5, (64, 64))
+    base = edit_params(steps=4, seed=9)
+    result = run_compare(engine, image, base, "speed", "exact, interval:2")
+    exact_cell, fast_cell = result.cells
+    assert (exact_cell.params.cache, fast_cell.params.cache) == ("none", "interval:2")
+    assert exact_cell.info.speed is None and fast_cell.info.speed["skipped_fraction"] > 0
+    plain = engine.edit(EditRequest(image=image, params=base), save=False)
+    assert exact_cell.image.tobytes() == plain.image.tobytes()

@@ -228,6 +228,19 @@ class EditEngine:
 
         return list_strategies(self.device, self.dtype)
 
+    def set_speed(self, name: str) -> str:
+        """Sets the step cache of the next edits whose settings say "default" (the UI's Speed setting:
+        exact, fast, faster, or a `--cache` spec); returns the canonical spec. Raises EngineError
+        naming the value. An edit that is running keeps the mode it started with."""
+        from hidream_ui.pipeline.speed.settings import parse_cache
+
+        try:
+            spec = parse_cache(name if isinstance(name, str) else repr(name), "speed")
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        self._speed.cache = str(spec)
+        return self._speed.cache
+
     def set_attention(self, name: str) -> str:
         """Switches the attention strategy of the loaded transformer (or the one to use at load).
 

@@ -55,6 +55,8 @@ def state_line(status: EngineStatus) -> tuple[str, str]:
         return state, text
     if state == "rewriting":
         return state, "rewriting the instruction (local Llama)"
+    if state == "compiling":
+        return state, "compiling the transformer blocks (--compile blocks, first call)"
     if state == "loading":
         percent = f" {progress.fraction:.0%}" if progress.fraction is not None else ""
         return state, f"loading model{percent} · {progress.message or ''}".rstrip(" ·")
@@ -74,6 +76,8 @@ def render_status(status: EngineStatus) -> str:
     source_text = "tiny (random weights)" if status.model_source == "tiny" else (status.model_source or "?")
     parts.append(_kv("Model", f"{(status.variant or '?').upper()} · {source_text}"))
     parts.append(_kv("Attention", status.attention or "?"))
+    if status.speed is not None:
+        parts.append(_kv("Speed", speed_line(status.speed)))
     if status.queue is not None:
         parts.append(_kv("Queue", f"{status.queue.waiting} waiting · {status.queue.running} running"))
     rewriter = status.rewriter
@@ -103,12 +107,22 @@ def render_status(status: EngineStatus) -> str:
             kind = (status.device_type or "device").upper()
             parts.append(_bar(f"{kind} utilisation", memory.utilization, 100.0, f"{memory.utilization:.0f}%"))
     rewrite_error = status.rewriter.last_error if status.rewriter is not None else None
-    for prefix, note in (("device: ", status.device_error), ("", status.attention_note),
+    compile_error = status.speed.get("compile_error") if status.speed is not None else None
+    for prefix, note in (("device: ", status.device_error), ("", status.attention_note), ("", compile_error),
                          ("last error: ", status.last_error), ("last rewrite error: ", rewrite_error)):
         if note:
             parts.append(f'<div class="hui-note">{html.escape(prefix + str(note))}</div>')
     parts.append("</div>")
     return "".join(parts)
+
+
+def speed_line(speed: dict) -> str:
+    """MoE mode, compile state and the step cache of the next edits, in one line."""
+    compiled = speed.get("compile") == "blocks"
+    compile_text = ("compiled " + str(speed.get("compile_backend")) if speed.get("compiled") else
+                    "compile failed: eager" if compiled and speed.get("compile_error") else
+                    "compile pending" if compiled else "eager")
+    return f"cache {speed.get('cache_default')} · MoE {speed.get('moe')} · {compile_text}"
 
 
 def attention_label(name: str, description: str, available: bool, reason: str) -> str:

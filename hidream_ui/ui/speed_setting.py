@@ -15,6 +15,7 @@ import gradio as gr
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
+from hidream_ui.ui.common import guarded
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ def build_speed_setting(engine: EditEngine) -> gr.Dropdown:
                            elem_id="hui-speed")
     note = gr.Markdown(elem_id="hui-speed-note")
 
+    @guarded("setting the speed")
     def set_speed(name: str) -> str:
         """Step cache of the next edits: exact | fast | faster | none | interval:K | first-block:T -> the spec."""
         return engine.set_speed(name)

@@ -93,13 +93,16 @@ def _signature(kwargs: dict) -> tuple:
             None if kwargs.get("hidden_states_masks") is None else tuple(kwargs["hidden_states_masks"].shape))
 
 
-class _RootHook(ModelHook):
-    """On the transformer: invalidation and, for interval mode, the per-call decision."""
+class _StateHook(ModelHook):
+    """A hook of the step cache: all of one transformer's hooks share one `StepCacheState`."""
 
-    def __init__(self, state: StepCacheState, blocks: int):
+    def __init__(self, state: StepCacheState):
         super().__init__()
         self.state = state
-        self.blocks = blocks
+
+
+class _RootHook(_StateHook):
+    """On the transformer: invalidation and, for interval mode, the per-call decision."""
 
     def pre_forward(self, module, *args, **kwargs):
         state = self.state
@@ -126,12 +129,8 @@ class _RootHook(ModelHook):
         return output
 
 
-class _HeadHook(ModelHook):
+class _HeadHook(_StateHook):
     """On the first double-stream block: records the stream after it; first-block mode decides."""
-
-    def __init__(self, state: StepCacheState):
-        super().__init__()
-        self.state = state
 
     def new_forward(self, module, *args, **kwargs):
         import torch
@@ -156,12 +155,11 @@ class _HeadHook(ModelHook):
         return img, enc
 
 
-class _MiddleHook(ModelHook):
+class _MiddleHook(_StateHook):
     """On every block between the first and the last: runs, or passes its input through."""
 
     def __init__(self, state: StepCacheState, double: bool):
-        super().__init__()
-        self.state = state
+        super().__init__(state)
         self.double = double
 
     def new_forward(self, module, *args, **kwargs):
@@ -177,12 +175,8 @@ class _MiddleHook(ModelHook):
         return kwargs["hidden_states"]
 
 
-class _TailHook(ModelHook):
+class _TailHook(_StateHook):
     """On the last single-stream block: stores the residual on full calls, applies it otherwise."""
-
-    def __init__(self, state: StepCacheState):
-        super().__init__()
-        self.state = state
 
     def new_forward(self, module, *args, **kwargs):
         import torch
@@ -247,7 +241,7 @@ def apply_step_cache(transformer, spec: CacheSpec | str) -> CacheSpec:
     doubles, singles = _blocks(transformer)
     state = StepCacheState(spec)
     HookRegistry.check_if_exists_or_initialize(transformer).register_hook(
-        _RootHook(state, len(doubles) + len(singles)), _ROOT)
+        _RootHook(state), _ROOT)
     HookRegistry.check_if_exists_or_initialize(doubles[0]).register_hook(_HeadHook(state), _HEAD)
     for module in doubles[1:]:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(_MiddleHook(state, double=True), _MIDDLE)

@@ -25,6 +25,9 @@ TINY_PROFILES = ("tiny", "bench", "full")  # full: release dimensions, random we
 # Instruction rewriting (README "Instruction rewriting"). "auto": openai when a URL is given, else off.
 REWRITERS = ("auto", "off", "local", "openai")
 REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
+# Speed modes (README "Speed modes"; the code is in hidream_ui/pipeline/speed/).
+MOE_CHOICES = ("auto", "diffusers", "sync-free")  # auto: sync-free with --compile blocks, else diffusers
+COMPILE_CHOICES = ("none", "blocks")
 
 
 class ConfigError(ValueError):
@@ -83,6 +86,10 @@ class AppConfig:
     rewriter_url: str | None = None
     rewriter_model: str | None = None
     rewriter_timeout: float = 20.0
+    # Speed modes: exact (diffusers' MoE, eager, no step cache) unless asked.
+    moe: str = "auto"
+    compile: str = "none"
+    cache: str = "none"
 
     @property
     def uses_tiny_model(self) -> bool:
@@ -127,6 +134,13 @@ _MODEL_OPTIONS = [
      "single-file transformer checkpoint (.safetensors, diffusers or ComfyUI keys) used in place of the folder"),
     ("--refiner", ("HIDREAM_REFINER",), "refiner",
      "weights of the refine stage: e1 (what upstream computes, zero copies) | i1 (HiDream-I1-Full, swapped)"),
+    ("--moe", ("HIDREAM_MOE",), "moe",
+     "MoE forward: auto (sync-free with --compile blocks, else diffusers) | diffusers (exact default) | "
+     "sync-free (no host sync, fixed shapes, 2x routed FLOPs)"),
+    ("--compile", ("HIDREAM_COMPILE",), "compile",
+     "none | blocks (torch.compile / torchair on the repeated transformer blocks; eager if it fails)"),
+    ("--cache", ("HIDREAM_CACHE",), "cache",
+     "default step cache of edits: none | interval:K | first-block:T (or exact | fast | faster)"),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
     ("--retention", ("HIDREAM_RETENTION",), "retention", "keep at most this many results in --output-dir"),
 ]
@@ -238,7 +252,7 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
         elif dest in ("rewriter_url", "rewriter_model"):
             fields[dest] = str(value).strip() or None
         elif dest in ("device", "dtype", "variant", "attention", "text_encoders", "refiner", "tiny_profile",
-                      "rewriter", "memory", "weights"):
+                      "rewriter", "memory", "weights", "moe", "compile"):
             fields[dest] = str(value).strip().lower()
         else:
             fields[dest] = value
@@ -304,7 +318,9 @@ def validate(config: AppConfig) -> AppConfig:
     _validate_devices(config)
     from hidream_ui.model.plans import validate_memory_options
 
-    return validate_memory_options(config, ConfigError)
+    config = validate_memory_options(config, ConfigError)
+    _validate_speed(config)
+    return config
 
 
 def _validate_devices(config: AppConfig) -> None:
@@ -334,6 +350,12 @@ def parse_placement(source: str, value: str) -> tuple[tuple[str, str], ...]:
         return split_placement(value)
     except PoolSpecError as exc:
         raise ConfigError(f"{source}={value!r}: {exc}") from None
+
+
+def _validate_speed(config: AppConfig) -> None:
+    from hidream_ui.pipeline.speed.settings import validate_speed
+
+    validate_speed(config)
 
 
 def _validate_rewriter(config: AppConfig) -> None:

@@ -246,6 +246,7 @@ class EditSettings:
     clip_cfg_norm: bool = True
     working_resolution: str = "auto"  # "auto" (variant rule), "draft", or a side such as "768"
     collapse_padding: bool = True  # exact padding collapse; False runs the padded tokens as upstream
+    cache: str = "default"  # step cache: "default" (the app's --cache), none, interval:K, first-block:T, or a preset
 
     def validated(self) -> "EditSettings":
         """Return a copy with coerced types, or raise RequestError naming the field."""
@@ -260,11 +261,26 @@ class EditSettings:
             clip_cfg_norm=_as_bool("clip_cfg_norm", self.clip_cfg_norm),
             working_resolution=str(parse_working_resolution(self.working_resolution)),
             collapse_padding=_as_bool("collapse_padding", self.collapse_padding),
+            cache=_as_cache(self.cache),
         )
 
     def params(self, instruction: str, seed: int) -> "EditParams":
         """The full parameters of one item (not validated: call `EditParams.validated`)."""
         return EditParams(instruction=instruction, seed=seed, **dataclasses.asdict(self))
+
+
+def _as_cache(value: object) -> str:
+    """"default" or a canonical step-cache spec (hidream_ui.pipeline.speed.settings), else RequestError."""
+    from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
+
+    text = str(value).strip().lower() if value is not None else "default"
+    if text in ("", "default"):
+        return "default"
+    try:
+        return str(parse_cache(text))
+    except ValueError:
+        raise RequestError("cache", value, "default, none, interval:K, first-block:T or one of "
+                           + ", ".join(SPEED_PRESETS)) from None
 
 
 def validated_seed(value: object) -> int:
@@ -296,6 +312,7 @@ class EditParams:
     seed: int = 3  # -1 = pick a random seed; the seed actually used is recorded in the result
     working_resolution: str = "auto"  # "auto" (variant rule), "draft", or a side such as "768"
     collapse_padding: bool = True  # exact padding collapse; False runs the padded tokens as upstream
+    cache: str = "default"  # step cache (see EditSettings.cache); results record the mode actually used
 
     @property
     def settings(self) -> EditSettings:
@@ -420,6 +437,8 @@ class RunInfo:
     batch_size: int = 1  # items in the pipeline call that produced the result
     engine: str | None = None  # the pool's engine that ran it ("npu:1", "cpu#2"), with --devices
     memory_plan: dict[str, Any] | None = None  # MemoryPlan.to_dict(): plan, weights, prediction (model/plans.py)
+    # Speed modes of the call (README "Speed modes"): moe, compile, cache, skipped_fraction; None: exact.
+    speed: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -129,9 +129,22 @@ def test_npu_fusion_attention_defaults_our_processor_relies_on(checks):
     assert check.relied_defaults["sparse_mode"] == 0 and check.relied_defaults["dropout_mask"] is None
 
 
+# Ops whose release meta function names its parameters differently from the op schema, in the same order
+# with the same defaults. The dispatcher binds a call by the schema and hands the meta function positional
+# arguments, so only keyword calls could tell: we call these ops with positional arguments only.
+META_NAMES_DIFFER = {"npu_rotary_mul": ["embedding", "cosine", "sine", "mode", "rotate"]}
+
+
 def test_meta_function_agrees_with_the_op_schema(release, project):
     for op in contract.fused_ops(project, release):
-        assert contract.meta_matches_schema(release, op) == []
+        problems = contract.meta_matches_schema(release, op)
+        if op in META_NAMES_DIFFER:
+            names = list(contract.signature_from_ast(release.meta_function(op).args).parameters)
+            assert names == META_NAMES_DIFFER[op] and len(problems) == 1 and "parameters differ" in problems[0]
+            assert all(not c.keywords for c in project.calls if c.target == f"torch_npu.{op}"), (
+                f"{op} must be called with positional arguments only: its meta and schema names differ")
+        else:
+            assert problems == []
 
 
 def test_fakes_accept_nothing_the_real_functions_refuse(release, project):
@@ -254,10 +267,42 @@ def test_npu_fusion_attention_meta_gives_the_shapes_our_processor_expects(releas
 
 
 def test_every_fused_op_we_call_has_its_meta_run(release, project):
-    """Only npu_fusion_attention is a fused op today; a new one needs a shape test like the one above
+    """The fused ops we call, each with a shape test (above and below) on its release meta function
     (or, when its meta function cannot run, a test that says why: see test_meta_that_needs_torch_npu...)."""
-    assert contract.fused_ops(project, release) == ["npu_fusion_attention"]
+    assert contract.fused_ops(project, release) == ["npu_fusion_attention", "npu_rms_norm", "npu_rotary_mul"]
     contract.meta_callable(release, "npu_fusion_attention")  # runs on plain torch (a stubbed warning only)
+
+
+@pytest.mark.parametrize("seq", [4096 + 128 * 3 + 1, 1024])
+def test_rms_norm_and_rotary_mul_meta_give_the_shapes_our_processor_expects(release, seq):
+    """npu_rms_norm / npu_rotary_mul through NpuFusionProcessor's q/k norm and rope on meta tensors at
+    HiDream's real shapes (batch 3, 20 heads x 128, rope on the full head)."""
+    import torch
+
+    from hidream_ui.pipeline.attention.npu import NpuFusionProcessor
+
+    metas = {op: contract.meta_callable(release, op) for op in ("npu_rms_norm", "npu_rotary_mul")}
+    seen = {}
+
+    def recorder(op):
+        def call(*args, **kwargs):
+            seen[op] = (args, kwargs)
+            return metas[op](*args, **kwargs)
+        return call
+
+    processor = NpuFusionProcessor(rms_norm_fn=recorder("npu_rms_norm"), rotary_mul_fn=recorder("npu_rotary_mul"))
+    norm = torch.nn.RMSNorm(2560, eps=1e-5, device="meta", dtype=torch.bfloat16)
+    x = torch.empty(3, seq, 2560, device="meta", dtype=torch.bfloat16)
+    y = processor._rms_norm(norm, x)
+    assert y.shape == x.shape and y.dtype == torch.bfloat16
+    assert seen["npu_rms_norm"][1] == {"epsilon": 1e-5}
+    q = torch.empty(3, seq, 20, 128, device="meta", dtype=torch.bfloat16)
+    freqs = torch.empty(3, seq, 1, 64, 2, 2, device="meta", dtype=torch.float32)
+    out = processor._rotary(q, freqs)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    args, kwargs = seen["npu_rotary_mul"]
+    assert [tuple(a.shape) for a in args[:3]] == [(3, seq, 20, 128), (3, seq, 1, 128), (3, seq, 1, 128)]
+    assert args[3] == "interleave" and not kwargs
 
 
 # ------------------------------------------------------------------------------------------------

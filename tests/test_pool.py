@@ -146,6 +146,18 @@ def test_a_cancelled_job_stops_waiting_for_a_busy_pool(tmp_path):
                 pass
 
 
+def test_the_speed_setting_applies_to_every_engine_and_a_bad_value_to_none(tmp_path):
+    from hidream_ui.engine.errors import EngineError
+
+    config = AppConfig(devices=("cpu", "cpu"), output_dir=tmp_path)
+    pool = EnginePool.for_config(config, cores=2)
+    assert pool.set_speed("fast") == "interval:2"
+    assert [engine.status().speed["cache_default"] for engine in pool.engines] == ["interval:2", "interval:2"]
+    with pytest.raises(EngineError, match="bogus"):
+        pool.set_speed("bogus")
+    assert [engine.status().speed["cache_default"] for engine in pool.engines] == ["interval:2", "interval:2"]
+
+
 def test_status_has_one_row_per_engine_and_the_busiest_state(tmp_path):
     npu = FakeNPUBackend(count=2)
     config = AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path)

@@ -17,6 +17,7 @@ KINDS = {
     "soak": ("hidream_ui.bench.soak", "N edits through the running app: RSS growth, cached/output files, failures"),
     "pool": ("hidream_ui.bench.pool", "N concurrent edits through the app: --device cpu vs --devices cpu,cpu"),
     "memory": ("hidream_ui.bench.memory", "every memory plan and storage: peaks, speed, error vs full, prediction"),
+    "speed": ("hidream_ui.bench.speed", "sync-free MoE, --compile blocks, step caching: time, syncs, deviation"),
 }
 
 

@@ -1,8 +1,8 @@
 """Quality comparison: one source and one instruction edited over a grid of settings.
 
 One or two axes (seed, guidance, image guidance, steps, refine strength, attention strategy,
-working resolution), each with a list of values. Every value is checked -- by the same rules as a
-single edit (`EditParams.validated`), by the attention registry, and the cell count against
+working resolution, speed: the step cache), each with a list of values. Every value is checked -- by
+the same rules as a single edit (`EditParams.validated`), by the attention registry, and the cell count against
 `AppConfig.max_grid_cells` -- before any model work, so a typo costs nothing. The cells run as
 ordinary edits (row-major: y values are rows, x values columns), which keeps every cell's PNG
 reproducible from its own metadata; the text encoders run once thanks to the engine's prompt
@@ -72,7 +72,7 @@ class Axis:
     name: str  # what the UI and the API call it
     label: str  # what the grid image says
     field: str | None  # the EditParams field it sets; None for the attention strategy
-    kind: str  # "int" | "float" | "resolution" | "attention"
+    kind: str  # "int" | "float" | "resolution" | "attention" | "cache"
 
 
 AXES = MappingProxyType({axis.name: axis for axis in (
@@ -83,6 +83,7 @@ AXES = MappingProxyType({axis.name: axis for axis in (
     Axis("refine", "refine strength", "refine_strength", "float"),
     Axis("attention", "attention", None, "attention"),
     Axis("resolution", "working resolution", "working_resolution", "resolution"),
+    Axis("speed", "speed", "cache", "cache"),  # step cache: exact, fast, faster, interval:K, first-block:T
 )})
 _ALIASES = MappingProxyType({axis.field: axis.name for axis in AXES.values() if axis.field})
 
@@ -135,7 +136,7 @@ def parse_axis_values(axis: str | Axis, text: str | Sequence[Any], *,
         raise RequestError(field, text, f"at least one value for {axis.name}, e.g. {_example(axis)}")
     raw: list[Any] = []
     for token in tokens:
-        if isinstance(token, str) and ":" in token:
+        if isinstance(token, str) and ":" in token and axis.kind != "cache":  # interval:2 is a value
             raw.extend(_expand_range(axis, field, token, max_values - len(raw)))
         else:
             raw.append(token)
@@ -153,7 +154,8 @@ def parse_axis_values(axis: str | Axis, text: str | Sequence[Any], *,
 def _example(axis: Axis) -> str:
     return {"seed": "1, 2, 3", "guidance": "2, 3.5, 5 or 1.5:4.5:1", "image_guidance": "1, 1.5, 2",
             "steps": "10, 20, 28", "refine": "0:0.6:0.2", "attention": "sdpa, math",
-            "resolution": "draft, auto, 768"}[axis.name]
+            "resolution": "draft, auto, 768", "speed": "exact, fast, faster or none, interval:2, first-block:0.05",
+            }[axis.name]
 
 
 def _number(field: str, token: str) -> float:

@@ -98,6 +98,9 @@ class EditEngine:
         # Set by an EnginePool (engine/pool.py): which of its engines this is, saved in every result.
         self.pool_label: str | None = None
         self.counters = {"edits": 0, "text_encoder_calls": 0, "transformer_calls": 0}
+        from hidream_ui.pipeline.speed.runtime import SpeedRuntime
+
+        self._speed = SpeedRuntime.from_config(config)  # --moe / --compile / --cache (README "Speed modes")
 
     # ------------------------------------------------------------------ device
     @property
@@ -177,6 +180,7 @@ class EditEngine:
                 model = load_model(self.config, device, dtype, on_progress=progress, plan=plan)
                 self._model = model
                 self._apply_attention_at_load()
+                self._apply_speed_at_load()
             except (ModelError, PlanRefused) as exc:
                 self._last_error = str(exc)
                 raise EngineError(str(exc)) from exc
@@ -209,6 +213,21 @@ class EditEngine:
             self._attention_note = f"attention {self._attention_request!r} not used: {exc}; using {self._attention}"
             logger.warning(self._attention_note)
 
+    def _apply_speed_at_load(self) -> None:
+        """The MoE mode and `--compile blocks` (its warm-up shows as the state "compiling")."""
+        from hidream_ui.pipeline.speed.runtime import warm_up_call
+        from hidream_ui.requests import DEFAULT_NEGATIVE
+
+        pipe = self._model.pipeline
+
+        def warm_up() -> None:
+            self._state = "compiling"
+            self._progress = Progress(message="compiling the transformer blocks (first call)")
+            plan = self.working_plan((1024, 1024), "auto")
+            warm_up_call(pipe, self.encode(DEFAULT_NEGATIVE), plan.working_size)
+
+        self._speed.at_load(pipe.transformer, self.device.type, warm_up)
+
     # ------------------------------------------------------------------ attention
     @property
     def attention_request(self) -> str:
@@ -219,6 +238,19 @@ class EditEngine:
         from hidream_ui.pipeline.attention.registry import list_strategies
 
         return list_strategies(self.device, self.dtype)
+
+    def set_speed(self, name: str) -> str:
+        """Sets the step cache of the next edits whose settings say "default" (the UI's Speed setting:
+        exact, fast, faster, or a `--cache` spec); returns the canonical spec. Raises EngineError
+        naming the value. An edit that is running keeps the mode it started with."""
+        from hidream_ui.pipeline.speed.settings import parse_cache
+
+        try:
+            spec = parse_cache(name if isinstance(name, str) else repr(name), "speed")
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        self._speed.cache = str(spec)
+        return self._speed.cache
 
     def set_attention(self, name: str) -> str:
         """Switches the attention strategy of the loaded transformer (or the one to use at load).
@@ -347,6 +379,8 @@ class EditEngine:
                     return tensors
 
                 generators = [make_generator(p.seed, model.device) for p in params_list]
+                cache_spec = self._speed.before_call(pipe.transformer, first.cache)
+                params_list = [dataclasses.replace(p, cache=str(cache_spec)) for p in params_list]  # as used
                 output = pipe(
                     image=[image for image, _ in working],
                     prompt=[p.instruction for p in params_list],
@@ -400,7 +434,7 @@ class EditEngine:
                 total=round(finished - started, 4),
             )
             self.counters["edits"] += len(requests)
-            info = self._info()
+            info = dataclasses.replace(self._info(), speed=self._speed.call_info(pipe, cache_spec))
             results = []
             for request, params, (image, _), out in zip(requests, params_list, working, output.images):
                 result = EditResult(
@@ -586,6 +620,7 @@ class EditEngine:
             prompt_cache=PromptCacheStats(entries=len(self._cache), hits=self._cache.hits, misses=self._cache.misses),
             counters=dict(self.counters),
             last_error=self._last_error,
+            speed=self._speed.status(),
         )
         try:
             device = self.device

@@ -374,6 +374,14 @@ class EnginePool:
                     resolved.append(slot.engine.set_attention(name))
         return resolved[0]
 
+    def set_speed(self, name: str) -> str:
+        """The step cache of the next edits, on every engine (it only changes what the next edit asks
+        for, so no engine needs to be idle); EngineError naming the value before any engine changes."""
+        spec = self.primary.set_speed(name)
+        for engine in self.engines[1:]:
+            engine.set_speed(spec)
+        return spec
+
     def cancel(self, reason: str = "cancelled") -> None:
         for engine in self.engines:
             engine.cancel(reason)

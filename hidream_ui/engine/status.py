@@ -85,7 +85,7 @@ class DeviceRow:
 
 @dataclass(frozen=True)
 class EngineStatus:
-    state: str  # "idle" | "loading" | "editing" | "rewriting"
+    state: str  # "idle" | "loading" | "compiling" | "editing" | "rewriting"
     progress: Progress
     loaded: bool
     variant: str
@@ -109,6 +109,8 @@ class EngineStatus:
     load_seconds: float | None = None
     weight_swap: WeightSwapStats | None = None
     memory_plan: MemoryPlan | None = None  # the plan the model was placed with (model/plans.py)
+    # Speed modes (pipeline/speed/runtime.py SpeedRuntime.status): moe, compile, compile_error, cache_default, ...
+    speed: dict[str, Any] | None = None
     # Added by the UI.
     queue: QueueFigures | None = None
     rewriter: RewriterStatus | None = None

@@ -27,6 +27,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.pipeline.guidance import combine_edit_guidance, combine_refine_guidance, refine_start_step
+from hidream_ui.pipeline.speed.cache import reset_step_cache, step_cache_stats
 from hidream_ui.requests import DEFAULT_NEGATIVE, target_prompt
 
 
@@ -91,6 +92,8 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
     # Set by hidream_ui.model.loading after loading: where the transformer computes, and where text encoders live.
     compute_device: str | None = None
     text_encoder_mode: str = "device"
+    # The last call's step-cache counters (None without a step cache; see pipeline/speed/cache.py).
+    step_cache_stats = None
 
     # ------------------------------------------------------------------ text
     def _get_llama3_prompt_embeds(self, prompt=None, max_sequence_length=PROMPT_TOKENS, device=None, dtype=None):
@@ -137,7 +140,11 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         kwargs = dict(timesteps=timestep, encoder_hidden_states_t5=text.t5, encoder_hidden_states_llama3=text.llama,
                       pooled_embeds=text.pooled, return_dict=False)
         if collapse_padding and hidden.shape[-2] != hidden.shape[-1]:
-            tokens, mask, sizes, ids = self._collapsed_tokens(hidden)
+            tokens, mask, _, ids = self._collapsed_tokens(hidden)
+            # Sizes as host ints (the same values as the tensor): unpatchify slices with them, and a
+            # device tensor there costs one device-to-host sync per image per call.
+            p = self.transformer.config.patch_size
+            sizes = [(hidden.shape[-2] // p, hidden.shape[-1] // p)] * hidden.shape[0]
             out = self.transformer(hidden_states=tokens, hidden_states_masks=mask, img_sizes=sizes, img_ids=ids,
                                    **kwargs)[0]
         else:
@@ -236,12 +243,15 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         width_latent = latents.shape[-1]
 
         stage("edit")
+        # Step cache (if one is installed): nothing cached may cross edits or the refine switch.
+        reset_step_cache(self.transformer, stats=True)
         try:
             for i, t in enumerate(timesteps):
                 if self.interrupt:
                     raise EditInterrupted(f"cancelled after {i} of {num_inference_steps} steps")
                 if i == switch:
                     stage("refine")
+                    reset_step_cache(self.transformer)
                 if i < switch:
                     copies = 3 if do_cfg else 1
                     hidden = torch.cat([torch.cat([latents] * copies), edit_image], dim=-1)
@@ -268,6 +278,8 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
                     latents = (outputs or {}).get("latents", latents)
         finally:
             stage("edit")
+            self.step_cache_stats = step_cache_stats(self.transformer)
+            reset_step_cache(self.transformer)  # frees the cached activations
 
         if output_type == "latent":
             result = latents

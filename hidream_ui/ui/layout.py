@@ -9,6 +9,7 @@ API names are part of the app's contract (README, tests, MCP):
 * ``/cancel``         stops the caller's own running edit / batch / comparison; never queued
 * ``/set_attention``  strategy name -> the active strategy (refusals are errors with the reason)
 * ``/load_model``     loads the model now (otherwise the first edit does)
+* ``/set_speed``      exact | fast | faster | a ``--cache`` spec -> the step cache of the next edits
 * ``/rewrite``        image, instruction -> the prompt the rewriter makes of it, and its answer
                       (``--rewriter``; an error with the reason when it fails or none is configured)
 * ``/edit_rewritten`` like ``/edit``, with the (edited) rewritten prompt and the ``/rewrite`` answer,
@@ -49,6 +50,7 @@ from hidream_ui.ui.common import (
 )
 from hidream_ui.ui.handlers import Handlers
 from hidream_ui.ui.services import ASSETS_DIR, AppServices
+from hidream_ui.ui.speed_setting import build_speed_setting
 from hidream_ui.ui.status_panel import STATUS_CSS
 
 logger = logging.getLogger(__name__)
@@ -271,6 +273,7 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                 telemetry_plot = gr.LinePlot(x="seconds", y="percent", color="series", y_lim=[0, 100], height=200,
                                              x_title="seconds ago", y_title="%", label="Memory and utilisation",
                                              elem_id="hui-telemetry-plot")
+                build_speed_setting(engine)  # the step cache of the next edits; also /set_speed
                 load_button = gr.Button("Load model", size="sm")
                 load_message = gr.Markdown(label="Model")
 

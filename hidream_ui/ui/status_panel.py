@@ -56,6 +56,8 @@ def state_line(status: EngineStatus) -> tuple[str, str]:
         return state, text
     if state == "rewriting":
         return state, "rewriting the instruction (local Llama)"
+    if state == "compiling":
+        return state, "compiling the transformer blocks (--compile blocks, first call)"
     if state == "loading":
         percent = f" {progress.fraction:.0%}" if progress.fraction is not None else ""
         return state, f"loading model{percent} · {progress.message or ''}".rstrip(" ·")
@@ -79,6 +81,8 @@ def render_status(status: EngineStatus) -> str:
     if plan is not None:
         predicted = "" if plan.predicted_peak is None else f" · predicted peak {format_bytes(plan.predicted_peak)}"
         parts.append(_kv("Memory plan", plan.label + predicted))
+    if status.speed is not None:
+        parts.append(_kv("Speed", speed_line(status.speed)))
     if status.queue is not None:
         parts.append(_kv("Queue", f"{status.queue.waiting} waiting · {status.queue.running} running"))
     rewriter = status.rewriter
@@ -109,12 +113,22 @@ def render_status(status: EngineStatus) -> str:
             parts.append(_bar(f"{kind} utilisation", memory.utilization, 100.0, f"{memory.utilization:.0f}%"))
     parts.append(render_device_rows(status.devices))
     rewrite_error = status.rewriter.last_error if status.rewriter is not None else None
-    for prefix, note in (("device: ", status.device_error), ("", status.attention_note),
+    compile_error = status.speed.get("compile_error") if status.speed is not None else None
+    for prefix, note in (("device: ", status.device_error), ("", status.attention_note), ("", compile_error),
                          ("last error: ", status.last_error), ("last rewrite error: ", rewrite_error)):
         if note:
             parts.append(f'<div class="hui-note">{html.escape(prefix + str(note))}</div>')
     parts.append("</div>")
     return "".join(parts)
+
+
+def speed_line(speed: dict) -> str:
+    """MoE mode, compile state and the step cache of the next edits, in one line."""
+    compiled = speed.get("compile") == "blocks"
+    compile_text = ("compiled " + str(speed.get("compile_backend")) if speed.get("compiled") else
+                    "compile failed: eager" if compiled and speed.get("compile_error") else
+                    "compile pending" if compiled else "eager")
+    return f"cache {speed.get('cache_default')} · MoE {speed.get('moe')} · {compile_text}"
 
 
 def attention_label(name: str, description: str, available: bool, reason: str) -> str:

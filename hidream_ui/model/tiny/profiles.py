@@ -134,6 +134,19 @@ PROFILES: Mapping[str, TinyProfile] = MappingProxyType(
             llama_layers=(2, 3),
             transformer_shards=4,
         ),
+        # HiDream's real block count at a small width: what step caching's speed-up depends on (bench speed).
+        "deep": TinyProfile(
+            name="deep",
+            description="the real block count (16 double + 32 single blocks) at a small width (4 heads x 32)",
+            num_layers=16,
+            num_single_layers=32,
+            num_attention_heads=4,
+            attention_head_dim=32,
+            axes_dims_rope=(16, 8, 8),
+            max_resolution=(32, 32),
+            llama_layers=(0, 1, 2, 3) + (3,) * 44,  # one per block, the last repeated, as the release does
+            transformer_shards=2,
+        ),
     }
 )
 

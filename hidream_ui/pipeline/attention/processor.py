@@ -138,14 +138,20 @@ class HiDreamStrategyProcessor:
         """softmax(q k^T / sqrt(d) + key_bias) v on (batch, seq, heads, head_dim) tensors."""
         raise NotImplementedError
 
+    # -- norms and rope (the pure-torch reference; `npu_fusion` overrides them with fused ops) --
+    def _rms_norm(self, norm, x: "torch.Tensor") -> "torch.Tensor":
+        return norm(x)
+
+    def _rotary(self, x: "torch.Tensor", freqs: "torch.Tensor") -> "torch.Tensor":
+        return _apply_rotary(x, freqs)
+
     # -- projections -------------------------------------------------------------------------
-    @staticmethod
-    def _project(attn, hidden, to_q, to_k, to_v, q_norm, k_norm):
+    def _project(self, attn, hidden, to_q, to_k, to_v, q_norm, k_norm):
         dtype = hidden.dtype
         batch = hidden.shape[0]
         # RMSNorm may compute in float32; diffusers casts back so q/k match v's dtype.
-        q = q_norm(to_q(hidden)).to(dtype=dtype)
-        k = k_norm(to_k(hidden)).to(dtype=dtype)
+        q = self._rms_norm(q_norm, to_q(hidden)).to(dtype=dtype)
+        k = self._rms_norm(k_norm, to_k(hidden)).to(dtype=dtype)
         v = to_v(hidden)
         head_dim = k.shape[-1] // attn.heads
         shape = (batch, -1, attn.heads, head_dim)
@@ -209,12 +215,12 @@ class HiDreamStrategyProcessor:
             # HiDream's rope covers the whole head when head_dim == 2 * (number of rotation
             # pairs), otherwise only the first half of each head (diffusers does the same).
             if query.shape[-1] == image_rotary_emb.shape[-3] * 2:
-                query = _apply_rotary(query, image_rotary_emb)
-                key = _apply_rotary(key, image_rotary_emb)
+                query = self._rotary(query, image_rotary_emb)
+                key = self._rotary(key, image_rotary_emb)
             else:
                 half = query.shape[-1] // 2
-                query = torch.cat([_apply_rotary(query[..., :half], image_rotary_emb), query[..., half:]], dim=-1)
-                key = torch.cat([_apply_rotary(key[..., :half], image_rotary_emb), key[..., half:]], dim=-1)
+                query = torch.cat([self._rotary(query[..., :half], image_rotary_emb), query[..., half:]], dim=-1)
+                key = torch.cat([self._rotary(key[..., :half], image_rotary_emb), key[..., half:]], dim=-1)
 
         out = self.attend(query, key, value, key_bias)
         out = out.reshape(batch, -1, attn.heads * query.shape[-1]).to(query.dtype)

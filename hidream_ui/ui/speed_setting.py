@@ -1,0 +1,59 @@
+"""The system panel's "Speed" setting and `/set_speed` (README "Speed modes").
+
+Engine-wide, like the attention strategy: it sets the step cache of the next edits (Edit, Batch,
+and Compare cells that do not vary speed); each result records the mode it ran with. Built inside
+the layout's Blocks context by `build_speed_setting`.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+
+import gradio as gr
+
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.errors import EngineError
+from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
+from hidream_ui.ui.common import guarded
+
+logger = logging.getLogger(__name__)
+
+
+def speed_choices(current: str) -> list[tuple[str, str]]:
+    """(label, cache spec) for the presets, plus the configured spec when it is none of them."""
+    choices = [(name if spec == "none" else f"{name} ({spec})", spec) for name, spec in SPEED_PRESETS.items()]
+    if current not in SPEED_PRESETS.values():
+        choices.append((current, current))
+    return choices
+
+
+def build_speed_setting(engine: EditEngine) -> gr.Dropdown:
+    current = str(parse_cache(engine.config.cache))
+    dropdown = gr.Dropdown(label="Speed", choices=speed_choices(current), value=current, interactive=True,
+                           info="exact: every block every step · fast / faster: reuse the deep blocks' work on "
+                                "1 of 2 / 2 of 3 steps (check quality in Compare, axis speed)",
+                           elem_id="hui-speed")
+    note = gr.Markdown(elem_id="hui-speed-note")
+
+    @guarded("setting the speed")
+    def set_speed(name: str) -> str:
+        """Step cache of the next edits: exact | fast | faster | none | interval:K | first-block:T -> the spec."""
+        return engine.set_speed(name)
+
+    def change_speed(name: str):
+        try:
+            spec = engine.set_speed(name)
+            return gr.update(value=spec), f"Speed: <b>{html.escape(spec)}</b> for the next edits."
+        except EngineError as exc:
+            logger.info("speed %r refused: %s", name, exc)
+            gr.Warning(html.escape(str(exc), quote=False))
+            return gr.update(value=engine.status().speed["cache_default"]), html.escape(str(exc))
+
+    dropdown.select(change_speed, [dropdown], [dropdown, note], queue=False, api_visibility="private")
+    # Not on the device lane: it only changes what the next edit will ask for.
+    gr.api(set_speed, api_name="set_speed", queue=False)
+    return dropdown
+
+
+__all__ = ["build_speed_setting", "speed_choices"]

@@ -1,0 +1,305 @@
+"""Speed modes (pipeline/speed/): sync-free MoE, step caching, host-sync counting, config and engine.
+
+Compilation has its own module (test_speed_compile.py): it is the slow part.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwardSwiGLU
+from helpers import edit_params, random_picture
+
+from hidream_ui.config import AppConfig, ConfigError, from_args
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.pipeline.speed.cache import apply_step_cache, reset_step_cache, step_cache_stats
+from hidream_ui.pipeline.speed.moe import apply_moe, moe_mode, moe_modules
+from hidream_ui.pipeline.speed.settings import CacheSpec, parse_cache
+from hidream_ui.pipeline.speed.syncs import count_host_syncs
+from hidream_ui.requests import EditRequest, RequestError
+
+
+class FixedGate(torch.nn.Module):
+    """Stands in for MoEGate: a given routing (top-k experts and weights per token)."""
+
+    def __init__(self, idx, weight):
+        super().__init__()
+        self.idx, self.weight = idx, weight
+
+    def forward(self, x):
+        return self.idx, self.weight, None
+
+
+def _moe(dim=32, experts=4, active=2, seed=0):
+    torch.manual_seed(seed)
+    return MOEFeedForwardSwiGLU(dim, 4 * dim, experts, active).eval()
+
+
+def test_sync_free_moe_equals_diffusers_on_random_routing_with_idle_experts():
+    moe = _moe()
+    holder = torch.nn.Sequential(moe)
+    tokens = 2 * 37
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 37, 32, generator=gen)
+    # Random top-2 routing over experts 0, 1 and 3 only: expert 2 receives no token at all.
+    choices = torch.tensor([0, 1, 3])
+    idx = torch.stack([choices[torch.randperm(3, generator=gen)[:2]] for _ in range(tokens)])
+    weight = torch.rand(tokens, 2, generator=gen)
+    moe.gate = FixedGate(idx, weight)
+    with torch.no_grad():
+        expected, syncs_diffusers = count_host_syncs(moe, x)
+        apply_moe(holder, "sync-free")
+        assert moe_mode(holder) == "sync-free"
+        got, syncs_free = count_host_syncs(moe, x)
+    assert 2 not in idx
+    assert syncs_diffusers.total >= 1 and syncs_diffusers.by_kind["cpu"] == 1  # bincount().cpu()
+    assert syncs_free.total == 0
+    relative = ((got - expected).abs().max() / expected.abs().max()).item()
+    assert relative <= 1e-6
+    assert not torch.equal(got, torch.zeros_like(got))
+
+
+def test_sync_free_moe_on_the_real_gate_and_back_to_diffusers_bit_for_bit():
+    moe = _moe(seed=3)
+    holder = torch.nn.Sequential(moe)
+    x = torch.randn(3, 20, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        exact = moe(x)
+        apply_moe(holder, "sync-free")
+        apply_moe(holder, "sync-free")  # idempotent
+        free = moe(x)
+        apply_moe(holder, "diffusers")
+        again = moe(x)
+    assert ((free - exact).abs().max() / exact.abs().max()).item() <= 1e-6
+    assert torch.equal(again, exact)
+    with pytest.raises(ValueError, match="moe='fast'"):
+        apply_moe(holder, "fast")
+
+
+def test_host_sync_counter_sees_reads_and_data_dependent_shapes():
+    x = torch.arange(6.0)
+    n = torch.tensor(3)
+    _, count = count_host_syncs(lambda: (x.sum().item(), x.cpu(), x[x > 2], x.nonzero(), x[:n], x.to("cpu"), x * 2))
+    # x.to("cpu") is the same device here: no transfer.
+    assert count.by_kind == {"item": 1, "cpu": 1, "bool_index": 1, "nonzero": 1, "tensor_slice": 1}
+    _, none = count_host_syncs(lambda: torch.topk(x, 2).indices.argsort())
+    assert none.total == 0
+
+
+# ------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize("text,spec", [
+    ("none", CacheSpec()), ("exact", CacheSpec()), ("interval:2", CacheSpec("interval", interval=2)),
+    (" Interval:3 ", CacheSpec("interval", interval=3)), ("fast", CacheSpec("interval", interval=2)),
+    ("first-block:0.05", CacheSpec("first-block", threshold=0.05)),
+])
+def test_cache_grammar(text, spec):
+    assert parse_cache(text) == spec
+    assert parse_cache(str(spec)) == spec
+
+
+@pytest.mark.parametrize("bad", ["interval", "interval:0", "interval:x", "first-block:0", "first-block:-1",
+                                 "deepcache", "interval:2.5", "first-block:nan"])
+def test_bad_cache_values_are_named(bad):
+    with pytest.raises(ValueError, match=f"cache={bad!r}"):
+        parse_cache(bad)
+    with pytest.raises(ConfigError, match="cache="):
+        from_args(["--cache", bad], environ={})
+    with pytest.raises(RequestError, match="cache"):
+        edit_params(cache=bad)
+
+
+def test_speed_flags_and_env():
+    config = from_args([], environ={"HIDREAM_MOE": "sync-free", "HIDREAM_COMPILE": "blocks",
+                                    "HIDREAM_CACHE": "interval:2"})
+    assert (config.moe, config.compile, config.cache) == ("sync-free", "blocks", "interval:2")
+    assert from_args(["--cache", "none"], environ={"HIDREAM_CACHE": "interval:2"}).cache == "none"
+    with pytest.raises(ConfigError, match="moe='fast'"):
+        from_args(["--moe", "fast"], environ={})
+    with pytest.raises(ConfigError, match="compile='graph'"):
+        from_args(["--compile", "graph"], environ={})
+    with pytest.raises(ConfigError, match="needs moe 'sync-free'"):
+        from_args(["--compile", "blocks", "--moe", "diffusers"], environ={})
+
+
+# ------------------------------------------------------------------ on the tiny model
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_cache, tmp_path_factory):
+    eng = EditEngine(AppConfig(device="cpu", output_dir=tmp_path_factory.mktemp("speed_out")))
+    eng.load()
+    return eng
+
+
+def _latents(pipe, steps=8, images=None, prompts=None, seeds=None, **kw):
+    images = images or [random_picture(0, (64, 64))]
+    prompts = prompts or ["make it blue"] * len(images)
+    generators = [torch.Generator().manual_seed(s) for s in (seeds or range(7, 7 + len(images)))]
+    return pipe(image=images, prompt=prompts, num_inference_steps=steps, generator=generators,
+                output_type="latent", **kw).images
+
+
+@pytest.fixture
+def transformer(engine):
+    tr = engine.model.pipeline.transformer
+    yield tr
+    apply_step_cache(tr, "none")
+    apply_moe(tr, "diffusers")
+
+
+def _stage_calls(steps, refine_strength=0.3):
+    from hidream_ui.pipeline.guidance import refine_start_step
+
+    switch = refine_start_step(steps, refine_strength)
+    return [n for n in (switch, steps - switch) if n]
+
+
+def test_sync_free_moe_in_the_transformer_and_its_syncs(engine, transformer):
+    pipe = engine.model.pipeline
+    hidden = torch.randn(3, transformer.config.in_channels, 8, 16, generator=torch.Generator().manual_seed(0))
+    text = engine.encode("make it blue")
+    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
+
+    text3 = PromptEmbeds.cat([text] * 3)
+    t = torch.full((3,), 500.0)
+    with torch.no_grad():
+        exact, before = count_host_syncs(pipe.predict, hidden, t, text3)
+        apply_moe(transformer, "sync-free")
+        free, after = count_host_syncs(pipe.predict, hidden, t, text3)
+    assert ((free - exact).abs().max() / exact.abs().max()).item() <= 1e-6
+    assert before.by_kind["cpu"] - after.by_kind.get("cpu", 0) == len(moe_modules(transformer))
+    assert after.by_kind.get("cpu", 0) == 0
+
+
+def test_interval_1_is_bit_identical_and_none_installs_nothing(engine, transformer):
+    pipe = engine.model.pipeline
+    exact = _latents(pipe)
+    assert step_cache_stats(transformer) is None
+    apply_step_cache(transformer, "interval:1")
+    cached = _latents(pipe)
+    assert torch.equal(cached, exact)
+    stats = pipe.step_cache_stats
+    assert stats.blocks_skipped == 0 and stats.full_calls == stats.calls == 8
+    apply_step_cache(transformer, "none")
+    assert torch.equal(_latents(pipe), exact)
+    assert pipe.step_cache_stats is None
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_interval_skips_the_stated_fraction_and_restarts_at_the_refine_switch(engine, transformer, k):
+    pipe = engine.model.pipeline
+    steps = 8
+    blocks = len(transformer.double_stream_blocks) + len(transformer.single_stream_blocks)
+    exact = _latents(pipe, steps)
+    apply_step_cache(transformer, f"interval:{k}")
+    out = _latents(pipe, steps)
+    stats = pipe.step_cache_stats
+    # Every stage starts with a full call (the cache is reset at the switch), then one in k.
+    stages = _stage_calls(steps)
+    full = sum(-(-n // k) for n in stages)
+    cached = steps - full
+    assert len(stages) == 2
+    assert stats.full_calls == full
+    assert stats.blocks_skipped == cached * (blocks - 2)  # only the first and the last block run
+    assert stats.skipped_fraction == pytest.approx(cached * (blocks - 2) / (steps * blocks))
+    assert not torch.equal(out, exact)
+    assert torch.isfinite(out).all()
+
+
+def test_first_block_threshold_decides(engine, transformer):
+    pipe = engine.model.pipeline
+    steps = 6
+    blocks = len(transformer.double_stream_blocks) + len(transformer.single_stream_blocks)
+    exact = _latents(pipe, steps)
+    apply_step_cache(transformer, "first-block:10")  # every change is below 10: skip whenever allowed
+    _latents(pipe, steps)
+    stats = pipe.step_cache_stats
+    stages = _stage_calls(steps)
+    assert stats.full_calls == len(stages)  # one full call per stage, the rest reuse it
+    assert stats.blocks_skipped == (steps - len(stages)) * (blocks - 1)
+    apply_step_cache(transformer, "first-block:0.000001")  # random weights: every step changes more
+    assert torch.equal(_latents(pipe, steps), exact)
+    assert pipe.step_cache_stats.blocks_skipped == 0
+
+
+def test_cache_resets_on_request_and_when_the_call_changes(engine, transformer):
+    pipe = engine.model.pipeline
+    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
+
+    apply_step_cache(transformer, "interval:4")
+    text = engine.encode("make it blue")
+    hidden = torch.randn(2, transformer.config.in_channels, 8, 16)
+    t = torch.full((2,), 500.0)
+    two = PromptEmbeds.cat([text] * 2)
+    with torch.no_grad():
+        pipe.predict(hidden, t, two)
+        pipe.predict(hidden, t, two)
+        assert step_cache_stats(transformer).full_calls == 1
+        reset_step_cache(transformer)
+        pipe.predict(hidden, t, two)
+        assert step_cache_stats(transformer).full_calls == 2
+        pipe.predict(hidden[:1], t[:1], text)  # another batch: nothing cached may be reused
+        assert step_cache_stats(transformer).full_calls == 3
+        other = PromptEmbeds.cat([engine.encode("make it red")] * 2)
+        pipe.predict(hidden, t, other)  # another text
+        assert step_cache_stats(transformer).full_calls == 4
+
+
+def test_cache_is_per_branch_a_batch_equals_its_items(engine, transformer):
+    """Each guidance branch and each image of a batch reuses only its own residual."""
+    pipe = engine.model.pipeline
+    apply_step_cache(transformer, "interval:2")
+    images = [random_picture(1, (64, 64)), random_picture(2, (64, 64))]
+    prompts = ["make it blue", "add a hat"]
+    both = _latents(pipe, 6, images, prompts, seeds=[7, 8])
+    alone = [_latents(pipe, 6, [im], [p], seeds=[seed]) for im, p, seed in zip(images, prompts, [7, 8])]
+    for i in range(2):
+        torch.testing.assert_close(both[i:i + 1], alone[i], rtol=1e-4, atol=1e-5)
+    assert pipe.step_cache_stats.blocks_skipped > 0
+
+
+def test_engine_records_the_cache_mode_and_skipped_fraction(engine, transformer):
+    from hidream_ui.outputs import load_settings
+
+    image = random_picture(3, (64, 64))
+    exact = engine.edit(EditRequest(image=image, params=edit_params(steps=4, seed=5)), save=False)
+    assert exact.info.speed is None and exact.params.cache == "none"
+    fast = engine.edit(EditRequest(image=image, params=edit_params(steps=4, seed=5, cache="fast")))
+    assert fast.params.cache == "interval:2"
+    assert fast.info.speed["cache"] == "interval:2" and fast.info.speed["skipped_fraction"] > 0
+    meta = fast.metadata()
+    assert meta["params"]["cache"] == "interval:2"
+    assert meta["speed"]["skipped_fraction"] == fast.info.speed["skipped_fraction"]
+    assert load_settings(fast.saved_png).cache == "interval:2"
+    again = engine.edit(EditRequest(image=image, params=edit_params(steps=4, seed=5)), save=False)
+    assert again.image.tobytes() == exact.image.tobytes()  # the exact default is untouched afterwards
+    assert engine.status().speed["last_cache"] == "none"
+
+
+# ------------------------------------------------------------------ the Compare tab's speed axis
+
+
+def test_speed_axis_values():
+    from hidream_ui.engine.compare import parse_axis_values
+
+    assert parse_axis_values("speed", "exact, fast, interval:3, first-block : 0.05") == (
+        "none", "interval:2", "interval:3", "first-block:0.05")
+    with pytest.raises(RequestError, match="speed values"):
+        parse_axis_values("speed", "exact, warp")
+    with pytest.raises(RequestError, match="listed twice"):
+        parse_axis_values("speed", "exact, none")
+
+
+def test_compare_over_speed_records_each_cells_mode(engine, transformer):
+    from hidream_ui.engine.compare import run_compare
+
+    image = random_picture(5, (64, 64))
+    base = edit_params(steps=4, seed=9)
+    result = run_compare(engine, image, base, "speed", "exact, interval:2")
+    exact_cell, fast_cell = result.cells
+    assert (exact_cell.params.cache, fast_cell.params.cache) == ("none", "interval:2")
+    assert exact_cell.info.speed is None and fast_cell.info.speed["skipped_fraction"] > 0
+    plain = engine.edit(EditRequest(image=image, params=base), save=False)
+    assert exact_cell.image.tobytes() == plain.image.tobytes()

@@ -83,7 +83,8 @@ def _run(config, args) -> int:
         raise ValueError(str(exc)) from None
     configs = read_configs(config)
     size = _working_size(args.working_resolution, config.variant, configs)
-    choice = plan_for(config, device, dtype, free=free, working_size=size)
+    # A memory size to plan for stands for an accelerator, whose streams prefetch the next group.
+    choice = plan_for(config, device, dtype, free=free, working_size=size, prefetch=True if free is not None else None)
     free = choice.chosen.free if choice.chosen else free
     if args.json:
         print(json.dumps({"variant": config.variant, "working_size": list(size), "dtype": str(dtype),

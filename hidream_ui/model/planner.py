@@ -26,6 +26,7 @@ from hidream_ui.model.plans import (
     PlanRefused,
     check_compatible,
     requested_plan,
+    use_streams,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -242,18 +243,19 @@ def _weights(part: PartSize, element: int, fp8: bool) -> int:
     return part.fp8 + (part.total - part.fp8) * element if fp8 else part.total * element
 
 
-def _streamed(part: PartSize, how: str, element: int, fp8: bool) -> int:
-    """Device bytes of a streamed part while it runs: its resident group plus two groups (the running one
-    and the one prefetched on the side stream)."""
-    size = 1 if fp8 else element
+def _streamed(part: PartSize, how: str, element: int, fp8: bool, prefetch: bool) -> int:
+    """Device bytes of a streamed part while it runs: its resident group plus the running group and, with
+    `prefetch` (a side stream: CUDA, NPU), the next one already arriving."""
+    size = (1 if fp8 else element) * (2 if prefetch else 1)
     if how == "blocks":
-        return part.unmatched * element + 2 * part.max_block * size
-    return part.nonleaf * element + 2 * part.max_leaf * size
+        return part.unmatched * element + part.max_block * size
+    return part.nonleaf * element + part.max_leaf * size
 
 
 def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int, int], element: int,
-             batch: int = 1) -> PlanEstimate:
-    """Predicted device peak and host need of `plan` with `weights` storage at `working_size`."""
+             batch: int = 1, prefetch: bool = True) -> PlanEstimate:
+    """Predicted device peak and host need of `plan` with `weights` storage at `working_size` (`prefetch`:
+    the device has a side stream, so streamed plans hold two groups at once)."""
     spec = PLAN_SPECS[plan]
     fp8 = weights == "fp8"
     act = activation_bytes(sizes, working_size, element, batch)
@@ -264,11 +266,12 @@ def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int
     # Weights resident between calls, then what each phase brings in on top.
     resident = vae + (t_all if spec.transformer == "resident" else 0) + (e_all if spec.encoders == "resident" else 0)
     if spec.encoders in ("blocks", "leaf"):
-        encoder_in = max(_streamed(part, spec.encoders, element, False) for part in sizes.encoders.values())
+        encoder_in = max(_streamed(part, spec.encoders, element, False, prefetch)
+                         for part in sizes.encoders.values())
     else:
         encoder_in = 0
     transformer_in = 0 if spec.transformer == "resident" else _streamed(sizes.transformer, spec.transformer,
-                                                                         element, fp8)
+                                                                         element, fp8, prefetch)
     phases = {
         "encode": resident + encoder_in + act["encode"],
         "denoise": resident + transformer_in + cast + act["denoise"],
@@ -313,13 +316,13 @@ class PlanChoice:
 
 def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights: str = "auto",
            working_size: tuple[int, int], element: int, refiner: str = "e1", fp8_reason: str | None = None,
-           batch: int = 1) -> PlanChoice:
+           batch: int = 1, prefetch: bool = True) -> PlanChoice:
     """Picks the first candidate whose predicted peak fits `free` minus the margin. `free=None` (unknown)
     takes the first candidate. Every row is kept for the `plan` command's table."""
     rows, chosen = [], None
     limit = None if free is None else free - margin(free)
     for plan, store in candidates(memory, weights):
-        row = estimate(sizes, plan, store, working_size, element, batch)
+        row = estimate(sizes, plan, store, working_size, element, batch, prefetch)
         note = check_compatible(plan, refiner=refiner) or (fp8_reason if store == "fp8" else None)
         fits = None if limit is None else row.peak <= limit
         usable = note is None and fits is not False
@@ -373,7 +376,7 @@ def default_working_size(variant: str, configs: Mapping[str, Mapping[str, Any]])
 
 
 def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *, free: int | None = None,
-             working_size: tuple[int, int] | None = None) -> PlanChoice:
+             working_size: tuple[int, int] | None = None, prefetch: bool | None = None) -> PlanChoice:
     """The planner's table and choice for `config` on `device` (its free memory now unless `free` is given),
     from the configs only: nothing is loaded. `chosen` is None (with `refusal`) when nothing fits."""
     import torch
@@ -393,7 +396,7 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
     return choose(sizes, free=free, memory=requested_plan(config), weights=config.weights,
                   working_size=working_size or default_working_size(config.variant, configs),
                   element=torch.tensor([], dtype=dtype).element_size(), refiner=config.refiner,
-                  fp8_reason=fp8_reason)
+                  fp8_reason=fp8_reason, prefetch=use_streams(device) if prefetch is None else prefetch)
 
 
 def resolve_plan(config: "AppConfig", device, dtype: "torch.dtype", backends=None) -> MemoryPlan:

@@ -96,7 +96,7 @@ class MemoryPlan:
         return asdict(self)
 
 
-def _use_streams(device: "DeviceInfo") -> bool:
+def use_streams(device: "DeviceInfo") -> bool:
     # Prefetch on a side stream where the backend has streams (CUDA, torch_npu): the next group's copy
     # overlaps the current group's compute. diffusers refuses streams for a CPU onload device.
     return device.type in ("cuda", "npu")
@@ -105,7 +105,7 @@ def _use_streams(device: "DeviceInfo") -> bool:
 def _group_offload(module: "torch.nn.Module", device: "DeviceInfo", level: str, block_modules=None) -> None:
     from diffusers.hooks import apply_group_offloading
 
-    streams = _use_streams(device)
+    streams = use_streams(device)
     kwargs: dict[str, Any] = {"num_blocks_per_group": 1} if level == "block_level" else {}
     if block_modules:
         kwargs["block_modules"] = list(block_modules)
@@ -215,4 +215,5 @@ def validate_memory_options(config, error: type[Exception]):
 
 
 __all__ = ["ENCODER_MODE", "MEMORY_CHOICES", "MemoryPlan", "PLANS", "PLAN_SPECS", "PlanRefused", "PlanSpec",
-           "TEXT_ENCODERS_ALIAS", "WEIGHTS", "WEIGHT_CHOICES", "apply_plan", "check_compatible", "installed_hooks"]
+           "TEXT_ENCODERS_ALIAS", "WEIGHTS", "WEIGHT_CHOICES", "apply_plan", "check_compatible", "installed_hooks",
+           "use_streams"]

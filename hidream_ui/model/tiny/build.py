@@ -252,7 +252,8 @@ def _build_tree(root: Path, spec: TinyProfile, seed: int) -> None:
     _write_transformer(i1 / "transformer", spec, seed, stream="i1/transformer")
     _write_transformer(root / E11_DIR / "transformer", spec, seed, stream="e1_1/transformer")
     _write_e1_full(root / E1_FULL_DIR / E1_FULL_FILE, spec, seed)
-    _write_single_files(root / SINGLE_FILE_DIR, root / E11_DIR / "transformer")
+    if spec.name == "tiny":  # two more copies of the transformer: cheap here, ~2.9 GB for the bench profile
+        _write_single_files(root / SINGLE_FILE_DIR, root / E11_DIR / "transformer")
     marker = {
         "builder": "hidream_ui.tiny",
         "format_version": FORMAT_VERSION,
@@ -263,7 +264,8 @@ def _build_tree(root: Path, spec: TinyProfile, seed: int) -> None:
             "i1": I1_DIR,
             "e1_1": E11_DIR,
             "e1_full": f"{E1_FULL_DIR}/{E1_FULL_FILE}",
-            "single_file": {kind: f"{SINGLE_FILE_DIR}/{name}" for kind, name in SINGLE_FILES.items()},
+            "single_file": ({kind: f"{SINGLE_FILE_DIR}/{name}" for kind, name in SINGLE_FILES.items()}
+                            if spec.name == "tiny" else None),
         },
     }
     _write_json(root / MARKER_FILENAME, marker)

@@ -218,8 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=28)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-compile", action="store_true", help="skip the compile section (it takes minutes)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 avoids thrashing on a "
+                                                    "machine other jobs share)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1 (got {args.threads})")
+        import torch
+
+        torch.set_num_threads(args.threads)
     for name in ("size", "steps", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1 (got {getattr(args, name)})")

@@ -105,9 +105,10 @@ def test_a_batch_over_the_pool_keeps_its_order_and_names_each_items_device(tmp_p
 
 
 def test_a_pool_batch_gives_the_images_of_one_engine(tmp_path, tiny_cache):
-    """cpu,cpu: two real engines (one core each) against one engine with one core, same seeds:
-    bit-identical. (Against one engine on two cores the images differ in the last bit: fp32 sums
-    come out in another order with another thread count.)"""
+    """cpu,cpu: two real engines (one core each) against one engine with one core, same seeds: the
+    same images to one 8-bit level. Not bit for bit: the BLAS library's thread count is process-wide
+    (MKL), so while the other engine's thread sets or restores its share, a GEMM may run on another
+    thread count and sum in another order (seen once in three runs after a busy module)."""
     import torch
 
     threads = torch.get_num_threads()
@@ -130,7 +131,8 @@ def test_a_pool_batch_gives_the_images_of_one_engine(tmp_path, tiny_cache):
     assert [item.result.info.engine for item in spread.items] == ["cpu#1", "cpu#2"]
     for one, two in zip(reference, spread.items):
         assert one.params.seed == two.seed
-        assert np.array_equal(np.asarray(one.image), np.asarray(two.result.image))
+        diff = np.abs(np.asarray(one.image, dtype=np.int16) - np.asarray(two.result.image, dtype=np.int16))
+        assert diff.max() <= 1, f"seed {two.seed}: images differ by up to {diff.max()} levels"
 
 
 def test_a_cancelled_job_stops_waiting_for_a_busy_pool(tmp_path):

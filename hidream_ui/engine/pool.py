@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
+ALL_ENGINES = "all"  # the attention switch's target meaning every engine of the pool
 _STATE_ORDER = ("editing", "rewriting", "loading", "idle")  # the pool's state: the busiest engine's
 _WAIT_POLL = 0.2  # seconds between two looks at a job's cancel token while it waits for an engine
 
@@ -104,7 +105,7 @@ def device_row(engine: EditEngine, label: str | None = None, sampler: "Telemetry
     return DeviceRow(engine=label, device=status.device, device_name=status.device_name, state=status.state,
                      progress=status.progress, loaded=status.loaded, busy=status.state != "idle" if busy is None
                      else busy, jobs=jobs, memory=status.memory, telemetry=telemetry,
-                     error=status.device_error or load_error or status.last_error)
+                     error=status.device_error or load_error or status.last_error, attention=status.attention)
 
 
 def engine_labels(devices: Sequence[str]) -> list[str]:
@@ -364,12 +365,24 @@ class EnginePool:
         return BatchResult(items=plan.items, rejected=plan.rejected, cancelled=cancelled, seconds=round(seconds, 4),
                            stats=stats)
 
-    def set_attention(self, name: str) -> str:
-        """Switches every engine, each once it is idle (never in the middle of a job: a comparison
-        holds its engine from its first cell to its last), one pool-wide switch at a time."""
+    def slot_for(self, label: str) -> Slot:
+        """The engine labelled `label` ("cpu#1", "npu:1"); EngineError naming the labels otherwise."""
+        for slot in self.slots:
+            if slot.label == label:
+                return slot
+        known = ", ".join(slot.label for slot in self.slots)
+        raise EngineError(f"unknown engine {label!r:.40}: one of {known}, or {ALL_ENGINES!r} for every engine")
+
+    def set_attention(self, name: str, engine: str | None = None) -> str:
+        """Switches every engine (`engine` None or "all") or the one labelled `engine`, each once it is
+        idle (never in the middle of a job: a comparison holds its engine from its first cell to its
+        last), one switch at a time (a one-engine switch never lands between the engines of a pool-wide
+        one). Returns the strategy active on the (first) switched engine; an unknown label is refused
+        before any engine changes."""
+        slots = self.slots if engine is None or engine == ALL_ENGINES else [self.slot_for(engine)]
         resolved = []
         with self._attention_lock:
-            for slot in self.slots:
+            for slot in slots:
                 with self.acquire(slot=slot):
                     resolved.append(slot.engine.set_attention(name))
         return resolved[0]
@@ -476,6 +489,27 @@ def device_labels(engine: "EditEngine | EnginePool") -> list[str]:
         return []
 
 
+def switch_attention(engine: "EditEngine | EnginePool", name: str, target: str | None = None) -> str:
+    """Switches the attention of the app's engine(s): a pool's every engine (`target` None or "all")
+    or its engine labelled `target`; one engine accepts "all" or its own device row's label."""
+    if isinstance(engine, EnginePool):
+        return engine.set_attention(name, target)
+    if target is not None and target != ALL_ENGINES and target not in device_labels(engine):
+        known = ", ".join([*device_labels(engine), ALL_ENGINES])
+        raise EngineError(f"unknown engine {target!r:.40}: one of {known}")
+    return engine.set_attention(name)
+
+
+def attention_of(engine: "EditEngine | EnginePool", target: str | None = None) -> str:
+    """The strategy active on `target` (a pool's engine label; None or "all": the first engine's).
+    Cheap: the engine's status, no lock."""
+    if isinstance(engine, EnginePool) and target not in (None, ALL_ENGINES):
+        engine = engine.slot_for(target).engine
+    elif isinstance(engine, EnginePool):
+        engine = engine.primary
+    return engine.status().attention or "auto"
+
+
 @contextmanager
 def one_engine(engine: "EditEngine | EnginePool", cancel: "CancelToken | None" = None) -> Iterator[EditEngine]:
     """The engine a multi-edit job (a comparison) runs on from start to end: one of the pool's,
@@ -492,5 +526,5 @@ def lane_size(engine: "EditEngine | EnginePool") -> int:
     return len(engines_of(engine))
 
 
-__all__ = ["EnginePool", "Slot", "device_labels", "device_row", "engine_labels", "engines_of", "host_cores",
-           "lane_size", "one_engine", "shared_sampler"]
+__all__ = ["ALL_ENGINES", "EnginePool", "Slot", "attention_of", "device_labels", "device_row", "engine_labels",
+           "engines_of", "host_cores", "lane_size", "one_engine", "shared_sampler", "switch_attention"]

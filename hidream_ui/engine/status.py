@@ -81,6 +81,7 @@ class DeviceRow:
     memory: MemorySnapshot | None  # the allocator's figures (this process)
     telemetry: DeviceTelemetry | None  # what the device reports (npu-smi / NVML / psutil)
     error: str | None = None
+    attention: str | None = None  # the strategy this engine runs (engines of a pool may differ)
 
 
 @dataclass(frozen=True)

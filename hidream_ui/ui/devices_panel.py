@@ -58,7 +58,8 @@ def _row_state(row: DeviceRow) -> str:
 
 
 def render_device_rows(rows: Iterable[DeviceRow]) -> str:
-    """HTML: one block per device (inside the panel's `.hui-status` div)."""
+    """HTML: one block per device (inside the panel's `.hui-status` div); with several, each names the
+    attention strategy its engine runs."""
     rows = list(rows)
     if not rows:
         return ""
@@ -66,6 +67,8 @@ def render_device_rows(rows: Iterable[DeviceRow]) -> str:
     for row in rows:
         head = f"{row.engine} · {row.device_name or row.device or '?'}"
         figures = []
+        if len(rows) > 1 and row.attention:  # a pool's engines may run different strategies
+            figures.append(f"attention {row.attention}")
         memory = row.memory
         if memory is not None and memory.allocated is not None:
             figures.append(f"allocated {format_bytes(memory.allocated)} / {format_bytes(memory.total)}")

@@ -17,7 +17,14 @@ from hidream_ui.config import AppConfig
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import StepInfo
-from hidream_ui.engine.pool import device_labels, device_row, shared_sampler
+from hidream_ui.engine.pool import (
+    ALL_ENGINES,
+    attention_of,
+    device_labels,
+    device_row,
+    shared_sampler,
+    switch_attention,
+)
 from hidream_ui.engine.status import DeviceRow, EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
 from hidream_ui.requests import EditParams, EditRequest, RequestError, validated_flag
@@ -379,30 +386,51 @@ class Handlers:
         return gr.update(choices=choices)
 
     @guarded("switching attention")
-    def set_attention(self, name: str) -> str:
+    def set_attention(self, name: str, engine: str = ALL_ENGINES) -> str:
         """Switches the attention strategy; returns the active strategy (what "auto" became).
 
-        Refuses unknown or unavailable strategies with the reason; the current one stays active.
+        `engine`: "all" (default) switches every engine of the app; with `--devices`, one engine's
+        label ("cpu#1", "npu:1", as in `/status` `devices`) switches that engine only. Refuses unknown
+        engines and unknown or unavailable strategies with the reason; the current one stays active.
         """
-        return self.engine.set_attention(name)
+        return switch_attention(self.engine, name, engine)
 
-    def change_attention(self, name: str):
-        """The dropdown's handler: shows the outcome or the refusal, and the active strategy."""
+    def _attention_on(self, target: str | None) -> tuple[str, str]:
+        """(the strategy of `target`, " on LABEL" for the note); an unknown label: the first engine's."""
         try:
-            resolved = self.engine.set_attention(name)
-            note = f"Attention: <b>{html.escape(resolved)}</b> active."
-            logger.info("attention switched to %s (asked for %s)", resolved, name)
+            resolved = attention_of(self.engine, target)
+        except EngineError:
+            return attention_of(self.engine), ""
+        return resolved, "" if target in (None, ALL_ENGINES) else f" on {html.escape(str(target))}"
+
+    def change_attention(self, name: str, target: str | None = ALL_ENGINES):
+        """The dropdown's handler: shows the outcome or the refusal, and the active strategy of the
+        engine(s) the panel's Engine choice names (every engine by default)."""
+        try:
+            resolved = switch_attention(self.engine, name, target)
+            where = self._attention_on(target)[1]
+            note = f"Attention: <b>{html.escape(resolved)}</b> active{where}."
+            logger.info("attention switched to %s (asked for %s)%s", resolved, name, where)
         except EngineError as exc:
             logger.info("attention %r refused: %s", name, exc)
             gr.Warning(html.escape(str(exc), quote=False))
-            resolved = self.engine.status().attention or "auto"
+            resolved, where = self._attention_on(target)
             note = (f"Refused: {html.escape(str(exc))}. "
-                    f"Still using <b>{html.escape(resolved)}</b>.")
+                    f"Still using <b>{html.escape(resolved)}</b>{where}.")
         except Exception as exc:  # noqa: BLE001
             logger.exception("switching attention to %r failed", name)
-            resolved = self.engine.status().attention or "auto"
+            resolved, _ = self._attention_on(target)
             note = f"Switching attention failed unexpectedly ({html.escape(type(exc).__name__)}); see the server log."
         return gr.update(value=resolved), note, self.status_panel()
+
+    def attention_target(self, target: str | None):
+        """The panel's Engine choice changed: the Attention dropdown shows that engine's strategy."""
+        try:
+            resolved = attention_of(self.engine, target)
+        except EngineError as exc:
+            return gr.update(), f"Refused: {html.escape(str(exc))}."
+        where = "every engine" if target in (None, ALL_ENGINES) else html.escape(str(target))
+        return gr.update(value=resolved), f"The attention switch applies to {where}."
 
     # ------------------------------------------------------------------ history
     @staticmethod

@@ -7,7 +7,8 @@ API names are part of the app's contract (README, tests, MCP):
 * ``/status``         engine status as JSON (state, device, dtype, attention, memory, queue, ...);
                       never queued, so it answers while the queue is full
 * ``/cancel``         stops the caller's own running edit / batch / comparison; never queued
-* ``/set_attention``  strategy name -> the active strategy (refusals are errors with the reason)
+* ``/set_attention``  strategy name [, engine label or "all"] -> the active strategy (refusals are
+                      errors with the reason)
 * ``/load_model``     loads the model now (otherwise the first edit does)
 * ``/set_speed``      exact | fast | faster | a ``--cache`` spec -> the step cache of the next edits
 * ``/rewrite``        image, instruction -> the prompt the rewriter makes of it, and its answer
@@ -36,7 +37,7 @@ from typing import Any, Callable, Sequence
 import gradio as gr
 
 from hidream_ui.engine.engine import EditEngine
-from hidream_ui.engine.pool import lane_size
+from hidream_ui.engine.pool import ALL_ENGINES, device_labels, lane_size
 from hidream_ui.requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
 from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.common import (
@@ -267,8 +268,19 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                 gr.Markdown("### System")
                 status_panel = gr.HTML(value='<div class="hui-status">connecting…</div>', css_template=STATUS_CSS,
                                        elem_id="hui-status-panel")
-                attention = gr.Dropdown(label="Attention", choices=[(str(config.attention), str(config.attention))],
+                attention_kwargs = dict(label="Attention", choices=[(str(config.attention), str(config.attention))],
                                         value=str(config.attention), interactive=True, elem_id="hui-attention")
+                if lane > 1:  # a pool (--devices): the switch applies to every engine or to the one chosen
+                    with gr.Row(equal_height=True):
+                        attention = gr.Dropdown(scale=3, **attention_kwargs)
+                        attention_engine = gr.Dropdown(
+                            label="Engine", choices=[("all engines", ALL_ENGINES)] + [
+                                (label, label) for label in device_labels(engine)],
+                            value=ALL_ENGINES, interactive=True, scale=1, min_width=90,
+                            elem_id="hui-attention-engine")
+                else:
+                    attention = gr.Dropdown(**attention_kwargs)
+                    attention_engine = gr.State(ALL_ENGINES)
                 attention_note = gr.Markdown(elem_id="hui-attention-note")
                 telemetry_plot = gr.LinePlot(x="seconds", y="percent", color="series", y_lim=[0, 100], height=200,
                                              x_title="seconds ago", y_title="%", label="Memory and utilisation",
@@ -327,8 +339,12 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
 
         # ---- attention: the dropdown's `.input` (user changes only, so setting its value from the
         # server does not trigger it again); the API endpoint is a plain typed function.
-        attention.select(handlers.change_attention, [attention], [attention, attention_note, status_panel],
-                        concurrency_id=DEVICE_GROUP, concurrency_limit=lane, api_visibility="private")
+        attention.select(handlers.change_attention, [attention, attention_engine],
+                         [attention, attention_note, status_panel],
+                         concurrency_id=DEVICE_GROUP, concurrency_limit=lane, api_visibility="private")
+        if lane > 1:
+            attention_engine.select(handlers.attention_target, [attention_engine], [attention, attention_note],
+                                    queue=False, show_progress="hidden", api_visibility="private")
         gr.api(handlers.set_attention, api_name="set_attention", concurrency_id=DEVICE_GROUP, concurrency_limit=lane)
 
         # ---- status and cancel bypass the queue: they must answer while it is full (that is when

@@ -76,7 +76,7 @@ def render_status(status: EngineStatus) -> str:
     parts.append(_kv("Dtype", status.dtype or "?"))
     source_text = "tiny (random weights)" if status.model_source == "tiny" else (status.model_source or "?")
     parts.append(_kv("Model", f"{(status.variant or '?').upper()} · {source_text}"))
-    parts.append(_kv("Attention", status.attention or "?"))
+    parts.append(_kv("Attention", attention_line(status)))
     plan = status.memory_plan
     if plan is not None:
         predicted = "" if plan.predicted_peak is None else f" · predicted peak {format_bytes(plan.predicted_peak)}"
@@ -120,6 +120,14 @@ def render_status(status: EngineStatus) -> str:
             parts.append(f'<div class="hui-note">{html.escape(prefix + str(note))}</div>')
     parts.append("</div>")
     return "".join(parts)
+
+
+def attention_line(status: EngineStatus) -> str:
+    """The strategy; when a pool's engines run different ones (a one-engine switch), each engine's."""
+    strategies = {row.attention for row in status.devices if row.attention}
+    if len(strategies) > 1:
+        return " · ".join(f"{row.engine} {row.attention or '?'}" for row in status.devices)
+    return status.attention or "?"
 
 
 def speed_line(speed: dict) -> str:

@@ -549,3 +549,91 @@ def test_the_live_plot_reads_cached_telemetry_only(tmp_path, monkeypatch):
     frame = handlers.telemetry_plot()
     assert {(row.percent, row.series) for row in frame.itertuples()} >= {(40.0, "npu:1 memory"),
                                                                          (75.0, "npu:1 utilisation")}
+
+
+def cpu_pool(tmp_path, attention: str = "sdpa") -> EnginePool:
+    return EnginePool.for_config(AppConfig(devices=("cpu", "cpu"), attention=attention, output_dir=tmp_path), cores=2)
+
+
+def test_an_attention_switch_on_one_engine_leaves_the_others_strategy_unchanged(tmp_path):
+    from hidream_ui.engine.errors import EngineError
+
+    pool = cpu_pool(tmp_path)
+    assert pool.set_attention("math", engine="cpu#2") == "math"
+    assert [engine.attention_request for engine in pool.engines] == ["sdpa", "math"]
+    assert [row.attention for row in pool.status().devices] == ["sdpa", "math"]
+    assert pool.status().to_dict()["devices"][1]["attention"] == "math"
+    # An unknown label is refused naming the labels, before any engine changes.
+    with pytest.raises(EngineError, match=r"unknown engine 'cpu#3': one of cpu#1, cpu#2, or 'all'"):
+        pool.set_attention("chunked", engine="cpu#3")
+    assert [engine.attention_request for engine in pool.engines] == ["sdpa", "math"]
+    # A refused strategy on one engine leaves both as they were.
+    with pytest.raises(EngineError, match="bogus"):
+        pool.set_attention("bogus", engine="cpu#1")
+    assert [engine.attention_request for engine in pool.engines] == ["sdpa", "math"]
+    # "all" (and no engine named) switches every engine again.
+    assert pool.set_attention("chunked", engine="all") == "chunked"
+    assert [engine.attention_request for engine in pool.engines] == ["chunked", "chunked"]
+    assert pool.set_attention("sdpa") == "sdpa"
+    assert [engine.attention_request for engine in pool.engines] == ["sdpa", "sdpa"]
+
+
+def test_a_one_engine_switch_waits_for_that_engine_only(tmp_path):
+    pool = cpu_pool(tmp_path)
+    with pool.acquire(slot=pool.slots[0]):  # a job holds cpu#1
+        done = threading.Thread(target=pool.set_attention, args=("math", "cpu#2"))
+        done.start()
+        done.join(10)
+        assert not done.is_alive() and pool.engines[1].attention_request == "math"
+        waiting = threading.Thread(target=pool.set_attention, args=("math", "cpu#1"))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and pool.engines[0].attention_request == "sdpa"  # not under the running job
+    waiting.join(10)
+    assert [engine.attention_request for engine in pool.engines] == ["math", "math"]
+
+
+def test_the_panel_switches_the_chosen_engine_and_shows_each_engines_attention(tmp_path):
+    from hidream_ui.ui.handlers import Handlers
+    from hidream_ui.ui.layout import build_demo
+
+    pool = cpu_pool(tmp_path)
+    handlers = Handlers(pool)
+    update, note, panel = handlers.change_attention("math", "cpu#1")
+    assert update["value"] == "math" and "active on cpu#1" in note
+    assert [engine.attention_request for engine in pool.engines] == ["math", "sdpa"]
+    assert "cpu#1 math · cpu#2 sdpa" in panel and "attention sdpa" in panel
+    update, note, _ = handlers.change_attention("chunked", "gpu#7")
+    assert "unknown engine 'gpu#7'" in note.replace("&#x27;", "'")
+    assert [engine.attention_request for engine in pool.engines] == ["math", "sdpa"]
+    assert handlers.attention_target("cpu#2")[0]["value"] == "sdpa"
+    # The Engine choice is there on a pool only.
+    ids = {getattr(block, "elem_id", None) for block in build_demo(pool).blocks.values()}
+    assert "hui-attention-engine" in ids
+    single = build_demo(EditEngine(AppConfig(device="cpu", output_dir=tmp_path)))
+    assert "hui-attention-engine" not in {getattr(block, "elem_id", None) for block in single.blocks.values()}
+
+
+def test_set_attention_api_switches_one_engine_of_a_running_pool_app(tmp_path, tiny_cache):
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    from hidream_ui.bench import free_port
+    from hidream_ui.cli.app import launch
+
+    config = AppConfig(devices=("cpu", "cpu"), attention="sdpa", output_dir=tmp_path, port=free_port())
+    demo, url = launch(config, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(url, verbose=False)
+        assert client.predict(name="math", engine="cpu#2", api_name="/set_attention") == "math"
+        status = client.predict(api_name="/status")
+        assert [(row["engine"], row["attention"]) for row in status["devices"]] == [("cpu#1", "sdpa"),
+                                                                                     ("cpu#2", "math")]
+        with pytest.raises(AppError, match="unknown engine 'npu:5'"):
+            client.predict(name="math", engine="npu:5", api_name="/set_attention")
+        assert client.predict(name="chunked", api_name="/set_attention") == "chunked"  # no engine: all
+        rows = client.predict(api_name="/status")["devices"]
+        assert [row["attention"] for row in rows] == ["chunked", "chunked"]
+        client.close()
+    finally:
+        demo.close()

@@ -511,3 +511,27 @@ def test_the_engine_refuses_before_loading_when_the_placed_card_cannot_hold_the_
     backends = {"npu": _TwoCards({0: 40 * GB, 1: 32 * GB}), "cpu": CPUBackend()}
     plan = resolve_plan(config, engine.device, torch.bfloat16, backends)
     assert (plan.name, plan.weights) == ("full", "bf16") and "npu:1 by --placement" in plan.reason
+
+
+def test_plan_command_shows_one_line_per_placed_device(capsys):
+    import json
+
+    from hidream_ui.cli.plan import main
+
+    argv = ["--tiny-profile", "full", "--placement", "transformer=cuda:0,encoders=cuda:1,vae=cuda:1"]
+    assert main([*argv, "--device-memory", "40GB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chosen"]["name"] == "full" and report["chosen"]["weights"] == "bf16"
+    engine, other = report["devices"]
+    assert engine["device"] == "cuda:0" and engine["parts"] == ["transformer"] and engine["fits"] is True
+    assert other["device"] == "cuda:1" and other["parts"] == ["encoders", "vae"] and other["free"] == 40 * GB
+    assert other["fits"] is True and 26 * GB < other["peak"] < 40 * GB
+    # a 20 GB second card cannot hold the 26 GB of encoders: refused (exit 1), the table still shown
+    assert main([*argv, "--device-memory", "20GB"]) == 1
+    out = capsys.readouterr().out
+    assert "per device (--placement):" in out and "refused: cuda:1 (--placement encoders, vae) needs at least" in out
+    assert [line.split()[0] for line in out.splitlines() if "predicted peak" in line and "of 20.0 GB free" in line] \
+        == ["cuda:0", "cuda:1"]
+    # without --placement the report keeps its shape
+    assert main(["--tiny-profile", "full", "--device-memory", "40GB", "--json"]) == 0
+    assert "devices" not in json.loads(capsys.readouterr().out)

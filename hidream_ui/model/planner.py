@@ -394,6 +394,7 @@ class PlanChoice:
     chosen: MemoryPlan | None
     refusal: str | None
     devices: tuple[DeviceNeed, ...] = ()
+    free: int | None = None  # the engine's device's free bytes the choice was made against
 
 
 def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights: str = "auto",
@@ -426,7 +427,7 @@ def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights
     crowded = [need for need in devices if need.fits is False]
     if crowded:
         chosen, refusal = None, "; ".join(_placed_refusal(need, working_size) for need in crowded)
-    return PlanChoice(rows=tuple(rows), chosen=chosen, refusal=refusal, devices=devices)
+    return PlanChoice(rows=tuple(rows), chosen=chosen, refusal=refusal, devices=devices, free=free)
 
 
 def _gb(n: int | float) -> str:

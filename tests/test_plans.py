@@ -535,3 +535,23 @@ def test_plan_command_shows_one_line_per_placed_device(capsys):
     # without --placement the report keeps its shape
     assert main(["--tiny-profile", "full", "--device-memory", "40GB", "--json"]) == 0
     assert "devices" not in json.loads(capsys.readouterr().out)
+
+
+def test_the_full_profile_makes_placed_parts_on_their_own_card(tiny_cache, monkeypatch):
+    """The release-size parts are made where they will live: the encoders and the VAE placed on a second card
+    are made there, never first on the transformer's card (the planner did not count them there)."""
+    from hidream_ui.device.backends import DeviceInfo
+    from hidream_ui.model import loading
+    from hidream_ui.model.plans import MemoryPlan
+    from hidream_ui.model.sources import resolve_sources
+    from hidream_ui.model.tiny import in_memory
+
+    seen = {}
+    monkeypatch.setattr(in_memory, "release_parts", lambda *a, placement, **k: seen.update(placement) or {})
+    config = from_args(["--tiny-profile", "full", "--placement", "transformer=npu:0,encoders=npu:1,vae=npu:1"],
+                       environ={})
+    card = DeviceInfo(type="npu", index=0, torch_device="npu:0", name="fake", physical_index=0)
+    plan = MemoryPlan(name="encoders-cpu", weights="bf16", requested="auto", requested_weights="auto")
+    loading._release_parts(config, resolve_sources(config), plan, card, torch.bfloat16)
+    assert seen["transformer"] == "npu:0" and seen["vae"] == "npu:1"
+    assert {seen[name] for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4")} == {"npu:1"}

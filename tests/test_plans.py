@@ -415,3 +415,143 @@ def test_fp8_is_refused_with_the_reason_where_the_device_cannot_hold_it(tiny_cac
     choice = plan_for(AppConfig(), npu, torch.bfloat16, backends, free=24 * GB)
     assert all("float8" in row.note for row in choice.rows if row.weights == "fp8")
     assert choice.chosen.weights == "bf16"
+
+
+# ----------------------------------------------------------------------------------------------- --placement
+
+
+SPLIT = (("transformer", "npu:0"), ("encoders", "npu:1"), ("vae", "npu:1"))
+
+
+def test_encoders_placed_on_a_second_card_leave_the_transformer_cards_prediction(full_sizes):
+    from hidream_ui.model.planner import split_for
+
+    split = split_for(SPLIT, "npu:0")
+    assert split.encoders == "away" and split.vae_away and split.others == (("npu:1", ("encoders", "vae")),)
+    encoders = full_sizes.encoder_total * 2
+    vae = full_sizes.vae.total * 2
+    for plan in ("full", "encoders-offload"):
+        alone = estimate(full_sizes, plan, "bf16", (1024, 1024), 2)
+        placed = estimate(full_sizes, plan, "bf16", (1024, 1024), 2, split=split)
+        # full: the encoders' 26 GB (and the VAE) leave the transformer's card; the denoise phase is its peak
+        if plan == "full":
+            assert alone.peak - placed.peak == pytest.approx(encoders + vae, rel=0.05)
+            assert alone.peak - placed.peak > 25 * GB
+        assert placed.phases["denoise"] == pytest.approx(alone.phases["denoise"] - (encoders if plan == "full"
+                                                                                    else 0) - vae, rel=1e-6)
+        assert placed.phases["decode"] < alone.phases["decode"] and placed.host == 0
+    # encoders placed on the transformer's own card are resident there whatever the plan says
+    same = split_for((("transformer", "npu:0"), ("encoders", "npu:0")), "npu:0")
+    assert same.others == () and same.encoders == "resident"
+    assert estimate(full_sizes, "encoders-cpu", "bf16", (1024, 1024), 2, split=same).peak == \
+        estimate(full_sizes, "full", "bf16", (1024, 1024), 2).peak
+
+
+@pytest.mark.parametrize("free_gb, alone, placed", [
+    (64, ("encoders-offload", "bf16"), ("full", "bf16")),  # the encoders need not stream: new texts cost nothing
+    (38.5, ("encoders-offload", "fp8"), ("full", "bf16")),  # exact bf16 storage instead of fp8
+])
+def test_auto_picks_a_faster_plan_when_the_encoders_live_on_a_second_card(full_sizes, free_gb, alone, placed):
+    from hidream_ui.model.planner import split_for
+
+    split = split_for(SPLIT, "npu:0")
+    without = auto_at(full_sizes, free_gb).chosen
+    with_split = auto_at(full_sizes, free_gb, split=split, other_free={"npu:1": 32 * GB})
+    assert (without.name, without.weights) == alone
+    assert (with_split.chosen.name, with_split.chosen.weights) == placed
+    assert "on npu:1 by --placement, not counted here" in with_split.chosen.reason
+    (need,) = with_split.devices
+    assert need.device == "npu:1" and need.parts == ("encoders", "vae") and need.fits
+    assert need.weights == (full_sizes.encoder_total + full_sizes.vae.total) * 2 and need.peak > need.weights
+
+
+def test_a_second_card_too_small_for_its_placed_parts_is_refused_with_the_numbers(full_sizes):
+    from hidream_ui.model.planner import split_for
+
+    choice = auto_at(full_sizes, 80, split=split_for(SPLIT, "npu:0"), other_free={"npu:1": 16 * GB})
+    assert choice.chosen is None and choice.devices[0].fits is False
+    assert "npu:1 (--placement encoders, vae) needs at least" in choice.refusal
+    assert "weights 26.3 GB" in choice.refusal and "16.0 GB is free" in choice.refusal
+    # unknown free memory there (a backend without the figure) is not a refusal
+    assert auto_at(full_sizes, 80, split=split_for(SPLIT, "npu:0"), other_free={}).chosen.name == "full"
+
+
+class _TwoCards:
+    """A fake NPU backend whose cards have different free memory (index -> bytes)."""
+
+    def __new__(cls, free_by_index):
+        from fakes import FakeNPUBackend
+
+        class Cards(FakeNPUBackend):
+            def mem_get_info(self, index):
+                super().mem_get_info(index)
+                return free_by_index[index], self.total
+
+        return Cards(count=2, reserved=0, active=0, total=80 * GB)
+
+
+def test_the_engine_refuses_before_loading_when_the_placed_card_cannot_hold_the_encoders(tmp_path, monkeypatch):
+    """Free memory of both cards is read the way the planner reads the engine's (the backend's figures):
+    the encoders' card has 16 GB free, the encoders alone weigh 26 GB, so nothing is loaded."""
+    from hidream_ui.device.backends import CPUBackend
+    from hidream_ui.model import loading
+
+    called = []
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: called.append(1))
+    backends = {"npu": _TwoCards({0: 80 * GB, 1: 16 * GB}), "cpu": CPUBackend()}
+    config = from_args(["--tiny-profile", "full", "--placement", "transformer=npu:0,encoders=npu:1,vae=npu:1",
+                        "--dtype", "bf16", "--weights", "bf16"], environ={}).replace(output_dir=tmp_path)
+    engine = EditEngine(config, backends=backends)
+    with pytest.raises(EngineError, match=r"npu:1 \(--placement encoders, vae\) needs at least .* 16.0 GB is free"):
+        engine.load()
+    assert called == []
+    # the same cards the other way round: the transformer's card has room for `full` without the encoders
+    from hidream_ui.model.planner import resolve_plan
+
+    backends = {"npu": _TwoCards({0: 40 * GB, 1: 32 * GB}), "cpu": CPUBackend()}
+    plan = resolve_plan(config, engine.device, torch.bfloat16, backends)
+    assert (plan.name, plan.weights) == ("full", "bf16") and "npu:1 by --placement" in plan.reason
+
+
+def test_plan_command_shows_one_line_per_placed_device(capsys):
+    import json
+
+    from hidream_ui.cli.plan import main
+
+    argv = ["--tiny-profile", "full", "--placement", "transformer=cuda:0,encoders=cuda:1,vae=cuda:1"]
+    assert main([*argv, "--device-memory", "40GB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["chosen"]["name"] == "full" and report["chosen"]["weights"] == "bf16"
+    engine, other = report["devices"]
+    assert engine["device"] == "cuda:0" and engine["parts"] == ["transformer"] and engine["fits"] is True
+    assert other["device"] == "cuda:1" and other["parts"] == ["encoders", "vae"] and other["free"] == 40 * GB
+    assert other["fits"] is True and 26 * GB < other["peak"] < 40 * GB
+    # a 20 GB second card cannot hold the 26 GB of encoders: refused (exit 1), the table still shown
+    assert main([*argv, "--device-memory", "20GB"]) == 1
+    out = capsys.readouterr().out
+    assert "per device (--placement):" in out and "refused: cuda:1 (--placement encoders, vae) needs at least" in out
+    assert [line.split()[0] for line in out.splitlines() if "predicted peak" in line and "of 20.0 GB free" in line] \
+        == ["cuda:0", "cuda:1"]
+    # without --placement the report keeps its shape
+    assert main(["--tiny-profile", "full", "--device-memory", "40GB", "--json"]) == 0
+    assert "devices" not in json.loads(capsys.readouterr().out)
+
+
+def test_the_full_profile_makes_placed_parts_on_their_own_card(tiny_cache, monkeypatch):
+    """The release-size parts are made where they will live: the encoders and the VAE placed on a second card
+    are made there, never first on the transformer's card (the planner did not count them there)."""
+    from hidream_ui.device.backends import DeviceInfo
+    from hidream_ui.model import loading
+    from hidream_ui.model.plans import MemoryPlan
+    from hidream_ui.model.sources import resolve_sources
+    from hidream_ui.model.tiny import in_memory
+
+    seen = {}
+    monkeypatch.setattr(in_memory, "release_parts", lambda *a, placement, **k: seen.update(placement) or {})
+    config = from_args(["--tiny-profile", "full", "--placement", "transformer=npu:0,encoders=npu:1,vae=npu:1"],
+                       environ={})
+    card = DeviceInfo(type="npu", index=0, torch_device="npu:0", name="fake", physical_index=0)
+    plan = MemoryPlan(name="encoders-cpu", weights="bf16", requested="auto", requested_weights="auto")
+    loading._release_parts(config, resolve_sources(config), plan, card, torch.bfloat16)
+    assert seen["transformer"] == "npu:0" and seen["vae"] == "npu:1"
+    assert {seen[name] for name in ("text_encoder", "text_encoder_2", "text_encoder_3", "text_encoder_4")} == {"npu:1"}

@@ -3,7 +3,9 @@
 Asks the planner before loading anything: every memory plan with its predicted device peak, the
 host RAM it needs for the weights it keeps there and its rough relative speed, and the one `auto`
 picks. Reads only config files (the release's dimensions for `--tiny-profile full`). Exit 1 when
-nothing fits, with the numbers.
+nothing fits, with the numbers. With `--placement`, the table is the transformer's device's and one
+line per device follows (what each holds, its predicted peak against its free memory); a device
+that cannot hold its placed parts also exits 1.
 """
 
 from __future__ import annotations
@@ -45,14 +47,41 @@ def _table(choice, header: str) -> str:
     return "\n".join(lines)
 
 
+def _per_device(choice, engine: str, free: int | None) -> list[dict]:
+    """One entry per device of `--placement`: the transformer's (the chosen plan's peak) and the others."""
+    from hidream_ui.model.planner import margin
+
+    # The transformer's device: the chosen plan, or (another device refused) the plan it would take.
+    row = next((r for r in choice.rows if not r.note and r.fits is not False), None)
+    peak = choice.chosen.predicted_peak if choice.chosen else (row.peak if row else None)
+    elsewhere = {part for need in choice.devices for part in need.parts}
+    own = {"device": engine, "parts": ["transformer", *(p for p in ("encoders", "vae") if p not in elsewhere)],
+           "peak": peak, "free": free, "margin": None if free is None else margin(free),
+           "fits": None if free is None else row is not None}
+    others = [{**need.to_dict(), "parts": list(need.parts),
+               "margin": None if need.free is None else margin(need.free)} for need in choice.devices]
+    return [own, *others]
+
+
+def _device_lines(devices: list[dict]) -> str:
+    lines = ["per device (--placement):"]
+    for entry in devices:
+        peak = "—" if entry["peak"] is None else f"{entry['peak'] / 1e9:.1f} GB"
+        free = "unknown free" if entry["free"] is None else f"{entry['free'] / 1e9:.1f} GB free"
+        fits = {None: "—", True: "fits", False: "does not fit"}[entry["fits"]]
+        lines.append(f"  {entry['device']:8s} {', '.join(entry['parts']):28s} predicted peak {peak} of {free}  {fits}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
 
     parser = argparse.ArgumentParser(prog="python -m hidream_ui plan", description=__doc__.splitlines()[0])
     add_model_arguments(parser)
     parser.add_argument("--device-memory", default=None,
-                        help="free device memory to plan for, e.g. 24GB (10^9 bytes) or 24GiB; default: what "
-                             "the device has free now")
+                        help="free device memory to plan for, e.g. 24GB (10^9 bytes) or 24GiB, on each card (with "
+                             "--placement: every card it names; a cpu there is the host's); default: what each "
+                             "device has free now")
     parser.add_argument("--working-resolution", default="auto", help="auto | draft | a side in pixels (square)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
@@ -72,8 +101,11 @@ def _run(config, args) -> int:
     from hidream_ui.model.planner import margin, parse_bytes, plan_for, read_configs
 
     free = parse_bytes(args.device_memory) if args.device_memory else None
+    placed = dict(config.placement)
     try:
-        device = resolve_device(config.device)
+        # The engine's device is the transformer's (--placement); a memory size to plan for may stand for cards
+        # this machine lacks, so then the placement's device names are planned for as they are written.
+        device = resolve_device(placed["transformer"] if placed and free is None else config.device)
         # Planning for a given memory size means planning for an accelerator: its dtype (bf16 unless --dtype).
         if free is not None and config.dtype == "auto":
             dtype = torch.bfloat16
@@ -84,14 +116,22 @@ def _run(config, args) -> int:
     configs = read_configs(config)
     size = _working_size(args.working_resolution, config.variant, configs)
     # A memory size to plan for stands for an accelerator, whose streams prefetch the next group.
-    choice = plan_for(config, device, dtype, free=free, working_size=size, prefetch=True if free is not None else None)
-    free = choice.chosen.free if choice.chosen else free
+    other_free = None
+    if free is not None:
+        other_free = {name: free for name in set(placed.values()) if name != "cpu"}
+    choice = plan_for(config, device, dtype, free=free, working_size=size, prefetch=True if free is not None else None,
+                      other_free=other_free)
+    free = choice.free
+    devices = _per_device(choice, placed.get("transformer", device.torch_device), free) if placed else None
     if args.json:
-        print(json.dumps({"variant": config.variant, "working_size": list(size), "dtype": str(dtype),
-                          "free": free, "margin": None if free is None else margin(free),
-                          "rows": [r.to_dict() for r in choice.rows],
-                          "chosen": choice.chosen.to_dict() if choice.chosen else None,
-                          "refusal": choice.refusal}, indent=2))
+        report = {"variant": config.variant, "working_size": list(size), "dtype": str(dtype),
+                  "free": free, "margin": None if free is None else margin(free),
+                  "rows": [r.to_dict() for r in choice.rows],
+                  "chosen": choice.chosen.to_dict() if choice.chosen else None,
+                  "refusal": choice.refusal}
+        if devices is not None:
+            report["devices"] = devices
+        print(json.dumps(report, indent=2))
     else:
         what = "full profile (release dimensions)" if config.uses_tiny_model and config.tiny_profile == "full" \
             else ("tiny " + config.tiny_profile if config.uses_tiny_model else "configured model")
@@ -99,4 +139,6 @@ def _run(config, args) -> int:
         header = (f"{config.variant}, {what}, {size[0]}x{size[1]}, compute {str(dtype).replace('torch.', '')}, "
                   f"{memory}")
         print(_table(choice, header))
+        if devices is not None:
+            print(_device_lines(devices))
     return 0 if choice.chosen is not None else 1

@@ -258,6 +258,14 @@ def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan",
     where = {"transformer": spec.transformer == "resident", "vae": True,
              **{name: spec.encoders == "resident" for name in TEXT_ENCODERS}}
     placement = {name: device.torch_device if resident else "cpu" for name, resident in where.items()}
+    # Parts --placement puts on another card are made there, not on the engine's device (the planner counted
+    # them there: making them here first would need the very memory the split saves).
+    from hidream_ui.device.pool_spec import placement_for
+
+    placed = placement_for(config.placement, device.torch_device, "device")
+    placement["vae"] = placed.vae
+    if "encoders" in dict(config.placement):
+        placement.update({name: placed.encoders for name in TEXT_ENCODERS})
     return release_parts(Path(sources.llama), Path(sources.i1), dtype, fp8=plan.weights == "fp8",
                          seed=config.tiny_seed, placement=placement)
 

@@ -10,6 +10,7 @@ peaks measured on this project's CPU machine (bench profile: the real attention 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import asdict, dataclass
@@ -252,16 +253,63 @@ def _streamed(part: PartSize, how: str, element: int, fp8: bool, prefetch: bool)
     return part.nonleaf * element + part.max_leaf * size
 
 
+@dataclass(frozen=True)
+class Split:
+    """What `--placement` does to the engine's device (the transformer's): `encoders` is "plan" (not placed:
+    the memory plan decides), "resident" (placed on the engine's device: resident there whatever the plan
+    says) or "away" (placed on another device: neither their weights nor their activations count here);
+    `vae_away`: the VAE (and its decode) lives on another device. `others`: (device, parts) of each other
+    device named, checked on its own (`placed_need`)."""
+
+    encoders: str = "plan"
+    vae_away: bool = False
+    others: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def where(self) -> list[tuple[str, str]]:
+        """(part, device) of every part living on another device than the engine's."""
+        return [(part, device) for device, parts in self.others for part in parts]
+
+
+NO_SPLIT = Split()
+
+
+def split_for(placement: tuple[tuple[str, str], ...], engine_device: str) -> Split:
+    """The Split of `--placement` pairs for an engine on `engine_device` (its transformer's device: the
+    placement's own `transformer=` where given, so a plan can be asked for cards this machine lacks)."""
+    parts = dict(placement)
+    if not parts:
+        return NO_SPLIT
+    engine = parts.get("transformer", engine_device)
+    others: dict[str, list[str]] = {}
+    encoders = "plan"
+    if "encoders" in parts:
+        encoders = "resident" if parts["encoders"] == engine else "away"
+        if encoders == "away":
+            others.setdefault(parts["encoders"], []).append("encoders")
+    vae_away = parts.get("vae", engine) != engine
+    if vae_away:
+        others.setdefault(parts["vae"], []).append("vae")
+    return Split(encoders=encoders, vae_away=vae_away,
+                 others=tuple((device, tuple(names)) for device, names in others.items()))
+
+
 def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int, int], element: int,
-             batch: int = 1, prefetch: bool = True) -> PlanEstimate:
+             batch: int = 1, prefetch: bool = True, split: Split = NO_SPLIT) -> PlanEstimate:
     """Predicted device peak and host need of `plan` with `weights` storage at `working_size` (`prefetch`:
-    the device has a side stream, so streamed plans hold two groups at once)."""
+    the device has a side stream, so streamed plans hold two groups at once) on the engine's device; with
+    `split` (`--placement`), parts placed on another device count there, not here (`placed_need`)."""
     spec = PLAN_SPECS[plan]
+    if split.encoders != "plan":
+        spec = dataclasses.replace(spec, encoders="resident")  # placed encoders are resident on their card
     fp8 = weights == "fp8"
-    act = activation_bytes(sizes, working_size, element, batch)
+    act = dict(activation_bytes(sizes, working_size, element, batch))
     t_all = _weights(sizes.transformer, element, fp8)
-    e_all = sizes.encoder_total * element
-    vae = sizes.vae.total * element
+    e_all = 0 if split.encoders == "away" else sizes.encoder_total * element
+    vae = 0 if split.vae_away else sizes.vae.total * element
+    if split.encoders == "away":
+        act["encode"] = 0  # the embeddings arrive here afterwards (small: inside the margin)
+    if split.vae_away:
+        act["decode"] = 0
     cast = sizes.transformer.max_fp8_leaf * element if fp8 else 0  # one layer's compute-dtype copy
     # Weights resident between calls, then what each phase brings in on top.
     resident = vae + (t_all if spec.transformer == "resident" else 0) + (e_all if spec.encoders == "resident" else 0)
@@ -286,6 +334,38 @@ def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int
                         relative_speed=spec.relative_speed, phases=phases)
 
 
+@dataclass(frozen=True)
+class DeviceNeed:
+    """The predicted need of a device other than the engine's, holding the parts `--placement` puts there
+    (resident whatever the plan says) and their activations, against its free memory."""
+
+    device: str
+    parts: tuple[str, ...]  # "encoders", "vae"
+    weights: int  # resident bytes of the placed parts
+    peak: int  # predicted device bytes: weights + the largest activation of the placed parts
+    phases: dict[str, int]
+    free: int | None = None
+    fits: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def placed_need(sizes: ModelSizes, device: str, parts: tuple[str, ...], working_size: tuple[int, int],
+                element: int, batch: int = 1, free: int | None = None) -> DeviceNeed:
+    """What `parts` ("encoders", "vae") placed on `device` need there: their weights, resident for the whole
+    run, plus each phase's activations (encode for the encoders, decode for the VAE)."""
+    act = activation_bytes(sizes, working_size, element, batch)
+    weights = (sizes.encoder_total * element if "encoders" in parts else 0) + \
+        (sizes.vae.total * element if "vae" in parts else 0)
+    phases = {"encode": weights + (act["encode"] if "encoders" in parts else 0),
+              "decode": weights + (act["decode"] if "vae" in parts else 0)}
+    peak = max(phases.values())
+    fits = None if free is None else peak <= free - margin(free)
+    return DeviceNeed(device=device, parts=tuple(parts), weights=weights, peak=peak, phases=phases, free=free,
+                      fits=fits)
+
+
 def margin(free: int) -> int:
     return max(MARGIN_MIN, int(free * MARGIN_FRACTION))
 
@@ -307,22 +387,32 @@ def candidates(memory: str, weights: str) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class PlanChoice:
-    """The planner's answer: every row it considered and the one it picked (None: nothing fits)."""
+    """The planner's answer: every row it considered and the one it picked (None: nothing fits, or a device
+    named in `--placement` cannot hold its parts). `devices`: the other devices' needs (`--placement`)."""
 
     rows: tuple[PlanEstimate, ...]
     chosen: MemoryPlan | None
     refusal: str | None
+    devices: tuple[DeviceNeed, ...] = ()
+    free: int | None = None  # the engine's device's free bytes the choice was made against
 
 
 def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights: str = "auto",
            working_size: tuple[int, int], element: int, refiner: str = "e1", fp8_reason: str | None = None,
-           batch: int = 1, prefetch: bool = True) -> PlanChoice:
+           batch: int = 1, prefetch: bool = True, split: Split = NO_SPLIT,
+           other_free: Mapping[str, int | None] | None = None) -> PlanChoice:
     """Picks the first candidate whose predicted peak fits `free` minus the margin. `free=None` (unknown)
-    takes the first candidate. Every row is kept for the `plan` command's table."""
+    takes the first candidate. Every row is kept for the `plan` command's table. With `split`
+    (`--placement`), the rows are the engine's device's and every other device named is checked against
+    its free memory in `other_free` (same margin; unknown: not checked); one that cannot hold its parts
+    refuses the whole choice."""
     rows, chosen = [], None
     limit = None if free is None else free - margin(free)
+    other_free = other_free or {}
+    devices = tuple(placed_need(sizes, device, parts, working_size, element, batch, other_free.get(device))
+                    for device, parts in split.others)
     for plan, store in candidates(memory, weights):
-        row = estimate(sizes, plan, store, working_size, element, batch, prefetch)
+        row = estimate(sizes, plan, store, working_size, element, batch, prefetch, split)
         note = check_compatible(plan, refiner=refiner) or (fp8_reason if store == "fp8" else None)
         fits = None if limit is None else row.peak <= limit
         usable = note is None and fits is not False
@@ -332,9 +422,12 @@ def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights
             chosen = MemoryPlan(
                 name=plan, weights=store, requested=memory, requested_weights=weights, predicted_peak=row.peak,
                 host_bytes=row.host, free=free, working_size=tuple(working_size),
-                reason=_reason(memory, weights, plan, store, row.peak, free))
+                reason=_reason(memory, weights, plan, store, row.peak, free) + _placed_note(sizes, split, element))
     refusal = None if chosen is not None else _refusal(rows, free, working_size, weights, memory)
-    return PlanChoice(rows=tuple(rows), chosen=chosen, refusal=refusal)
+    crowded = [need for need in devices if need.fits is False]
+    if crowded:
+        chosen, refusal = None, "; ".join(_placed_refusal(need, working_size) for need in crowded)
+    return PlanChoice(rows=tuple(rows), chosen=chosen, refusal=refusal, devices=devices, free=free)
 
 
 def _gb(n: int | float) -> str:
@@ -345,6 +438,26 @@ def _reason(memory: str, weights: str, plan: str, store: str, peak: int, free: i
     asked = "asked for" if memory != "auto" else "the fastest that fits"
     where = f" of {_gb(free)} free" if free is not None else " (free memory unknown)"
     return f"{plan} · {store}: {asked}; predicted peak {_gb(peak)}{where}"
+
+
+def _placed_note(sizes: ModelSizes, split: Split, element: int) -> str:
+    notes = []
+    if split.encoders == "resident":
+        notes.append("text encoders resident here by --placement")
+    for part, device in split.where():
+        size = sizes.encoder_total if part == "encoders" else sizes.vae.total
+        name = "text encoders" if part == "encoders" else "VAE"
+        notes.append(f"{name} ({_gb(size * element)}) on {device} by --placement, not counted here")
+    return "; " + "; ".join(notes) if notes else ""
+
+
+def _placed_refusal(need: DeviceNeed, working_size) -> str:
+    size = "x".join(map(str, working_size))
+    free = need.free or 0
+    return (f"{need.device} (--placement {', '.join(need.parts)}) needs at least {_gb(need.peak + margin(need.peak))} "
+            f"at {size} (weights {_gb(need.weights)} + activations {_gb(need.peak - need.weights)}, predicted peak "
+            f"{_gb(need.peak)} + margin) but {_gb(free)} is free; try a card with more free memory there, or leave "
+            f"{' and '.join(need.parts)} out of --placement so the memory plan places them")
 
 
 def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: str, memory: str) -> str:
@@ -376,9 +489,14 @@ def default_working_size(variant: str, configs: Mapping[str, Mapping[str, Any]])
 
 
 def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *, free: int | None = None,
-             working_size: tuple[int, int] | None = None, prefetch: bool | None = None) -> PlanChoice:
+             working_size: tuple[int, int] | None = None, prefetch: bool | None = None,
+             other_free: Mapping[str, int | None] | None = None) -> PlanChoice:
     """The planner's table and choice for `config` on `device` (its free memory now unless `free` is given),
-    from the configs only: nothing is loaded. `chosen` is None (with `refusal`) when nothing fits."""
+    from the configs only: nothing is loaded. `chosen` is None (with `refusal`) when nothing fits.
+
+    With `--placement`, `device` is the transformer's; the parts placed on other devices are counted there,
+    each of those devices checked against its free memory (now, read the same way as `device`'s, unless
+    `other_free` gives it)."""
     import torch
 
     from hidream_ui.device.memory import snapshot
@@ -388,6 +506,11 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
     sizes = sizes_from_configs(configs)
     if free is None:
         free = snapshot(device, backends=backends).free
+    split = split_for(config.placement, device.torch_device)
+    known = dict(other_free or {})
+    for name, _ in split.others:
+        if name not in known:
+            known[name] = _free_on(name, backends)
     fp8_reason = None
     if config.weights != "bf16":
         fp8_reason = fp8_unavailable(device)
@@ -396,7 +519,22 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
     return choose(sizes, free=free, memory=requested_plan(config), weights=config.weights,
                   working_size=working_size or default_working_size(config.variant, configs),
                   element=torch.tensor([], dtype=dtype).element_size(), refiner=config.refiner,
-                  fp8_reason=fp8_reason, prefetch=use_streams(device) if prefetch is None else prefetch)
+                  fp8_reason=fp8_reason, prefetch=use_streams(device) if prefetch is None else prefetch,
+                  split=split, other_free=known)
+
+
+def _free_on(name: str, backends=None) -> int | None:
+    """Free bytes of the device `name` (a `--placement` device), from the same snapshot the engine's device
+    is planned with. PlanRefused when it cannot be resolved."""
+    from hidream_ui.device.backends import DeviceError
+    from hidream_ui.device.detect import resolve_device
+    from hidream_ui.device.memory import snapshot
+
+    try:
+        other = resolve_device(name, backends=backends)
+    except DeviceError as exc:
+        raise PlanRefused(f"--placement names {name}, which cannot be used: {exc}") from None
+    return snapshot(other, backends=backends).free
 
 
 def resolve_plan(config: "AppConfig", device, dtype: "torch.dtype", backends=None) -> MemoryPlan:
@@ -434,6 +572,6 @@ def parse_bytes(text: str) -> int:
     return int(value * scale)
 
 
-__all__ = ["ConfigsUnavailable", "ModelSizes", "PartSize", "PlanChoice", "PlanEstimate", "activation_bytes",
-           "candidates", "choose", "default_working_size", "estimate", "margin", "parse_bytes", "plan_for",
-           "read_configs", "resolve_plan", "sizes_from_configs"]
+__all__ = ["ConfigsUnavailable", "DeviceNeed", "ModelSizes", "PartSize", "PlanChoice", "PlanEstimate", "Split",
+           "activation_bytes", "candidates", "choose", "default_working_size", "estimate", "margin", "parse_bytes",
+           "placed_need", "plan_for", "read_configs", "resolve_plan", "sizes_from_configs", "split_for"]

@@ -171,6 +171,31 @@ def test_sync_free_moe_in_the_transformer_and_its_syncs(engine, transformer):
     assert ((free - exact).abs().max() / exact.abs().max()).item() <= 1e-6
     assert before.by_kind["cpu"] - after.by_kind.get("cpu", 0) == len(moe_modules(transformer))
     assert after.by_kind.get("cpu", 0) == 0
+    assert after.total == 0, after.by_kind  # nor the attention's padding check: no host read at all
+
+
+def test_sync_free_forward_without_padding_makes_no_host_read_and_stays_close(engine, transformer):
+    """An input that fills max_seq has no padded token: exact mode skips the bias after one host read
+    of the mask; sync-free makes an all-zero bias instead (same values, no read)."""
+    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
+
+    pipe = engine.model.pipeline
+    # Non-square (the collapsed path, as an edit's side-by-side latent) with exactly max_seq tokens.
+    p = transformer.config.patch_size
+    rows = 4
+    hidden = torch.randn(3, transformer.config.in_channels, rows * p, transformer.max_seq // rows * p,
+                         generator=torch.Generator().manual_seed(1))
+    text3 = PromptEmbeds.cat([engine.encode("make it blue")] * 3)
+    t = torch.full((3,), 500.0)
+    with torch.no_grad():
+        exact, before = count_host_syncs(pipe.predict, hidden, t, text3)
+        apply_moe(transformer, "sync-free")
+        free, after = count_host_syncs(pipe.predict, hidden, t, text3)
+        apply_moe(transformer, "diffusers")
+        again, _ = count_host_syncs(pipe.predict, hidden, t, text3)
+    assert before.total > len(moe_modules(transformer)) and after.total == 0, (before.by_kind, after.by_kind)
+    assert ((free - exact).abs().max() / exact.abs().max()).item() <= 1e-6
+    assert torch.equal(again, exact)  # back to exact: the unbiased path again, bit for bit
 
 
 def test_interval_1_is_bit_identical_and_none_installs_nothing(engine, transformer):

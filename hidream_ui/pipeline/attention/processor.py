@@ -67,6 +67,22 @@ def key_terms(mask: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor | Non
     return multiplier, bias
 
 
+# Set on each HiDreamAttention module by the sync-free mode (pipeline/speed/moe.py `apply_moe`); on the
+# module, not the processor, so it survives attention switches (each switch installs a new processor).
+SYNC_FREE_MASK_ATTR = "hidream_ui_sync_free_mask"
+
+
+def key_terms_without_sync(mask: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """`key_terms` without its host read: the bias is always made (all zeros where nothing is padded).
+
+    Same values (log 1 = 0 exactly), but the kernel then always takes the biased path, which may round
+    differently from the unbiased one: hence only in the sync-free mode, never in exact mode.
+    """
+    import torch
+
+    return mask.clamp(min=0), torch.log((-mask.float()).clamp(min=1.0))
+
+
 def _version(tensor: "torch.Tensor") -> int | None:
     # Tensors made under torch.inference_mode() keep no version counter; identity is all we have.
     return None if tensor.is_inference() else tensor._version
@@ -126,6 +142,7 @@ class HiDreamStrategyProcessor:
 
     def __init__(self) -> None:
         self._masks = _IdentityCache(key_terms)
+        self._masks_without_sync = _IdentityCache(key_terms_without_sync)
         self._padded_bias = _IdentityCache(lambda bias: {})
 
     def __repr__(self) -> str:
@@ -184,7 +201,8 @@ class HiDreamStrategyProcessor:
                     f"attention input has {num_image_tokens} tokens; the mask must cover every token of "
                     "`hidden_states` (the transformer appends ones for text tokens in single-stream blocks)"
                 )
-            multiplier, key_bias = self._masks.get(hidden_states_masks)
+            masks = self._masks_without_sync if getattr(attn, SYNC_FREE_MASK_ATTR, False) else self._masks
+            multiplier, key_bias = masks.get(hidden_states_masks)
             # Cast the multiplier (float32 from the pipeline) to the key dtype: values are 0 or the
             # mask itself, so a bf16 key stays bf16 and 0/1 products stay exact.
             key = key * multiplier.view(batch, -1, 1, 1).to(key.dtype)

@@ -81,6 +81,11 @@ def test_eight_concurrent_jobs_on_four_fake_npus_run_two_per_card_each_bound_in_
         # The card of the engine that ran the job was made current in the very thread that computed it.
         assert (thread, card) in set_calls, f"job {number}: set_device({card}) not called in its computing thread"
     assert {slot.label: slot.jobs for slot in pool.slots} == {"npu:0": 2, "npu:1": 2, "npu:2": 2, "npu:3": 2}
+    # Model builds (loads and the planner's meta builds) set torch's process-wide default dtype to the
+    # load dtype (bf16 here) and restore it; run side by side in threads they used to leave it at bf16.
+    import torch
+
+    assert torch.get_default_dtype() == torch.float32
 
 
 def test_a_batch_over_the_pool_keeps_its_order_and_names_each_items_device(tmp_path, cpu_tensors):
@@ -513,7 +518,7 @@ def test_background_loads_go_in_pool_order_so_the_first_job_waits_for_its_engine
         def load(on_progress=None, index=index):
             if index == 0:
                 time.sleep(0.3)  # the dtype probe before the load (a subprocess on a card)
-            with loading._LOAD_LOCK:
+            with loading.BUILD_LOCK:
                 order.append(index)
                 time.sleep(0.05)
 
@@ -637,3 +642,15 @@ def test_set_attention_api_switches_one_engine_of_a_running_pool_app(tmp_path, t
         client.close()
     finally:
         demo.close()
+
+
+def test_pool_status_reads_each_engines_status_once_per_call(tmp_path, monkeypatch):
+    """The panel's 2 s timer calls status(): one snapshot per engine, not a second for the first."""
+    pool = EnginePool.for_config(AppConfig(devices=("cpu", "cpu"), output_dir=tmp_path), cores=2)
+    calls = []
+    for engine in pool.engines:
+        real = engine.status
+        monkeypatch.setattr(engine, "status", lambda real=real, engine=engine: calls.append(engine) or real())
+    status = pool.status()
+    assert len(status.devices) == 2
+    assert [calls.count(engine) for engine in pool.engines] == [1, 1]

@@ -328,3 +328,16 @@ def test_compare_over_speed_records_each_cells_mode(engine, transformer):
     assert exact_cell.info.speed is None and fast_cell.info.speed["skipped_fraction"] > 0
     plain = engine.edit(EditRequest(image=image, params=base), save=False)
     assert exact_cell.image.tobytes() == plain.image.tobytes()
+
+
+def test_a_failing_speed_setup_leaves_no_half_configured_model(tiny_cache, tmp_path, monkeypatch):
+    """An error while the speed modes are applied after loading must not leave the model published:
+    the next load() would hand it out without its attention and speed set up."""
+    def broken(self):
+        raise RuntimeError("speed setup broke")
+
+    monkeypatch.setattr(EditEngine, "_apply_speed_at_load", broken)
+    engine = EditEngine(AppConfig(device="cpu", output_dir=tmp_path))
+    with pytest.raises(RuntimeError, match="speed setup broke"):
+        engine.load()
+    assert not engine.loaded

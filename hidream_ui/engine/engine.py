@@ -179,8 +179,13 @@ class EditEngine:
                 progress(0.0, f"memory plan {plan.label}: {plan.reason}")
                 model = load_model(self.config, device, dtype, on_progress=progress, plan=plan)
                 self._model = model
-                self._apply_attention_at_load()
-                self._apply_speed_at_load()
+                try:
+                    self._apply_attention_at_load()
+                    self._apply_speed_at_load()
+                except BaseException:
+                    # Never leave a half-configured model behind: the next load() would return it as is.
+                    self._model = None
+                    raise
             except (ModelError, PlanRefused) as exc:
                 self._last_error = str(exc)
                 raise EngineError(str(exc)) from exc

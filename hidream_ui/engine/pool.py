@@ -8,7 +8,7 @@ every engine by construction (each is built from the AppConfig, only the device 
 * A job goes to an idle engine (the least used first, so a queue spreads evenly); the device lane's
   concurrency equals the pool size (`ui/layout.py`), so N jobs run at once.
 * Engines load lazily in the background: the first job starts every engine's load and waits only
-  for the engine it got. The loads themselves run one at a time (`model.loading._LOAD_LOCK`:
+  for the engine it got. The loads themselves run one at a time (`model.loading.BUILD_LOCK`:
   from_pretrained patches process-global state), so "parallel" means beside the serving engines.
 * A batch spreads its items over the engines (round-robin shares, each run by `engine.batch.execute`
   on one engine, batching within its share) and keeps its stable item order; each result's
@@ -454,21 +454,24 @@ class EnginePool:
         return self.primary.working_resolution_choices()
 
     # ------------------------------------------------------------------ status
-    def device_rows(self) -> list[DeviceRow]:
-        return [device_row(slot.engine, slot.label, self._sampler, busy=slot.busy, jobs=slot.jobs,
+    def device_rows(self, statuses: list[EngineStatus] | None = None) -> list[DeviceRow]:
+        """One row per engine; `statuses` (one per slot) when the caller has them already."""
+        statuses = statuses or [slot.engine.status() for slot in self.slots]
+        return [device_row(slot.engine, slot.label, self._sampler, status=status, busy=slot.busy, jobs=slot.jobs,
                            load_error=slot.load_error if slot.failed else None)
-                for slot in self.slots]
+                for slot, status in zip(self.slots, statuses)]
 
     def status(self) -> EngineStatus:
         """The primary engine's status with the pool's state (its busiest engine's), summed
         counters and one row per device. Cheap: no lock, no device sync."""
         if self.size == 1:
             return self.primary.status()
-        rows = self.device_rows()
+        statuses = [slot.engine.status() for slot in self.slots]  # one snapshot per engine per tick
+        rows = self.device_rows(statuses)
         states = [row.state for row in rows]
         state = next((s for s in _STATE_ORDER if s in states), states[0])
         busiest = next(row for row in rows if row.state == state)
-        base = self.primary.status()
+        base = statuses[0]
         return base.replace(state=state, progress=busiest.progress, loaded=any(row.loaded for row in rows),
                             counters=self.counters, devices=rows)
 

@@ -13,6 +13,7 @@ resident bytes are about half of bf16 (tests/test_plans.py measures it in RSS).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -142,21 +143,27 @@ def read_tensors(path: Path):
 _TRIM_EVERY = 64 << 20  # bytes read between two trims: keeps the load's peak near the fp8 bytes
 
 
-def _release_freed_memory() -> None:
-    """Hands the read buffers glibc kept in its heap back to the OS (the bf16 bytes of every tensor passed
-    through there); without it the process keeps ~a quarter of the bf16 size it no longer uses."""
+@functools.lru_cache(maxsize=1)
+def _malloc_trim():
+    """glibc's malloc_trim, resolved once (find_library may run ldconfig); None where there is none."""
     import ctypes
     import ctypes.util
 
     name = ctypes.util.find_library("c")
     if not name:
-        return
+        return None
     try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
+        return ctypes.CDLL(name).malloc_trim
     except (OSError, AttributeError):  # not glibc: nothing to trim
-        return
-    trim(0)
+        return None
+
+
+def _release_freed_memory() -> None:
+    """Hands the read buffers glibc kept in its heap back to the OS (the bf16 bytes of every tensor passed
+    through there); without it the process keeps ~a quarter of the bf16 size it no longer uses."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def load_streamed(config: dict, files: Iterable[Path], compute_dtype: "torch.dtype", *, fp8: bool,

@@ -130,10 +130,13 @@ def _bytes_read(sources: ModelSources, refiner: str) -> int:
 
 
 # transformers / diffusers build models under process-global patches (meta-device init swaps
-# nn.Module's parameter registration), so two loads in two threads corrupt each other ("Cannot
-# copy out of meta tensor"). An engine pool (--devices) therefore loads its engines one after the
-# other, in the background; the first engine serves as soon as it is ready.
-_LOAD_LOCK = threading.Lock()
+# nn.Module's parameter registration; torch's default dtype is set to the load dtype and restored
+# after), so two builds in two threads corrupt each other ("Cannot copy out of meta tensor", or a
+# default dtype left at bf16 for the whole process). Every model build holds this lock: loads (an
+# engine pool loads its engines one after the other, in the background, the first serving as soon
+# as it is ready) and the planner's meta-device builds (model/planner.py). Reentrant: the `full`
+# profile's in-memory build runs inside a load.
+BUILD_LOCK = threading.RLock()
 
 
 def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
@@ -141,7 +144,7 @@ def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
                plan: "MemoryPlan | None" = None) -> LoadedModel:
     """Loads the pipeline for `config.variant` onto `device` in `dtype`, placed by `plan` (one load at a
     time per process)."""
-    with _LOAD_LOCK:
+    with BUILD_LOCK:
         return _load_model(config, device, dtype, on_progress, sources, plan)
 
 

@@ -169,10 +169,13 @@ def _sizes_cached(key: str) -> ModelSizes:
     import torch
 
     from hidream_ui.model.fp8 import fp8_module_names
+    from hidream_ui.model.loading import BUILD_LOCK
     from hidream_ui.model.tiny.in_memory import instantiate
 
     configs = json.loads(key)
-    with torch.device("meta"):
+    # Under the build lock: transformers sets torch's process-wide default dtype while it builds a
+    # model, so a build here beside a pool engine's load could leave the process at bf16.
+    with BUILD_LOCK, torch.device("meta"):
         transformer = instantiate("transformer", configs["transformer"])
         encoders = {part: instantiate(part, configs[part]) for part in ENCODER_PARTS}
         vae = instantiate("vae", configs["vae"])

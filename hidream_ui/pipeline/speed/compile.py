@@ -109,6 +109,11 @@ class CompileGuardHook(ModelHook):
             self.state.error = f"compile failed, running eager: {failure_reason(exc)}"
             uncompile_blocks(module)
             self.state.active = False
+            # The failed attempt may have left a step cache's residuals half-written: the eager retry
+            # starts this call's cache afresh.
+            from hidream_ui.pipeline.speed.cache import reset_step_cache
+
+            reset_step_cache(module)
             return self.fn_ref.original_forward(*args, **kwargs)
         if first:
             self.state.warmup_seconds = round(time.perf_counter() - start, 3)

@@ -85,20 +85,24 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
         for each in engines_of(engine):  # every engine loaded before the clock starts
             each.load()
         load_seconds = time.perf_counter() - t0
-        client = Client(url, verbose=False, download_files=str(downloads / label), analytics_enabled=False)
+        # No downloads: the benchmark measures jobs, and it runs beside the server, so it reads each saved
+        # result where the app wrote it (a download once failed mid-body in CI: "peer closed connection").
+        client = Client(url, verbose=False, download_files=False, analytics_enabled=False)
         started = time.perf_counter()
         pending = [client.submit(image=handle_file(str(picture)), instruction=INSTRUCTION, seed=seed,
                                  randomize_seed=False, num_inference_steps=steps, working_resolution="draft",
                                  api_name="/edit") for seed in range(jobs)]
         outputs = [job.result(timeout=3600) for job in pending]
         wall = time.perf_counter() - started
+        # Read before the app closes (its cache folder goes with it).
+        images = {int(seed): Image.open(png["path"] if isinstance(png, dict) else png).convert("RGB")
+                  for (_, png, seed, _) in outputs}
     finally:
         if client is not None:
             client.close()
         if demo is not None:
             with contextlib.redirect_stdout(sys.stderr):  # "Closing server...": keep --json clean
                 demo.close()
-    images = {int(seed): Image.open(png).convert("RGB") for (_, png, seed, _) in outputs}
     overlap, most = _overlap(records)
     per_engine: dict[str, int] = {}
     for record in records:

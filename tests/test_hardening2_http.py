@@ -267,3 +267,14 @@ def test_idle_sessions_expire(public_app):
     assert "idle" not in demo.state_holder.session_data and gradio_internals.session_count(demo) == 0
     with httpx.Client(base_url=public_app["url"], timeout=30) as http:  # and coming back just works
         assert http.post("/gradio_api/run/status", json={"data": [], "session_hash": "idle"}).status_code == 200
+        # Gradio's deep-link route renders a session's widgets: the lean session renders them on demand.
+        assert http.get("/gradio_api/deep_link", params={"session_hash": "idle"}).status_code == 200
+
+
+def test_unknown_gradio_session_internals_degrade_to_doing_nothing():
+    class Unknown:
+        state_holder = object()
+
+    assert gradio_internals.lean_sessions(Unknown()) is False
+    assert gradio_internals.session_count(Unknown()) == 0
+    assert gradio_internals.expire_sessions(Unknown(), 0) == 0

@@ -189,6 +189,8 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
             yield
         finally:
             expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await expiry
             gradio_internals.register_demo(demo, live=False)
             janitor.stop()
             services.close()

@@ -229,6 +229,7 @@ def bytes_per_session(demo, call, count: int) -> float:
 
 
 def test_a_fresh_session_calling_status_costs_under_20_kb(public_app):
+    assert gradio_internals.lean_sessions(public_app["demo"])  # made lean at start-up (True: already done)
     with httpx.Client(base_url=public_app["url"], timeout=30) as http:
         def status(session: str) -> None:
             answer = http.post("/gradio_api/run/status", json={"data": [], "session_hash": session})

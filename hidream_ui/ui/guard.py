@@ -1,6 +1,6 @@
 """`BoothGuard`: the app's ASGI middleware, in front of every HTTP request gradio serves.
 
-Three jobs, all things gradio's own routes cannot be asked to do:
+Four jobs, all things gradio's own routes cannot be asked to do:
 
 * **Cancels reach the work.** Gradio's ``POST /gradio_api/cancel`` (sent by a client's
   `Job.cancel()` and by the browser's ``cancels=``) only cancels the asyncio task that waits on

@@ -153,8 +153,9 @@ def admission(demo, config: AppConfig) -> bool:
 
 
 def _app_kwargs(demo, services, config: AppConfig) -> dict:
-    """FastAPI arguments: the guard middleware and a lifespan that runs the cache janitor and,
-    at shutdown, every clean-up of the app (batch zips, cached files)."""
+    """FastAPI arguments: the guard middleware and a lifespan that makes gradio's sessions lean,
+    runs the cache janitor and the idle-session expiry and, at shutdown, every clean-up of the app
+    (batch zips, cached files)."""
     import asyncio
     import contextlib
 

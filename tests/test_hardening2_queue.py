@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -458,3 +459,70 @@ def test_no_number_parse_overflows():
     with pytest.raises(RequestError, match="goes from start towards stop"):
         parse_axis_values("guidance", "2e-320:1e-320:1e-320")
     assert parse_axis_values("guidance", "1.5:4.5:1") == (1.5, 2.5, 3.5, 4.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# In the browser: the moved events still work, and the kiosk page shows the controls to the operator only
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright import sync_api
+    from test_browser import CHROMIUM, CHROMIUM_ARGS
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@contextlib.contextmanager
+def new_page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def test_the_settings_reader_fills_the_form_in_the_browser_through_the_queue(app, browser):
+    from playwright import sync_api
+    from test_browser import open_app
+
+    client = Client(app["url"], verbose=False)
+    png = client.predict(image=handle_file(str(EXAMPLE)), instruction="make it violet", seed=23,
+                         num_inference_steps=2, working_resolution="draft", api_name="/edit")[1]
+    with new_page(browser) as page:
+        open_app(page, app["url"])
+        page.get_by_role("tab", name="History").click()
+        page.locator("#hui-settings-file input[type=file]").set_input_files(png)
+        # Only the reader's answer puts this instruction into the Edit tab's form (and selects the tab).
+        sync_api.expect(page.locator("#hui-instruction textarea")).to_have_value("make it violet", timeout=60_000)
+
+
+def test_the_kiosk_page_shows_the_engine_controls_to_the_operator_only(kiosk, browser):
+    from playwright import sync_api
+
+    with new_page(browser) as page:
+        page.goto(kiosk["url"])
+        # The panel leaves "connecting…" only when the page-load event (which decides the controls) answered.
+        sync_api.expect(page.locator("#hui-status-panel .hui-state")).to_be_visible(timeout=60_000)
+        for elem in ("#hui-attention", "#hui-speed", "#hui-load-model"):
+            sync_api.expect(page.locator(elem)).to_be_hidden()
+    with new_page(browser) as page:
+        page.goto(kiosk["url"] + "operator")
+        page.get_by_label("Name").fill(OPERATOR[0])
+        page.get_by_label("Password").fill(OPERATOR[1])
+        page.get_by_role("button", name="Log in").click()
+        page.get_by_role("link", name="Open the app").click()
+        # The operator's page load labels the attention dropdown ("auto → ..."): shown, and filled.
+        sync_api.expect(page.locator("#hui-attention input")).to_have_value(re.compile("[→—]"), timeout=60_000)
+        for elem in ("#hui-speed", "#hui-load-model"):
+            sync_api.expect(page.locator(elem)).to_be_visible()

@@ -269,7 +269,8 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                             with gr.Column(scale=1):
                                 apply_button = gr.Button("Load these settings into the form", interactive=False)
                                 settings_file = gr.File(label="…or read the settings of a PNG saved by this app",
-                                                        file_types=[".png"], type="filepath")
+                                                        file_types=[".png"], type="filepath",
+                                                        elem_id="hui-settings-file")
 
             with gr.Column(scale=1, min_width=270, elem_id="hui-system"):
                 gr.Markdown("### System")

@@ -323,6 +323,9 @@ class Handlers:
                                        for key in ("device_error", "last_error", "attention_note")
                                        if getattr(status, key)})
             status = status.replace(progress=_redacted_progress(status.progress))
+            speed = status.speed or {}
+            if speed.get("compile_error"):  # a compiler's message may name its cache folder
+                status = status.replace(speed={**speed, "compile_error": redact_paths(speed["compile_error"])})
             # Each device row repeats its engine's errors (and a tool's stderr in the telemetry note).
             status = status.replace(devices=[_redacted_row(row) for row in status.devices])
         return status

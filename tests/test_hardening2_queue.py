@@ -455,6 +455,10 @@ def test_no_number_parse_overflows():
         EditSettings(guidance_scale=10**400).validated()
     with pytest.raises(RequestError, match="guidance values"):
         parse_axis_values("guidance", [10**400])
+    from hidream_ui.ui.batch_tab import _batch_size
+
+    with pytest.raises(RequestError, match="batch_size"):
+        _batch_size(10**400)
     # A range whose values underflow towards 0 while going the wrong way: refused, not an empty axis.
     with pytest.raises(RequestError, match="goes from start towards stop"):
         parse_axis_values("guidance", "2e-320:1e-320:1e-320")

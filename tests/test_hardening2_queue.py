@@ -209,7 +209,7 @@ def test_the_per_client_limit_holds_for_raw_callers(app):
 
 @pytest.fixture(scope="module")
 def kiosk(launch_app):
-    return launch_app("kiosk", kiosk=True, operator=OPERATOR, max_login_failures=3)
+    return launch_app("kiosk", kiosk=True, operator=OPERATOR)
 
 
 @contextlib.contextmanager
@@ -289,9 +289,11 @@ def test_the_operator_changes_the_engine_in_kiosk_mode(kiosk):
     assert engine.status().speed["cache_default"] == "none"
 
 
-def test_a_wrong_operator_password_signs_nobody_in_and_guessing_is_throttled(kiosk):
+def test_a_wrong_operator_password_signs_nobody_in_and_guessing_is_throttled(launch_app):
+    # An app of its own: the operator stays locked out of it for a minute afterwards.
+    guessed = launch_app("kiosk_guessed", kiosk=True, operator=OPERATOR, max_login_failures=3)
     codes = []
-    with httpx.Client(base_url=kiosk["url"], timeout=30) as http:
+    with httpx.Client(base_url=guessed["url"], timeout=30) as http:
         for i in range(5):
             answer = http.post("/operator/login", data={"username": OPERATOR[0], "password": f"guess{i}"})
             codes.append(answer.status_code)
@@ -332,6 +334,13 @@ def test_kiosk_without_an_operator_lets_nobody_change_the_engine():
     assert "only the operator controls" in str(refused.value)
     # Without --kiosk, today's behaviour: anyone may.
     assert Handlers(EditEngine(AppConfig(device="cpu"))).set_attention("math", request=Visitor()) == "math"
+
+
+def test_the_operator_sign_in_degrades_to_nothing_on_an_unknown_app():
+    import types
+
+    assert gradio_internals.sign_in({"app": types.SimpleNamespace()}, "op") is None
+    assert gradio_internals.sign_in({}, "op") is None
 
 
 def test_operator_flags_and_their_environment_twins(tmp_path):

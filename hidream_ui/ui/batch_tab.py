@@ -80,7 +80,7 @@ def _batch_size(value: Any) -> int | None:
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit JSON integer
         raise RequestError("batch_size", value, "a whole number of items per transformer call, 0 for auto") from None
     if not number.is_integer() or number < 0:
         raise RequestError("batch_size", value, "a whole number of items per transformer call, 0 for auto")

@@ -160,17 +160,21 @@ def item_params(settings: EditSettings, item: BatchItem) -> EditParams:
     return settings.params(item.instruction, item.seed).validated()
 
 
-def open_sources(sources, open_fn, max_total_pixels: int | None = None
+def open_sources(sources, open_fn, max_total_pixels: int | None = None, cancel: "CancelToken | None" = None
                  ) -> tuple[list[tuple[str, Image.Image]], list[tuple[str, str]]]:
     """Opens every source with `open_fn`; returns (opened, rejected) keeping upload order.
 
     `max_total_pixels` bounds what one batch holds decoded at once: once the images opened so far
     reach it, the remaining sources are rejected with the reason (each image alone is bounded by
-    `open_fn`'s own limit, checked from its header).
+    `open_fn`'s own limit, checked from its header). `cancel` is checked before each source:
+    a batch stopped while its images are decoded raises `EditCancelled`.
     """
     opened, rejected = [], []
     total = 0
     for source in sources:
+        if cancel is not None and cancel.cancelled:
+            raise EditCancelled(f"Stopped while opening the images ({cancel.reason or 'cancelled'}); "
+                                "nothing was edited.")
         if max_total_pixels is not None and total >= max_total_pixels:
             rejected.append((source.name, f"not opened: the batch's images already hold {total:,} pixels "
                                           f"(at most {max_total_pixels:,} per batch); split the batch"))

@@ -341,10 +341,17 @@ def _too_many(label: str, count: int, limits: ZipLimits, before: int) -> str:
     return f"{label}: holds {count} files; at most {limits.max_members} are read from one zip (split it)"
 
 
-def _check_directory(fp: IO[bytes], label: str, room: int) -> None:
+def _check_directory(src: Any, label: str, room: int) -> None:
     """Refuses a zip whose central directory is larger than `room` members can need, before
     zipfile parses it: parsing builds one object per entry, and 50 MB of empty entries is half a
     million of them. Reads the end record only; a zip it cannot read is left to zipfile."""
+    if isinstance(src, (str, os.PathLike)):
+        try:
+            with open(src, "rb") as fp:
+                return _check_directory(fp, label, room)
+        except OSError:
+            return  # zipfile reports the missing or unreadable file
+    fp = src
     try:
         fp.seek(0, os.SEEK_END)
         size = fp.tell()
@@ -359,10 +366,11 @@ def _check_directory(fp: IO[bytes], label: str, room: int) -> None:
         return
     entries = int.from_bytes(tail[at + 10:at + 12], "little")
     directory = int.from_bytes(tail[at + 12:at + 16], "little")
-    if entries != 0xFFFF and entries > max(room, 1) * _ENTRIES_PER_MEMBER:  # 0xFFFF: zip64, checked later
+    # 0xFFFF / 0xFFFFFFFF: the real figure is in a zip64 record; the member count is checked after parsing.
+    if entries != 0xFFFF and entries > max(room, 1) * _ENTRIES_PER_MEMBER:
         raise ArchiveError(f"{label}: holds {entries} entries; at most {room} files are read from "
                            "the zips of one request (split the zip)")
-    if directory > max(room, 1) * _DIRECTORY_BYTES_PER_MEMBER:
+    if directory != 0xFFFFFFFF and directory > max(room, 1) * _DIRECTORY_BYTES_PER_MEMBER:
         raise ArchiveError(f"{label}: its file list is {directory / 2**20:.1f} MiB, too long for the "
                            f"{room} files that may still be read (split the zip)")
 

@@ -221,9 +221,9 @@ def test_the_expansion_is_bounded_in_time(tmp_path, monkeypatch):
     assert budget.spent < 2 * 4 * MiB
 
 
-def test_a_zip_whose_file_list_is_too_long_is_refused_before_it_is_parsed(monkeypatch):
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
+def test_a_zip_whose_file_list_is_too_long_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    path = tmp_path / "empties.zip"
+    with zipfile.ZipFile(path, "w") as archive:
         for index in range(1100):  # 256 members may be read: 4 directory entries each at most
             archive.writestr(f"e{index}.png", b"")
 
@@ -232,7 +232,9 @@ def test_a_zip_whose_file_list_is_too_long_is_refused_before_it_is_parsed(monkey
 
     monkeypatch.setattr(zipfile.ZipFile, "_RealGetContents", parsed)
     with pytest.raises(ArchiveError, match="empties.zip: holds 1100 entries; at most 256 files"):
-        read_zip_images(buffer.getvalue(), name="empties.zip")
+        read_zip_images(path.read_bytes(), name="empties.zip")
+    _, rejected = sources_from_uploads([("empties.zip", path)])  # what the Batch tab hands over: a path
+    assert "holds 1100 entries" in rejected[0][1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -218,7 +218,12 @@ def _normalise(image: Image.Image, label: str, max_pixels: int, min_side: int) -
     image = _exif_transpose(image, label)
     # EXIF rotation swaps the sides, so the minimum is checked again on the final orientation.
     _check_size(label, image.size, max_pixels, min_side)
-    return _to_rgb(image, label)
+    rgb = _to_rgb(image, label)
+    # The file's own metadata stays behind: PIL keeps a PNG's text chunks in `info` (up to 64 MB,
+    # inflated from a few KB of zTXt) and every copy or convert carries them along, while a batch
+    # holds its decoded images for the whole run. Nothing downstream reads them.
+    rgb.info = {}
+    return rgb
 
 
 def _exif_transpose(image: Image.Image, label: str) -> Image.Image:

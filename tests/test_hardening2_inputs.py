@@ -276,6 +276,17 @@ def test_an_ico_named_png_is_refused_naming_its_format_without_decoding(tmp_path
     assert decodes == []
 
 
+def test_an_opened_image_keeps_none_of_its_files_text_chunks():
+    """A 20 KB PNG whose zTXt chunks inflate to 16 MB: PIL reads them at open (its own cap is 64 MB);
+    the decoded image a batch holds for its whole run must not carry them along."""
+    png = zero_png(32, 32)
+    texts = b"".join(_chunk(b"zTXt", f"k{i}".encode() + b"\0\0" + zlib.compress(b"a" * MiB, 9)) for i in range(16))
+    hostile = png[:33] + texts + png[33:]  # after IHDR, before the pixels
+    assert len(hostile) < 40_000
+    image = open_image(hostile, name="chatty.png")
+    assert image.size == (32, 32) and image.info == {}
+
+
 @pytest.mark.parametrize("fmt", ACCEPTED_FORMATS)
 def test_every_accepted_format_still_opens(fmt):
     buffer = io.BytesIO()

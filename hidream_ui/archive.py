@@ -6,11 +6,13 @@ cancelled), the rejected uploads and the batch statistics.
 
 In: `read_zip_images` takes an uploaded zip apart *in memory*. Member names come from whoever
 made the zip, so they are only ever used as display names (never as paths to write), and every
-member is read through a size cap that counts the bytes actually decompressed: a zip's header
-sizes can lie, and a few KB of deflated zeros can claim gigabytes (zip bomb). Members that are
-not images are listed as rejected instead of failing the whole upload.
+member is read through caps that count the bytes actually decompressed: a zip's header sizes can
+lie, and a few KB of deflated zeros can claim gigabytes (zip bomb). The zips of one request share
+one `ZipBudget`, charged for every byte inflated whether its member is kept or rejected, and
+bounded in members, time and by the job's cancel token. Members that are not images are listed as
+rejected instead of failing the whole upload.
 
-Pure standard library + PIL: no torch, no gradio.
+Standard library + PIL (through `imaging`, for the formats the app opens): no torch, no gradio.
 """
 
 from __future__ import annotations

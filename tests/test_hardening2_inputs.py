@@ -170,6 +170,18 @@ def test_the_reported_zip_bomb_costs_at_most_the_budget(tmp_path, monkeypatch):
     assert rejected[-1] == ("bomb.zip", "not read again: the same zip as bomb.zip (listed twice in one request)")
 
 
+def test_a_batch_of_which_nothing_opens_names_a_few_reasons_not_all():
+    from hidream_ui.engine.batch import BatchRequest, plan_batch
+    from hidream_ui.requests import EditSettings, RequestError
+
+    rejected = [(f"bomb.zip/m{i:03d}.png", "cannot be read from the zip (Bad CRC-32)") for i in range(257)]
+    request = BatchRequest(sources=(), instructions=("make it blue",), settings=EditSettings())
+    with pytest.raises(RequestError) as info:
+        plan_batch(request, open_image, max_items=64, opened=([], rejected))
+    message = str(info.value)
+    assert len(message) < 1000 and "bomb.zip/m000.png: cannot be read" in message and "and 252 more" in message
+
+
 def test_a_zip_listed_twice_is_read_once_by_path_or_by_content(tmp_path, monkeypatch):
     member = io.BytesIO()
     random_picture(1).save(member, "PNG")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -73,6 +73,10 @@ class AppConfig:
     auth_file: Path | None = None
     max_queue: int = 16
     mcp: bool = False
+    # Operator mode (README "Security"): --kiosk hides the engine-wide controls (attention, speed,
+    # load model) from visitors and refuses their APIs unless the caller is logged in as `operator`.
+    kiosk: bool = False
+    operator: tuple[str, str] | None = field(default=None, repr=False)  # (user, password)
     # Limits on what a stranger can send and leave behind (README "Security").
     max_upload_mb: int = 50
     max_pixels: int = 25_000_000
@@ -150,6 +154,9 @@ _SERVER_OPTIONS = [
     ("--port", ("HIDREAM_PORT",), "port", "port to listen on (default 7860)"),
     ("--auth", ("HIDREAM_AUTH",), "auth", "user:password required to open the app"),
     ("--auth-file", ("HIDREAM_AUTH_FILE",), "auth_file", "file with one user:password per line"),
+    ("--operator", ("HIDREAM_OPERATOR",), "operator",
+     "user:password of the operator, the one login that may change attention, speed and load the model "
+     "with --kiosk (logs in at /operator, or on the login page with --auth)"),
     ("--max-queue", ("HIDREAM_MAX_QUEUE",), "max_queue", "maximum queued requests (default 16)"),
     ("--max-batch-items", ("HIDREAM_MAX_BATCH_ITEMS",), "max_batch_items", "maximum items per batch"),
     ("--max-grid-cells", ("HIDREAM_MAX_GRID_CELLS",), "max_grid_cells", "maximum cells per compare grid"),
@@ -198,6 +205,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, dest=dest, default=None, help=f"{help_text} [env {', '.join(envs)}]")
     group.add_argument("--share", action="store_true", default=None, help="create a public Gradio share link")
     group.add_argument("--mcp", action="store_true", default=None, help="also serve Gradio's MCP server")
+    group.add_argument("--kiosk", action="store_true", default=None,
+                       help="visitors edit, batch and compare; the engine-wide controls (attention, speed, load "
+                            "model) are the operator's (--operator) [env HIDREAM_KIOSK=1]")
 
 
 def add_rewriter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -222,6 +232,10 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str] | None = N
     for dest in ("share", "mcp"):
         if getattr(ns, dest, None):
             raw[dest] = ("--" + dest, True)
+    if getattr(ns, "kiosk", None):
+        raw["kiosk"] = ("--kiosk", True)
+    elif environ.get("HIDREAM_KIOSK", "").strip():
+        raw["kiosk"] = ("HIDREAM_KIOSK", _to_bool("HIDREAM_KIOSK", environ["HIDREAM_KIOSK"]))
     return validate(_coerce(raw))
 
 
@@ -241,7 +255,7 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
             fields[dest] = Path(str(value)).expanduser()
         elif dest in _INT_FIELDS:
             fields[dest] = _to_int(source, value)
-        elif dest == "auth":
+        elif dest in ("auth", "operator"):
             fields[dest] = _parse_auth(source, str(value))
         elif dest == "devices":
             fields[dest] = parse_devices(source, str(value))
@@ -274,6 +288,15 @@ def _to_float(source: str, value: object) -> float:
         return float(str(value).strip())
     except ValueError:
         raise ConfigError(f"{source}={value!r} is not a number") from None
+
+
+def _to_bool(source: str, value: object) -> bool:
+    word = str(value).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{source}={value!r} is not one of: 1, true, yes, on, 0, false, no, off")
 
 
 def _parse_auth(source: str, value: str) -> tuple[str, str]:
@@ -314,6 +337,7 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError(f"retention={config.retention} must be 0 (keep everything) or more")
     if config.auth is not None and config.auth_file is not None:
         raise ConfigError("use either --auth or --auth-file, not both")
+    _validate_operator(config)
     _validate_rewriter(config)
     _validate_devices(config)
     from hidream_ui.model.plans import validate_memory_options
@@ -321,6 +345,23 @@ def validate(config: AppConfig) -> AppConfig:
     config = validate_memory_options(config, ConfigError)
     _validate_speed(config)
     return config
+
+
+def _validate_operator(config: AppConfig) -> None:
+    if config.operator is None:
+        return
+    if not config.kiosk:
+        raise ConfigError("--operator needs --kiosk: without it every visitor may change the engine settings "
+                          "(add --kiosk, or drop --operator)")
+    check_operator_name(config.operator, [config.auth] if config.auth is not None else [])
+
+
+def check_operator_name(operator: tuple[str, str] | None, users: list[tuple[str, str]]) -> None:
+    """The operator's name must be its own: gradio keeps one password per user name, so a shared
+    name would either lock the operator out or make an --auth user the operator."""
+    if operator is not None and any(user == operator[0] for user, _ in users):
+        raise ConfigError(f"--operator user {operator[0]!r} is also an --auth/--auth-file user: give the operator "
+                          "a name of its own")
 
 
 def _validate_devices(config: AppConfig) -> None:

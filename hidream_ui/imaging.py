@@ -31,8 +31,11 @@ from hidream_ui.config import VARIANTS
 from hidream_ui.requests import RequestError, parse_working_resolution
 
 __all__ = [
+    "ACCEPTED_FORMATS",
     "ImageError",
     "ImageSource",
+    "open_header",
+    "sniff_format",
     "WorkingPlan",
     "open_image",
     "e11_plan",
@@ -59,6 +62,16 @@ RESTORE_RESAMPLE = Image.Resampling.BICUBIC
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error, zlib.error)
 
 _WHITE = (255, 255, 255)
+
+# The formats an upload may be, as Pillow names them. Each opens lazily: `Image.open` reads the
+# header, the pixels are decoded by `load()`, so the size is checked before any decoding. Left out
+# on purpose: ICO, CUR and ICNS decode a whole embedded image inside `Image.open` (a directory
+# saying 256x256 can hold a 12000x12000 PNG: half a GB before any limit is looked at), and the
+# long tail of Pillow plugins (PSD, EPS, FITS, DDS, ...) is attack surface nobody needs to upload
+# a photo. TIFF stays for 16-bit scans (see `_to_uint8`); MPO opens as JPEG.
+ACCEPTED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
+ACCEPTED_NAMES = "PNG, JPEG, WebP, BMP, GIF or TIFF"
+_SNIFF_BYTES = 16  # what Pillow's own format checks look at (`Image.open` reads as many)
 
 
 class ImageError(ValueError):
@@ -131,20 +144,60 @@ def _describe(src: object) -> str:
 
 
 def _open_stream(fp: IO[bytes], label: str, max_pixels: int, min_side: int) -> Image.Image:
+    with open_header(fp, label, max_pixels) as image:
+        return _normalise(image, label, max_pixels, min_side)
+
+
+def open_header(fp: IO[bytes], label: str, max_pixels: int | None = None) -> Image.Image:
+    """`Image.open` limited to :data:`ACCEPTED_FORMATS`: the header is read, no pixel is decoded.
+
+    Raises :class:`ImageError` naming the format of a file that is a known image of another kind
+    (an ICO uploaded as ``icon.png``), or saying that the data is no image at all. `max_pixels`
+    only names the caller's limit in the message when PIL's own hard limit fires inside open().
+    """
     try:
-        image = Image.open(fp)  # lazy: reads the header only
+        return Image.open(fp, formats=ACCEPTED_FORMATS)  # lazy: reads the header only
     except Image.DecompressionBombError as exc:
         # PIL's own hard limit (2 x MAX_IMAGE_PIXELS) fires inside open(); report our limit.
         raise ImageError(_bomb_message(label, _pixels_from_message(exc), max_pixels)) from None
     except UnidentifiedImageError:
+        other = _sniff_stream(fp)
+        if other is not None and other not in ACCEPTED_FORMATS:  # an accepted one is damaged
+            raise ImageError(
+                f"{label}: the file holds {other} data, a format this app does not open "
+                f"(whatever the file's name says); convert it to {ACCEPTED_NAMES}"
+            ) from None
         raise ImageError(
             f"{label}: not a recognised image format (or the file is damaged); "
-            "upload a PNG, JPEG or WebP image"
+            f"upload a {ACCEPTED_NAMES} image"
         ) from None
     except _DECODE_ERRORS as exc:
         raise ImageError(f"{label}: the image header is damaged ({exc})") from None
-    with image:
-        return _normalise(image, label, max_pixels, min_side)
+
+
+def _sniff_stream(fp: IO[bytes]) -> str | None:
+    try:
+        fp.seek(0)
+        return sniff_format(fp.read(_SNIFF_BYTES))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def sniff_format(prefix: bytes) -> str | None:
+    """The Pillow name of the format whose signature `prefix` (the first bytes of a file) carries,
+    for every format Pillow knows; None when none matches. Reads no more than `prefix`: each
+    plugin's own signature check, nothing is opened or decoded."""
+    Image.init()
+    for fmt in Image.ID:
+        _, accept = Image.OPEN.get(fmt, (None, None))
+        if accept is None:  # plugins without a signature check would claim anything
+            continue
+        try:
+            if accept(prefix) is True:
+                return fmt
+        except (*_DECODE_ERRORS, TypeError):
+            continue
+    return None
 
 
 def _normalise(image: Image.Image, label: str, max_pixels: int, min_side: int) -> Image.Image:
@@ -165,7 +218,12 @@ def _normalise(image: Image.Image, label: str, max_pixels: int, min_side: int) -
     image = _exif_transpose(image, label)
     # EXIF rotation swaps the sides, so the minimum is checked again on the final orientation.
     _check_size(label, image.size, max_pixels, min_side)
-    return _to_rgb(image, label)
+    rgb = _to_rgb(image, label)
+    # The file's own metadata stays behind: PIL keeps a PNG's text chunks in `info` (up to 64 MB,
+    # inflated from a few KB of zTXt) and every copy or convert carries them along, while a batch
+    # holds its decoded images for the whole run. Nothing downstream reads them.
+    rgb.info = {}
+    return rgb
 
 
 def _exif_transpose(image: Image.Image, label: str) -> Image.Image:
@@ -188,14 +246,13 @@ def _check_size(label: str, size: tuple[int, int], max_pixels: int, min_side: in
         )
 
 
-def _bomb_message(label: str, pixels: int | None, limit: int, size: tuple[int, int] | None = None) -> str:
+def _bomb_message(label: str, pixels: int | None, limit: int | None,
+                  size: tuple[int, int] | None = None) -> str:
     what = f"{pixels:,} pixels" if pixels else "more pixels than PIL accepts"
     if size:
         what = f"{size[0]}x{size[1]} = {what}"
-    return (
-        f"{label}: the image is too large ({what}; the limit is {limit:,} pixels); "
-        "downscale it before uploading"
-    )
+    limit_text = f"; the limit is {limit:,} pixels" if limit else ""
+    return f"{label}: the image is too large ({what}{limit_text}); downscale it before uploading"
 
 
 def _pixels_from_message(exc: Exception) -> int | None:

@@ -21,12 +21,13 @@ import json
 import logging
 import os
 import re
+import zlib
 from pathlib import Path
 from typing import IO, Any, Mapping, Union
 
 from PIL import Image, PngImagePlugin
 
-from hidream_ui.imaging import ImageError
+from hidream_ui.imaging import ImageError, sniff_format
 from hidream_ui.requests import EditParams, EditResult
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "save_result",
     "prune",
     "read_metadata",
+    "read_png_text",
     "load_settings",
     "write_sidecar",
     "metadata_json",
@@ -235,13 +237,21 @@ def _is_our_sidecar(path: Path) -> bool:
 
 def read_metadata(src: MetadataSource) -> dict[str, Any]:
     """The metadata dict saved with a result: from a PNG (path, bytes, file object, PIL image) or
-    from a ``.json`` sidecar path. Raises :class:`MetadataError` when there is none."""
+    from a ``.json`` sidecar path. Raises :class:`MetadataError` when there is none.
+
+    A PNG is read chunk by chunk (:func:`read_png_text`): no pixel is ever decoded, whatever the
+    image's size or where its text chunk sits; any other file is refused naming its format."""
     label = _label(src)
     if isinstance(src, (str, os.PathLike)) and Path(src).suffix.lower() == ".json":
         try:
-            return _check_metadata(json.loads(Path(src).read_text(encoding="utf-8")), label)
+            with open(src, "rb") as fp:
+                raw = fp.read(TEXT_READ_MAX + 1)
         except OSError as exc:
             raise MetadataError(f"{label}: cannot read the sidecar ({exc})") from None
+        if len(raw) > TEXT_READ_MAX:
+            raise MetadataError(f"{label}: the sidecar is over {TEXT_READ_MAX // 2**20} MiB; ours are a few KB")
+        try:
+            return _check_metadata(json.loads(raw.decode("utf-8")), label)
         except ValueError as exc:
             if isinstance(exc, MetadataError):
                 raise
@@ -249,16 +259,18 @@ def read_metadata(src: MetadataSource) -> dict[str, Any]:
 
     if isinstance(src, Image.Image):
         text = _text_chunk(src)
-    else:
-        if isinstance(src, (bytes, bytearray)):
-            src = io.BytesIO(bytes(src))
+    elif isinstance(src, (str, os.PathLike)):
         try:
-            with Image.open(src) as image:
-                text = _text_chunk(image)
+            with open(src, "rb") as fp:
+                text = read_png_text(fp, METADATA_KEY, label=label)
         except FileNotFoundError:
             raise ImageError(f"{label}: no such file") from None
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-            raise ImageError(f"{label}: not a readable image ({exc})") from None
+        except IsADirectoryError:
+            raise ImageError(f"{label}: not a readable image (a folder)") from None
+    else:
+        if isinstance(src, (bytes, bytearray, memoryview)):
+            src = io.BytesIO(bytes(src))
+        text = read_png_text(src, METADATA_KEY, label=label)
     if text is None:
         raise MetadataError(
             f"{label}: this image has no {METADATA_KEY} settings; only PNGs saved by this app carry "
@@ -271,8 +283,122 @@ def read_metadata(src: MetadataSource) -> dict[str, Any]:
     return _check_metadata(data, label)
 
 
-# Text chunks after the pixel data are only read by decoding the whole image: never for images larger
-# than this (ours write the chunk before the pixels, so it is read from the header whatever the size).
+# Reading settings from a PNG reads its chunk headers and its text chunks, nothing else: the pixel
+# data is skipped by seeking. Ours are a few KB (strings in the metadata are capped), so these
+# bound what one read may cost whatever a client uploads.
+TEXT_CHUNK_MAX = 1 * 2**20  # one text chunk (after decompression for zTXt / compressed iTXt)
+TEXT_READ_MAX = 4 * 2**20  # every byte read from one file (headers and text chunks; sidecars too)
+PNG_MAX_CHUNKS = 100_000  # chunks walked (libpng writes 8 KB IDATs: 800 MB of pixel data)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_TEXT_TYPES = (b"tEXt", b"zTXt", b"iTXt")
+_KEYWORD_MAX = 79  # the PNG spec's limit on a text chunk's keyword
+
+
+def read_png_text(fp: IO[bytes], key: str, *, label: str = "image") -> str | None:
+    """The text of the first ``tEXt``/``zTXt``/``iTXt`` chunk named `key` in the PNG `fp`, or None.
+
+    Walks the chunk structure itself (length, type, CRC) and never decodes pixels: a chunk that is
+    not text is skipped by seeking, wherever the text sits (before or after the image data).
+    Bounded by :data:`TEXT_CHUNK_MAX`, :data:`TEXT_READ_MAX` and :data:`PNG_MAX_CHUNKS`. Raises
+    :class:`MetadataError` for a file of another image format (named) or a text chunk over the
+    cap, and :class:`ImageError` for data that is no image at all.
+    """
+    reader = _BoundedReader(fp, label)
+    signature = reader.read(len(PNG_SIGNATURE))
+    if signature != PNG_SIGNATURE:
+        fmt = sniff_format(signature + reader.read(16 - len(signature))) if len(signature) == 8 else None
+        if fmt is not None:
+            raise MetadataError(f"{label}: this image has no {METADATA_KEY} settings: it is in {fmt} format, and only "
+                                "PNGs saved by this app carry them")
+        raise ImageError(f"{label}: not a readable image (not a PNG file)")
+    wanted = key.encode("latin-1")
+    for _ in range(PNG_MAX_CHUNKS):
+        header = reader.read(8)
+        if len(header) < 8:
+            return None  # truncated: no (complete) chunk of ours
+        length, kind = int.from_bytes(header[:4], "big"), header[4:]
+        if kind == b"IEND":
+            return None
+        if kind not in _TEXT_TYPES:
+            reader.skip(length + 4)  # data + CRC
+            continue
+        head = reader.read(min(length, _KEYWORD_MAX + 1))
+        if head.split(b"\0", 1)[0] != wanted or b"\0" not in head:
+            reader.skip(length - len(head) + 4)
+            continue
+        if length > TEXT_CHUNK_MAX:
+            raise MetadataError(f"{label}: the {key} chunk is {length / 2**20:.1f} MiB; settings chunks of "
+                                f"this app are a few KB (at most {TEXT_CHUNK_MAX // 2**20} MiB is read)")
+        data = head + reader.read(length - len(head))
+        crc = reader.read(4)
+        if len(data) < length or len(crc) < 4:
+            return None
+        if zlib.crc32(kind + data) != int.from_bytes(crc, "big"):
+            raise MetadataError(f"{label}: the {key} chunk is damaged (CRC mismatch); re-download the file")
+        return _text_value(kind, data[len(wanted) + 1:], label, key)
+    raise MetadataError(f"{label}: the PNG has over {PNG_MAX_CHUNKS:,} chunks before its {key} chunk; "
+                        "not read further")
+
+
+def _text_value(kind: bytes, body: bytes, label: str, key: str) -> str:
+    """The text of a tEXt / zTXt / iTXt body (after the keyword and its NUL)."""
+    try:
+        if kind == b"tEXt":
+            return body.decode("latin-1")
+        if kind == b"zTXt":  # compression method (0 = deflate), then the deflated Latin-1 text
+            return _inflate(body[1:], label, key).decode("latin-1")
+        # iTXt: compression flag, method, language tag NUL, translated keyword NUL, UTF-8 text
+        flag = body[0]
+        rest = body[2:]
+        _, _, rest = rest.partition(b"\0")
+        _, _, rest = rest.partition(b"\0")
+        return (_inflate(rest, label, key) if flag else rest).decode("utf-8")
+    except (IndexError, UnicodeDecodeError, zlib.error) as exc:
+        raise MetadataError(f"{label}: the {key} chunk is damaged ({exc})") from None
+
+
+def _inflate(data: bytes, label: str, key: str) -> bytes:
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(data, TEXT_CHUNK_MAX)  # a deflated chunk can claim any size: capped
+    if inflater.unconsumed_tail:
+        raise MetadataError(f"{label}: the {key} chunk inflates to over {TEXT_CHUNK_MAX // 2**20} MiB; "
+                            "settings chunks of this app are a few KB")
+    return out
+
+
+class _BoundedReader:
+    """Reads from `fp` counting every byte against :data:`TEXT_READ_MAX`; skips by seeking."""
+
+    def __init__(self, fp: IO[bytes], label: str):
+        self._fp = fp
+        self._label = label
+        self._read = 0
+        try:
+            self._seekable = bool(fp.seekable())
+        except (AttributeError, OSError, ValueError):
+            self._seekable = False
+
+    def read(self, size: int) -> bytes:
+        if self._read + size > TEXT_READ_MAX:
+            raise MetadataError(f"{self._label}: no settings found in the first {TEXT_READ_MAX // 2**20} MiB of "
+                                "PNG chunks read; not read further")
+        data = self._fp.read(size)
+        self._read += len(data)
+        return data
+
+    def skip(self, size: int) -> None:
+        if self._seekable:
+            self._fp.seek(size, os.SEEK_CUR)
+            return
+        while size > 0:  # a stream (an API caller's file object): read and drop, in pieces
+            piece = self._fp.read(min(size, 1 << 16))
+            if not piece:
+                return
+            size -= len(piece)
+
+
+# Text chunks after the pixel data of a PIL image handed over in-process only appear once it is
+# loaded: never for images larger than this. (Files are read by `read_png_text`, which decodes nothing.)
 TEXT_SCAN_MAX_PIXELS = 25_000_000
 
 

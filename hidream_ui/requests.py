@@ -105,8 +105,12 @@ def _as_float(name: str, value: object, lo: float, hi: float) -> float:
     # bool is an int subclass; True as a guidance scale is a wiring bug, not a number.
     if isinstance(value, bool) or value is None:
         raise RequestError(name, value, expected)
+    # OverflowError: a JSON integer of 400 digits does not fit a float (a string of them becomes inf).
     if isinstance(value, (int, float)):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            raise RequestError(name, value, expected) from None
     elif isinstance(value, str):
         try:
             number = float(value.strip())
@@ -115,7 +119,7 @@ def _as_float(name: str, value: object, lo: float, hi: float) -> float:
     else:
         try:
             number = float(value)  # numpy scalars, Decimal
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise RequestError(name, value, expected) from None
     if not math.isfinite(number) or not lo <= number <= hi:
         raise RequestError(name, value, expected)
@@ -144,7 +148,7 @@ def _as_int(name: str, value: object, lo: int, hi: int) -> int:
         else:
             try:
                 as_float = float(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise RequestError(name, value, expected) from None
             number = _exact_int(name, value, as_float, expected)
     if not lo <= number <= hi:

@@ -20,6 +20,7 @@ from hidream_ui.config import (
     add_model_arguments,
     add_rewriter_arguments,
     add_server_arguments,
+    check_operator_name,
     from_namespace,
     read_auth_file,
 )
@@ -64,11 +65,17 @@ def mcp_available() -> bool:
 
 
 def _auth(config: AppConfig):
+    """Gradio's `auth=`: the --auth / --auth-file users, plus the operator when there is a login at
+    all (gradio's login is all-or-nothing: without --auth the operator signs in at /operator, see
+    ui/operator.py, and visitors need no login)."""
     if config.auth is not None:
-        return config.auth
-    if config.auth_file is not None:
-        return read_auth_file(config.auth_file)
-    return None
+        users = [config.auth]
+    elif config.auth_file is not None:
+        users = read_auth_file(config.auth_file)
+    else:
+        return None
+    check_operator_name(config.operator, users)
+    return users + ([config.operator] if config.operator is not None else [])
 
 
 def launch(
@@ -110,7 +117,11 @@ def launch(
     services.cache_folder = gradio_internals.private_cache_folder()
     demo = build_demo(engine, services=services)
     # No max_size: gradio would count /status and /cancel too; `admission` limits the device lane.
-    demo.queue(max_size=None)
+    # api_open=False: the queue is the only way in. Gradio then refuses a direct POST
+    # /gradio_api/run/<name> (and /api/<name>) of every queued event with 404, so admission, the
+    # per-client limit, queue position and cancel hold for every caller; events declared
+    # queue=False (/status, /cancel, the panel's timer) still answer there at once.
+    demo.queue(max_size=None, api_open=False)
     if not admission(demo, config):
         # Never serve strangers without the queue limits: that would be an unbounded queue.
         raise ConfigError("this gradio version's queue cannot be limited (see hidream_ui/ui/gradio_internals.py); "
@@ -138,17 +149,18 @@ def launch(
 
 
 def admission(demo, config: AppConfig) -> bool:
-    """--max-queue and --max-jobs-per-client on the device lane and on the rewriter's lane (a
-    remote rewriter's requests do not wait behind edits, but are bounded the same way) (see
-    `gradio_internals.admit_jobs`)."""
+    """--max-queue and --max-jobs-per-client on the device lane and on the small lanes beside it
+    (a remote rewriter's requests, the settings-from-PNG reader, the Speed setting: they do not
+    wait behind edits, but are bounded the same way) (see `gradio_internals.admit_jobs`)."""
     from hidream_ui.ui import gradio_internals
-    from hidream_ui.ui.common import DEVICE_GROUP, REWRITER_GROUP
+    from hidream_ui.ui.common import CONTROL_GROUP, DEVICE_GROUP, REWRITER_GROUP, SETTINGS_FILE_GROUP
 
     def message(held: int) -> str:
         return (f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
                 "client): wait for one to finish, or stop it.")
 
-    return gradio_internals.admit_jobs(demo, (DEVICE_GROUP, REWRITER_GROUP), max_waiting=config.max_queue,
+    return gradio_internals.admit_jobs(demo, (DEVICE_GROUP, REWRITER_GROUP, SETTINGS_FILE_GROUP, CONTROL_GROUP),
+                                       max_waiting=config.max_queue,
                                        per_session=config.max_jobs_per_client, per_session_message=message)
 
 
@@ -164,8 +176,10 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     from hidream_ui.ui import gradio_internals
     from hidream_ui.ui.files import CacheJanitor
     from hidream_ui.ui.guard import BoothGuard, LoginThrottle
+    from hidream_ui.ui.operator import OperatorLogin
 
-    throttle = None if services.public else LoginThrottle(config.max_login_failures)
+    # The operator's login (/operator/login) is throttled like gradio's, with or without --auth.
+    throttle = None if services.public and config.operator is None else LoginThrottle(config.max_login_failures)
     folder = services.cache_folder
     janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, folder, config.cache_max_files,
                                                                 config.cache_max_age), interval=JANITOR_INTERVAL)
@@ -201,7 +215,10 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,
                        max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024,
                        max_body_bytes=MAX_REQUEST_BODY)
-    return {"middleware": [guard], "lifespan": lifespan}
+    middleware = [guard]  # first = outermost: the guard throttles /operator/login before it is answered
+    if config.operator is not None:
+        middleware.append(Middleware(OperatorLogin, operator=config.operator))
+    return {"middleware": middleware, "lifespan": lifespan}
 
 
 def stop_on_signals() -> None:
@@ -225,8 +242,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ns = parser.parse_args(argv)  # argparse itself exits 2 with one usage line for unknown flags
     try:
         config = from_namespace(ns)
-        if config.auth_file is not None:
-            read_auth_file(config.auth_file)  # fail now, before gradio is imported
+        _auth(config)  # an unreadable --auth-file or an operator name taken by a user: fail now, before gradio
         if config.mcp and not mcp_available():
             raise ConfigError(MCP_HINT)
     except ConfigError as exc:

@@ -160,17 +160,21 @@ def item_params(settings: EditSettings, item: BatchItem) -> EditParams:
     return settings.params(item.instruction, item.seed).validated()
 
 
-def open_sources(sources, open_fn, max_total_pixels: int | None = None
+def open_sources(sources, open_fn, max_total_pixels: int | None = None, cancel: "CancelToken | None" = None
                  ) -> tuple[list[tuple[str, Image.Image]], list[tuple[str, str]]]:
     """Opens every source with `open_fn`; returns (opened, rejected) keeping upload order.
 
     `max_total_pixels` bounds what one batch holds decoded at once: once the images opened so far
     reach it, the remaining sources are rejected with the reason (each image alone is bounded by
-    `open_fn`'s own limit, checked from its header).
+    `open_fn`'s own limit, checked from its header). `cancel` is checked before each source:
+    a batch stopped while its images are decoded raises `EditCancelled`.
     """
     opened, rejected = [], []
     total = 0
     for source in sources:
+        if cancel is not None and cancel.cancelled:
+            raise EditCancelled(f"Stopped while opening the images ({cancel.reason or 'cancelled'}); "
+                                "nothing was edited.")
         if max_total_pixels is not None and total >= max_total_pixels:
             rejected.append((source.name, f"not opened: the batch's images already hold {total:,} pixels "
                                           f"(at most {max_total_pixels:,} per batch); split the batch"))
@@ -193,6 +197,7 @@ MAX_BATCH_SIZE = 64  # items per transformer call
 # Decoded pixels one batch may hold, in units of the per-image limit (--max-pixels): 4 x 25 MP by
 # default, ~300 MB as RGB. Enough for 64 items of a 1024 px source, far from a memory bomb.
 BATCH_PIXEL_BUDGET = 4
+MAX_REASONS_SHOWN = 5  # rejected files named in the error of a batch where none opened
 
 
 @dataclass
@@ -217,8 +222,13 @@ def plan_batch(request: BatchRequest, open_fn: Callable, max_items: int, rng: ra
     check_item_count(request, len(request.sources), max_items)  # before any source is decoded
     images, rejected = opened if opened is not None else open_sources(request.sources, open_fn, max_total_pixels)
     if not images:
-        reasons = "; ".join(f"{name}: {reason.removeprefix(f'{name}: ')}" for name, reason in rejected) or "no files"
-        raise RequestError("images", [name for name, _ in rejected], f"at least one readable image ({reasons})")
+        # The first few reasons: a zip of 256 refused members would otherwise make a 25 KB message
+        # (every one of them is in the report and the manifest).
+        shown = [f"{name}: {reason.removeprefix(f'{name}: ')}" for name, reason in rejected[:MAX_REASONS_SHOWN]]
+        more = len(rejected) - len(shown)
+        reasons = "; ".join(shown) + (f"; and {more} more" if more > 0 else "") if shown else "no files"
+        raise RequestError("images", f"{len(rejected)} file(s) that did not open",
+                           f"at least one readable image ({reasons})")
     items = plan_items(request, [name for name, _ in images], max_items, rng)
     return BatchPlan(request=request, settings=settings, images=list(images), rejected=list(rejected), items=items)
 

@@ -179,11 +179,17 @@ def _expand_range(axis: Axis, field: str, token: str, room: int) -> list:
     integral = axis.kind in ("int", "resolution")
     if integral and not all(float(x).is_integer() for x in (start, stop, step)):
         raise RequestError(field, token, f"whole numbers for {axis.name} (start, stop and step)")
-    if step == 0 or (stop - start) * step < 0:
+    # Signs, not a product: (stop - start) * step underflows to 0 for tiny values (2e-320:1e-320:1e-320).
+    if step == 0 or (stop > start and step < 0) or (stop < start and step > 0):
         raise RequestError(field, token, "a step that is not 0 and goes from start towards stop")
-    count = math.floor((stop - start) / step + _RANGE_TOLERANCE) + 1
-    if count > max(room, 0):
-        raise RequestError(field, token, f"at most {MAX_AXIS_VALUES} values on one axis (this range has {count})")
+    # The number of steps as a float first: a tiny step (1e-320) or a huge span (-1e308:1e308) gives
+    # infinity, which has no integer count; every such range is far over the limit anyway.
+    steps = (stop - start) / step
+    count = math.floor(steps + _RANGE_TOLERANCE) + 1 if math.isfinite(steps) else None
+    if count is None or count > max(room, 0):
+        size = count if count is not None and count < 10**6 else "far more"
+        raise RequestError(field, token, f"at most {MAX_AXIS_VALUES} values on one axis (this range has {size}: "
+                                         "use a larger step or a shorter range)")
     if integral:
         return [int(start) + i * int(step) for i in range(count)]
     # Computed from the start each time (no running sum), then rounded so 0.1 * 3 shows as 0.3.

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from hidream_ui.config import AppConfig
@@ -319,7 +320,6 @@ class EditEngine:
         from hidream_ui.device.memory import snapshot
         from hidream_ui.device.runtime import bind_device_to_thread, make_generator, reset_peak
         from hidream_ui.imaging import apply_plan, restore_size
-        from hidream_ui.outputs import save_result
         from hidream_ui.pipeline.edit_pipeline import EditInterrupted
 
         started = time.perf_counter()
@@ -442,16 +442,31 @@ class EditEngine:
             info = dataclasses.replace(self._info(), speed=self._speed.call_info(pipe, cache_spec))
             results = []
             for request, params, (image, _), out in zip(requests, params_list, working, output.images):
-                result = EditResult(
+                results.append(EditResult(
                     image=restore_size(out, request.image.size), source_image=request.image, params=params,
                     working_size=image.size, source_size=request.image.size, timings=timings,
                     peak_memory_bytes=peak, info=dataclasses.replace(info, batch_size=len(requests)),
                     source_name=request.source_name, rewrite=request.rewrite,
-                )
-                if save:
-                    result = save_result(result, self.config.output_dir, retention=self.config.retention or None)
-                results.append(result)
-            return results
+                ))
+            return self._save(results, token) if save else results
+
+    def _save(self, results: list[EditResult], token: CancelToken) -> list[EditResult]:
+        """Saves the results of one pipeline call unless its job was cancelled: checked right before
+        each save, and after it (encoding a large PNG takes a while); a cancel that arrived meanwhile
+        removes what this call wrote. A cancelled edit (or batch chunk) leaves no file behind."""
+        from hidream_ui.outputs import save_result
+
+        saved: list[EditResult] = []
+        for result in results:
+            if not token.cancelled:
+                saved.append(save_result(result, self.config.output_dir, retention=self.config.retention or None))
+            if token.cancelled:
+                for done in saved:
+                    for path in (done.saved_png, done.saved_json):
+                        if path is not None:
+                            Path(path).unlink(missing_ok=True)
+                raise EditCancelled(f"edit cancelled: {token.reason or 'cancelled'} before its result was saved")
+        return saved
 
     def run_exclusive(self, state: str, work: Callable[["LoadedModel"], T], *,
                       cancel: CancelToken | None = None) -> T:

@@ -24,7 +24,7 @@ from typing import Any
 
 import gradio as gr
 
-from hidream_ui.archive import sources_from_uploads, write_batch_zip
+from hidream_ui.archive import ZipLimits, sources_from_uploads, write_batch_zip
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.batch import (
     BATCH_PIXEL_BUDGET,
@@ -80,7 +80,7 @@ def _batch_size(value: Any) -> int | None:
         return None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit JSON integer
         raise RequestError("batch_size", value, "a whole number of items per transformer call, 0 for auto") from None
     if not number.is_integer() or number < 0:
         raise RequestError("batch_size", value, "a whole number of items per transformer call, 0 for auto")
@@ -162,10 +162,11 @@ class BatchTab:
         self.services = services or AppServices.for_config(config)
         self.services.cleanups.append(self.close)  # zips never outlive the server
         self._zip_dir: Path | None = None
+        self.zip_limits = ZipLimits()  # what the zips of one request may cost (tests lower it)
         self.resolution_dropdown = None  # set by build_batch_tab
 
     # ------------------------------------------------------------------ inputs
-    def _sources(self, files: Any) -> tuple[list[BatchSource], list[tuple[str, str]]]:
+    def _sources(self, files: Any, cancel=None) -> tuple[list[BatchSource], list[tuple[str, str]]]:
         if files is None:
             files = []
         elif not isinstance(files, (list, tuple)):
@@ -176,7 +177,7 @@ class BatchTab:
             uploads.append((name or "upload", path))
         if not uploads:
             raise RequestError("files", None, "at least one image (or a .zip of images): upload some")
-        return sources_from_uploads(uploads)
+        return sources_from_uploads(uploads, limits=self.zip_limits, cancel=cancel)
 
     def _zip_path(self) -> Path:
         if self._zip_dir is None or not self._zip_dir.is_dir():
@@ -208,26 +209,29 @@ class BatchTab:
                 raise RequestError("rewrite", True, "false: no rewriter is configured (start the app with "
                                                     "--rewriter-url URL --rewriter-model NAME, or --rewriter local)")
         size = _batch_size(batch_size)
-        sources, rejected = self._sources(files)
-        batch = BatchRequest(sources=tuple(sources), instructions=clean_instructions(instructions or ""),
-                             settings=settings, seed=seed_from_widgets(seed), mode=str(mode or "matrix"),
-                             seed_policy=str(seed_policy or "fixed"), batch_size=size)
-        # Decoded and planned here, once (the engine runs this plan), so the item count is known
-        # for the progress line and every file that does not open is reported with its reason.
-        check_item_count(batch, len(sources), self.config.max_batch_items)  # before decoding anything
-        images, refused = open_sources(sources, self.engine.open_image,
-                                       max_total_pixels=BATCH_PIXEL_BUDGET * self.config.max_pixels)
-        plan = plan_batch(batch, self.engine.open_image, self.config.max_batch_items,
-                          opened=(images, rejected + refused))
-        total = len(plan.items)
-        rejected = plan.rejected
-
-        run = BatchRun(total, rejected)
-        yield [], run.report(), None  # clears the previous run's zip
-        progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
-
-        result: BatchResult | None = None
+        lines = clean_instructions(instructions or "")
+        # The job (and its cancel token) exists before any upload is read: expanding zips and
+        # decoding images is work too, and Stop, /cancel and a client that went away stop it.
         with self.services.job("batch", request) as job:
+            sources, rejected = self._sources(files, cancel=job.token)
+            batch = BatchRequest(sources=tuple(sources), instructions=lines, settings=settings,
+                                 seed=seed_from_widgets(seed), mode=str(mode or "matrix"),
+                                 seed_policy=str(seed_policy or "fixed"), batch_size=size)
+            # Decoded and planned here, once (the engine runs this plan), so the item count is known
+            # for the progress line and every file that does not open is reported with its reason.
+            check_item_count(batch, len(sources), self.config.max_batch_items)  # before decoding anything
+            images, refused = open_sources(sources, self.engine.open_image,
+                                           max_total_pixels=BATCH_PIXEL_BUDGET * self.config.max_pixels,
+                                           cancel=job.token)
+            plan = plan_batch(batch, self.engine.open_image, self.config.max_batch_items,
+                              opened=(images, rejected + refused))
+            total = len(plan.items)
+
+            run = BatchRun(total, plan.rejected)
+            yield [], run.report(), None  # clears the previous run's zip
+            progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
+
+            result: BatchResult | None = None
 
             def work(emit):
                 if rewriter is not None:  # per item, before any edit: cached per image + instruction

@@ -234,6 +234,13 @@ DEVICE_GROUP = "device"
 # rewriter runs on the device and uses DEVICE_GROUP.
 REWRITER_GROUP = "rewriter"
 REWRITER_CONCURRENCY = 4
+# The settings-from-PNG reader (History tab): it decodes a client's file, so it runs queued on a
+# small lane of its own, bounded like the device lane (admission), never beside the queue.
+SETTINGS_FILE_GROUP = "settings-file"
+SETTINGS_FILE_CONCURRENCY = 2
+# The Speed setting (/set_speed): instant and engine-wide; queued so that it has one way in, on a
+# lane of its own so that it never waits behind edits.
+CONTROL_GROUP = "control"
 
 
 def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_abandon: Callable[[], None],

@@ -89,6 +89,24 @@ def logged_in_user(scope: dict) -> str | None:
     return None
 
 
+def sign_in(scope: dict, username: str) -> list[tuple[bytes, bytes]] | None:
+    """Logs the client of an HTTP request (ASGI `scope`) in as `username` the way gradio's own
+    `/login` does: a fresh token in the app's token table, and the two cookies that carry it.
+    Returns the `set-cookie` headers to send, or None when the app behind the scope does not look
+    like a gradio app (nothing is changed then). Used by the operator's login (ui/operator.py),
+    which must work also when gradio has no `auth` of its own (gradio's `/login` then refuses)."""
+    import secrets
+
+    app = scope.get("app")
+    tokens, cookie_id = getattr(app, "tokens", None), getattr(app, "cookie_id", None)
+    if not isinstance(tokens, dict) or cookie_id is None:
+        return None
+    token = secrets.token_urlsafe(16)
+    tokens[token] = username
+    return [(b"set-cookie", f"access-token-{cookie_id}={token}; HttpOnly; Path=/; SameSite=none; Secure".encode()),
+            (b"set-cookie", f"access-token-unsecure-{cookie_id}={token}; HttpOnly; Path=/; SameSite=lax".encode())]
+
+
 # ---------------------------------------------------------------------------------------------
 # The queue
 # ---------------------------------------------------------------------------------------------
@@ -446,6 +464,6 @@ def expire_sessions(demo: Any, max_idle: float, *, now: float | None = None) -> 
     return len(idle)
 
 
-__all__ = ["current_event_id", "event_alive", "logged_in_user", "queue_figures", "session_jobs", "waiting_jobs",
-           "admit_jobs", "is_app_file", "cache_files", "prune_cache", "private_cache_folder", "register_demo",
-           "app_cache_files", "lean_sessions", "session_count", "expire_sessions"]
+__all__ = ["current_event_id", "event_alive", "logged_in_user", "sign_in", "queue_figures", "session_jobs",
+           "waiting_jobs", "admit_jobs", "is_app_file", "cache_files", "prune_cache", "private_cache_folder",
+           "register_demo", "app_cache_files", "lean_sessions", "session_count", "expire_sessions"]

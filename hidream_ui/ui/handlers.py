@@ -39,6 +39,7 @@ from hidream_ui.ui.common import (
     params_from_widgets,
     summarise_result,
 )
+from hidream_ui.ui.operator import may_change_engine, refusal
 from hidream_ui.ui.services import AppServices, redact_paths
 from hidream_ui.ui.status_panel import attention_label, render_status
 
@@ -50,11 +51,20 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------
 
 
+def _redacted_progress(progress):
+    """A load's progress message names the folders it reads ("loading ... from /srv/models/..."):
+    cut like every other status text."""
+    if progress is None or not progress.message:
+        return progress
+    return dataclasses.replace(progress, message=redact_paths(progress.message))
+
+
 def _redacted_row(row: DeviceRow) -> DeviceRow:
     telemetry = row.telemetry
     if telemetry is not None and telemetry.note:
         telemetry = dataclasses.replace(telemetry, note=redact_paths(telemetry.note))
-    return dataclasses.replace(row, error=redact_paths(row.error) if row.error else row.error, telemetry=telemetry)
+    return dataclasses.replace(row, error=redact_paths(row.error) if row.error else row.error, telemetry=telemetry,
+                               progress=_redacted_progress(row.progress))
 
 
 class Handlers:
@@ -66,6 +76,15 @@ class Handlers:
         self.engine = engine
         self.queue_info = queue_info
         self.services = services or AppServices.for_config(getattr(engine, "config", None) or AppConfig())
+
+    # ------------------------------------------------------------------ operator mode
+    def require_operator(self, request, what: str) -> None:
+        """Raises the refusal when `request` may not change `what` for everyone (--kiosk and not
+        the operator; see ui/operator.py). Without --kiosk everyone may, as before."""
+        config = self.services.config
+        if not may_change_engine(config, request):
+            logger.info("%s: refused to a visitor in kiosk mode", what)
+            raise gr_error(refusal(config, what), title="Operator only")
 
     # ------------------------------------------------------------------ model
     def _load_with_progress(self, progress: gr.Progress | None) -> float:
@@ -82,8 +101,9 @@ class Handlers:
         return time.perf_counter() - started
 
     @guarded("loading the model")
-    def load_model(self, progress=gr.Progress()) -> str:
-        """Loads the model now (otherwise the first edit loads it)."""
+    def load_model(self, request: gr.Request = None, progress=gr.Progress()) -> str:
+        """Loads the model now (otherwise the first edit loads it). With --kiosk: the operator only."""
+        self.require_operator(request, "loading the model")
         started = time.perf_counter()
         was_loaded = self.engine.loaded
         self._load_with_progress(progress)
@@ -302,6 +322,10 @@ class Handlers:
             status = status.replace(**{key: redact_paths(getattr(status, key))
                                        for key in ("device_error", "last_error", "attention_note")
                                        if getattr(status, key)})
+            status = status.replace(progress=_redacted_progress(status.progress))
+            speed = status.speed or {}
+            if speed.get("compile_error"):  # a compiler's message may name its cache folder
+                status = status.replace(speed={**speed, "compile_error": redact_paths(speed["compile_error"])})
             # Each device row repeats its engine's errors (and a tool's stderr in the telemetry note).
             status = status.replace(devices=[_redacted_row(row) for row in status.devices])
         return status
@@ -363,9 +387,11 @@ class Handlers:
             logger.debug("cannot resolve auto attention: %s", exc)
             return "?"
 
-    def page_load(self):
+    def page_load(self, request: gr.Request = None):
         """Fills the attention dropdown (needs torch, so not at start-up), the panel, and the
-        working resolutions the configured model can take."""
+        working resolutions the configured model can take; shows the engine-wide controls to whoever
+        may use them (everyone, or with --kiosk the operator only)."""
+        controls = gr.update(visible=may_change_engine(self.services.config, request))
         choices = []
         try:
             choices = self.attention_choices()
@@ -374,7 +400,7 @@ class Handlers:
         current = self.engine.status().attention or "auto"
         if current not in {value for _, value in choices}:
             choices.append((current, current))
-        return gr.update(choices=choices, value=current), self.status_panel(), self.resolution_choices()
+        return gr.update(choices=choices, value=current), self.status_panel(), self.resolution_choices(), controls
 
     def resolution_choices(self):
         """A dropdown update offering only working resolutions the model can take."""
@@ -386,13 +412,15 @@ class Handlers:
         return gr.update(choices=choices)
 
     @guarded("switching attention")
-    def set_attention(self, name: str, engine: str = ALL_ENGINES) -> str:
+    def set_attention(self, name: str, engine: str = ALL_ENGINES, request: gr.Request = None) -> str:
         """Switches the attention strategy; returns the active strategy (what "auto" became).
 
         `engine`: "all" (default) switches every engine of the app; with `--devices`, one engine's
         label ("cpu#1", "npu:1", as in `/status` `devices`) switches that engine only. Refuses unknown
         engines and unknown or unavailable strategies with the reason; the current one stays active.
+        With --kiosk only the operator may switch.
         """
+        self.require_operator(request, "the attention strategy")
         return switch_attention(self.engine, name, engine)
 
     def _attention_on(self, target: str | None) -> tuple[str, str]:
@@ -403,9 +431,10 @@ class Handlers:
             return attention_of(self.engine), ""
         return resolved, "" if target in (None, ALL_ENGINES) else f" on {html.escape(str(target))}"
 
-    def change_attention(self, name: str, target: str | None = ALL_ENGINES):
+    def change_attention(self, name: str, target: str | None = ALL_ENGINES, request: gr.Request = None):
         """The dropdown's handler: shows the outcome or the refusal, and the active strategy of the
         engine(s) the panel's Engine choice names (every engine by default)."""
+        self.require_operator(request, "the attention strategy")
         try:
             resolved = switch_attention(self.engine, name, target)
             where = self._attention_on(target)[1]

@@ -21,7 +21,12 @@ The system panel sits outside the tabs so it is visible on all of them.
 
 Everything that touches the device (edit, load, attention switch) shares the concurrency group
 ``"device"`` with a limit of 1: the model is not re-entrant and users see their queue position.
-The status timer, ``/status``, ``/cancel`` and the Stop buttons never wait behind it.
+The status timer, ``/status``, ``/cancel`` and the Stop buttons never wait behind it. Every event
+that does work on a client's input is queued (the app serves with ``api_open=False``: the queue
+is the only way in); events left unqueued only read server-side state or the status.
+
+With ``--kiosk`` the engine-wide controls (attention, speed, load model) sit in one column that
+only the operator's page shows (ui/operator.py).
 
 Imported lazily by the app (it imports gradio at the top).
 """
@@ -44,6 +49,8 @@ from hidream_ui.ui.common import (
     DEVICE_GROUP,
     REWRITER_CONCURRENCY,
     REWRITER_GROUP,
+    SETTINGS_FILE_CONCURRENCY,
+    SETTINGS_FILE_GROUP,
     WORKING_RESOLUTIONS,
     example_instruction,
     instruction_placeholder,
@@ -262,32 +269,38 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                             with gr.Column(scale=1):
                                 apply_button = gr.Button("Load these settings into the form", interactive=False)
                                 settings_file = gr.File(label="…or read the settings of a PNG saved by this app",
-                                                        file_types=[".png"], type="filepath")
+                                                        file_types=[".png"], type="filepath",
+                                                        elem_id="hui-settings-file")
 
             with gr.Column(scale=1, min_width=270, elem_id="hui-system"):
                 gr.Markdown("### System")
                 status_panel = gr.HTML(value='<div class="hui-status">connecting…</div>', css_template=STATUS_CSS,
                                        elem_id="hui-status-panel")
-                attention_kwargs = dict(label="Attention", choices=[(str(config.attention), str(config.attention))],
-                                        value=str(config.attention), interactive=True, elem_id="hui-attention")
-                if lane > 1:  # a pool (--devices): the switch applies to every engine or to the one chosen
-                    with gr.Row(equal_height=True):
-                        attention = gr.Dropdown(scale=3, **attention_kwargs)
-                        attention_engine = gr.Dropdown(
-                            label="Engine", choices=[("all engines", ALL_ENGINES)] + [
-                                (label, label) for label in device_labels(engine)],
-                            value=ALL_ENGINES, interactive=True, scale=1, min_width=90,
-                            elem_id="hui-attention-engine")
-                else:
-                    attention = gr.Dropdown(**attention_kwargs)
-                    attention_engine = gr.State(ALL_ENGINES)
-                attention_note = gr.Markdown(elem_id="hui-attention-note")
                 telemetry_plot = gr.LinePlot(x="seconds", y="percent", color="series", y_lim=[0, 100], height=200,
                                              x_title="seconds ago", y_title="%", label="Memory and utilisation",
                                              elem_id="hui-telemetry-plot")
-                build_speed_setting(engine)  # the step cache of the next edits; also /set_speed
-                load_button = gr.Button("Load model", size="sm")
-                load_message = gr.Markdown(label="Model")
+                # The engine-wide controls. With --kiosk they are the operator's: hidden in the page
+                # config, shown by `page_load` to the operator's browser only (their events refuse
+                # everyone else anyway, see ui/operator.py).
+                with gr.Column(visible=not config.kiosk, elem_id="hui-engine-controls") as engine_controls:
+                    attention_kwargs = dict(label="Attention", choices=[(str(config.attention), str(config.attention))],
+                                            value=str(config.attention), interactive=True, elem_id="hui-attention")
+                    if lane > 1:  # a pool (--devices): the switch applies to every engine or to the one chosen
+                        with gr.Row(equal_height=True):
+                            attention = gr.Dropdown(scale=3, **attention_kwargs)
+                            attention_engine = gr.Dropdown(
+                                label="Engine", choices=[("all engines", ALL_ENGINES)] + [
+                                    (label, label) for label in device_labels(engine)],
+                                value=ALL_ENGINES, interactive=True, scale=1, min_width=90,
+                                elem_id="hui-attention-engine")
+                    else:
+                        attention = gr.Dropdown(**attention_kwargs)
+                        attention_engine = gr.State(ALL_ENGINES)
+                    attention_note = gr.Markdown(elem_id="hui-attention-note")
+                    # The step cache of the next edits; also /set_speed.
+                    build_speed_setting(engine, allowed=handlers.require_operator)
+                    load_button = gr.Button("Load model", size="sm", elem_id="hui-load-model")
+                    load_message = gr.Markdown(label="Model")
 
         form = [instruction, negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
                 refine_strength, clip_cfg_norm, working_resolution, seed, randomize_seed, collapse_padding]
@@ -356,8 +369,8 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                    api_visibility="private")
         timer.tick(handlers.telemetry_plot, None, telemetry_plot, queue=False, show_progress="hidden",
                    api_visibility="private")
-        demo.load(handlers.page_load, None, [attention, status_panel, working_resolution], queue=False,
-                  show_progress="hidden", api_visibility="private")
+        demo.load(handlers.page_load, None, [attention, status_panel, working_resolution, engine_controls],
+                  queue=False, show_progress="hidden", api_visibility="private")
         for tab in tab_handlers:
             dropdown = getattr(tab, "resolution_dropdown", None)
             if dropdown is not None:
@@ -371,8 +384,11 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                        queue=False, show_progress="hidden", api_visibility="private")
         apply_button.click(handlers.apply_history, [history, selected_index], [*form, tabs], queue=False,
                            api_visibility="private")
-        settings_file.upload(handlers.settings_from_file, [settings_file], [*form, tabs], queue=False,
-                             api_visibility="private")
+        # It decodes a client's file: queued on a small lane of its own, with the device lane's
+        # admission limits (cli/app.py `admission`), never a way around the queue.
+        settings_file.upload(handlers.settings_from_file, [settings_file], [*form, tabs],
+                             concurrency_id=SETTINGS_FILE_GROUP, concurrency_limit=SETTINGS_FILE_CONCURRENCY,
+                             show_progress="minimal", api_visibility="private")
 
     handlers.queue_info = lambda: gradio_internals.queue_figures(demo, DEVICE_GROUP)
     services.demo = demo

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import html
 import logging
+from typing import Any, Callable
 
 import gradio as gr
 
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
-from hidream_ui.ui.common import guarded
+from hidream_ui.ui.common import CONTROL_GROUP, guarded
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,9 @@ def speed_choices(current: str) -> list[tuple[str, str]]:
     return choices
 
 
-def build_speed_setting(engine: EditEngine) -> gr.Dropdown:
+def build_speed_setting(engine: EditEngine, allowed: Callable[[Any, str], None] | None = None) -> gr.Dropdown:
+    """The dropdown, its note and `/set_speed`. `allowed(request, what)` raises when the caller may
+    not change engine-wide settings (--kiosk: only the operator may; see ui/operator.py)."""
     current = str(parse_cache(engine.config.cache))
     dropdown = gr.Dropdown(label="Speed", choices=speed_choices(current), value=current, interactive=True,
                            info="exact: every block every step · fast / faster: reuse the deep blocks' work on "
@@ -36,12 +39,18 @@ def build_speed_setting(engine: EditEngine) -> gr.Dropdown:
                            elem_id="hui-speed")
     note = gr.Markdown(elem_id="hui-speed-note")
 
+    def check(request) -> None:
+        if allowed is not None:
+            allowed(request, "the speed setting")
+
     @guarded("setting the speed")
-    def set_speed(name: str) -> str:
+    def set_speed(name: str, request: gr.Request = None) -> str:
         """Step cache of the next edits: exact | fast | faster | none | interval:K | first-block:T -> the spec."""
+        check(request)
         return engine.set_speed(name)
 
-    def change_speed(name: str):
+    def change_speed(name: str, request: gr.Request = None):
+        check(request)
         try:
             spec = engine.set_speed(name)
             return gr.update(value=spec), f"Speed: <b>{html.escape(spec)}</b> for the next edits."
@@ -50,9 +59,11 @@ def build_speed_setting(engine: EditEngine) -> gr.Dropdown:
             gr.Warning(html.escape(str(exc), quote=False))
             return gr.update(value=engine.status().speed["cache_default"]), html.escape(str(exc))
 
-    dropdown.select(change_speed, [dropdown], [dropdown, note], queue=False, api_visibility="private")
-    # Not on the device lane: it only changes what the next edit will ask for.
-    gr.api(set_speed, api_name="set_speed", queue=False)
+    # Queued (one way in: the app serves with api_open=False), on a lane of its own: it only changes
+    # what the next edit will ask for, so it never waits behind edits.
+    dropdown.select(change_speed, [dropdown], [dropdown, note], concurrency_id=CONTROL_GROUP, concurrency_limit=1,
+                    show_progress="hidden", api_visibility="private")
+    gr.api(set_speed, api_name="set_speed", concurrency_id=CONTROL_GROUP, concurrency_limit=1)
     return dropdown
 
 

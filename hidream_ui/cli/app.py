@@ -32,10 +32,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.engine.pool import EnginePool
 
 
+logger = logging.getLogger(__name__)
+
 EXIT_CONFIG = 2
 # One upload request may carry this many files of --max-upload-mb (a batch upload sends several).
 UPLOAD_REQUEST_FILES = 8
 JANITOR_INTERVAL = 5.0  # seconds between two checks of gradio's cache against --cache-max-files
+# A request body other than a file upload (queue joins, API calls, cancels) is at most this big.
+MAX_REQUEST_BODY = 1024 * 1024
+# A session that names no request for this long (and has nothing queued or running) loses its state.
+SESSION_IDLE_EXPIRY = 3600.0
+SESSION_CHECK_INTERVAL = 60.0  # seconds between two looks for idle sessions
 MCP_HINT = "--mcp needs Gradio's MCP extra: pip install \"gradio[mcp]\" (or start without --mcp)"
 
 
@@ -158,8 +165,10 @@ def admission(demo, config: AppConfig) -> bool:
 
 
 def _app_kwargs(demo, services, config: AppConfig) -> dict:
-    """FastAPI arguments: the guard middleware and a lifespan that runs the cache janitor and,
-    at shutdown, every clean-up of the app (batch zips, cached files)."""
+    """FastAPI arguments: the guard middleware and a lifespan that makes gradio's sessions lean,
+    runs the cache janitor and the idle-session expiry and, at shutdown, every clean-up of the app
+    (batch zips, cached files)."""
+    import asyncio
     import contextlib
 
     from starlette.middleware import Middleware
@@ -176,13 +185,27 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
                                                                 config.cache_max_age), interval=JANITOR_INTERVAL)
     services.janitor = janitor
 
+    async def expire_sessions():
+        while True:
+            await asyncio.sleep(SESSION_CHECK_INTERVAL)
+            try:
+                gradio_internals.expire_sessions(demo, SESSION_IDLE_EXPIRY)
+            except Exception:  # noqa: BLE001 - housekeeping must never take the app down
+                logger.exception("expiring idle sessions failed")
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         gradio_internals.register_demo(demo)
+        if not gradio_internals.lean_sessions(demo):
+            logger.warning("gradio's sessions could not be made lean: each new session costs ~250 KB")
+        expiry = asyncio.get_running_loop().create_task(expire_sessions())
         janitor.start()
         try:
             yield
         finally:
+            expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await expiry
             gradio_internals.register_demo(demo, live=False)
             janitor.stop()
             services.close()
@@ -190,7 +213,8 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
             gradio_internals.prune_cache(demo, folder, 0, 0)
 
     guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,
-                       max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024)
+                       max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024,
+                       max_body_bytes=MAX_REQUEST_BODY)
     middleware = [guard]  # first = outermost: the guard throttles /operator/login before it is answered
     if config.operator is not None:
         middleware.append(Middleware(OperatorLogin, operator=config.operator))

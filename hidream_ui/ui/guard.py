@@ -1,6 +1,6 @@
 """`BoothGuard`: the app's ASGI middleware, in front of every HTTP request gradio serves.
 
-Three jobs, all things gradio's own routes cannot be asked to do:
+Four jobs, all things gradio's own routes cannot be asked to do:
 
 * **Cancels reach the work.** Gradio's ``POST /gradio_api/cancel`` (sent by a client's
   `Job.cancel()` and by the browser's ``cancels=``) only cancels the asyncio task that waits on
@@ -12,27 +12,38 @@ Three jobs, all things gradio's own routes cannot be asked to do:
   guesses count too. After `max_failures` within `window` seconds from one address, or for one
   user name (addresses can be spoofed behind a proxy), logins are refused with 429 for the rest
   of the window.
-* **Upload size.** Gradio's `max_file_size` bounds each file of an upload, not the request: the
-  guard refuses upload requests over `max_upload_bytes` in all (HTTP 413), by their declared
-  length or while they stream.
+  The user name is read with starlette's own form parser, the one gradio's login route uses (the
+  last of several ``username`` fields wins for both); login bodies over `MAX_LOGIN_BODY` and
+  login forms carrying files are refused (and counted against the address).
+* **Body size.** Gradio's `max_file_size` bounds each file of an upload, not the request: the
+  guard refuses upload requests over `max_upload_bytes` in all, and every other request body over
+  `max_body_bytes` (HTTP 413), by their declared length or while they stream.
+* **No remote files.** Gradio downloads a file a request names by URL (a ``gradio.FileData``
+  whose ``path`` is ``http(s)://...``) into its cache, with no size limit, leaving a folder per
+  try. The guard reads JSON bodies (bounded by `max_body_bytes`) and refuses such payloads with
+  HTTP 400 before gradio sees them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections import deque
 from typing import Callable
-from urllib.parse import parse_qs
 
 from hidream_ui.engine.jobs import JobRegistry
 from hidream_ui.ui import gradio_internals
 
 logger = logging.getLogger(__name__)
 
-MAX_SMALL_BODY = 64 * 1024  # cancel and login bodies are a few hundred bytes; larger ones are not read
+MAX_LOGIN_BODY = 64 * 1024  # a login form is a few hundred bytes; larger ones are refused unread (413)
+# A file a client names by URL: gradio would download it (any scheme:// is refused; gradio itself
+# fetches http(s) and refuses the rest as paths outside its cache).
+_URL = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.\-]*://")
+FILE_DATA_TYPE = "gradio.FileData"  # gradio's marker of a file in a payload ({"path", "meta": {"_type"}})
 
 
 class LoginThrottle:
@@ -92,87 +103,89 @@ class BoothGuard:
     """ASGI middleware: `Middleware(BoothGuard, jobs=..., throttle=..., ...)` in FastAPI's list."""
 
     def __init__(self, app, *, jobs: JobRegistry, throttle: LoginThrottle | None = None,
-                 require_login: bool = False, max_upload_bytes: int | None = None):
+                 require_login: bool = False, max_upload_bytes: int | None = None,
+                 max_body_bytes: int | None = None):
         self.app = app
         self.jobs = jobs
         self.throttle = throttle
         self.require_login = require_login
         self.max_upload_bytes = max_upload_bytes
+        self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope, receive, send):
-        if scope.get("type") != "http" or scope.get("method") != "POST":
+        if scope.get("type") != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
         path = str(scope.get("path", "")).rstrip("/")
-        if path.endswith("/gradio_api/cancel"):
-            return await self._cancel(scope, receive, send)
-        if path.endswith("/gradio_api/upload") and self.max_upload_bytes is not None:
+        if path.endswith("/gradio_api/upload"):
+            if self.max_upload_bytes is None:
+                return await self.app(scope, receive, send)
             return await self._upload(scope, receive, send)
         if self.throttle is not None and (path == "/login" or path.endswith("/login")):
             return await self._login(scope, receive, send)
-        return await self.app(scope, receive, send)
+        inner = self.app if _is_form(scope) else self._json
+        if self.max_body_bytes is None:
+            return await inner(scope, receive, send)
+        return await _capped(inner, scope, receive, send, self.max_body_bytes,
+                             f"The request body is larger than {_size(self.max_body_bytes)} (files go through the "
+                             "upload route).")
 
-    # ------------------------------------------------------------------ cancel
-    async def _cancel(self, scope, receive, send):
-        body, replayed = await _read_small_body(receive)
+    # ------------------------------------------------------------------ JSON bodies (cancel, remote files)
+    async def _json(self, scope, receive, send):
+        """Reads a (JSON) body whole (the caller bounds it), acts on a cancel, refuses files named
+        by URL, then hands the body on unchanged."""
+        body, replayed, _ = await _read_body(receive)
+        if body is None:
+            return  # the client went away, or the body went over the cap (`_capped` answers 413)
         try:
-            data = json.loads(body) if body else {}
-        except ValueError:
-            data = {}
-        if isinstance(data, dict):
-            session, event_id = data.get("session_hash"), data.get("event_id")
-            allowed = not self.require_login or gradio_internals.logged_in_user(scope) is not None
-            if allowed and isinstance(session, str) and isinstance(event_id, str) and event_id:
-                stopped = self.jobs.cancel(session, event_id, reason="cancelled by the client")
-                if stopped:
-                    logger.info("client cancel stopped %d job(s)", stopped)
+            data = json.loads(body) if body else None
+        except (ValueError, RecursionError):
+            data = None  # gradio's own parser refuses it just the same
+        remote = _remote_file(data)
+        if remote is not None:
+            logger.warning("refused a request naming a remote file: %.200s", remote)
+            return await _refuse(send, 400, f"Files cannot be named by URL ({remote[:200]!r}): upload the file "
+                                            "through the upload route and send the path it returns.")
+        if str(scope.get("path", "")).rstrip("/").endswith("/gradio_api/cancel") and isinstance(data, dict):
+            self._cancel(scope, data)
         return await self.app(scope, replayed, send)
+
+    def _cancel(self, scope, data: dict) -> None:
+        session, event_id = data.get("session_hash"), data.get("event_id")
+        allowed = not self.require_login or gradio_internals.logged_in_user(scope) is not None
+        if allowed and isinstance(session, str) and isinstance(event_id, str) and event_id:
+            stopped = self.jobs.cancel(session, event_id, reason="cancelled by the client")
+            if stopped:
+                logger.info("client cancel stopped %d job(s)", stopped)
 
     # ------------------------------------------------------------------ upload
     async def _upload(self, scope, receive, send):
         limit = self.max_upload_bytes
-        declared = _content_length(scope)
-        if declared is not None and declared > limit:
-            return await _refuse(send, 413, f"The upload is larger than {limit // (1024 * 1024)} MB in all.")
-        received = 0
-        started = False
-        too_big = False
-
-        async def counted():
-            nonlocal received, too_big
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > limit:
-                too_big = True
-                return {"type": "http.disconnect"}  # the upload route stops reading and stores nothing
-            return message
-
-        async def watched(message):
-            nonlocal started
-            if too_big:
-                return  # the answer is ours (below), whatever the route says about the cut body
-            started = started or message.get("type") == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, watched)
-        except Exception:  # noqa: BLE001 - a route that chokes on the cut body is expected; refused below
-            if not too_big:
-                raise
-        if too_big and not started:
-            await _refuse(send, 413, f"The upload is larger than {limit // (1024 * 1024)} MB in all.")
+        await _capped(self.app, scope, receive, send, limit, f"The upload is larger than {_size(limit)} in all.")
 
     # ------------------------------------------------------------------ login
     async def _login(self, scope, receive, send):
-        body, replayed = await _read_small_body(receive)
-        fields = parse_qs(body.decode("utf-8", "replace")) if body else {}
-        user = (fields.get("username") or [""])[0].strip()
-        keys = [f"address:{(scope.get('client') or ('?', 0))[0]}"] + ([f"user:{user}"] if user else [])
+        address = f"address:{(scope.get('client') or ('?', 0))[0]}"
+        declared = _content_length(scope)
+        if declared is not None and declared > MAX_LOGIN_BODY:
+            body, replayed, over = b"", receive, True
+        else:
+            body, replayed, over = await _read_body(receive, MAX_LOGIN_BODY)
+        if body is None:
+            return  # the client went away mid-body: nobody to answer
+        if over:
+            user, refusal = None, (413, f"A login form is at most {_size(MAX_LOGIN_BODY)}.")
+        else:
+            user, refusal = await _login_user(scope, body)
+        # A refused form cannot log in, but it is a try all the same: it counts against the address.
+        keys = [address] + ([f"user:{user}"] if user else [])
         wait, attempt = self.throttle.begin(*keys)
         if attempt is None:
             logger.warning("login throttled for %s (%.0f s left)", keys, wait)
             await _refuse(send, 429, f"Too many failed logins: try again in {wait:.0f} s.",
                           [(b"retry-after", str(int(wait) + 1).encode())])
             return
+        if refusal is not None:
+            return await _refuse(send, *refusal)
         status = {}
 
         async def watched(message):
@@ -185,13 +198,80 @@ class BoothGuard:
             self.throttle.succeeded(attempt, *keys)
 
 
-async def _read_small_body(receive):
-    """(body, a `receive` that replays it) for a request whose body we read before the route;
-    larger bodies are passed on unread past MAX_SMALL_BODY."""
+async def _login_user(scope, body: bytes) -> tuple[str | None, tuple[int, str] | None]:
+    """(the user name gradio's login route will read from `body`, None) or (None, (status, why))
+    for a form the guard refuses. Parsed by starlette's form parser with FastAPI's defaults, the
+    parser behind gradio's `OAuth2PasswordRequestForm`, so both read the same value (for a
+    repeated field, the last; urlencoded and multipart alike: the browser's login form is
+    multipart)."""
+    from starlette.datastructures import UploadFile
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+
+    async def whole():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(scope, whole).form()
+    except HTTPException as exc:  # starlette's answer to a malformed multipart body
+        return None, (400, f"The login form cannot be read: {exc.detail}")
+    except ValueError as exc:  # a form the parser rejects outright
+        return None, (400, f"The login form cannot be read: {exc}")
+    try:
+        if any(isinstance(value, UploadFile) for _, value in form.multi_items()):
+            return None, (400, "A login form carries a user name and a password, not files.")
+        user = form.get("username")
+        return (user.strip() if isinstance(user, str) else None), None
+    finally:
+        await form.close()
+
+
+async def _capped(app, scope, receive, send, limit: int, detail: str) -> None:
+    """Runs `app` with a body of at most `limit` bytes: a larger declared length is refused (HTTP
+    413, `detail`) before reading; a body that grows past it while streaming is cut (the route
+    sees the client go away) and refused."""
+    declared = _content_length(scope)
+    if declared is not None and declared > limit:
+        return await _refuse(send, 413, detail)
+    received = 0
+    started = False
+    too_big = False
+
+    async def counted():
+        nonlocal received, too_big
+        message = await receive()
+        received += len(message.get("body", b""))
+        if received > limit:
+            too_big = True
+            return {"type": "http.disconnect"}  # the route stops reading and stores nothing
+        return message
+
+    async def watched(message):
+        nonlocal started
+        if too_big:
+            return  # the answer is ours (below), whatever the route says about the cut body
+        started = started or message.get("type") == "http.response.start"
+        await send(message)
+
+    try:
+        await app(scope, counted, watched)
+    except Exception:  # noqa: BLE001 - a route that chokes on the cut body is expected; refused below
+        if not too_big:
+            raise
+    if too_big and not started:
+        await _refuse(send, 413, detail)
+
+
+async def _read_body(receive, limit: int | None = None):
+    """(body, a `receive` that replays it, over) for a request the guard reads before the route.
+    Reading stops past `limit` (`over` is then True and the body partial); the body is None when
+    the client went away (or `_capped` cut it)."""
     messages, body, more = [], b"", True
-    while more and len(body) <= MAX_SMALL_BODY:
+    while more and (limit is None or len(body) <= limit):
         message = await receive()
         messages.append(message)
+        if message.get("type") == "http.disconnect":
+            return None, receive, False
         body += message.get("body", b"")
         more = message.get("more_body", False)
     replay = iter(messages)
@@ -202,7 +282,37 @@ async def _read_small_body(receive):
         except StopIteration:
             return await receive()
 
-    return (body if len(body) <= MAX_SMALL_BODY else b""), replayed
+    return body, replayed, limit is not None and len(body) > limit
+
+
+def _remote_file(data) -> str | None:
+    """The first file `data` (a parsed JSON body) names by URL, the way gradio finds files in a
+    payload (a dict with a string ``path`` and ``meta._type`` = gradio.FileData); None when none."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            meta, path = item.get("meta"), item.get("path")
+            if (isinstance(meta, dict) and meta.get("_type") == FILE_DATA_TYPE and isinstance(path, str)
+                    and _URL.match(path)):
+                return path
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+def _is_form(scope) -> bool:
+    """True for a form body (urlencoded or multipart): FastAPI may parse any other body as JSON."""
+    for key, value in scope.get("headers", ()):
+        if key == b"content-type":
+            kind = value.split(b";")[0].strip().lower()
+            return kind in (b"multipart/form-data", b"application/x-www-form-urlencoded")
+    return False
+
+
+def _size(limit: int) -> str:
+    return f"{limit // (1024 * 1024)} MB" if limit >= 1024 * 1024 else f"{limit // 1024} KB"
 
 
 def _content_length(scope) -> int | None:
@@ -222,4 +332,4 @@ async def _refuse(send, status: int, detail: str, headers: list | None = None) -
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["BoothGuard", "LoginThrottle"]
+__all__ = ["BoothGuard", "LoginThrottle", "MAX_LOGIN_BODY"]

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 EXIT_CONFIG = 2
 # One upload request may carry this many files of --max-upload-mb (a batch upload sends several).
 UPLOAD_REQUEST_FILES = 8
-JANITOR_INTERVAL = 5.0  # seconds between two checks of gradio's cache against --cache-max-files
+JANITOR_INTERVAL = 5.0  # seconds between two prunings of gradio's cache (files.ClientStorage.plan)
 MCP_HINT = "--mcp needs Gradio's MCP extra: pip install \"gradio[mcp]\" (or start without --mcp)"
 
 
@@ -153,13 +153,22 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     from starlette.middleware import Middleware
 
     from hidream_ui.ui import gradio_internals
-    from hidream_ui.ui.files import CacheJanitor
+    from hidream_ui.ui.files import CacheJanitor, ClientStorage, StorageLimits
     from hidream_ui.ui.guard import BoothGuard, LoginThrottle
 
     throttle = None if services.public else LoginThrottle(config.max_login_failures)
     folder = services.cache_folder
-    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, folder, config.cache_max_files,
-                                                                config.cache_max_age), interval=JANITOR_INTERVAL)
+    limits = StorageLimits.for_config(config)
+    storage = ClientStorage(limits)  # per-client accounting: the guard charges uploads, calls charge outputs
+    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, folder, limits.cache_files, limits.max_age,
+                                                                max_bytes=limits.cache_bytes, storage=storage),
+                           interval=JANITOR_INTERVAL, storage=storage)
+    storage.prune_now = janitor.run_once
+
+    def charge_call(session, address, user, fn, event_id, inputs, outputs) -> None:
+        storage.record_call(session, storage.client_key(address, user), fn, event_id, inputs, outputs)
+
+    gradio_internals.watch_calls(demo, charge_call)
     services.janitor = janitor
 
     @contextlib.asynccontextmanager
@@ -176,7 +185,7 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
             gradio_internals.prune_cache(demo, folder, 0, 0)
 
     guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,
-                       max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024)
+                       max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024, storage=storage)
     return {"middleware": [guard], "lifespan": lifespan}
 
 

@@ -84,6 +84,15 @@ def result_urls(data: list) -> list[str]:
     return urls
 
 
+def upload_one(http: httpx.Client, name: str, content: bytes) -> tuple[int, str]:
+    """(status, text) of a one-file upload; a connection the server dropped counts as a 500."""
+    try:
+        answer = http.post("/gradio_api/upload", files={"files": (name, content, "image/png")})
+    except httpx.RemoteProtocolError as exc:
+        return 500, str(exc)
+    return answer.status_code, answer.text
+
+
 def fetch(http: httpx.Client, url: str) -> int:
     path = url.split("/gradio_api/", 1)[1]
     return http.get(f"/gradio_api/{path}").status_code
@@ -105,23 +114,23 @@ def test_a_client_past_its_quota_is_refused_and_evicts_nobody(app):
         urls = result_urls(first["data"])
         assert urls and all(fetch(victim, url) == 200 for url in urls)
 
-        # One request of 300 tiny files: refused as a whole, with the limit in words.
+        # One request of 300 tiny files, then file by file: past the quota of 8.
         flood = [("files", (f"f{i}.png", b"\x89PNG%d" % i, "image/png")) for i in range(300)]
         refused = attacker.post("/gradio_api/upload", files=flood)
-        assert refused.status_code in (413, 429), refused.text
-        assert "at most 8" in refused.json()["detail"] and "per client" in refused.json()["detail"]
-        # Then file by file up to the quota: the next one is refused too.
-        answers = [attacker.post("/gradio_api/upload", files={"files": (f"g{i}.png", b"\x89PNG-%d" % i, "image/png")})
-                   for i in range(10)]
-        codes = [a.status_code for a in answers]
-        assert codes[:8] == [200] * 8 and set(codes[8:]) == {429}, codes
-        assert "try again" in answers[-1].json()["detail"]
+        answers = [upload_one(attacker, f"g{i}.png", b"\x89PNG-%d" % i) for i in range(10)]
 
         janitor.run_once()  # the janitor's round, as its timer runs it
         assert Path(victim_upload).is_file()
         assert all(fetch(victim, url) == 200 for url in urls), [fetch(victim, url) for url in urls]
         again = edit_call(victim, victim_upload, "apple.png", session="victim", seed=2)
         assert again["event"] == "complete", again  # not "upload it again"
+
+    # The attacker was refused, with the limit in words: the 300 files as a whole, then the 9th single file.
+    assert refused.status_code in (413, 429), refused.status_code
+    assert "at most 8" in refused.json()["detail"] and "per client" in refused.json()["detail"]
+    codes = [code for code, _ in answers]
+    assert codes[:8] == [200] * 8 and set(codes[8:]) == {429}, codes
+    assert "try again" in answers[-1][1]
 
 
 def test_an_upload_cut_at_the_size_limit_leaves_no_file(app):
@@ -287,16 +296,20 @@ def test_the_cache_cap_removes_only_files_charged_to_nobody():
     assert storage.plan(entries, now=1000.0) == ["/c/n0", "/c/n1", "/c/n2"]  # 8 files, cap 5
 
 
-def test_a_client_over_its_quota_loses_only_its_own_unshared_unused_files():
+def test_a_client_over_its_quota_loses_only_its_own_unshared_unused_output_copies():
     storage = _storage(cache_files=100)
-    entries = [_entry(f"/c/b{i}", 900.0 + i) for i in range(6)] + [_entry("/c/shared", 950.0)]
-    for i in range(6):
-        storage._charge("address:b", f"/c/b{i}")
-    storage._charge("address:b", "/c/shared")
-    storage._charge("address:a", "/c/shared")
-    storage.record_call("s-b", "address:b", 1, "e1", inputs=["/c/b0"], outputs=[])  # b0: the latest call's input
-    # b holds 7 files, quota 3: its oldest unshared, unused ones go (shared and b0 stay).
-    assert storage.plan(entries, now=1000.0) == ["/c/b1", "/c/b2", "/c/b3", "/c/b4"]
+    outputs = [f"/c/b{i}" for i in range(6)]
+    entries = [_entry(path, 900.0) for path in outputs + ["/c/shared", "/c/up0", "/c/up1"]]
+    storage.record_call(None, "address:b", 1, "e0", inputs=[], outputs=outputs + ["/c/shared"])
+    storage.record_call(None, "address:a", 1, "e1", inputs=[], outputs=["/c/shared"])
+    storage.record_call("s-b", "address:b", 1, "e2", inputs=["/c/b0"], outputs=[])  # b0: its latest call's input
+    storage.record_upload("address:b", ["/c/up0", "/c/up1"])
+    # b holds 9 files, quota 3: its oldest output copies go, but not b0 (in use), not the shared
+    # one and not its uploads (those only go by age).
+    assert storage.plan(entries, now=1000.0) == ["/c/b1", "/c/b2", "/c/b3", "/c/b4", "/c/b5"]
+    assert storage.refusal("address:a") is None
+    refusal = storage.refusal("address:b")  # b0, shared, 2 uploads: at its quota of 3 even after pruning
+    assert refusal is not None and refusal.status == 429 and "at most 3 files" in refusal.message
 
 
 def test_arriving_and_queued_files_are_never_pruned():

@@ -225,13 +225,14 @@ class ClientStorage:
     **In use** (never pruned): the examples' copies (gradio keeps them), every cache path named in
     the data of a queued or running event (read from gradio's queue by the caller of `plan`), and
     the inputs and outputs of each live session's latest call of each event. **Arriving** (never
-    pruned): files changed within `grace` seconds, and upload spool files while any upload is being
-    received.
+    pruned): files nobody is charged for yet that changed within `grace` seconds (gradio may still
+    be writing them), and upload spool files while any upload is being received.
 
     **Pruning** (`plan`): anything else older than `max_age` since it was last written or used;
-    then a key over its quota loses its own oldest files that nobody else holds; then, while the
-    cache is over its bytes or files cap, files charged to nobody go, oldest first. A file charged
-    to a client is never removed to make room for someone else: a full cache refuses new uploads.
+    then a key over its quota loses its own oldest output copies that nobody else holds; then,
+    while the cache is over its bytes or files cap, files charged to nobody go, then output copies
+    no live session shows any more, oldest first. An upload is never removed to make room (only by
+    age), nor is a file in use: a cache full of those refuses new uploads (503).
     """
 
     def __init__(self, limits: StorageLimits, clock: Callable[[], float] = time.time):
@@ -241,10 +242,11 @@ class ClientStorage:
         self._owners: dict[str, set[str]] = {}  # path -> keys charged for it
         self._held: dict[str, dict[str, int]] = {}  # key -> {path: bytes}
         self._used: dict[str, float] = {}  # path -> last time a call named it
-        self._receiving: dict[int, tuple[str, int]] = {}  # upload id -> (key, bytes received so far)
+        self._receiving: dict[int, tuple[str, int, int]] = {}  # upload id -> (key, bytes it kept at start, received)
+        self._outputs: set[str] = set()  # paths charged as a call's output copies (the rest are uploads)
         self._next_upload = 0
         self._sessions: dict[str, _Session] = {}
-        self._total = (0, 0)  # (files, bytes) of the cache at the last scan, plus uploads since
+        self._total = (0, 0)  # (files, bytes) of the cache no pruning frees, at the last scan, plus uploads since
         self.prune_now: Callable[[], int] | None = None  # set by the janitor wiring
         self._scanned = 0.0  # time.monotonic() of the last `plan`
 
@@ -267,9 +269,9 @@ class ClientStorage:
     def refusal(self, key: str) -> Refusal | None:
         """Why an upload from `key` is refused before its body is read (None: admitted)."""
         limits = self.limits
-        files, size = self.usage(key)
+        files, size = self._binding_usage(key)
         with self._lock:
-            size += sum(n for k, n in self._receiving.values() if k == key)
+            size += sum(n for k, _, n in self._receiving.values() if k == key)
             total_files, total_bytes = self._total
         if files >= limits.quota_files or size >= limits.quota_bytes:
             return Refusal(429, f"You already keep {files} file(s), {size / MB:.1f} MB, on this server (at most "
@@ -279,6 +281,16 @@ class ClientStorage:
             return Refusal(503, f"The server's upload space is full (at most {limits.cache_files} files, "
                                 f"{limits.cache_bytes / MB:.0f} MB): try again in a few minutes.")
         return None
+
+    def _binding_usage(self, key: str) -> tuple[int, int]:
+        """(files, bytes) of `key` that an upload must fit beside: everything it holds except its own
+        older output copies, which the janitor gives up for it (`plan`) to keep it within its quota."""
+        in_use = self.in_use()
+        with self._lock:
+            held = self._held.get(key) or {}
+            binding = {p: n for p, n in held.items()
+                       if p not in self._outputs or p in in_use or self._owners.get(p) != {key}}
+            return len(binding), sum(binding.values())
 
     def prune_before_refusing(self) -> bool:
         """Runs the pruning now (unless one ran a moment ago) so that a refusal is not based on files
@@ -293,22 +305,22 @@ class ClientStorage:
         return True
 
     def begin_upload(self, key: str) -> int:
+        _, base = self._binding_usage(key)
         with self._lock:
             self._next_upload += 1
-            self._receiving[self._next_upload] = (key, 0)
+            self._receiving[self._next_upload] = (key, base, 0)
             return self._next_upload
 
     def receive(self, upload: int, size: int) -> Refusal | None:
         """Counts `size` more bytes of an upload; a refusal once the client's quota would overflow."""
         with self._lock:
-            key, received = self._receiving[upload]
+            key, base, received = self._receiving[upload]
             received += size
-            self._receiving[upload] = (key, received)
-            others = sum(n for u, (k, n) in self._receiving.items() if k == key and u != upload)
-            held = sum((self._held.get(key) or {}).values())
-        if held + others + received > self.limits.quota_bytes:
+            self._receiving[upload] = (key, base, received)
+            others = sum(n for u, (k, _, n) in self._receiving.items() if k == key and u != upload)
+        if base + others + received > self.limits.quota_bytes:
             return Refusal(413, f"This upload would take you past {self.limits.quota_bytes / MB:.0f} MB kept on "
-                                f"this server (you keep {held / MB:.1f} MB): upload less, or try again once your "
+                                f"this server (you keep {base / MB:.1f} MB): upload less, or try again once your "
                                 f"files expire ({self.limits.max_age:.0f} s after their last use).")
         return None
 
@@ -334,7 +346,7 @@ class ClientStorage:
                     new.append(path)
             files, size = self._total
             self._total = (files + len(new), size + sum(held.get(p, 0) for p in new))
-            return new, len(held) > self.limits.quota_files
+        return new, self._binding_usage(key)[0] > self.limits.quota_files
 
     def uncharge(self, key: str, paths: Iterable[str]) -> list[str]:
         """Takes `paths` off `key`; returns those nobody else holds (safe to delete)."""
@@ -362,6 +374,7 @@ class ClientStorage:
         with self._lock:
             for path in outputs:
                 self._charge(key, path)
+                self._outputs.add(path)
             for path in inputs | outputs:
                 self._used[path] = now
             if not session:
@@ -408,19 +421,24 @@ class ClientStorage:
                 self._forget(path)  # gone by other hands (gradio's own age clean-up)
             owners = {p: set(k) for p, k in self._owners.items()}
             used = dict(self._used)
+            outputs = set(self._outputs)
 
         def last(entry: CacheEntry) -> float:
             return max(entry.changed, used.get(entry.path, 0.0))
 
         def removable(entry: CacheEntry) -> bool:
-            arriving = now - entry.modified < limits.grace or (entry.spool and receiving)
+            # A charged file is complete (the upload route or the call that made it has returned);
+            # one nobody is charged for may still be being written.
+            arriving = ((entry.path not in owners and now - entry.modified < limits.grace)
+                        or (entry.spool and receiving))
             return entry.path not in protected and not arriving
 
         ordered = sorted(entries, key=last)
         # Too old; or a spool file left by an upload that ended without renaming it (nothing arrives).
         victims: dict[str, CacheEntry] = {e.path: e for e in ordered
                                           if removable(e) and (now - last(e) > max_age or e.spool)}
-        # A key over its quota (its output copies grow with every job) gives up its own oldest files.
+        # A key over its quota (its output copies grow with every job) gives up its own oldest output
+        # copies that nobody else holds and no live session shows; its uploads only ever go by age.
         by_key: dict[str, list[CacheEntry]] = {}
         for entry in ordered:
             for key in owners.get(entry.path, ()):
@@ -431,24 +449,32 @@ class ClientStorage:
             for entry in held:
                 if count <= limits.quota_files and size <= limits.quota_bytes:
                     break
-                if entry.path in victims or owners.get(entry.path) != {key} or not removable(entry):
+                if (entry.path in victims or entry.path not in outputs or owners.get(entry.path) != {key}
+                        or not removable(entry)):
                     continue
                 victims[entry.path] = entry
                 count, size = count - 1, size - entry.size
-        # The whole cache over its caps: only files charged to nobody make room.
+        # The whole cache over its caps: files charged to nobody make room first, then output copies
+        # no live session shows any more (a result its page has replaced), oldest first. Uploads and
+        # in-use files never do: a cache full of those refuses new uploads instead.
         left = [e for e in ordered if e.path not in victims]
         count, size = len(left), sum(e.size for e in left)
-        for entry in left:
-            if count <= max_files and size <= max_bytes:
-                break
-            if entry.path in owners or not removable(entry):
-                continue
-            victims[entry.path] = entry
-            count, size = count - 1, size - entry.size
+        for superseded in (False, True):
+            for entry in left:
+                if count <= max_files and size <= max_bytes:
+                    break
+                charged = entry.path in owners
+                if (charged != superseded or (superseded and entry.path not in outputs) or entry.path in victims
+                        or not removable(entry)):
+                    continue
+                victims[entry.path] = entry
+                count, size = count - 1, size - entry.size
         with self._lock:
-            # Spool files are not counted: they are the uploads in flight, charged while they arrive.
-            spooled = [e for e in left if e.spool and e.path not in victims]
-            self._total = (count - len(spooled), size - sum(e.size for e in spooled))
+            # What an upload must fit beside: the files no pruning would give up for it (uploads, files
+            # in use or arriving). Spool files are left out: they are uploads in flight, counted as such.
+            binding = [e for e in left if e.path not in victims and not e.spool
+                       and not (removable(e) and (e.path not in owners or e.path in outputs))]
+            self._total = (len(binding), sum(e.size for e in binding))
             self._scanned = time.monotonic()
         return list(victims)
 
@@ -466,6 +492,7 @@ class ClientStorage:
                 if not held:
                     del self._held[key]
         self._used.pop(path, None)
+        self._outputs.discard(path)
 
     def _charge(self, key: str, path: str) -> None:
         try:

@@ -197,6 +197,31 @@ def test_a_file_still_arriving_is_not_pruned(app):
     assert answer["response"].status_code != 500, answer["response"].text
 
 
+def test_a_running_jobs_upload_is_in_use_and_its_outputs_are_charged_to_its_client(app):
+    """Pins the two gradio readings the policy rests on: the files a queued or running event names
+    (`gradio_internals.referenced_paths`), and the output copies of a call, charged to its caller
+    (`gradio_internals.watch_calls`)."""
+    from hidream_ui.ui import gradio_internals
+
+    services, storage = app["demo"].hidream_services, app["demo"].hidream_services.janitor.storage
+    with client(app, "127.0.0.7") as http:
+        upload = http.post("/gradio_api/upload", files={"files": ("apple.png", EXAMPLE.read_bytes(), "image/png")})
+        path = upload.json()[0]
+        data = [{"path": path, "meta": FILE_META, "orig_name": "apple.png"}, "slowly", "", 3.0, 1.5, 200, 0.3, True,
+                "draft", 1, False, True, False]
+        assert http.post("/gradio_api/call/edit", json={"data": data, "session_hash": "busy"}).status_code == 200
+        job = wait_for(lambda: services.jobs.running(), what="the edit to run")[0]
+        try:
+            assert path in gradio_internals.referenced_paths(app["demo"])
+        finally:
+            job.token.cancel("test over")
+        wait_for(lambda: app["engine"].status().state == "idle", what="the engine to go idle")
+        done = edit_call(http, path, "apple.png", session="busy-2")
+    assert done["event"] == "complete", done
+    copies = [value["path"] for value in done["data"][:2] if isinstance(value, dict)]
+    assert copies and all(storage.owners(copy) == {"address:127.0.0.7"} for copy in copies)
+
+
 # ---------------------------------------------------------------------------------------------
 # Finding 5: a client's name is capped, retention recognises its own files
 # ---------------------------------------------------------------------------------------------

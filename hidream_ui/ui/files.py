@@ -377,8 +377,8 @@ class ClientStorage:
                 self._outputs.add(path)
             for path in inputs | outputs:
                 self._used[path] = now
-            if not session:
-                return
+            if not session or not (inputs or outputs):
+                return  # a call without files (/status) costs a session nothing here
             record = self._sessions.pop(session, None) or _Session(key=key, seen=now, calls={})
             record.seen = now
             previous = record.calls.get(fn)
@@ -419,6 +419,8 @@ class ClientStorage:
         with self._lock:
             for path in [p for p in self._owners if p not in present]:
                 self._forget(path)  # gone by other hands (gradio's own age clean-up)
+            for path in [p for p in self._used if p not in present]:
+                del self._used[path]  # named by a call but not (or no longer) in the cache
             owners = {p: set(k) for p, k in self._owners.items()}
             used = dict(self._used)
             outputs = set(self._outputs)

@@ -133,7 +133,7 @@ def test_a_client_past_its_quota_is_refused_and_evicts_nobody(app):
     assert "try again" in answers[-1][1]
 
 
-def test_an_upload_cut_at_the_size_limit_leaves_no_file(app):
+def test_an_upload_cut_at_413_leaves_no_file(app):
     before = all_files(app)
 
     def body():  # chunked: no Content-Length, so the limit is found while it streams (8 MB in all)

@@ -373,12 +373,22 @@ class ClientStorage:
         inputs, outputs = {str(p) for p in inputs}, {str(p) for p in outputs}
         with self._lock:
             for path in outputs:
+                if path in self._owners and path not in self._outputs:
+                    continue  # an upload handed back as it is (a gallery of the inputs) stays an upload
                 self._charge(key, path)
                 self._outputs.add(path)
             for path in inputs | outputs:
                 self._used[path] = now
-            if not session or not (inputs or outputs):
-                return  # a call without files (/status) costs a session nothing here
+            touched = [path for path in inputs if path in self._owners]
+        for path in touched:
+            # Gradio's own age clean-up (`delete_cache`) reads ctime: a file a call just used is new again.
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+        if not session or not (inputs or outputs):
+            return  # a call without files (/status) costs a session nothing here
+        with self._lock:
             record = self._sessions.pop(session, None) or _Session(key=key, seen=now, calls={})
             record.seen = now
             previous = record.calls.get(fn)

@@ -6,6 +6,11 @@ The app needs all four to be safe in front of strangers, so they are read here, 
 mismatch (a Gradio upgrade renamed something) degrades to "unknown" (never to a crash and never
 to accepting a file), and the tests fail loudly against the installed Gradio so the upgrade is
 noticed. Known to match gradio 6.31.
+
+Per-client storage (files.ClientStorage) reads three more: the files a queued or running event
+names (`referenced_paths`), the files each call read and produced (`watch_calls`, around the
+demo's `process_api`), and the one exception that makes gradio's upload parser delete its spool
+files when a body is cut (`upload_abort`); pinned by tests/test_hardening2_storage.py.
 """
 
 from __future__ import annotations

@@ -82,8 +82,12 @@ class AppConfig:
     max_pixels: int = 25_000_000
     max_jobs_per_client: int = 2
     max_login_failures: int = 5
-    cache_max_files: int = 200
+    cache_max_files: int = 1000
+    cache_max_mb: int = 4000
     cache_max_age: int = 3600
+    # What one client (its login, else its address) may keep in that cache: uploads and result copies.
+    client_quota_mb: int = 500
+    client_quota_files: int = 200
     # Instruction rewriting: a VLM behind an OpenAI-compatible URL, or the local Llama (text only).
     # The API key is read from the environment when the client is made, never stored here.
     rewriter: str = "auto"
@@ -169,7 +173,13 @@ _SERVER_OPTIONS = [
     ("--max-login-failures", ("HIDREAM_MAX_LOGIN_FAILURES",), "max_login_failures",
      "failed logins per address or user name per minute before they pause for a minute (default 5)"),
     ("--cache-max-files", ("HIDREAM_CACHE_MAX_FILES",), "cache_max_files",
-     "files kept in Gradio's upload/result cache for this app; the oldest go first (default 200)"),
+     "files in Gradio's upload/result cache for this app; when full, uploads are refused (default 1000)"),
+    ("--cache-max-mb", ("HIDREAM_CACHE_MAX_MB",), "cache_max_mb",
+     "MB in Gradio's upload/result cache for this app; when full, uploads are refused (default 4000)"),
+    ("--client-quota-mb", ("HIDREAM_CLIENT_QUOTA_MB",), "client_quota_mb",
+     "MB of uploads and result copies one client (login, else address) may keep in that cache (default 500)"),
+    ("--client-quota-files", ("HIDREAM_CLIENT_QUOTA_FILES",), "client_quota_files",
+     "files of uploads and result copies one client may keep in that cache (default 200)"),
     ("--cache-max-age", ("HIDREAM_CACHE_MAX_AGE",), "cache_max_age",
      "seconds a cached upload or result copy is kept (default 3600)"),
 ]
@@ -190,7 +200,8 @@ _REWRITER_OPTIONS = [
 
 
 _INT_FIELDS = ("port", "max_queue", "retention", "max_batch_items", "max_grid_cells", "max_upload_mb", "max_pixels",
-               "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age")
+               "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age", "cache_max_mb",
+               "client_quota_mb", "client_quota_files")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -330,7 +341,8 @@ def validate(config: AppConfig) -> AppConfig:
     if not 1 <= config.port <= 65535:
         raise ConfigError(f"port={config.port} must be between 1 and 65535")
     for name in ("max_queue", "max_batch_items", "max_grid_cells", "prompt_cache_size", "max_upload_mb",
-                 "max_pixels", "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age"):
+                 "max_pixels", "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age",
+                 "cache_max_mb", "client_quota_mb", "client_quota_files"):
         if getattr(config, name) < 1:
             raise ConfigError(f"{name}={getattr(config, name)} must be at least 1")
     if config.retention < 0:

@@ -188,9 +188,11 @@ def _create_pair(out_dir: Path, stem: str, png: bytes, metadata: Mapping[str, An
 def prune(out_dir: str | os.PathLike, retention: int, *, keep: Path | None = None) -> list[Path]:
     """Delete our oldest result PNGs (and their sidecars) beyond ``retention``; return them.
 
-    Ours means: the generated name pattern, and the file carries hidream_ui metadata. Files that
-    match the pattern but are not ours are skipped (neither deleted nor counted). Age is the
-    timestamp in the name (mtimes change when folders are copied), newest kept.
+    Ours means: the generated name pattern, and either our sidecar beside it or our metadata in the
+    PNG. The sidecar is asked first: it is read from its first bytes, whatever its size, while a PNG
+    whose text chunk Pillow refuses (one over its 1 MB text limit) would otherwise never count as ours
+    and stay forever. Files that match the pattern but are neither are skipped (neither deleted nor
+    counted). Age is the timestamp in the name (mtimes change when folders are copied), newest kept.
     """
     out_dir = Path(out_dir)
     names = sorted((p for p in out_dir.iterdir() if _NAME_RE.match(p.name) and p.is_file()), reverse=True)
@@ -200,16 +202,17 @@ def prune(out_dir: str | os.PathLike, retention: int, *, keep: Path | None = Non
         if kept < retention or path == keep:
             kept += 1
             continue
-        if not _is_ours(path):
+        sidecar = path.with_suffix(".json")
+        ours_by_sidecar = _is_our_sidecar(sidecar)
+        if not ours_by_sidecar and not _is_ours(path):
             logger.info("retention: leaving %s alone (no hidream_ui metadata)", path)
             continue
-        sidecar = path.with_suffix(".json")
         try:
             path.unlink()
         except FileNotFoundError:
             continue  # another process pruned it first
         deleted.append(path)
-        if _is_our_sidecar(sidecar):
+        if ours_by_sidecar:
             sidecar.unlink(missing_ok=True)
     return deleted
 
@@ -222,12 +225,18 @@ def _is_ours(path: Path) -> bool:
         return False
 
 
+# Our sidecars start with the format key (`EditResult.metadata` puts it first): read that far only.
+_SIDECAR_HEAD = re.compile(r'\s*\{\s*"format"\s*:\s*"' + re.escape(_FORMAT_PREFIX))
+_SIDECAR_HEAD_BYTES = 256
+
+
 def _is_our_sidecar(path: Path) -> bool:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with path.open("rb") as fp:
+            head = fp.read(_SIDECAR_HEAD_BYTES).decode("utf-8", "replace")
+    except OSError:
         return False
-    return isinstance(data, dict) and str(data.get("format", "")).startswith(_FORMAT_PREFIX)
+    return _SIDECAR_HEAD.match(head) is not None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ __all__ = [
     "VARIANTS",
     "SEED_MAX",
     "MAX_PROMPT_CHARS",
+    "MAX_NAME_CHARS",
+    "cap_name",
     "WORKING_SIDE_MIN",
     "WORKING_SIDE_MAX",
     "WORKING_SIDE_MULTIPLE",
@@ -55,6 +57,9 @@ SEED_MAX = 2**32 - 1
 # detailed description; the text encoders truncate far earlier (T5 128 tokens, Llama 128 tokens), so
 # anything longer is almost certainly a paste accident rather than a prompt.
 MAX_PROMPT_CHARS = 4000
+# A client's file name (a FileData's `orig_name`, a zip member) is kept to this many characters
+# before it reaches metadata: a 68 M-character name once became a 68 MB PNG text chunk.
+MAX_NAME_CHARS = 255
 GUIDANCE_RANGE = (0.0, 30.0)
 IMAGE_GUIDANCE_RANGE = (0.0, 30.0)
 STEPS_RANGE = (1, 200)
@@ -88,6 +93,14 @@ class RequestError(ValueError):
 
     def __reduce__(self):  # keep the three-argument constructor picklable (worker processes)
         return (type(self), (self.field, self.value, self.expected))
+
+
+def cap_name(name: object) -> str | None:
+    """A client-given file name cut to MAX_NAME_CHARS (the end is kept: it holds the extension)."""
+    if name is None:
+        return None
+    text = str(name)
+    return text if len(text) <= MAX_NAME_CHARS else "..." + text[-(MAX_NAME_CHARS - 3):]
 
 
 def _short_repr(value: object, limit: int = 80) -> str:
@@ -479,7 +492,7 @@ class EditResult:
             "params": self.params.to_dict(),
             "working_size": list(self.working_size),
             "source_size": list(self.source_size),
-            "source_name": self.source_name,
+            "source_name": cap_name(self.source_name),
             "timings": self.timings.to_dict(),
             "peak_memory_bytes": self.peak_memory_bytes,
         }

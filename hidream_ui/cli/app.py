@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 EXIT_CONFIG = 2
 # One upload request may carry this many files of --max-upload-mb (a batch upload sends several).
 UPLOAD_REQUEST_FILES = 8
-JANITOR_INTERVAL = 5.0  # seconds between two checks of gradio's cache against --cache-max-files
+JANITOR_INTERVAL = 5.0  # seconds between two prunings of gradio's cache (files.ClientStorage.plan)
 # A request body other than a file upload (queue joins, API calls, cancels) is at most this big.
 MAX_REQUEST_BODY = 1024 * 1024
 # A session that names no request for this long (and has nothing queued or running) loses its state.
@@ -174,15 +174,24 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     from starlette.middleware import Middleware
 
     from hidream_ui.ui import gradio_internals
-    from hidream_ui.ui.files import CacheJanitor
+    from hidream_ui.ui.files import CacheJanitor, ClientStorage, StorageLimits
     from hidream_ui.ui.guard import BoothGuard, LoginThrottle
     from hidream_ui.ui.operator import OperatorLogin
 
     # The operator's login (/operator/login) is throttled like gradio's, with or without --auth.
     throttle = None if services.public and config.operator is None else LoginThrottle(config.max_login_failures)
     folder = services.cache_folder
-    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, folder, config.cache_max_files,
-                                                                config.cache_max_age), interval=JANITOR_INTERVAL)
+    limits = StorageLimits.for_config(config)
+    storage = ClientStorage(limits)  # per-client accounting: the guard charges uploads, calls charge outputs
+    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, folder, limits.cache_files, limits.max_age,
+                                                                max_bytes=limits.cache_bytes, storage=storage),
+                           interval=JANITOR_INTERVAL, storage=storage)
+    storage.prune_now = janitor.run_once
+
+    def charge_call(session, address, user, fn, event_id, inputs, outputs) -> None:
+        storage.record_call(session, storage.client_key(address, user), fn, event_id, inputs, outputs)
+
+    gradio_internals.watch_calls(demo, charge_call)
     services.janitor = janitor
 
     async def expire_sessions():
@@ -214,7 +223,7 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
 
     guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,
                        max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024,
-                       max_body_bytes=MAX_REQUEST_BODY)
+                       max_body_bytes=MAX_REQUEST_BODY, storage=storage)
     middleware = [guard]  # first = outermost: the guard throttles /operator/login before it is answered
     if config.operator is not None:
         middleware.append(Middleware(OperatorLogin, operator=config.operator))

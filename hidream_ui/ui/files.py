@@ -9,8 +9,11 @@ cache that does not grow without bound.
   whether the file exists.
 * `ServedResults`: the results folder is not served as a whole; each result PNG the app wrote is
   allowed individually (and dropped again once retention deleted it).
-* `CacheJanitor`: keeps gradio's cache for this app to at most N files and M seconds of age
-  while running (gradio's own `delete_cache` handles age and shutdown; the count is ours).
+* `ClientStorage`: who holds what in gradio's cache. Every upload is charged to the client that
+  sent it, every output copy gradio makes to the client whose job made it; a client over its quota
+  is refused, and pruning (`plan`) never takes another client's file to make room.
+* `CacheJanitor`: runs the pruning every few seconds while the app runs (gradio's own
+  `delete_cache` handles age and shutdown; bytes, counts and per-client quotas are ours).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from hidream_ui.requests import RequestError
+from hidream_ui.requests import RequestError, cap_name
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +76,10 @@ class UploadGate:
             raise RequestError(field, "upload", NOT_UPLOADED)
         if not self.allows(path):
             logger.warning("refused a %s path the app did not store", field)
-            raise RequestError(field, name or "upload", NOT_UPLOADED)
-        return path, name or Path(path).name
+            raise RequestError(field, cap_name(name) or "upload", NOT_UPLOADED)
+        # The name is the client's to choose and goes into the result's metadata: capped here, where
+        # it enters the app (EditResult.metadata caps it again for Python callers).
+        return path, cap_name(name or Path(path).name)
 
 
 class ServedResults:
@@ -100,18 +107,22 @@ class ServedResults:
 
 
 class CacheJanitor:
-    """Runs `prune()` every `interval` seconds on a daemon thread until `stop()`."""
+    """Runs `prune()` every `interval` seconds on a daemon thread until `stop()`; `storage` is the
+    `ClientStorage` the pruning consults (None: count and age only, as before per-client accounting)."""
 
-    def __init__(self, prune: Callable[[], int], interval: float):
+    def __init__(self, prune: Callable[[], int], interval: float, storage: "ClientStorage | None" = None):
         self._prune = prune
         self._interval = interval
+        self.storage = storage
+        self._run_lock = threading.Lock()  # the timer thread and an upload's "prune, then look again"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.removed = 0
 
     def run_once(self) -> int:
         try:
-            removed = self._prune()
+            with self._run_lock:
+                removed = self._prune()
         except Exception:  # noqa: BLE001 - housekeeping must never take the app down
             logger.exception("pruning gradio's cache failed")
             return 0
@@ -136,4 +147,373 @@ class CacheJanitor:
             self._thread = None
 
 
-__all__ = ["UploadGate", "ServedResults", "CacheJanitor", "NOT_UPLOADED"]
+# ---------------------------------------------------------------------------------------------
+# Per-client storage
+# ---------------------------------------------------------------------------------------------
+
+# Files changed this recently are never pruned: gradio may still be writing them (an upload being
+# received, a result being copied in) or about to hand their path to a client.
+ARRIVING_GRACE = 30.0
+# At most this many sessions are remembered for "their newest results are in use" (a flood of
+# fresh session ids must not grow the table without bound: the oldest are forgotten first).
+MAX_SESSIONS = 10_000
+MB = 1024 * 1024
+FORCED_PRUNE_INTERVAL = 0.25  # seconds: an upload about to be refused prunes first, unless a pruning ran this recently
+
+
+@dataclass(frozen=True)
+class StorageLimits:
+    """The limits one app applies to gradio's cache (flags in hidream_ui/config.py)."""
+
+    client_bytes: int  # --client-quota-mb
+    client_files: int  # --client-quota-files
+    cache_bytes: int  # --cache-max-mb
+    cache_files: int  # --cache-max-files
+    max_age: float  # --cache-max-age
+    grace: float = ARRIVING_GRACE
+
+    @classmethod
+    def for_config(cls, config: Any) -> "StorageLimits":
+        return cls(client_bytes=config.client_quota_mb * MB, client_files=config.client_quota_files,
+                   cache_bytes=config.cache_max_mb * MB, cache_files=config.cache_max_files,
+                   max_age=float(config.cache_max_age))
+
+    @property
+    def quota_bytes(self) -> int:
+        """One client never holds more than the whole cache."""
+        return min(self.client_bytes, self.cache_bytes)
+
+    @property
+    def quota_files(self) -> int:
+        return min(self.client_files, self.cache_files)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One file in gradio's cache as the janitor saw it."""
+
+    path: str
+    size: int
+    changed: float  # st_ctime: written, renamed into place, or touched by gradio when handed out again
+    modified: float  # st_mtime: still growing while an upload is received
+    spool: bool = False  # a multipart spool file of an upload (top-level `tmp*`), not yet renamed into place
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int  # 413: this request is too big for the quota; 429: the client is at its quota; 503: cache full
+    message: str
+
+
+@dataclass
+class _Session:
+    key: str
+    seen: float
+    calls: dict  # fn index -> (event id, frozenset of cache paths its inputs and outputs named)
+
+
+class ClientStorage:
+    """Per-client accounting of gradio's cache, and the pruning policy built on it.
+
+    **Who is a client.** The upload route carries no session (the browser uploads before any event
+    exists), so an upload is charged to what the request does carry: the logged-in user, else the
+    connection's address (`client_key`). A Gradio session is attached once a job names a file: the
+    files a session's latest call of each event read and produced are *in use* for as long as that
+    session was seen within `--cache-max-age`, and every output copy gradio makes for a call is
+    charged to the caller's key. Sessions are free to make, addresses are not: the quota is per key.
+
+    **In use** (never pruned): the examples' copies (gradio keeps them), every cache path named in
+    the data of a queued or running event (read from gradio's queue by the caller of `plan`), and
+    the inputs and outputs of each live session's latest call of each event. **Arriving** (never
+    pruned): files nobody is charged for yet that changed within `grace` seconds (gradio may still
+    be writing them), and upload spool files while any upload is being received.
+
+    **Pruning** (`plan`): anything else older than `max_age` since it was last written or used;
+    then a key over its quota loses its own oldest output copies that nobody else holds; then,
+    while the cache is over its bytes or files cap, files charged to nobody go, then output copies
+    no live session shows any more, oldest first. An upload is never removed to make room (only by
+    age), nor is a file in use: a cache full of those refuses new uploads (503).
+    """
+
+    def __init__(self, limits: StorageLimits, clock: Callable[[], float] = time.time):
+        self.limits = limits
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._owners: dict[str, set[str]] = {}  # path -> keys charged for it
+        self._held: dict[str, dict[str, int]] = {}  # key -> {path: bytes}
+        self._used: dict[str, float] = {}  # path -> last time a call named it
+        self._receiving: dict[int, tuple[str, int, int]] = {}  # upload id -> (key, bytes it kept at start, received)
+        self._outputs: set[str] = set()  # paths charged as a call's output copies (the rest are uploads)
+        self._next_upload = 0
+        self._sessions: dict[str, _Session] = {}
+        self._total = (0, 0)  # (files, bytes) of the cache no pruning frees, at the last scan, plus uploads since
+        self.prune_now: Callable[[], int] | None = None  # set by the janitor wiring
+        self._scanned = 0.0  # time.monotonic() of the last `plan`
+
+    # ------------------------------------------------------------------ who
+    @staticmethod
+    def client_key(address: str | None, user: str | None = None) -> str:
+        return f"user:{user}" if user else f"address:{address or '?'}"
+
+    def usage(self, key: str) -> tuple[int, int]:
+        """(files, bytes) charged to `key`."""
+        with self._lock:
+            held = self._held.get(key) or {}
+            return len(held), sum(held.values())
+
+    def owners(self, path: str) -> set[str]:
+        with self._lock:
+            return set(self._owners.get(str(path), ()))
+
+    # ------------------------------------------------------------------ uploads
+    def refusal(self, key: str) -> Refusal | None:
+        """Why an upload from `key` is refused before its body is read (None: admitted)."""
+        limits = self.limits
+        files, size = self._binding_usage(key)
+        with self._lock:
+            size += sum(n for k, _, n in self._receiving.values() if k == key)
+            total_files, total_bytes = self._total
+        if files >= limits.quota_files or size >= limits.quota_bytes:
+            return Refusal(429, f"You already keep {files} file(s), {size / MB:.1f} MB, on this server (at most "
+                                f"{limits.quota_files} files and {limits.quota_bytes / MB:.0f} MB per client). "
+                                f"They are removed {limits.max_age:.0f} s after their last use: try again then.")
+        if total_files >= limits.cache_files or total_bytes >= limits.cache_bytes:
+            return Refusal(503, f"The server's upload space is full (at most {limits.cache_files} files, "
+                                f"{limits.cache_bytes / MB:.0f} MB): try again in a few minutes.")
+        return None
+
+    def _binding_usage(self, key: str) -> tuple[int, int]:
+        """(files, bytes) of `key` that an upload must fit beside: everything it holds except its own
+        older output copies, which the janitor gives up for it (`plan`) to keep it within its quota."""
+        in_use = self.in_use()
+        with self._lock:
+            held = self._held.get(key) or {}
+            binding = {p: n for p, n in held.items()
+                       if p not in self._outputs or p in in_use or self._owners.get(p) != {key}}
+            return len(binding), sum(binding.values())
+
+    def prune_before_refusing(self) -> bool:
+        """Runs the pruning now (unless one ran a moment ago) so that a refusal is not based on files
+        the janitor would remove at its next round; False when it did not run."""
+        prune = self.prune_now
+        with self._lock:
+            # A flood of refused uploads costs at most a few folder walks a second.
+            if prune is None or time.monotonic() - self._scanned < FORCED_PRUNE_INTERVAL:
+                return False
+            self._scanned = time.monotonic()
+        prune()
+        return True
+
+    def begin_upload(self, key: str) -> int:
+        _, base = self._binding_usage(key)
+        with self._lock:
+            self._next_upload += 1
+            self._receiving[self._next_upload] = (key, base, 0)
+            return self._next_upload
+
+    def receive(self, upload: int, size: int) -> Refusal | None:
+        """Counts `size` more bytes of an upload; a refusal once the client's quota would overflow."""
+        with self._lock:
+            key, base, received = self._receiving[upload]
+            received += size
+            self._receiving[upload] = (key, base, received)
+            others = sum(n for u, (k, _, n) in self._receiving.items() if k == key and u != upload)
+        if base + others + received > self.limits.quota_bytes:
+            return Refusal(413, f"This upload would take you past {self.limits.quota_bytes / MB:.0f} MB kept on "
+                                f"this server (you keep {base / MB:.1f} MB): upload less, or try again once your "
+                                f"files expire ({self.limits.max_age:.0f} s after their last use).")
+        return None
+
+    def end_upload(self, upload: int) -> None:
+        with self._lock:
+            self._receiving.pop(upload, None)
+
+    @property
+    def receiving(self) -> bool:
+        """True while any upload is being received (its spool file is still growing)."""
+        with self._lock:
+            return bool(self._receiving)
+
+    def record_upload(self, key: str, paths: Iterable[str]) -> tuple[list[str], bool]:
+        """Charges the stored `paths` to `key`: (the paths new to `key`, whether they take it past its
+        file quota; the caller then refuses the upload and `uncharge`s them)."""
+        new: list[str] = []
+        with self._lock:
+            held = self._held.setdefault(key, {})
+            for path in dict.fromkeys(map(str, paths)):
+                if path not in held:
+                    self._charge(key, path)
+                    new.append(path)
+            files, size = self._total
+            self._total = (files + len(new), size + sum(held.get(p, 0) for p in new))
+        return new, self._binding_usage(key)[0] > self.limits.quota_files
+
+    def uncharge(self, key: str, paths: Iterable[str]) -> list[str]:
+        """Takes `paths` off `key`; returns those nobody else holds (safe to delete)."""
+        alone = []
+        with self._lock:
+            files, size = self._total
+            for path in map(str, paths):
+                owners = self._owners.get(path, set())
+                owners.discard(key)
+                held = (self._held.get(key) or {}).pop(path, 0)
+                if not owners:
+                    self._owners.pop(path, None)
+                    alone.append(path)
+                    files, size = files - 1, size - held
+            self._total = (max(0, files), max(0, size))
+        return alone
+
+    # ------------------------------------------------------------------ calls
+    def record_call(self, session: str | None, key: str, fn: Any, event_id: str | None,
+                    inputs: Iterable[str], outputs: Iterable[str]) -> None:
+        """A call of event `fn` by `session` named `inputs` and produced `outputs` (cache paths):
+        outputs are charged to `key`; both are the session's newest files of that event."""
+        now = self._clock()
+        inputs, outputs = {str(p) for p in inputs}, {str(p) for p in outputs}
+        with self._lock:
+            for path in outputs:
+                if path in self._owners and path not in self._outputs:
+                    continue  # an upload handed back as it is (a gallery of the inputs) stays an upload
+                self._charge(key, path)
+                self._outputs.add(path)
+            for path in inputs | outputs:
+                self._used[path] = now
+            touched = [path for path in inputs if path in self._owners]
+        for path in touched:
+            # Gradio's own age clean-up (`delete_cache`) reads ctime: a file a call just used is new again.
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+        if not session or not (inputs or outputs):
+            return  # a call without files (/status) costs a session nothing here
+        with self._lock:
+            record = self._sessions.pop(session, None) or _Session(key=key, seen=now, calls={})
+            record.seen = now
+            previous = record.calls.get(fn)
+            named = inputs | outputs
+            if previous is not None and previous[0] == event_id and event_id is not None:
+                named |= previous[1]  # a generator's later yields add to its earlier ones
+            record.calls[fn] = (event_id, frozenset(named))
+            self._sessions[session] = record  # re-inserted: the dict's order is the order of use
+            while len(self._sessions) > MAX_SESSIONS:
+                self._sessions.pop(next(iter(self._sessions)))
+
+    def in_use(self, now: float | None = None) -> set[str]:
+        """The files of the latest calls of sessions seen within `max_age` (expired ones are dropped)."""
+        now = self._clock() if now is None else now
+        paths: set[str] = set()
+        with self._lock:
+            for session, record in list(self._sessions.items()):
+                if now - record.seen > self.limits.max_age:
+                    del self._sessions[session]
+                    continue
+                for _, named in record.calls.values():
+                    paths |= named
+        return paths
+
+    # ------------------------------------------------------------------ pruning
+    def plan(self, entries: list[CacheEntry], *, referenced: Iterable[str] = (), now: float | None = None,
+             max_files: int | None = None, max_age: float | None = None, max_bytes: int | None = None) -> list[str]:
+        """The paths to delete from `entries` (the cache's files, examples excluded), oldest first.
+        `referenced`: paths queued or running events name. The caps default to the limits."""
+        limits = self.limits
+        now = self._clock() if now is None else now
+        max_files = limits.cache_files if max_files is None else max_files
+        max_bytes = limits.cache_bytes if max_bytes is None else max_bytes
+        max_age = limits.max_age if max_age is None else max_age
+        protected = set(map(str, referenced)) | self.in_use(now)
+        receiving = self.receiving
+        present = {e.path for e in entries}
+        with self._lock:
+            for path in [p for p in self._owners if p not in present]:
+                self._forget(path)  # gone by other hands (gradio's own age clean-up)
+            for path in [p for p in self._used if p not in present]:
+                del self._used[path]  # named by a call but not (or no longer) in the cache
+            owners = {p: set(k) for p, k in self._owners.items()}
+            used = dict(self._used)
+            outputs = set(self._outputs)
+
+        def last(entry: CacheEntry) -> float:
+            return max(entry.changed, used.get(entry.path, 0.0))
+
+        def removable(entry: CacheEntry) -> bool:
+            # A charged file is complete (the upload route or the call that made it has returned);
+            # one nobody is charged for may still be being written.
+            arriving = ((entry.path not in owners and now - entry.modified < limits.grace)
+                        or (entry.spool and receiving))
+            return entry.path not in protected and not arriving
+
+        ordered = sorted(entries, key=last)
+        # Too old; or a spool file left by an upload that ended without renaming it (nothing arrives).
+        victims: dict[str, CacheEntry] = {e.path: e for e in ordered
+                                          if removable(e) and (now - last(e) > max_age or e.spool)}
+        # A key over its quota (its output copies grow with every job) gives up its own oldest output
+        # copies that nobody else holds and no live session shows; its uploads only ever go by age.
+        by_key: dict[str, list[CacheEntry]] = {}
+        for entry in ordered:
+            for key in owners.get(entry.path, ()):
+                if entry.path not in victims:
+                    by_key.setdefault(key, []).append(entry)
+        for key, held in by_key.items():
+            count, size = len(held), sum(e.size for e in held)
+            for entry in held:
+                if count <= limits.quota_files and size <= limits.quota_bytes:
+                    break
+                if (entry.path in victims or entry.path not in outputs or owners.get(entry.path) != {key}
+                        or not removable(entry)):
+                    continue
+                victims[entry.path] = entry
+                count, size = count - 1, size - entry.size
+        # The whole cache over its caps: files charged to nobody make room first, then output copies
+        # no live session shows any more (a result its page has replaced), oldest first. Uploads and
+        # in-use files never do: a cache full of those refuses new uploads instead.
+        left = [e for e in ordered if e.path not in victims]
+        count, size = len(left), sum(e.size for e in left)
+        for superseded in (False, True):
+            for entry in left:
+                if count <= max_files and size <= max_bytes:
+                    break
+                charged = entry.path in owners
+                if (charged != superseded or (superseded and entry.path not in outputs) or entry.path in victims
+                        or not removable(entry)):
+                    continue
+                victims[entry.path] = entry
+                count, size = count - 1, size - entry.size
+        with self._lock:
+            # What an upload must fit beside: the files no pruning would give up for it (uploads, files
+            # in use or arriving). Spool files are left out: they are uploads in flight, counted as such.
+            binding = [e for e in left if e.path not in victims and not e.spool
+                       and not (removable(e) and (e.path not in owners or e.path in outputs))]
+            self._total = (len(binding), sum(e.size for e in binding))
+            self._scanned = time.monotonic()
+        return list(victims)
+
+    def forget(self, paths: Iterable[str]) -> None:
+        """Deleted files leave the accounts."""
+        with self._lock:
+            for path in map(str, paths):
+                self._forget(path)
+
+    def _forget(self, path: str) -> None:
+        for key in self._owners.pop(path, ()):
+            held = self._held.get(key)
+            if held is not None:
+                held.pop(path, None)
+                if not held:
+                    del self._held[key]
+        self._used.pop(path, None)
+        self._outputs.discard(path)
+
+    def _charge(self, key: str, path: str) -> None:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = 0
+        self._owners.setdefault(path, set()).add(key)
+        self._held.setdefault(key, {})[path] = size
+
+
+__all__ = ["UploadGate", "ServedResults", "CacheJanitor", "ClientStorage", "StorageLimits", "CacheEntry", "Refusal",
+           "NOT_UPLOADED", "ARRIVING_GRACE"]

@@ -6,6 +6,11 @@ The app needs all four to be safe in front of strangers, so they are read here, 
 mismatch (a Gradio upgrade renamed something) degrades to "unknown" (never to a crash and never
 to accepting a file), and the tests fail loudly against the installed Gradio so the upgrade is
 noticed. Known to match gradio 6.31.
+
+Per-client storage (files.ClientStorage) reads three more: the files a queued or running event
+names (`referenced_paths`), the files each call read and produced (`watch_calls`, around the
+demo's `process_api`), and the one exception that makes gradio's upload parser delete its spool
+files when a body is cut (`upload_abort`); pinned by tests/test_hardening2_storage.py.
 """
 
 from __future__ import annotations
@@ -263,24 +268,33 @@ def app_cache_files(demo: Any, folder: Path) -> list[Path]:
     return [p for p in cache_files(folder) if os.path.realpath(p) not in kept]
 
 
-def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now: float | None = None) -> int:
-    """Deletes the cache folder's files older than `max_age` seconds, then the oldest beyond
-    `max_files`; returns how many went. The examples' cached copies always stay.
+def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now: float | None = None,
+                max_bytes: int | None = None, storage: Any = None) -> int:
+    """Deletes what `storage.plan` (a `files.ClientStorage`) chooses from the cache folder, or,
+    without `storage`, the files older than `max_age` seconds, then the oldest beyond `max_files`
+    (and `max_bytes`); returns how many went. The examples' cached copies always stay, and so do
+    the files that queued or running events name.
 
     Walks the folder rather than gradio's records: gradio also caches per-session copies (a
-    DownloadButton updated mid-stream, for one) that no record of the app lists. Emptied hash
-    folders go too, and deleted paths leave gradio's records.
+    DownloadButton updated mid-stream, for one) that no record of the app lists, and an upload's
+    multipart spool files (``tmp*`` at the top: gradio's parser writes them there and renames them
+    into a hash folder once complete). Emptied folders go too (also the ones a failed fetch left),
+    and deleted paths leave gradio's records and the storage's accounts.
     """
+    from hidream_ui.ui.files import ClientStorage, StorageLimits
+
     now = time.time() if now is None else now
-    files = app_cache_files(demo, folder)
+    folder = Path(folder)
+    entries = _entries(app_cache_files(demo, folder), folder)
+    if storage is None:  # count and age only: a throwaway policy with nobody charged
+        big = max_bytes if max_bytes is not None else 1 << 62
+        storage = ClientStorage(StorageLimits(client_bytes=big, client_files=max_files, cache_bytes=big,
+                                              cache_files=max_files, max_age=max_age, grace=0.0))
+    chosen = storage.plan(entries, referenced=referenced_paths(demo), now=now, max_files=max_files,
+                          max_age=max_age, max_bytes=max_bytes)
     removed: set[str] = set()
-    for index, path in enumerate(reversed(files)):  # newest first
-        try:
-            created = path.lstat().st_ctime
-        except OSError:
-            continue
-        if index < max_files and now - created <= max_age:
-            continue
+    for name in chosen:
+        path = Path(name)
         try:
             path.unlink()
         except FileNotFoundError:
@@ -288,18 +302,145 @@ def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now:
         except OSError as exc:
             logger.warning("cannot remove cached file %s: %s", path, exc)
             continue
-        removed.add(str(path))
-        parent = path.parent
-        while parent != Path(folder) and Path(folder) in parent.parents:
-            try:
-                parent.rmdir()  # gradio's per-file hash folders, once empty
-            except OSError:
-                break
-            parent = parent.parent
+        removed.add(name)
+        _remove_empty_parents(path.parent, folder)
+    _remove_empty_folders(folder, now - getattr(getattr(storage, "limits", None), "grace", 0.0))
     if removed:
         for stored in _file_sets(demo):
             stored.difference_update(removed)
+        uploads = getattr(demo, "upload_file_set", None)
+        if isinstance(uploads, set):
+            uploads.difference_update(removed)
+        storage.forget(removed)
     return len(removed)
+
+
+def _entries(files: list[Path], folder: Path) -> list[Any]:
+    from hidream_ui.ui.files import CacheEntry
+
+    entries = []
+    for path in files:
+        try:
+            stat = path.lstat()
+        except OSError:
+            continue
+        spool = path.parent == folder and path.name.startswith("tmp")
+        entries.append(CacheEntry(str(path), stat.st_size, stat.st_ctime, stat.st_mtime, spool))
+    return entries
+
+
+def _remove_empty_parents(parent: Path, folder: Path) -> None:
+    while parent != folder and folder in parent.parents:
+        try:
+            parent.rmdir()  # gradio's per-file hash folders, once empty
+        except OSError:
+            break
+        parent = parent.parent
+
+
+def _remove_empty_folders(folder: Path, older_than: float) -> None:
+    """Empty folders under `folder` untouched since `older_than` (a fetch of a URL that failed
+    leaves one per try; a folder made just now may be about to receive a file)."""
+    for root, dirs, _ in os.walk(folder, topdown=False):
+        for name in dirs:
+            path = Path(root) / name
+            try:
+                if path.lstat().st_mtime <= older_than:
+                    path.rmdir()
+            except OSError:
+                continue  # not empty, or gone
+
+
+def discard_uploads(scope: dict, paths: list[str]) -> None:
+    """Deletes files an upload route just stored (an upload refused after the fact) and takes them
+    out of gradio's records. `scope` is the upload request's: its app names the cache folder."""
+    app = scope.get("app")
+    folder = getattr(app, "uploaded_file_dir", None)
+    get_blocks = getattr(app, "get_blocks", None)
+    demo = get_blocks() if callable(get_blocks) else None
+    if not paths or not folder:
+        return
+    folder = Path(folder)
+    for name in paths:
+        path = Path(name)
+        if folder not in path.parents:
+            continue  # never outside the cache, whatever the route answered
+        path.unlink(missing_ok=True)
+        _remove_empty_parents(path.parent, folder)
+    uploads = getattr(demo, "upload_file_set", None)
+    if isinstance(uploads, set):
+        uploads.difference_update(paths)
+
+
+def referenced_paths(demo: Any) -> set[str]:
+    """Every file path named in the data of a waiting or running event (a FileData's ``path``, or
+    an absolute path given as a plain string): those files are in use."""
+    paths: set[str] = set()
+    for event in _events(demo):
+        if getattr(event, "alive", True):
+            _collect_paths(getattr(getattr(event, "data", None), "data", None), paths)
+    return paths
+
+
+def _collect_paths(value: Any, into: set[str], depth: int = 0) -> None:
+    if depth > 8:  # FileData sits one or two levels down (a list of files, a gallery item)
+        return
+    if isinstance(value, dict):
+        path = value.get("path")
+        if isinstance(path, str):
+            into.add(path)
+        for item in value.values():
+            if isinstance(item, (dict, list, tuple)):
+                _collect_paths(item, into, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _collect_paths(item, into, depth + 1)
+    elif isinstance(value, str) and value.startswith(os.sep) and len(value) < 4096:
+        into.add(value)
+    elif isinstance(getattr(value, "path", None), str):  # a FileData object
+        into.add(value.path)
+
+
+def watch_calls(demo: Any, record: Callable[..., None]) -> bool:
+    """Calls `record(session, address, user, fn, event_id, inputs, outputs)` after each call gradio
+    runs for `demo` (queued or not), with the file paths its inputs named and its postprocessed
+    outputs hold (gradio's cached copies, the URLs the client will fetch). Wraps the demo's
+    `process_api`, the one method every route goes through. False when it is not there."""
+    original = getattr(demo, "process_api", None)
+    if original is None or getattr(original, "_hidream_watch", False):
+        return False
+
+    async def process_api(*args, **kwargs):
+        output = await original(*args, **kwargs)
+        try:
+            request = kwargs.get("request")
+            request = request[0] if isinstance(request, list) and request else request
+            if request is None:
+                return output  # a call the app makes itself (examples): no client to charge
+            client = getattr(request, "client", None)
+            inputs: set[str] = set()
+            outputs: set[str] = set()
+            _collect_paths(kwargs.get("inputs"), inputs)
+            _collect_paths(output.get("data") if isinstance(output, dict) else None, outputs)
+            fn = kwargs.get("block_fn")
+            record(kwargs.get("session_hash"), getattr(client, "host", None), getattr(request, "username", None),
+                   getattr(fn, "fn_index", fn), kwargs.get("event_id"), inputs, outputs)
+        except Exception:  # noqa: BLE001 - accounting must never break a call
+            logger.exception("recording a call's files failed")
+        return output
+
+    process_api._hidream_watch = True  # type: ignore[attr-defined]
+    demo.process_api = process_api
+    return True
+
+
+def upload_abort(message: str) -> Exception:
+    """The exception to raise from an upload's `receive` to stop it: gradio's multipart parser
+    catches exactly this type mid-body, deletes the spool files it made and answers 413/400
+    (any other exception, a disconnect too, leaves the spool files behind)."""
+    from starlette.formparsers import MultiPartException
+
+    return MultiPartException(message)
 
 
 def _file_sets(demo: Any) -> list[set]:
@@ -466,4 +607,5 @@ def expire_sessions(demo: Any, max_idle: float, *, now: float | None = None) -> 
 
 __all__ = ["current_event_id", "event_alive", "logged_in_user", "sign_in", "queue_figures", "session_jobs",
            "waiting_jobs", "admit_jobs", "is_app_file", "cache_files", "prune_cache", "private_cache_folder",
-           "register_demo", "app_cache_files", "lean_sessions", "session_count", "expire_sessions"]
+           "register_demo", "app_cache_files", "lean_sessions", "session_count", "expire_sessions",
+           "referenced_paths", "watch_calls", "upload_abort", "discard_uploads"]

@@ -17,7 +17,9 @@ Four jobs, all things gradio's own routes cannot be asked to do:
   login forms carrying files are refused (and counted against the address).
 * **Body size.** Gradio's `max_file_size` bounds each file of an upload, not the request: the
   guard refuses upload requests over `max_upload_bytes` in all, and every other request body over
-  `max_body_bytes` (HTTP 413), by their declared length or while they stream.
+  `max_body_bytes` (HTTP 413), by their declared length or while they stream; and, with a
+  `files.ClientStorage`, uploads of a client at its quota (429), past it (413) or into a full
+  cache (503). A refused or broken-off upload leaves no file behind.
 * **No remote files.** Gradio downloads a file a request names by URL (a ``gradio.FileData``
   whose ``path`` is ``http(s)://...``) into its cache, with no size limit, leaving a folder per
   try. The guard reads JSON bodies (bounded by `max_body_bytes`) and refuses such payloads with
@@ -33,6 +35,8 @@ import threading
 import time
 from collections import deque
 from typing import Callable
+
+import anyio
 
 from hidream_ui.engine.jobs import JobRegistry
 from hidream_ui.ui import gradio_internals
@@ -104,8 +108,9 @@ class BoothGuard:
 
     def __init__(self, app, *, jobs: JobRegistry, throttle: LoginThrottle | None = None,
                  require_login: bool = False, max_upload_bytes: int | None = None,
-                 max_body_bytes: int | None = None):
+                 max_body_bytes: int | None = None, storage=None):
         self.app = app
+        self.storage = storage  # files.ClientStorage: per-client upload accounting (None: size limit only)
         self.jobs = jobs
         self.throttle = throttle
         self.require_login = require_login
@@ -159,8 +164,93 @@ class BoothGuard:
 
     # ------------------------------------------------------------------ upload
     async def _upload(self, scope, receive, send):
+        """The upload route, bounded: by size in all, by the client's storage quota, by the cache's
+        room. Stopping a body midway goes through `gradio_internals.upload_abort`, the one way that
+        makes gradio's parser delete the spool files it already wrote (a plain disconnect leaves them,
+        hundreds of MB of `tmp*` in the cache); a client that goes away mid-body is stopped the same
+        way. The route's answer is held back until it is complete, so that an upload that takes its
+        client past the file quota can still be undone and refused."""
         limit = self.max_upload_bytes
-        await _capped(self.app, scope, receive, send, limit, f"The upload is larger than {_size(limit)} in all.")
+        too_big_text = f"The upload is larger than {limit // (1024 * 1024)} MB in all."
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            return await _refuse(send, 413, too_big_text)
+        storage = self.storage
+        key = None
+        if storage is not None:
+            key = storage.client_key((scope.get("client") or (None, 0))[0], gradio_internals.logged_in_user(scope))
+            refusal = storage.refusal(key)
+            if refusal is not None and await anyio.to_thread.run_sync(storage.prune_before_refusing):
+                refusal = storage.refusal(key)
+            if refusal is not None:
+                logger.warning("upload refused for %s: %s", key, refusal.message)
+                return await _refuse(send, refusal.status, refusal.message)
+        upload = storage.begin_upload(key) if storage is not None else None
+        received = 0
+        body_done = False
+        refused: tuple[int, str] | None = None
+        held: list[dict] = []  # the route's answer, sent once it is complete and accepted
+
+        async def counted():
+            nonlocal received, body_done, refused
+            message = await receive()
+            if body_done:
+                return message
+            if message.get("type") == "http.disconnect":
+                raise gradio_internals.upload_abort("the client went away before the upload was complete")
+            size = len(message.get("body", b""))
+            received += size
+            body_done = not message.get("more_body", False)
+            if received > limit:
+                refused = (413, too_big_text)
+            elif upload is not None and (over := storage.receive(upload, size)) is not None:
+                refused = (over.status, over.message)
+            if refused is not None:
+                raise gradio_internals.upload_abort(refused[1])
+            return message
+
+        async def buffered(message):
+            if refused is None:
+                held.append(message)
+
+        try:
+            await self.app(scope, counted, buffered)
+        except Exception:  # noqa: BLE001 - a route that chokes on the cut body is expected; refused below
+            if refused is None:
+                raise
+        finally:
+            if upload is not None:
+                storage.end_upload(upload)
+        if refused is not None:
+            return await _refuse(send, *refused)
+        if storage is not None:
+            refusal = self._charge_upload(scope, key, held)
+            if refusal is not None:
+                return await _refuse(send, *refusal)
+        for message in held:
+            await send(message)
+
+    def _charge_upload(self, scope, key: str, held: list[dict]) -> tuple[int, str] | None:
+        """Charges a stored upload (the paths the route answered) to `key`; undoes it and returns
+        the refusal when it took the client past its file quota."""
+        start = next((m for m in held if m.get("type") == "http.response.start"), {})
+        if start.get("status") != 200:
+            return None
+        try:
+            paths = json.loads(b"".join(m.get("body", b"") for m in held if m.get("type") == "http.response.body"))
+        except ValueError:
+            return None
+        if not isinstance(paths, list):
+            return None
+        new, over = self.storage.record_upload(key, [p for p in paths if isinstance(p, str)])
+        if not over:
+            return None
+        gradio_internals.discard_uploads(scope, self.storage.uncharge(key, new))
+        limits = self.storage.limits
+        files, _ = self.storage.usage(key)
+        return 429, (f"This upload has {len(paths)} file(s) and you already keep {files} on this server (at most "
+                     f"{limits.quota_files} per client): upload fewer, or try again once your files expire "
+                     f"({limits.max_age:.0f} s after their last use).")
 
     # ------------------------------------------------------------------ login
     async def _login(self, scope, receive, send):

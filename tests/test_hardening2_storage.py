@@ -1,0 +1,364 @@
+"""Issue 19, findings 4 and 5: per-client storage and capped client names.
+
+Over raw HTTP against the launched app (conftest.launch_app), as an attacker would: two clients are
+two source addresses on the loopback (127.0.0.1 and 127.0.0.2, ...: the app charges an upload to the
+address that sent it). The janitor's round is run directly (`services.janitor.run_once()`, the very
+call its timer makes every few seconds) so that no test waits on a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import types
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import run_info, wait_for
+from PIL import Image, PngImagePlugin
+
+from hidream_ui.ui.layout import ASSETS_DIR
+
+EXAMPLE = ASSETS_DIR / "apple.png"
+FILE_META = {"_type": "gradio.FileData"}
+
+
+@pytest.fixture(scope="module")
+def app(launch_app):
+    # Small limits: a client keeps at most 8 files / 2 MB; the cache at most 40 files.
+    return launch_app("storage", max_queue=8, max_jobs_per_client=2, max_upload_mb=1, cache_max_files=40,
+                      cache_max_mb=50, client_quota_files=8, client_quota_mb=2)
+
+
+def client(app, address: str = "127.0.0.1", timeout: float = 60) -> httpx.Client:
+    """A raw HTTP client whose connections come from `address` (any 127.x.y.z reaches the app)."""
+    return httpx.Client(base_url=app["url"], timeout=timeout,
+                        transport=httpx.HTTPTransport(local_address=address))
+
+
+def cache_folder(app) -> Path:
+    return app["demo"].hidream_services.cache_folder
+
+
+def spool_files(app) -> list[Path]:
+    """Gradio's multipart spool files: `tmp*` at the top of the cache folder while an upload arrives."""
+    return [p for p in cache_folder(app).iterdir() if p.is_file() and p.name.startswith("tmp")]
+
+
+def all_files(app) -> set[Path]:
+    return {p for p in cache_folder(app).rglob("*") if p.is_file()}
+
+
+def edit_call(http: httpx.Client, path: str, name: str, session: str, seed: int = 1) -> dict:
+    """A raw queued edit (`/gradio_api/call/edit`); returns {"event", "data"} of its last SSE event."""
+    data = [{"path": path, "meta": FILE_META, "orig_name": name}, "make it blue", "", 3.0, 1.5, 2, 0.3, True,
+            "draft", seed, False, True, False]
+    posted = http.post("/gradio_api/call/edit", json={"data": data, "session_hash": session})
+    if posted.status_code != 200:
+        return {"event": "refused", "status": posted.status_code, "data": posted.text}
+    text = http.get(f"/gradio_api/call/edit/{posted.json()['event_id']}").text
+    kinds = [line[6:].strip() for line in text.splitlines() if line.startswith("event:")]
+    payloads = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+    return {"event": kinds[-1], "data": json.loads(payloads[-1]) if payloads[-1] not in ("", "null") else None}
+
+
+def result_urls(data: list) -> list[str]:
+    """The file URLs an edit's answer hands its client (the slider's two images, the download)."""
+    urls: list[str] = []
+
+    def walk(value):
+        if isinstance(value, dict):
+            if isinstance(value.get("url"), str):
+                urls.append(value["url"])
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(data[:2])
+    return urls
+
+
+def upload_one(http: httpx.Client, name: str, content: bytes) -> tuple[int, str]:
+    """(status, text) of a one-file upload; a connection the server dropped counts as a 500."""
+    try:
+        answer = http.post("/gradio_api/upload", files={"files": (name, content, "image/png")})
+    except httpx.RemoteProtocolError as exc:
+        return 500, str(exc)
+    return answer.status_code, answer.text
+
+
+def fetch(http: httpx.Client, url: str) -> int:
+    path = url.split("/gradio_api/", 1)[1]
+    return http.get(f"/gradio_api/{path}").status_code
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding 4: one client evicts nobody
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_client_past_its_quota_is_refused_and_evicts_nobody(app):
+    janitor = app["demo"].hidream_services.janitor
+    with client(app, "127.0.0.1") as victim, client(app, "127.0.0.2") as attacker:
+        upload = victim.post("/gradio_api/upload", files={"files": ("apple.png", EXAMPLE.read_bytes(), "image/png")})
+        assert upload.status_code == 200, upload.text
+        victim_upload = upload.json()[0]
+        first = edit_call(victim, victim_upload, "apple.png", session="victim")
+        assert first["event"] == "complete", first
+        urls = result_urls(first["data"])
+        assert urls and all(fetch(victim, url) == 200 for url in urls)
+
+        # One request of 300 tiny files, then file by file: past the quota of 8.
+        flood = [("files", (f"f{i}.png", b"\x89PNG%d" % i, "image/png")) for i in range(300)]
+        refused = attacker.post("/gradio_api/upload", files=flood)
+        answers = [upload_one(attacker, f"g{i}.png", b"\x89PNG-%d" % i) for i in range(10)]
+
+        janitor.run_once()  # the janitor's round, as its timer runs it
+        assert Path(victim_upload).is_file()
+        assert all(fetch(victim, url) == 200 for url in urls), [fetch(victim, url) for url in urls]
+        again = edit_call(victim, victim_upload, "apple.png", session="victim", seed=2)
+        assert again["event"] == "complete", again  # not "upload it again"
+
+    # The attacker was refused, with the limit in words: the 300 files as a whole, then the 9th single file.
+    assert refused.status_code in (413, 429), refused.status_code
+    assert "at most 8" in refused.json()["detail"] and "per client" in refused.json()["detail"]
+    codes = [code for code, _ in answers]
+    assert codes[:8] == [200] * 8 and set(codes[8:]) == {429}, codes
+    assert "try again" in answers[-1][1]
+
+
+def test_an_upload_cut_at_413_leaves_no_file(app):
+    before = all_files(app)
+
+    def body():  # chunked: no Content-Length, so the limit is found while it streams (8 MB in all)
+        boundary = b"--xx\r\n"
+        for i in range(10):
+            yield boundary + f'Content-Disposition: form-data; name="files"; filename="p{i}.png"\r\n'.encode()
+            yield b"Content-Type: image/png\r\n\r\n" + b"\x89PNG" + bytes(900_000) + b"\r\n"
+        yield b"--xx--\r\n"
+
+    with client(app, "127.0.0.4") as http:
+        answer = http.post("/gradio_api/upload", content=body(),
+                           headers={"content-type": "multipart/form-data; boundary=xx"})
+    assert answer.status_code == 413, answer.text  # over the 2 MB quota (and the 8 MB request limit)
+    assert spool_files(app) == []
+    assert all_files(app) - before == set()
+
+
+def test_an_upload_broken_off_midway_leaves_no_file(app):
+    host, port = httpx.URL(app["url"]).host, httpx.URL(app["url"]).port
+    part = (b'--xx\r\nContent-Disposition: form-data; name="files"; filename="half.png"\r\n'
+            b"Content-Type: image/png\r\n\r\n\x89PNG" + bytes(200_000))
+    head = (f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            "Content-Type: multipart/form-data; boundary=xx\r\nContent-Length: 900000\r\n\r\n").encode()
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(head + part)
+        wait_for(lambda: spool_files(app), what="the upload's spool file")  # the route is receiving it
+    # The connection is closed with the body incomplete.
+    wait_for(lambda: not spool_files(app), what="the broken-off upload's spool file to go", timeout=30)
+
+
+def test_a_file_still_arriving_is_not_pruned(app):
+    """45 files in one slow request (more than --cache-max-files 40): none of the spool files is pruned
+    while the rest arrives, and the upload ends with an answer, not a server error."""
+    janitor = app["demo"].hidream_services.janitor
+    release = threading.Event()
+
+    def body():
+        for i in range(45):
+            yield (b'--xx\r\nContent-Disposition: form-data; name="files"; filename="a%d.png"\r\n'
+                   b"Content-Type: image/png\r\n\r\n\x89PNG-arriving-%d\r\n" % (i, i))
+            if i == 43:
+                release.wait(60)  # the last file is still to come
+        yield b"--xx--\r\n"
+
+    answer = {}
+
+    def send():
+        with client(app, "127.0.0.5") as http:
+            answer["response"] = http.post("/gradio_api/upload", content=body(),
+                                           headers={"content-type": "multipart/form-data; boundary=xx"})
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        arrived = wait_for(lambda: len(spool_files(app)) >= 44 and spool_files(app), what="44 files received")
+        janitor.run_once()
+        assert all(path.is_file() for path in arrived)
+    finally:
+        release.set()
+        sender.join(60)
+    assert answer["response"].status_code != 500, answer["response"].text
+
+
+def test_a_running_jobs_upload_is_in_use_and_its_outputs_are_charged_to_its_client(app):
+    """Pins the two gradio readings the policy rests on: the files a queued or running event names
+    (`gradio_internals.referenced_paths`), and the output copies of a call, charged to its caller
+    (`gradio_internals.watch_calls`)."""
+    from hidream_ui.ui import gradio_internals
+
+    services, storage = app["demo"].hidream_services, app["demo"].hidream_services.janitor.storage
+    with client(app, "127.0.0.7") as http:
+        upload = http.post("/gradio_api/upload", files={"files": ("apple.png", EXAMPLE.read_bytes(), "image/png")})
+        path = upload.json()[0]
+        data = [{"path": path, "meta": FILE_META, "orig_name": "apple.png"}, "slowly", "", 3.0, 1.5, 200, 0.3, True,
+                "draft", 1, False, True, False]
+        assert http.post("/gradio_api/call/edit", json={"data": data, "session_hash": "busy"}).status_code == 200
+        job = wait_for(lambda: services.jobs.running(), what="the edit to run")[0]
+        try:
+            assert path in gradio_internals.referenced_paths(app["demo"])
+        finally:
+            job.token.cancel("test over")
+        wait_for(lambda: app["engine"].status().state == "idle", what="the engine to go idle")
+        done = edit_call(http, path, "apple.png", session="busy-2")
+    assert done["event"] == "complete", done
+    copies = [value["path"] for value in done["data"][:2] if isinstance(value, dict)]
+    assert copies and all(storage.owners(copy) == {"address:127.0.0.7"} for copy in copies)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding 5: a client's name is capped, retention recognises its own files
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_megabyte_file_name_is_capped_before_it_reaches_the_metadata(app):
+    name = "n" * 1_100_000 + ".png"
+    with client(app, "127.0.0.6") as http:
+        upload = http.post("/gradio_api/upload", files={"files": ("apple.png", EXAMPLE.read_bytes(), "image/png")})
+        outcome = edit_call(http, upload.json()[0], name, session="long-name")
+    if outcome["event"] == "refused":  # a body cap of the app refused the request first: nothing saved
+        assert outcome["status"] == 413, outcome
+        return
+    assert outcome["event"] == "complete", outcome
+    download = outcome["data"][1]  # the Download button: gradio's copy of the saved PNG, same file name
+    png = Path(app["config"].output_dir) / Path(download["path"]).name
+    stored = json.loads(png.with_suffix(".json").read_text())["source_name"]
+    assert len(stored) <= 255 and stored.endswith(".png")
+    assert png.stat().st_size < 200_000
+    with Image.open(png) as image:
+        assert "hidream_ui" in image.info  # our own reader finds it again
+
+
+def test_the_gate_and_the_metadata_cap_client_names(tmp_path):
+    from hidream_ui.requests import MAX_NAME_CHARS, EditParams, EditResult, Timings
+    from hidream_ui.ui.files import UploadGate
+
+    picture = tmp_path / "p.png"
+    Image.new("RGB", (8, 8)).save(picture)
+    gate = UploadGate(lambda path: True)
+    _, name = gate.path({"path": str(picture), "orig_name": "x" * 2_000_000 + ".png"})
+    assert len(name) == MAX_NAME_CHARS and name.endswith(".png")
+    result = EditResult(image=Image.new("RGB", (8, 8)), source_image=Image.new("RGB", (8, 8)),
+                        params=EditParams(instruction="a").validated(), working_size=(8, 8), source_size=(8, 8),
+                        timings=Timings(), peak_memory_bytes=None, info=run_info(), source_name="y" * 1_000_000)
+    assert len(result.metadata()["source_name"]) == MAX_NAME_CHARS
+
+
+def test_retention_prunes_its_own_pngs_whose_metadata_pillow_refuses(tmp_path, monkeypatch):
+    """A result saved before the cap, with a text chunk Pillow will not read: the name pattern and
+    our sidecar say it is ours, so retention counts it and deletes it. Pillow refuses text over
+    MAX_TEXT_MEMORY (64 MB: the finding's 68 MB name); lowered to 1 MB here so the test writes 2 MB."""
+    from hidream_ui.outputs import prune
+
+    monkeypatch.setattr(PngImagePlugin, "MAX_TEXT_MEMORY", 1024 * 1024)
+    info = PngImagePlugin.PngInfo()
+    info.add_text("hidream_ui", json.dumps({"format": "hidream_ui/1", "source_name": "z" * 2_000_000}))
+    huge = tmp_path / "20240101-000000-000000-s1-0123abcd.png"
+    Image.new("RGB", (8, 8)).save(huge, pnginfo=info)
+    huge.with_suffix(".json").write_text(json.dumps({"format": "hidream_ui/1", "source_name": "z" * 2_000_000},
+                                                    indent=2))
+    with pytest.raises(ValueError):
+        Image.open(huge).load()  # Pillow refuses the chunk: this is the file the old retention kept forever
+    newer = []
+    for second in (1, 2):
+        path = tmp_path / f"20240101-00000{second}-000000-s1-0123abcd.png"
+        Image.new("RGB", (8, 8)).save(path, pnginfo=_small_info())
+        path.with_suffix(".json").write_text(json.dumps({"format": "hidream_ui/1"}, indent=2))
+        newer.append(path)
+    foreign = tmp_path / "20230101-000000-000000-s1-0123abcd.png"  # our pattern, not ours
+    Image.new("RGB", (8, 8)).save(foreign)
+    deleted = prune(tmp_path, 2)
+    assert deleted == [huge]
+    assert not huge.with_suffix(".json").exists() and foreign.exists() and all(p.exists() for p in newer)
+
+
+def _small_info():
+    info = PngImagePlugin.PngInfo()
+    info.add_text("hidream_ui", json.dumps({"format": "hidream_ui/1"}))
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy itself (files.ClientStorage.plan), without a server
+# ---------------------------------------------------------------------------------------------
+
+
+def _storage(**limits):
+    from hidream_ui.ui.files import ClientStorage, StorageLimits
+
+    values = dict(client_bytes=10_000, client_files=3, cache_bytes=100_000, cache_files=5, max_age=100.0, grace=5.0)
+    return ClientStorage(StorageLimits(**{**values, **limits}), clock=lambda: 1000.0)
+
+
+def _entry(path, changed, size=10, spool=False):
+    from hidream_ui.ui.files import CacheEntry
+
+    return CacheEntry(path, size, changed, changed, spool)
+
+
+def test_the_cache_cap_removes_only_files_charged_to_nobody():
+    storage = _storage()
+    entries = [_entry(f"/c/a{i}", 900.0 + i) for i in range(3)] + [_entry(f"/c/n{i}", 910.0 + i) for i in range(5)]
+    storage._charge("address:a", "/c/a0")  # a's oldest files are older than every uncharged one
+    storage._charge("address:a", "/c/a1")
+    storage._charge("address:a", "/c/a2")
+    assert storage.plan(entries, now=1000.0) == ["/c/n0", "/c/n1", "/c/n2"]  # 8 files, cap 5
+
+
+def test_a_client_over_its_quota_loses_only_its_own_unshared_unused_output_copies():
+    storage = _storage(cache_files=100)
+    outputs = [f"/c/b{i}" for i in range(6)]
+    entries = [_entry(path, 900.0) for path in outputs + ["/c/shared", "/c/up0", "/c/up1"]]
+    storage.record_call(None, "address:b", 1, "e0", inputs=[], outputs=outputs + ["/c/shared"])
+    storage.record_call(None, "address:a", 1, "e1", inputs=[], outputs=["/c/shared"])
+    storage.record_call("s-b", "address:b", 1, "e2", inputs=["/c/b0"], outputs=[])  # b0: its latest call's input
+    storage.record_upload("address:b", ["/c/up0", "/c/up1"])
+    # b holds 9 files, quota 3: its oldest output copies go, but not b0 (in use), not the shared
+    # one and not its uploads (those only go by age).
+    assert storage.plan(entries, now=1000.0) == ["/c/b1", "/c/b2", "/c/b3", "/c/b4", "/c/b5"]
+    assert storage.refusal("address:a") is None
+    refusal = storage.refusal("address:b")  # b0, shared, 2 uploads: at its quota of 3 even after pruning
+    assert refusal is not None and refusal.status == 429 and "at most 3 files" in refusal.message
+
+
+def test_arriving_and_queued_files_are_never_pruned():
+    storage = _storage(cache_files=1)
+    upload = storage.begin_upload("address:c")
+    entries = [_entry("/c/tmpabc", 900.0, spool=True), _entry("/c/fresh", 998.0), _entry("/c/queued", 800.0),
+               _entry("/c/old", 800.0)]
+    assert storage.plan(entries, referenced=["/c/queued"], now=1000.0) == ["/c/old"]
+    storage.end_upload(upload)  # no upload in flight: an old spool file is an orphan now
+    assert set(storage.plan(entries, referenced=["/c/queued"], now=1000.0)) == {"/c/tmpabc", "/c/old"}
+
+
+def test_emptied_and_abandoned_folders_are_removed(tmp_path):
+    from hidream_ui.ui import gradio_internals
+
+    old = tmp_path / "hidream-ui-gradio-x1" / "deep"
+    old.mkdir(parents=True)
+    fresh = tmp_path / "hidream-ui-gradio-x2"
+    fresh.mkdir()
+    storage = _storage(grace=30.0)
+    later = time.time() + 60
+    demo = types.SimpleNamespace(temp_file_sets=[], blocks={})
+    for folder in (old, old.parent):  # untouched for 90 s as the janitor sees it
+        os.utime(folder, (later - 90, later - 90))
+    os.utime(fresh, (later - 1, later - 1))
+    gradio_internals.prune_cache(demo, tmp_path, 10, 3600, now=later, storage=storage)
+    assert not old.parent.exists() and fresh.exists()

@@ -254,6 +254,7 @@ class CallResult:
     seconds: float = 0.0
     event_id: str | None = None
     messages: list[str] = field(default_factory=list)
+    ended_at: float = field(default_factory=time.monotonic)
 
     @property
     def refused(self) -> bool:
@@ -347,6 +348,10 @@ def queue_call(app: AbuseApp, http, fn_index: int, data: list, session: str, tim
                     messages.extend(str(p.get("desc")) for p in message.get("progress_data") or [] if p.get("desc"))
                 if kind == "process_completed":
                     output = message.get("output") or {}
+                    if message.get("success") and "data" not in output:
+                        # What Gradio sends for an event its /cancel ended: "success", no output.
+                        return CallResult(False, 200, "ended with no output (cancelled)",
+                                          seconds=time.monotonic() - started, event_id=event_id, messages=messages)
                     if message.get("success"):
                         return CallResult(True, 200, data=output.get("data"), seconds=time.monotonic() - started,
                                           event_id=event_id, messages=messages)
@@ -480,6 +485,10 @@ class HonestClient:
         if result.ran:
             self.result_url = _result_url(result.data)
         return result
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
 
     def start(self) -> None:
         if self._thread is None:
@@ -642,7 +651,7 @@ def run_probe(name: str, *, quick: bool, budget: float) -> dict:
         context = ProbeContext(app=app, honest=honest, quick=quick, statuses=statuses,
                                deadline=probe_start + budget)
         outcome = spec.run(context)
-        if honest._thread is None:  # a probe that forgot: the edit still has to run beside the app's state
+        if not honest.started:  # a probe that forgot: the edit still has to run beside the app's state
             context.notes.append("honest edit started after the attack")
             honest.start()
         record["honest_edit_completed"] = honest.finish(time.monotonic() + honest_timeout)

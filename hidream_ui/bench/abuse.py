@@ -63,10 +63,11 @@ def _apple() -> Path:
     return ASSETS_DIR / "apple.png"
 
 
-def edit_data(image: Any, instruction: str = EDIT_INSTRUCTION, steps: int = 2, seed: int = 1) -> list:
+def edit_data(image: Any, instruction: str = EDIT_INSTRUCTION, steps: int = 2, seed: int = 1,
+              resolution: str = "draft") -> list:
     """The 13 inputs of `/edit` in order (image, instruction, negative, guidance, image guidance,
     steps, refine strength, CLIP norm, resolution, seed, randomize, collapse padding, rewrite)."""
-    return [image, instruction, "", 3.0, 1.5, steps, 0.3, True, "draft", seed, False, True, False]
+    return [image, instruction, "", 3.0, 1.5, steps, 0.3, True, resolution, seed, False, True, False]
 
 
 def file_data(path: str, orig_name: str | None = None) -> dict:
@@ -263,6 +264,8 @@ class CallResult:
     def short(self) -> str:
         if self.ran:
             return "ran"
+        if self.status is None:  # no HTTP answer: a timeout or a dropped connection
+            return f"no answer ({(self.error or '')[:160]})"
         return f"refused ({self.status}: {(self.error or '')[:160]})"
 
 

@@ -56,6 +56,23 @@ def attacker_png(tag: str = "", side: int = 96) -> bytes:
     return abuse_files.png_of_zeros(side, side, "RGB", text_before={"attacker": tag or uuid.uuid4().hex})
 
 
+def attacker_apple() -> bytes:
+    """The bundled apple with a text chunk of the attacker's: the honest client's pixels (so an edit
+    costs what a real one costs; a black image edits many times faster), distinct bytes."""
+    import io
+
+    from PIL import Image, PngImagePlugin
+
+    from hidream_ui.bench.abuse import _apple
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("attacker", uuid.uuid4().hex)
+    with Image.open(_apple()) as image:
+        out = io.BytesIO()
+        image.save(out, format="PNG", pnginfo=info)
+    return out.getvalue()
+
+
 def _in_threads(count: int, work: Callable[[int], object], timeout: float) -> list:
     results: list = [None] * count
 
@@ -120,9 +137,9 @@ def _wait(condition: Callable[[], bool], timeout: float, every: float = 0.25) ->
 def run_bypass(ctx: ProbeContext) -> ProbeOutcome:
     app, parallel = ctx.app, 8
     steps = 2 if ctx.quick else 4
-    abandoned_steps = 30 if ctx.quick else 60  # several times the 3 s its client waits
-    # The honest client's size (the apple, 288 px): a step there takes ~0.3 s on this 2-core box.
-    path = _upload_one(app, "mine.png", attacker_png(side=288))
+    # The most steps the app takes (200): ~5 s on an idle 2-core box, 5x the second its client waits.
+    abandoned_steps, give_up_s = 200, 1.0
+    path = _upload_one(app, "mine.png", attacker_apple())
     session = new_session("attacker")
     since = time.monotonic()
 
@@ -137,10 +154,10 @@ def run_bypass(ctx: ProbeContext) -> ProbeOutcome:
     with app.http() as http:
         attention = run_direct(http, "set_attention", ["math", "all"], session, timeout=min(60.0, ctx.left()))
         load = run_direct(http, "load_model", [], session, timeout=min(60.0, ctx.left()))
-        # A client that gives up after 3 s: with no event id, no cancel can reach its job.
+        # A client that gives up after a second: with no event id, no cancel can reach its job.
         before = _saved_with(app, "abandoned run")
         abandoned = run_direct(http, "edit", edit_data(file_data(path), "abandoned run", abandoned_steps),
-                               session, timeout=3.0)
+                               session, timeout=give_up_s)
     abandoned_saved, abandoned_busy = 0, None
     if not abandoned.ran:
         # Did the job go on without its client? Seen busy within a few seconds, then idle again,
@@ -166,7 +183,7 @@ def run_bypass(ctx: ProbeContext) -> ProbeOutcome:
             f"/run/edit saved {abandoned_saved}")
     sent = (f"{parallel} parallel POST /gradio_api/run/edit ({steps} steps) with one session_hash; "
             f"POST /run/set_attention ['math'], /run/load_model; one {abandoned_steps}-step /run/edit given up "
-            f"after 3 s")
+            f"after {give_up_s:.0f} s")
     return ProbeOutcome(sent, check, text, figures)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from hidream_ui.bench import free_port
 
 TARGET_SECONDS = 15.0
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout (hidream_ui/bench/app.py -> .)
 # Variables that would point the app at real weights: the benchmark is about the tiny model.
 _MODEL_ENV = ("HIDREAM_MODEL_DIR", "HIDREAM_LLAMA", "HIDREAM_I1", "HIDREAM_E1", "HIDREAM_PORT", "HIDREAM_HOST")
 

@@ -508,9 +508,11 @@ class Handlers:
     def settings_from_file(self, file):
         if not file:
             raise gr.Error("Upload a PNG saved by this app.", print_exception=False)
-        path = file if isinstance(file, (str, Path)) else getattr(file, "name", file)
+        # The event runs with preprocess=False: gr.File's preprocessing leaves an empty temp file in
+        # gradio's cache on every call. The gate opens only what this app stored (or its examples).
+        path, name = self.services.gate.path(file, "file")
         params = load_settings(path)
-        gr.Info(f"Loaded the settings from {Path(str(path)).name} (seed {params.seed}).")
+        gr.Info(f"Loaded the settings from {name or 'the PNG'} (seed {params.seed}).")
         return (*form_values(params), gr.Tabs(selected="edit"))
 
 

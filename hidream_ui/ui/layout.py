@@ -388,7 +388,7 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
         # admission limits (cli/app.py `admission`), never a way around the queue.
         settings_file.upload(handlers.settings_from_file, [settings_file], [*form, tabs],
                              concurrency_id=SETTINGS_FILE_GROUP, concurrency_limit=SETTINGS_FILE_CONCURRENCY,
-                             show_progress="minimal", api_visibility="private")
+                             show_progress="minimal", api_visibility="private", preprocess=False)
 
     handlers.queue_info = lambda: gradio_internals.queue_figures(demo, DEVICE_GROUP)
     services.demo = demo

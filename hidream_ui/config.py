@@ -88,6 +88,12 @@ class AppConfig:
     # What one client (its login, else its address) may keep in that cache: uploads and result copies.
     client_quota_mb: int = 500
     client_quota_files: int = 200
+    # Decompressed bytes all the zips of one batch request may cost, kept or rejected (archive.ZipLimits).
+    max_zip_mb: int = 512
+    # A request body other than a file upload (queue joins, API calls, cancels, logins have their own 64 KB).
+    max_body_kb: int = 1024
+    # A session that names no request for this long (and has nothing queued or running) loses its state.
+    session_idle_expiry: int = 3600
     # Instruction rewriting: a VLM behind an OpenAI-compatible URL, or the local Llama (text only).
     # The API key is read from the environment when the client is made, never stored here.
     rewriter: str = "auto"
@@ -182,6 +188,12 @@ _SERVER_OPTIONS = [
      "files of uploads and result copies one client may keep in that cache (default 200)"),
     ("--cache-max-age", ("HIDREAM_CACHE_MAX_AGE",), "cache_max_age",
      "seconds a cached upload or result copy is kept (default 3600)"),
+    ("--max-zip-mb", ("HIDREAM_MAX_ZIP_MB",), "max_zip_mb",
+     "MB decompressed from all the zips of one batch request, kept or rejected (default 512)"),
+    ("--max-body-kb", ("HIDREAM_MAX_BODY_KB",), "max_body_kb",
+     "largest request body other than a file upload, in KB (default 1024)"),
+    ("--session-idle-expiry", ("HIDREAM_SESSION_IDLE_EXPIRY",), "session_idle_expiry",
+     "seconds after which an idle session's state is dropped (default 3600)"),
 ]
 
 
@@ -201,7 +213,7 @@ _REWRITER_OPTIONS = [
 
 _INT_FIELDS = ("port", "max_queue", "retention", "max_batch_items", "max_grid_cells", "max_upload_mb", "max_pixels",
                "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age", "cache_max_mb",
-               "client_quota_mb", "client_quota_files")
+               "client_quota_mb", "client_quota_files", "max_zip_mb", "max_body_kb", "session_idle_expiry")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -342,7 +354,8 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError(f"port={config.port} must be between 1 and 65535")
     for name in ("max_queue", "max_batch_items", "max_grid_cells", "prompt_cache_size", "max_upload_mb",
                  "max_pixels", "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age",
-                 "cache_max_mb", "client_quota_mb", "client_quota_files"):
+                 "cache_max_mb", "client_quota_mb", "client_quota_files", "max_zip_mb", "max_body_kb",
+                 "session_idle_expiry"):
         if getattr(config, name) < 1:
             raise ConfigError(f"{name}={getattr(config, name)} must be at least 1")
     if config.retention < 0:

@@ -8,16 +8,19 @@ module takes seconds after the one-time tiny build and load.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
 from PIL import Image
 
+from hidream_ui.config import AppConfig
 from hidream_ui.imaging import ImageError, open_image
 from hidream_ui.outputs import load_settings
 from hidream_ui.requests import SEED_MAX, EditParams, RequestError
 from hidream_ui.ui.layout import ASSETS_DIR
+from hidream_ui.ui.services import AppServices
 
 EXAMPLE = ASSETS_DIR / "apple.png"
 FAST = {"num_inference_steps": 2, "working_resolution": "draft"}
@@ -195,7 +198,10 @@ def test_history_settings_round_trip(client, app):
     from hidream_ui.ui.handlers import Handlers
 
     _, saved, seed_used, _ = edit(client, seed=99, guidance_scale=4.5, instruction="Add a rainbow over the sea")
-    handlers = Handlers(app["engine"])
+    # In-process, the PNG's folder is trusted the way the bundled examples are (the app's own event
+    # opens only what gradio stored as an upload: see test_hardening2_queue).
+    services = AppServices.for_config(app["config"], trusted_roots=[Path(saved).parent])
+    handlers = Handlers(app["engine"], services=services)
     *values, tabs = handlers.settings_from_file(saved)
     assert tuple(values) == form_values(load_settings(saved))
     assert values[0] == "Add a rainbow over the sea" and values[2] == 4.5 and values[8] == seed_used == 99
@@ -214,8 +220,12 @@ def test_settings_from_a_png_without_metadata_is_a_readable_error(tmp_path):
     with pytest.raises(MetadataError) as expected:
         load_settings(plain)
     with pytest.raises(gr.Error) as got:
-        Handlers(engine=None).settings_from_file(str(plain))
+        Handlers(engine=None, services=AppServices.for_config(AppConfig(), trusted_roots=[tmp_path])
+                 ).settings_from_file(str(plain))
     assert got.value.message == str(expected.value)
+    # A path this app neither stored nor trusts is refused without being opened.
+    with pytest.raises(gr.Error, match="uploaded to this app"):
+        Handlers(engine=None).settings_from_file(str(plain))
 
 
 class _Request:

@@ -279,3 +279,21 @@ def test_unknown_gradio_session_internals_degrade_to_doing_nothing():
     assert gradio_internals.lean_sessions(Unknown()) is False
     assert gradio_internals.session_count(Unknown()) == 0
     assert gradio_internals.expire_sessions(Unknown(), 0) == 0
+
+
+def test_the_body_cap_and_the_zip_budget_follow_their_flags(launch_app):
+    """--max-body-kb reaches the guard and --max-zip-mb the batch's zip budget (the README lists each
+    limit with its flag): a 300 KB body passes the default cap and is refused under 256 KB."""
+    from hidream_ui.config import ConfigError, from_args
+
+    app = launch_app("hardening2_flags", max_body_kb=256, max_zip_mb=3)
+    body = big_join(300 * 1024)
+    with httpx.Client(base_url=app["url"], timeout=30) as http:
+        answer = http.post("/gradio_api/queue/join", content=body, headers={"content-type": "application/json"})
+        assert answer.status_code == 413 and "larger than 256 KB" in answer.json()["detail"], answer.text
+    batch = next(f for f in app["demo"].fns.values() if f.api_name == "batch_edit").fn.__self__  # the BatchTab
+    assert batch.zip_limits.max_total_bytes == 3 * 2**20 and batch.zip_limits.max_member_bytes == 3 * 2**20
+    config = from_args(["--max-zip-mb", "600", "--max-body-kb", "64", "--session-idle-expiry", "90"], environ={})
+    assert (config.max_zip_mb, config.max_body_kb, config.session_idle_expiry) == (600, 64, 90)
+    with pytest.raises(ConfigError, match="session_idle_expiry=0"):
+        from_args(["--session-idle-expiry", "0"], environ={})

@@ -38,10 +38,6 @@ EXIT_CONFIG = 2
 # One upload request may carry this many files of --max-upload-mb (a batch upload sends several).
 UPLOAD_REQUEST_FILES = 8
 JANITOR_INTERVAL = 5.0  # seconds between two prunings of gradio's cache (files.ClientStorage.plan)
-# A request body other than a file upload (queue joins, API calls, cancels) is at most this big.
-MAX_REQUEST_BODY = 1024 * 1024
-# A session that names no request for this long (and has nothing queued or running) loses its state.
-SESSION_IDLE_EXPIRY = 3600.0
 SESSION_CHECK_INTERVAL = 60.0  # seconds between two looks for idle sessions
 MCP_HINT = "--mcp needs Gradio's MCP extra: pip install \"gradio[mcp]\" (or start without --mcp)"
 
@@ -196,9 +192,9 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
 
     async def expire_sessions():
         while True:
-            await asyncio.sleep(SESSION_CHECK_INTERVAL)
+            await asyncio.sleep(min(SESSION_CHECK_INTERVAL, config.session_idle_expiry / 2))
             try:
-                gradio_internals.expire_sessions(demo, SESSION_IDLE_EXPIRY)
+                gradio_internals.expire_sessions(demo, config.session_idle_expiry)
             except Exception:  # noqa: BLE001 - housekeeping must never take the app down
                 logger.exception("expiring idle sessions failed")
 
@@ -223,7 +219,7 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
 
     guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,
                        max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024,
-                       max_body_bytes=MAX_REQUEST_BODY, storage=storage)
+                       max_body_bytes=config.max_body_kb * 1024, storage=storage)
     middleware = [guard]  # first = outermost: the guard throttles /operator/login before it is answered
     if config.operator is not None:
         middleware.append(Middleware(OperatorLogin, operator=config.operator))

@@ -162,7 +162,9 @@ class BatchTab:
         self.services = services or AppServices.for_config(config)
         self.services.cleanups.append(self.close)  # zips never outlive the server
         self._zip_dir: Path | None = None
-        self.zip_limits = ZipLimits()  # what the zips of one request may cost (tests lower it)
+        # What the zips of one request may cost (--max-zip-mb; tests lower it further).
+        total = config.max_zip_mb * 2**20
+        self.zip_limits = ZipLimits(max_total_bytes=total, max_member_bytes=min(ZipLimits.max_member_bytes, total))
         self.resolution_dropdown = None  # set by build_batch_tab
 
     # ------------------------------------------------------------------ inputs

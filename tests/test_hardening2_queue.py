@@ -28,6 +28,7 @@ from hidream_ui.engine.errors import EditCancelled
 from hidream_ui.requests import EditRequest, RequestError
 from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.layout import ASSETS_DIR
+from hidream_ui.ui.services import AppServices
 
 EXAMPLE = ASSETS_DIR / "apple.png"
 OPERATOR = ("booth-operator", "op-s3cret-pass")
@@ -444,6 +445,27 @@ def test_status_redacts_the_model_path_of_a_load_in_progress(launch_app, tiny_di
     finally:
         release.set()
         loader.join(120)
+
+
+def test_the_load_progress_an_edit_streams_names_no_absolute_path(tiny_dir):
+    """The edit's own progress bar shows the load's messages: without --auth, folder names only."""
+    from hidream_ui.ui.handlers import Handlers
+
+    folder = str(Path(tiny_dir) / "transformer")
+
+    class Loading:
+        config = AppConfig()
+        loaded = False
+
+        def load(self, on_progress=None):
+            on_progress(0.5, f"loading the transformer from {folder}")
+
+    shown: list[str] = []
+    Handlers(Loading())._load_with_progress(lambda fraction, desc: shown.append(desc))
+    assert shown and "transformer" in shown[0] and folder not in shown[0], shown
+    private = Handlers(Loading(), services=AppServices.for_config(AppConfig(auth=("a", "b"))))
+    private._load_with_progress(lambda fraction, desc: shown.append(desc))
+    assert folder in shown[1]  # logged-in users see the path, as in /status
 
 
 def test_a_compare_range_with_a_tiny_step_gets_a_message(app):

@@ -95,7 +95,9 @@ class Handlers:
 
         def on_progress(fraction: float, message: str) -> None:
             if progress is not None:
-                progress(fraction, desc=f"Loading model: {message}")
+                # Load messages name model files; strangers (no --auth) see folder names, as in /status.
+                shown = redact_paths(message) if self.services.public else message
+                progress(fraction, desc=f"Loading model: {shown}")
 
         self.engine.load(on_progress=on_progress)
         return time.perf_counter() - started

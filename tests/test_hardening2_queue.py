@@ -307,6 +307,38 @@ def test_a_wrong_operator_password_signs_nobody_in_and_guessing_is_throttled(lau
     assert codes[:3] == [401] * 3 and codes[3:] == [429] * 2, codes
 
 
+def test_two_content_types_do_not_escape_the_operators_lock(launch_app):
+    """The guard (starlette) reads the first Content-Type, a dict the last: a body declared both
+    text/plain and form would count only against its (spoofable) address. Refused outright."""
+    locked = launch_app("kiosk_two_types", kiosk=True, operator=OPERATOR, max_login_failures=2)
+    body = f"username={OPERATOR[0]}&password=wrong"
+    codes = []
+    for i in range(4):
+        headers = [("X-Forwarded-For", f"10.9.0.{i}"), ("content-type", "text/plain"),
+                   ("content-type", "application/x-www-form-urlencoded")]
+        with httpx.Client(base_url=locked["url"], timeout=30) as http:
+            codes.append(http.post("/operator/login", content=body, headers=httpx.Headers(headers)).status_code)
+    assert codes == [400] * 4, codes
+    with httpx.Client(base_url=locked["url"], timeout=30) as http:
+        for i in range(2):  # lock the operator's name, each try from an address of its own
+            http.post("/operator/login", data={"username": OPERATOR[0], "password": f"x{i}"},
+                      headers={"X-Forwarded-For": f"10.9.1.{i}"})
+        right = http.post("/operator/login", data={"username": OPERATOR[0], "password": OPERATOR[1]},
+                          headers={"X-Forwarded-For": "10.9.2.1"})
+        assert right.status_code == 429 and not http.cookies, right.status_code
+
+
+def test_the_operator_form_posts_to_the_login_route_from_every_page(kiosk):
+    """After a wrong password the form is served from /operator/login: its action must still be
+    /operator/login (a relative one posted to /operator/operator/login, a 404 that counted as a try)."""
+    with httpx.Client(base_url=kiosk["url"], timeout=30) as http:
+        pages = [http.get("/operator").text, http.get("/operator/").text,
+                 http.post("/operator/login", data={"username": "nobody", "password": "x"},
+                           headers={"X-Forwarded-For": "10.9.3.1"}).text]
+    for page in pages:
+        assert re.search(r'action="/operator/login"', page), page[:400]
+
+
 @pytest.fixture(scope="module")
 def kiosk_with_auth(launch_app):
     return launch_app("kiosk_auth", kiosk=True, operator=OPERATOR, auth=("visitor", "visitor-pass"))

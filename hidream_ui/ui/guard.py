@@ -121,6 +121,10 @@ class BoothGuard:
         if scope.get("type") != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
         path = str(scope.get("path", "")).rstrip("/")
+        if sum(1 for key, _ in scope.get("headers", ()) if key == b"content-type") > 1:
+            # Parsers disagree on which of two Content-Types wins (starlette the first, a dict the
+            # last): a body the guard reads one way and a route another escapes the guard's checks.
+            return await _refuse(send, 400, "A request carries one Content-Type header, not several.")
         if path.endswith("/gradio_api/upload"):
             if self.max_upload_bytes is None:
                 return await self.app(scope, receive, send)

@@ -39,7 +39,7 @@ _PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Operator logi
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>body{{font-family:sans-serif;max-width:24em;margin:4em auto}}input{{display:block;width:100%;margin:.3em 0 1em}}
 </style></head><body><h2>Operator login</h2><p>{message}</p>{body}</body></html>"""
-_FORM = """<form method="post" action="operator/login">
+_FORM = """<form method="post" action="{action}">
 <label>Name<input name="username" autocomplete="username" required></label>
 <label>Password<input name="password" type="password" autocomplete="current-password" required></label>
 <button type="submit">Log in</button></form>"""
@@ -80,13 +80,16 @@ class OperatorLogin:
             method = scope.get("method")
             if path == OPERATOR_PATH and method in ("GET", "HEAD"):
                 return await _page(send, 200, "Sign in to change the engine-wide settings "
-                                              "(attention, speed, load model).", _FORM)
+                                              "(attention, speed, load model).", _form(scope))
             if path == LOGIN_PATH and method == "POST":
                 return await self._login(scope, receive, send)
         return await self.app(scope, receive, send)
 
     async def _login(self, scope, receive, send):
-        content_type = dict(scope.get("headers", ())).get(b"content-type", b"").split(b";")[0].strip()
+        # The first Content-Type, as starlette (and so the guard's throttle) reads it; the guard
+        # refuses requests that carry several.
+        content_type = next((value for key, value in scope.get("headers", ()) if key == b"content-type"),
+                            b"").split(b";")[0].strip().lower()
         if content_type != b"application/x-www-form-urlencoded":
             return await _page(send, 415, "Send the form (application/x-www-form-urlencoded).", "")
         body, more = b"", True
@@ -101,19 +104,26 @@ class OperatorLogin:
         fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
         users, passwords = fields.get("username", []), fields.get("password", [])
         if len(users) != 1 or len(passwords) != 1:  # one of each: no guessing which one is read
-            return await _page(send, 400, "Give one name and one password.", _FORM)
+            return await _page(send, 400, "Give one name and one password.", _form(scope))
         # Both compared in full, whatever the first says: the time taken tells nothing.
         good_user = hmac.compare_digest(users[0].strip().encode(), self.user.encode())
         good_password = hmac.compare_digest(passwords[0].encode(), self.password.encode())
         if not (good_user and good_password):
             logger.warning("operator login refused for %r", users[0][:64])
-            return await _page(send, 401, "Incorrect name or password.", _FORM)
+            return await _page(send, 401, "Incorrect name or password.", _form(scope))
         cookies = gradio_internals.sign_in(scope, self.user)
         if cookies is None:
             return await _page(send, 503, "This gradio version's login cannot be used; see the server log.", "")
         logger.info("operator signed in")
         return await _page(send, 200, "Signed in as the operator. <a href=\"../\">Open the app</a>; "
                                       "<a href=\"../logout\">log out</a> when done.", "", cookies)
+
+
+def _form(scope) -> str:
+    """The login form, posting to an absolute path: the form is also served from /operator/ and from
+    /operator/login (after a wrong password), where a relative action would point elsewhere."""
+    root = str(scope.get("root_path", "") or "").rstrip("/")
+    return _FORM.format(action=html.escape(root + LOGIN_PATH))
 
 
 async def _page(send, status: int, message: str, body: str, headers: list | None = None) -> None:

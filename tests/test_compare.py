@@ -181,11 +181,23 @@ def test_attention_axis_switches_and_restores(engine, monkeypatch):
     monkeypatch.setattr(engine, "set_attention", lambda name: calls.append(name) or original(name))
     result = run_compare(engine, picture(2), params(num_inference_steps=1), "attention", "math, sdpa")
     assert [c.info.attention for c in result.cells] == ["math", "sdpa"]
-    assert calls == ["math", "sdpa", before]
+    assert calls == ["math", "sdpa"]  # then restored as it was: asked and resolved
     assert engine.attention_request == before and engine.status().attention == resolved
     # Same seed and settings, two exact attention implementations: (nearly) the same picture.
     a, b = (np.asarray(c.image, dtype=np.int16) for c in result.cells)
     assert np.abs(a - b).max() <= 2
+
+
+def test_a_fallen_back_attention_is_restored_after_the_axis(tmp_path, tiny_cache):
+    """Started with a strategy this device lacks (flash_attn on a CPU: auto runs instead), a
+    comparison over attention must leave the engine as it found it, not on its last cell's
+    strategy for every later visitor (re-asking flash_attn fails, so that used to stick)."""
+    fallen = EditEngine(AppConfig(device="cpu", output_dir=tmp_path / "out", attention="flash_attn"))
+    fallen.load()
+    before = (fallen.attention_request, fallen.status().attention)
+    assert before[0] == "flash_attn" and before[1] != "math"
+    run_compare(fallen, picture(5), params(num_inference_steps=1), "attention", "math")
+    assert (fallen.attention_request, fallen.status().attention) == before
 
 
 def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):

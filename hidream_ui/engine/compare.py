@@ -374,7 +374,7 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
             for cell in plan.cells:  # a size the model cannot take fails the request before any cell runs
                 engine.working_plan(picture.size, cell.params.working_resolution)
             token = cancel or CancelToken()
-            previous = engine.attention_request if uses_attention else None
+            previous = engine.attention_state() if uses_attention else None
             results: list[EditResult] = []
             cancelled = False
             try:
@@ -396,9 +396,9 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
             finally:
                 if uses_attention and previous:
                     try:
-                        engine.set_attention(previous)
+                        engine.restore_attention(previous)
                     except Exception:  # noqa: BLE001 - never mask the error that got us here
-                        logger.exception("could not restore attention %r after the comparison", previous)
+                        logger.exception("could not restore attention %r after the comparison", previous[0])
             return CompareResult(plan=plan, source_image=picture, cells=results, cancelled=cancelled,
                                  seconds=round(time.perf_counter() - started, 4))
     except EditCancelled:  # while it waited for one of the pool's engines: nothing ran

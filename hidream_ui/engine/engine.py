@@ -286,6 +286,23 @@ class EditEngine:
             self._attention_note = None
             return resolved
 
+    def attention_state(self) -> tuple[str, str | None, str | None]:
+        """(requested name, the strategy it resolved to, the note on a fallback): what
+        `restore_attention` puts back after a temporary switch (Compare's attention axis)."""
+        return self._attention_request, self._attention, self._attention_note
+
+    def restore_attention(self, state: tuple[str, str | None, str | None]) -> None:
+        """Puts back an `attention_state()`. Applies the strategy that was *running*, not the one
+        asked for: a request that fell back at load (say flash_attn on a CPU) cannot be applied
+        again, and re-asking it would leave the comparison's last strategy in place for everyone."""
+        from hidream_ui.pipeline.attention.registry import apply
+
+        request, resolved, note = state
+        with self._lock:
+            if self._model is not None and resolved is not None:
+                apply(self._model.pipeline.transformer, resolved, self.device, self.dtype)
+            self._attention_request, self._attention, self._attention_note = request, resolved, note
+
     # ------------------------------------------------------------------ edit
     def cancel(self, reason: str = "cancelled") -> None:
         """Stops the running edit or batch after its current step (no-op when idle)."""

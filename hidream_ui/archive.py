@@ -20,9 +20,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import lzma
 import os
 import posixpath
 import stat
+import struct
 import time
 import zipfile
 import zlib
@@ -281,7 +283,9 @@ def read_zip_images(src: ZipSource, *, name: str | None = None, limits: ZipLimit
                 rejected.append((display, str(exc)))
                 continue
             except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError,
-                    zlib.error) as exc:
+                    zlib.error, lzma.LZMAError, struct.error, ValueError) as exc:
+                # Each decompressor fails in its own way on damaged data (LZMA's options, a short
+                # header): one damaged member is one rejected member, never a failed batch.
                 rejected.append((display, f"cannot be read from the zip ({exc})"))
                 continue
             reason = _not_an_image(data, display)

@@ -204,3 +204,21 @@ def test_the_zips_of_one_upload_share_one_byte_budget(tmp_path):
     sources, rejected = sources_from_uploads(zips, limits=ZipLimits(max_total_bytes=2 * len(member)))
     assert [s.name for s in sources] == ["part0.zip/a0.png", "part1.zip/a1.png"]
     assert [name for name, _ in rejected] == ["part2.zip"] and "split the batch" in rejected[0][1]
+
+
+def test_a_damaged_lzma_member_is_one_rejected_member():
+    """LZMA fails on damaged data with its own error type: the member is rejected, the rest read."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("good.png", png_bytes(3), compress_type=zipfile.ZIP_DEFLATED)
+        archive.writestr("bad.png", png_bytes(4), compress_type=zipfile.ZIP_LZMA)
+    data = bytearray(buffer.getvalue())
+    with zipfile.ZipFile(io.BytesIO(bytes(data))) as archive:
+        info = archive.getinfo("bad.png")
+    name_len, extra_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    start = info.header_offset + 30 + name_len + extra_len
+    data[start + 4:start + 9] = b"\xff" * 5  # the LZMA properties after zip's 4-byte LZMA header
+    sources, rejected = read_zip_images(bytes(data), name="mixed.zip")
+    assert [s.name for s in sources] == ["mixed.zip/good.png"]
+    assert len(rejected) == 1 and rejected[0][0] == "mixed.zip/bad.png" and "cannot be read" in rejected[0][1], rejected

@@ -200,6 +200,15 @@ def test_a_flood_of_fresh_sessions_evicts_its_own_kind_not_a_session_with_state(
                 assert fresh.status_code == 200, fresh.text
             assert len(holder.session_data) <= holder.capacity
             assert "honest" in holder.session_data
+            # Page loads update widgets for their session (so they hold something), as every real
+            # page does: a flood of them must not push out a session with State values either.
+            page_load = next(i for i, fn in demo.fns.items() if getattr(fn.fn, "__name__", "") == "page_load")
+            for _ in range(holder.capacity + 5):
+                loaded = http.post("/gradio_api/run/predict", json={"fn_index": page_load, "data": [],
+                                                                    "session_hash": uuid.uuid4().hex})
+                assert loaded.status_code == 200, loaded.text
+            assert len(holder.session_data) <= holder.capacity
+            assert "honest" in holder.session_data
         finally:
             holder.capacity = capacity
 

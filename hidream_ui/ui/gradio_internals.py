@@ -499,6 +499,13 @@ def _lean_classes() -> tuple[type, type] | None:
             """True once the session has state of its own (State values, updated blocks)."""
             return bool(self.state_data) or self._own_config is not None
 
+        @property
+        def worth(self) -> int:
+            """What evicting the session would lose: 0 nothing, 1 only widget updates (any page
+            load makes those, so a flood of page loads has them too), 2 State values (history,
+            a comparison's cells: a real visitor's work)."""
+            return 2 if self.state_data else 1 if self._own_config is not None else 0
+
         def __setitem__(self, key: int, value: Any):
             if not isinstance(self.blocks_config.blocks.get(key), State) and self._own_config is None:
                 from copy import copy
@@ -529,15 +536,17 @@ def _lean_classes() -> tuple[type, type] | None:
             return super().__getitem__(session_id)
 
         def update(self, session_id: str):
-            """Gradio's LRU bound, except that the oldest session holding nothing goes first: a
-            flood of fresh sessions pushes out its own kind before anyone's history."""
+            """Gradio's LRU bound, except that the oldest session of the least worth goes first:
+            a flood of fresh sessions (or of page loads) pushes out its own kind before anyone's
+            history."""
             with self.lock:
                 if session_id in self.session_data:
                     self.session_data.move_to_end(session_id)
                 while len(self.session_data) > self.capacity:
-                    victim = next((sid for sid, state in self.session_data.items()
-                                   if sid != session_id and not getattr(state, "holds_something", True)),
-                                  next(iter(self.session_data)))
+                    # The oldest of the least worth (dict order is the order of use).
+                    victim = min((sid for sid in self.session_data if sid != session_id),
+                                 key=lambda sid: getattr(self.session_data[sid], "worth", 2),
+                                 default=next(iter(self.session_data)))
                     del self.session_data[victim]
                     self.time_last_used.pop(victim, None)
 

@@ -85,7 +85,7 @@ class AppConfig:
     cache_max_files: int = 1000
     cache_max_mb: int = 4000
     cache_max_age: int = 3600
-    # What one client (its login, else its address) may keep in that cache: uploads and result copies.
+    # What one client (its address, and its login with --auth) may keep in that cache: uploads and result copies.
     client_quota_mb: int = 500
     client_quota_files: int = 200
     # Decompressed bytes all the zips of one batch request may cost, kept or rejected (archive.ZipLimits).
@@ -183,7 +183,7 @@ _SERVER_OPTIONS = [
     ("--cache-max-mb", ("HIDREAM_CACHE_MAX_MB",), "cache_max_mb",
      "MB in Gradio's upload/result cache for this app; when full, uploads are refused (default 4000)"),
     ("--client-quota-mb", ("HIDREAM_CLIENT_QUOTA_MB",), "client_quota_mb",
-     "MB of uploads and result copies one client (login, else address) may keep in that cache (default 500)"),
+     "MB of uploads and result copies one client (address, and login with --auth) may keep there (default 500)"),
     ("--client-quota-files", ("HIDREAM_CLIENT_QUOTA_FILES",), "client_quota_files",
      "files of uploads and result copies one client may keep in that cache (default 200)"),
     ("--cache-max-age", ("HIDREAM_CACHE_MAX_AGE",), "cache_max_age",

@@ -362,3 +362,123 @@ def test_emptied_and_abandoned_folders_are_removed(tmp_path):
     os.utime(fresh, (later - 1, later - 1))
     gradio_internals.prune_cache(demo, tmp_path, 10, 3600, now=later, storage=storage)
     assert not old.parent.exists() and fresh.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Review of the storage code: a refused upload deletes only its own files; uploads in flight count
+# against the cache; a shared login does not share one quota; no empty accounts are left behind.
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tight(launch_app):
+    # A client keeps at most 2 files; the whole cache (examples excluded) at most 2 MB.
+    return launch_app("storage-tight", max_queue=8, max_upload_mb=1, cache_max_files=40, cache_max_mb=2,
+                      client_quota_files=2, client_quota_mb=2)
+
+
+def test_a_refused_upload_does_not_delete_an_examples_cached_copy(tight):
+    """Gradio stores an upload at cache/<hash of its bytes>/<name>: the bytes of the bundled apple.png
+    named apple.png land on the example's own cached copy. Refusing that upload must not delete it."""
+    from hidream_ui.ui import gradio_internals
+
+    copies = [p for p in gradio_internals._kept(tight["demo"]) if Path(p).name == "apple.png"]
+    assert copies and all(Path(p).is_file() for p in copies)
+    with client(tight, "127.0.1.1") as http:
+        assert upload_one(http, "junk.png", b"\x89PNG-junk")[0] == 200
+        answer = http.post("/gradio_api/upload", files=[
+            ("files", ("junk2.png", b"\x89PNG-junk2", "image/png")),
+            ("files", ("apple.png", EXAMPLE.read_bytes(), "image/png"))])
+        assert answer.status_code == 429, answer.text  # 3 files, quota 2: undone and refused
+        assert all(Path(p).is_file() for p in copies), "the example's cached copy was deleted"
+        # The example still works through the app (the gate allows its copy, the edit reads it).
+        done = edit_call(http, copies[0], "apple.png", session="example-after-refusal")
+    assert done["event"] == "complete", done
+
+
+def test_uploads_in_flight_count_against_the_cache_cap(tight):
+    """Two clients each stream 0.9 MB (chunked: no length to check up front) into a 2 MB cache and hold
+    their uploads open; a third client's 0.9 MB then passes the cap with the others' bytes in flight
+    and is cut off with 503 (it used to be stored: 2.7 MB in a 2 MB cache), while the first two complete."""
+    release = threading.Event()
+    chunk = bytes(900_000)
+
+    def body(i, hold):
+        yield (b'--xx\r\nContent-Disposition: form-data; name="files"; filename="big%d.png"\r\n'
+               b"Content-Type: image/png\r\n\r\n\x89PNG" % i + chunk)
+        if hold:
+            release.wait(60)  # held open: its bytes are in flight, not yet a stored file
+        yield b"\r\n--xx--\r\n"
+
+    def send(i, hold=True):
+        with client(tight, f"127.0.2.{i + 1}") as http:
+            try:
+                return http.post("/gradio_api/upload", content=body(i, hold),
+                                 headers={"content-type": "multipart/form-data; boundary=xx"}).status_code
+            except httpx.HTTPError as exc:
+                return repr(exc)
+
+    def spooled():
+        return sum(p.stat().st_size for p in spool_files(tight) if p.exists())
+
+    answers: dict[int, object] = {}
+    holders = [threading.Thread(target=lambda i=i: answers.__setitem__(i, send(i))) for i in range(2)]
+    try:
+        for i, holder in enumerate(holders):
+            holder.start()
+            wait_for(lambda i=i: spooled() >= (i + 1) * 880_000, what=f"upload {i} in flight")
+        answers[2] = send(2, hold=False)
+    finally:
+        release.set()
+        for holder in holders:
+            holder.join(60)
+    assert answers == {0: 200, 1: 200, 2: 503}, answers
+
+
+def test_a_shared_login_does_not_share_one_quota():
+    """`--auth booth:pw` with many visitors: each visitor (address) under the login has its own quota."""
+    from hidream_ui.ui.files import ClientStorage
+
+    first, second = ClientStorage.client_key("10.0.0.1", "booth"), ClientStorage.client_key("10.0.0.2", "booth")
+    assert first != second and "booth" in first and "10.0.0.1" in first
+    storage = _storage(client_files=1)
+    storage.record_upload(first, ["/c/one"])
+    assert storage.refusal(first) is not None and storage.refusal(second) is None
+
+
+def test_a_refused_upload_leaves_no_empty_account():
+    storage = _storage(client_files=1)
+    new, over = storage.record_upload("address:x", ["/c/x1", "/c/x2"])
+    assert over
+    assert storage.uncharge("address:x", new) == ["/c/x1", "/c/x2"]
+    assert "address:x" not in storage._held and storage.usage("address:x") == (0, 0)
+
+
+def test_a_declared_length_is_reserved_in_the_cache():
+    """An upload with a Content-Length holds its room from the start: a second one that would not fit
+    beside it is refused before its body is read."""
+    storage = _storage(cache_bytes=1_000, client_bytes=1_000)
+    first = storage.begin_upload("address:a", declared=800)
+    refusal = storage.refusal("address:b", declared=300)
+    assert refusal is not None and refusal.status == 503
+    assert storage.refusal("address:b", declared=150) is None
+    storage.end_upload(first)
+    assert storage.refusal("address:b", declared=300) is None
+
+
+def test_discarding_spares_what_gradio_held_before_and_the_examples(tmp_path):
+    from hidream_ui.ui import gradio_internals
+
+    mine, earlier, example = (tmp_path / h / "a.png" for h in ("h1", "h2", "h3"))
+    for path in (mine, earlier, example):
+        path.parent.mkdir()
+        path.write_bytes(b"x")
+    block = types.SimpleNamespace(keep_in_cache={str(example)})
+    demo = types.SimpleNamespace(upload_file_set={str(mine), str(earlier)}, blocks={1: block})
+    app = types.SimpleNamespace(uploaded_file_dir=str(tmp_path), get_blocks=lambda: demo)
+    scope = {"app": app}
+    before = gradio_internals.stored_uploads(scope)  # as the guard notes it before the route runs
+    assert before == {str(mine), str(earlier)}
+    gradio_internals.discard_uploads(scope, [str(mine), str(earlier), str(example)], existed=before - {str(mine)})
+    assert not mine.exists() and earlier.is_file() and example.is_file()
+    assert demo.upload_file_set == {str(earlier)}

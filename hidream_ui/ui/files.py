@@ -206,6 +206,16 @@ class Refusal:
 
 
 @dataclass
+class _Upload:
+    """An upload being received."""
+
+    key: str
+    base: int  # bytes its client kept when it began
+    declared: int = 0  # its Content-Length (0: chunked), reserved in the cache until it ends
+    received: int = 0
+
+
+@dataclass
 class _Session:
     key: str
     seen: float
@@ -242,7 +252,7 @@ class ClientStorage:
         self._owners: dict[str, set[str]] = {}  # path -> keys charged for it
         self._held: dict[str, dict[str, int]] = {}  # key -> {path: bytes}
         self._used: dict[str, float] = {}  # path -> last time a call named it
-        self._receiving: dict[int, tuple[str, int, int]] = {}  # upload id -> (key, bytes it kept at start, received)
+        self._receiving: dict[int, _Upload] = {}  # upload id -> the upload being received
         self._outputs: set[str] = set()  # paths charged as a call's output copies (the rest are uploads)
         self._next_upload = 0
         self._sessions: dict[str, _Session] = {}
@@ -253,7 +263,9 @@ class ClientStorage:
     # ------------------------------------------------------------------ who
     @staticmethod
     def client_key(address: str | None, user: str | None = None) -> str:
-        return f"user:{user}" if user else f"address:{address or '?'}"
+        # A login and its address together: one shared login (a booth's `--auth booth:pw`) must not
+        # share one quota among all its visitors, so that one of them cannot fill it for everyone.
+        return f"user:{user}@{address or '?'}" if user else f"address:{address or '?'}"
 
     def usage(self, key: str) -> tuple[int, int]:
         """(files, bytes) charged to `key`."""
@@ -266,18 +278,21 @@ class ClientStorage:
             return set(self._owners.get(str(path), ()))
 
     # ------------------------------------------------------------------ uploads
-    def refusal(self, key: str) -> Refusal | None:
-        """Why an upload from `key` is refused before its body is read (None: admitted)."""
+    def refusal(self, key: str, declared: int | None = None) -> Refusal | None:
+        """Why an upload from `key` is refused before its body is read (None: admitted). `declared`:
+        the request's Content-Length, if it has one (it must fit in the cache's room as a whole)."""
         limits = self.limits
         files, size = self._binding_usage(key)
         with self._lock:
-            size += sum(n for k, _, n in self._receiving.values() if k == key)
+            size += sum(u.received for u in self._receiving.values() if u.key == key)
             total_files, total_bytes = self._total
+            total_bytes += self._in_flight()
         if files >= limits.quota_files or size >= limits.quota_bytes:
             return Refusal(429, f"You already keep {files} file(s), {size / MB:.1f} MB, on this server (at most "
                                 f"{limits.quota_files} files and {limits.quota_bytes / MB:.0f} MB per client). "
                                 f"They are removed {limits.max_age:.0f} s after their last use: try again then.")
-        if total_files >= limits.cache_files or total_bytes >= limits.cache_bytes:
+        if (total_files >= limits.cache_files or total_bytes >= limits.cache_bytes
+                or total_bytes + (declared or 0) > limits.cache_bytes):
             return Refusal(503, f"The server's upload space is full (at most {limits.cache_files} files, "
                                 f"{limits.cache_bytes / MB:.0f} MB): try again in a few minutes.")
         return None
@@ -304,25 +319,43 @@ class ClientStorage:
         prune()
         return True
 
-    def begin_upload(self, key: str) -> int:
+    def begin_upload(self, key: str, declared: int | None = None) -> int:
+        """Starts counting an upload's bytes; `declared` (its Content-Length) is reserved in the cache
+        from the start, so that uploads admitted together cannot overfill it between them."""
         _, base = self._binding_usage(key)
         with self._lock:
             self._next_upload += 1
-            self._receiving[self._next_upload] = (key, base, 0)
+            self._receiving[self._next_upload] = _Upload(key, base, max(0, declared or 0))
             return self._next_upload
 
     def receive(self, upload: int, size: int) -> Refusal | None:
-        """Counts `size` more bytes of an upload; a refusal once the client's quota would overflow."""
+        """Counts `size` more bytes of an upload; a refusal once the client's quota, or the cache's
+        room with every upload in flight counted (all clients'), would overflow."""
+        limits = self.limits
         with self._lock:
-            key, base, received = self._receiving[upload]
-            received += size
-            self._receiving[upload] = (key, base, received)
-            others = sum(n for u, (k, _, n) in self._receiving.items() if k == key and u != upload)
-        if base + others + received > self.limits.quota_bytes:
-            return Refusal(413, f"This upload would take you past {self.limits.quota_bytes / MB:.0f} MB kept on "
-                                f"this server (you keep {base / MB:.1f} MB): upload less, or try again once your "
-                                f"files expire ({self.limits.max_age:.0f} s after their last use).")
+            current = self._receiving[upload]
+            current.received += size
+            others = sum(u.received for n, u in self._receiving.items() if u.key == current.key and n != upload)
+            cache = self._total[1] + self._in_flight()
+        if current.base + others + current.received > limits.quota_bytes:
+            return Refusal(413, f"This upload would take you past {limits.quota_bytes / MB:.0f} MB kept on "
+                                f"this server (you keep {current.base / MB:.1f} MB): upload less, or try again "
+                                f"once your files expire ({limits.max_age:.0f} s after their last use).")
+        if cache > limits.cache_bytes:
+            return Refusal(503, f"The server's upload space is full (at most {limits.cache_bytes / MB:.0f} MB, "
+                                "uploads in progress included): try again in a few minutes.")
         return None
+
+    def _in_flight(self) -> int:
+        """Bytes of the uploads being received (all clients), a declared length counted in full;
+        the caller holds the lock. Until an upload completes, `_total` does not hold its files."""
+        return sum(max(u.received, u.declared) for u in self._receiving.values())
+
+    @property
+    def receiving_bytes(self) -> int:
+        """Bytes received so far by the uploads in flight (all clients)."""
+        with self._lock:
+            return sum(u.received for u in self._receiving.values())
 
     def end_upload(self, upload: int) -> None:
         with self._lock:
@@ -339,11 +372,12 @@ class ClientStorage:
         file quota; the caller then refuses the upload and `uncharge`s them)."""
         new: list[str] = []
         with self._lock:
-            held = self._held.setdefault(key, {})
+            held = self._held.get(key) or {}
             for path in dict.fromkeys(map(str, paths)):
                 if path not in held:
                     self._charge(key, path)
                     new.append(path)
+            held = self._held.get(key) or {}
             files, size = self._total
             self._total = (files + len(new), size + sum(held.get(p, 0) for p in new))
         return new, self._binding_usage(key)[0] > self.limits.quota_files
@@ -357,6 +391,8 @@ class ClientStorage:
                 owners = self._owners.get(path, set())
                 owners.discard(key)
                 held = (self._held.get(key) or {}).pop(path, 0)
+                if key in self._held and not self._held[key]:
+                    del self._held[key]  # a refused client's empty account must not outlive it
                 if not owners:
                     self._owners.pop(path, None)
                     alone.append(path)

@@ -351,13 +351,32 @@ def _remove_empty_folders(folder: Path, older_than: float) -> None:
                 continue  # not empty, or gone
 
 
-def discard_uploads(scope: dict, paths: list[str]) -> None:
+def _scope_demo(scope: dict) -> Any:
+    get_blocks = getattr(scope.get("app"), "get_blocks", None)
+    try:
+        return get_blocks() if callable(get_blocks) else None
+    except Exception:  # noqa: BLE001 - no Blocks (yet): nothing recorded to consult
+        return None
+
+
+def stored_uploads(scope: dict) -> frozenset[str]:
+    """The paths gradio holds as uploads (its upload set) when an upload request begins. Gradio
+    stores an upload at cache/<hash of its bytes>/<name>: an upload of bytes and a name already
+    stored answers the existing path, which is then not that upload's own to delete."""
+    uploads = getattr(_scope_demo(scope), "upload_file_set", None)
+    return frozenset(uploads) if isinstance(uploads, set) else frozenset()
+
+
+def discard_uploads(scope: dict, paths: list[str], existed: "set[str] | frozenset[str]" = frozenset()) -> None:
     """Deletes files an upload route just stored (an upload refused after the fact) and takes them
-    out of gradio's records. `scope` is the upload request's: its app names the cache folder."""
+    out of gradio's records. `scope` is the upload request's: its app names the cache folder.
+    Never deleted: `existed` (what `stored_uploads` saw before the route ran) and the examples'
+    cached copies, which an upload of the same bytes and name answers with the same path."""
     app = scope.get("app")
     folder = getattr(app, "uploaded_file_dir", None)
-    get_blocks = getattr(app, "get_blocks", None)
-    demo = get_blocks() if callable(get_blocks) else None
+    demo = _scope_demo(scope)
+    spared = set(existed) | _kept(demo)
+    paths = [p for p in paths if p not in spared]
     if not paths or not folder:
         return
     folder = Path(folder)
@@ -617,4 +636,4 @@ def expire_sessions(demo: Any, max_idle: float, *, now: float | None = None) -> 
 __all__ = ["current_event_id", "event_alive", "logged_in_user", "sign_in", "queue_figures", "session_jobs",
            "waiting_jobs", "admit_jobs", "is_app_file", "cache_files", "prune_cache", "private_cache_folder",
            "register_demo", "app_cache_files", "lean_sessions", "session_count", "expire_sessions",
-           "referenced_paths", "watch_calls", "upload_abort", "discard_uploads"]
+           "referenced_paths", "watch_calls", "upload_abort", "discard_uploads", "stored_uploads"]

@@ -183,13 +183,16 @@ class BoothGuard:
         key = None
         if storage is not None:
             key = storage.client_key((scope.get("client") or (None, 0))[0], gradio_internals.logged_in_user(scope))
-            refusal = storage.refusal(key)
+            refusal = storage.refusal(key, declared)
             if refusal is not None and await anyio.to_thread.run_sync(storage.prune_before_refusing):
-                refusal = storage.refusal(key)
+                refusal = storage.refusal(key, declared)
             if refusal is not None:
                 logger.warning("upload refused for %s: %s", key, refusal.message)
                 return await _refuse(send, refusal.status, refusal.message)
-        upload = storage.begin_upload(key) if storage is not None else None
+        upload = storage.begin_upload(key, declared) if storage is not None else None
+        # What gradio already held before this route ran: an answered path among these (an identical
+        # earlier upload, whose bytes and name give the same path) is not this upload's to delete.
+        existed = gradio_internals.stored_uploads(scope) if storage is not None else frozenset()
         received = 0
         body_done = False
         refused: tuple[int, str] | None = None
@@ -228,15 +231,17 @@ class BoothGuard:
         if refused is not None:
             return await _refuse(send, *refused)
         if storage is not None:
-            refusal = self._charge_upload(scope, key, held)
+            refusal = self._charge_upload(scope, key, held, existed)
             if refusal is not None:
                 return await _refuse(send, *refusal)
         for message in held:
             await send(message)
 
-    def _charge_upload(self, scope, key: str, held: list[dict]) -> tuple[int, str] | None:
+    def _charge_upload(self, scope, key: str, held: list[dict],
+                       existed: frozenset = frozenset()) -> tuple[int, str] | None:
         """Charges a stored upload (the paths the route answered) to `key`; undoes it and returns
-        the refusal when it took the client past its file quota."""
+        the refusal when it took the client past its file quota. `existed`: the paths gradio held
+        before the route ran (never deleted here)."""
         start = next((m for m in held if m.get("type") == "http.response.start"), {})
         if start.get("status") != 200:
             return None
@@ -249,7 +254,14 @@ class BoothGuard:
         new, over = self.storage.record_upload(key, [p for p in paths if isinstance(p, str)])
         if not over:
             return None
-        gradio_internals.discard_uploads(scope, self.storage.uncharge(key, new))
+        alone = self.storage.uncharge(key, new)
+        # Another upload in flight may have stored the very same path (same bytes, same name) after
+        # this one began, and not be charged for it yet: its file is left to the janitor (charged to
+        # nobody, it goes first under the caps, or by age) rather than deleted under it. This runs
+        # in one stretch with no await, so "in flight" covers every upload not charged yet.
+        if self.storage.receiving:
+            alone = []
+        gradio_internals.discard_uploads(scope, alone, existed)
         limits = self.storage.limits
         files, _ = self.storage.usage(key)
         return 429, (f"This upload has {len(paths)} file(s) and you already keep {files} on this server (at most "

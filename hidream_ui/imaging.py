@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from hidream_ui.config import VARIANTS
-from hidream_ui.requests import RequestError, parse_working_resolution
+from hidream_ui.edits import RequestError, parse_working_resolution
 
 __all__ = [
     "ACCEPTED_FORMATS",

@@ -27,8 +27,8 @@ from typing import IO, Any, Mapping, Union
 
 from PIL import Image, PngImagePlugin
 
+from hidream_ui.edits import EditParams, EditResult
 from hidream_ui.imaging import ImageError, sniff_format
-from hidream_ui.requests import EditParams, EditResult
 
 __all__ = [
     "METADATA_KEY",

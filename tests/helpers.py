@@ -22,7 +22,7 @@ def wait_for(predicate: Callable[[], T], what: str = "condition", timeout: float
 
 def run_info(**overrides):
     """A `RunInfo` for results built by hand (tests of outputs, archives, grids)."""
-    from hidream_ui.requests import RunInfo
+    from hidream_ui.edits import RunInfo
 
     values = dict(variant="e1.1", model_source="tiny", model_paths=None, device="cpu", device_name="test CPU",
                   dtype="fp32", attention="sdpa", refiner="e1", versions={"hidream_ui": "test"})
@@ -40,7 +40,7 @@ def random_picture(seed: int = 0, size: tuple[int, int] = (80, 60)):
 
 def edit_params(instruction: str = "make the sky purple", *, steps: int = 2, **overrides):
     """Validated E1.1 defaults, made fast: `steps` steps at the draft working size."""
-    from hidream_ui.requests import EditParams
+    from hidream_ui.edits import EditParams
 
     values = {**EditParams.defaults_for("e1.1").to_dict(), "instruction": instruction, "num_inference_steps": steps,
               "working_resolution": "draft", **overrides}

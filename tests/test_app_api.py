@@ -16,9 +16,9 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import SEED_MAX, EditParams, RequestError
 from hidream_ui.imaging import ImageError, open_image
 from hidream_ui.outputs import load_settings
-from hidream_ui.requests import SEED_MAX, EditParams, RequestError
 from hidream_ui.ui.layout import ASSETS_DIR
 from hidream_ui.ui.services import AppServices
 

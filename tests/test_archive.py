@@ -22,9 +22,9 @@ from hidream_ui.archive import (
     sources_from_uploads,
     write_batch_zip,
 )
+from hidream_ui.edits import EditParams, EditResult, Timings
 from hidream_ui.engine.batch import BatchItem, BatchResult
 from hidream_ui.outputs import read_metadata, save_result
-from hidream_ui.requests import EditParams, EditResult, Timings
 
 
 def png_bytes(seed: int = 0, size=(24, 16)) -> bytes:

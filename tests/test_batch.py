@@ -14,10 +14,10 @@ from helpers import random_picture as picture
 from PIL import Image
 
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import EditParams, EditRequest, RequestError
 from hidream_ui.engine.batch import BatchRequest, BatchSource
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.outputs import read_metadata
-from hidream_ui.requests import EditParams, EditRequest, RequestError
 
 STEPS = 2
 

@@ -10,6 +10,7 @@ from helpers import run_info
 from PIL import Image
 
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import EditResult, RequestError, Timings
 from hidream_ui.engine.compare import (
     CompareResult,
     format_value,
@@ -22,7 +23,6 @@ from hidream_ui.engine.compare import (
 )
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
-from hidream_ui.requests import EditResult, RequestError, Timings
 
 # ---------------------------------------------------------------------------------------------
 # Parsing

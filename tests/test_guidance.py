@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from hidream_ui.edits import target_prompt
 from hidream_ui.pipeline.guidance import combine_edit_guidance, combine_refine_guidance, refine_start_step
-from hidream_ui.requests import target_prompt
 
 
 def direct_edit(u, ic, fc, g, ig, norm):

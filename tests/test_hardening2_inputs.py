@@ -30,6 +30,7 @@ from helpers import random_picture, run_info, wait_for
 from PIL import Image
 
 from hidream_ui.archive import ArchiveError, ZipBudget, ZipLimits, read_zip_images, sources_from_uploads
+from hidream_ui.edits import EditParams, EditResult, Timings
 from hidream_ui.engine.errors import EditCancelled
 from hidream_ui.engine.jobs import CancelToken
 from hidream_ui.imaging import ACCEPTED_FORMATS, ImageError, open_image
@@ -41,7 +42,6 @@ from hidream_ui.outputs import (
     metadata_json,
     read_metadata,
 )
-from hidream_ui.requests import EditParams, EditResult, Timings
 from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.layout import ASSETS_DIR
 
@@ -171,8 +171,8 @@ def test_the_reported_zip_bomb_costs_at_most_the_budget(tmp_path, monkeypatch):
 
 
 def test_a_batch_of_which_nothing_opens_names_a_few_reasons_not_all():
+    from hidream_ui.edits import EditSettings, RequestError
     from hidream_ui.engine.batch import BatchRequest, plan_batch
-    from hidream_ui.requests import EditSettings, RequestError
 
     rejected = [(f"bomb.zip/m{i:03d}.png", "cannot be read from the zip (Bad CRC-32)") for i in range(257)]
     request = BatchRequest(sources=(), instructions=("make it blue",), settings=EditSettings())

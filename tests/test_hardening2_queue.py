@@ -24,8 +24,8 @@ from gradio_client.exceptions import AppError
 from helpers import edit_params, random_picture, wait_for
 
 from hidream_ui.config import AppConfig, ConfigError, from_args
+from hidream_ui.edits import EditRequest, RequestError
 from hidream_ui.engine.errors import EditCancelled
-from hidream_ui.requests import EditRequest, RequestError
 from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.layout import ASSETS_DIR
 from hidream_ui.ui.services import AppServices
@@ -511,8 +511,8 @@ def test_a_compare_range_with_a_tiny_step_gets_a_message(app):
 
 
 def test_no_number_parse_overflows():
+    from hidream_ui.edits import EditSettings
     from hidream_ui.engine.compare import parse_axis_values
-    from hidream_ui.requests import EditSettings
 
     with pytest.raises(RequestError, match="guidance_scale"):
         EditSettings(guidance_scale=10**400).validated()

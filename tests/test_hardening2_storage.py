@@ -246,7 +246,7 @@ def test_a_megabyte_file_name_is_capped_before_it_reaches_the_metadata(app):
 
 
 def test_the_gate_and_the_metadata_cap_client_names(tmp_path):
-    from hidream_ui.requests import MAX_NAME_CHARS, EditParams, EditResult, Timings
+    from hidream_ui.edits import MAX_NAME_CHARS, EditParams, EditResult, Timings
     from hidream_ui.ui.files import UploadGate
 
     picture = tmp_path / "p.png"

@@ -11,6 +11,7 @@ import pytest
 from helpers import run_info
 from PIL import Image
 
+from hidream_ui.edits import EditParams, EditResult, Timings
 from hidream_ui.imaging import ImageError
 from hidream_ui.outputs import (
     METADATA_KEY,
@@ -21,7 +22,6 @@ from hidream_ui.outputs import (
     save_result,
     write_sidecar,
 )
-from hidream_ui.requests import EditParams, EditResult, Timings
 
 NOON = dt.datetime(2025, 1, 2, 12, 0, 0)
 

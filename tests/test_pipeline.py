@@ -11,12 +11,12 @@ from helpers import edit_params
 from PIL import Image
 
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import EditParams, EditRequest
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
 from hidream_ui.outputs import load_settings
 from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 from hidream_ui.pipeline.guidance import refine_start_step
-from hidream_ui.requests import EditParams, EditRequest
 
 STEPS = 3
 

@@ -14,12 +14,12 @@ from helpers import edit_params
 from PIL import Image
 
 from hidream_ui.config import AppConfig, ConfigError, from_args
+from hidream_ui.edits import EditRequest
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.model.planner import choose, estimate, parse_bytes, plan_for, sizes_from_configs
 from hidream_ui.model.plans import PLAN_SPECS, PLANS, installed_hooks
 from hidream_ui.model.tiny.profiles import RELEASE_CONFIGS
-from hidream_ui.requests import EditRequest
 
 GB = 10**9
 

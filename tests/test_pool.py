@@ -20,10 +20,10 @@ from helpers import edit_params, random_picture
 
 from hidream_ui.config import AppConfig, ConfigError, from_args
 from hidream_ui.device.backends import CPUBackend
+from hidream_ui.edits import EditRequest, EditSettings
 from hidream_ui.engine.batch import BatchRequest, BatchSource
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.pool import EnginePool, engine_labels, lane_size
-from hidream_ui.requests import EditRequest, EditSettings
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from fake_vlm import SLOW_SECONDS, FakeVLM, canned_lines, user_images, user_text
 from helpers import random_picture, run_info
 
 from hidream_ui.config import AppConfig, ConfigError, from_args
-from hidream_ui.requests import EditParams, EditResult, RequestError, Timings, target_prompt
+from hidream_ui.edits import EditParams, EditResult, RequestError, Timings, target_prompt
 from hidream_ui.rewrite.openai_backend import OpenAIRewriter
 from hidream_ui.rewrite.prompt import (
     TEXT_LABELS,
@@ -247,8 +247,8 @@ def test_service_caches_per_image_and_instruction_not_failures(vlm):
 
 
 def test_rewrite_items_rewrites_each_pair_once_and_fails_items_alone(vlm):
+    from hidream_ui.edits import EditSettings
     from hidream_ui.engine.batch import BatchRequest, BatchSource, plan_batch
-    from hidream_ui.requests import EditSettings
 
     service = openai_service(vlm)
     formatted = "Editing Instruction: make it green. Target Image Description: a green picture"
@@ -436,8 +436,8 @@ def test_status_panel_shows_the_rewriter_and_escapes_its_error():
 
 
 def test_a_batch_stops_asking_a_rewriter_that_does_not_answer(vlm):
+    from hidream_ui.edits import EditSettings
     from hidream_ui.engine.batch import BatchRequest, BatchSource, plan_batch
-    from hidream_ui.requests import EditSettings
     from hidream_ui.rewrite.openai_backend import OpenAIRewriter
     from hidream_ui.rewrite.service import RewriteService
 

@@ -17,8 +17,8 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from hidream_ui.archive import MANIFEST_NAME
+from hidream_ui.edits import EditParams
 from hidream_ui.outputs import load_settings, read_metadata
-from hidream_ui.requests import EditParams
 from hidream_ui.ui.layout import ASSETS_DIR
 
 EXAMPLE = ASSETS_DIR / "apple.png"

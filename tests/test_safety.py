@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from hidream_ui.edits import EditParams, RequestError
 from hidream_ui.engine.jobs import CancelToken, JobRegistry
-from hidream_ui.requests import EditParams, RequestError
 from hidream_ui.ui.files import NOT_UPLOADED, ServedResults, UploadGate
 from hidream_ui.ui.guard import LoginThrottle
 from hidream_ui.ui.services import redact_paths
@@ -219,8 +219,8 @@ def test_history_shows_a_placeholder_for_results_retention_deleted(tmp_path):
 
 
 def test_a_batch_over_the_item_limit_is_refused_before_any_image_is_decoded():
+    from hidream_ui.edits import EditSettings
     from hidream_ui.engine.batch import BatchRequest, BatchSource, plan_batch
-    from hidream_ui.requests import EditSettings
 
     decoded = []
 

@@ -11,12 +11,12 @@ from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwa
 from helpers import edit_params, random_picture
 
 from hidream_ui.config import AppConfig, ConfigError, from_args
+from hidream_ui.edits import EditRequest, RequestError
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.pipeline.speed.cache import apply_step_cache, reset_step_cache, step_cache_stats
 from hidream_ui.pipeline.speed.moe import apply_moe, moe_mode, moe_modules
 from hidream_ui.pipeline.speed.settings import CacheSpec, parse_cache
 from hidream_ui.pipeline.speed.syncs import count_host_syncs
-from hidream_ui.requests import EditRequest, RequestError
 
 
 class FixedGate(torch.nn.Module):

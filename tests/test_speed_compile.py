@@ -8,12 +8,12 @@ import torch
 from helpers import edit_params, random_picture
 
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import EditRequest
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 from hidream_ui.pipeline.speed import compile as speed_compile
 from hidream_ui.pipeline.speed.compile import compile_blocks, compiled_blocks, uncompile_blocks
 from hidream_ui.pipeline.speed.moe import apply_moe
-from hidream_ui.requests import EditRequest
 
 
 @pytest.fixture(scope="module")

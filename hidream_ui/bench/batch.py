@@ -50,7 +50,7 @@ def _engine(profile: str, dtype: str, output_dir: Path, attention: str):
 
 
 def _params(steps: int, resolution: str, seed: int = BASE_SEED, instruction: str = INSTRUCTION):
-    from hidream_ui.requests import EditParams
+    from hidream_ui.edits import EditParams
 
     defaults = EditParams.defaults_for("e1.1", instruction)
     return EditParams.from_dict({**defaults.to_dict(), "num_inference_steps": steps, "working_resolution": resolution,
@@ -58,7 +58,7 @@ def _params(steps: int, resolution: str, seed: int = BASE_SEED, instruction: str
 
 
 def _warm_up(engine, picture, resolution: str) -> None:
-    from hidream_ui.requests import EditParams, EditRequest
+    from hidream_ui.edits import EditParams, EditRequest
 
     params = _params(1, resolution, instruction="warm-up")
     params = EditParams.from_dict({**params.to_dict(), "negative_prompt": "warm-up negative"})
@@ -73,8 +73,8 @@ def run(profile: str = "tiny", images: int = 4, steps: int = 4, size: str | None
         dtype: str = "fp32", attention: str = "sdpa") -> dict:
     import numpy as np
 
+    from hidream_ui.edits import EditRequest
     from hidream_ui.engine.batch import BatchRequest, BatchSource
-    from hidream_ui.requests import EditRequest
 
     resolution = size or ("draft" if profile == "tiny" else "256")
     pictures = _pictures(images, (320, 240))

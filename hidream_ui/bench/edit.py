@@ -102,8 +102,8 @@ def _weight_copies(model) -> dict:
 def _text_encoder_calls(config, edits: int) -> dict:
     from PIL import Image
 
+    from hidream_ui.edits import EditParams, EditRequest
     from hidream_ui.engine.engine import EditEngine
-    from hidream_ui.requests import EditParams, EditRequest
 
     engine = EditEngine(config.replace(output_dir=config.output_dir))
     image = Image.new("RGB", (64, 48), (120, 80, 200))

@@ -31,7 +31,7 @@ _EDIT_CHILD = textwrap.dedent("""
     from hidream_ui.bench.rss import PeakRSS
     from hidream_ui.config import AppConfig
     from hidream_ui.engine.engine import EditEngine
-    from hidream_ui.requests import EditRequest, EditParams
+    from hidream_ui.edits import EditRequest, EditParams
     from PIL import Image
     import numpy as np
     rss = PeakRSS()

@@ -36,10 +36,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from hidream_ui.edits import EditParams, EditRequest, RequestError
     from hidream_ui.engine.engine import EditEngine
     from hidream_ui.engine.errors import EngineError
     from hidream_ui.imaging import ImageError, open_image
-    from hidream_ui.requests import EditParams, EditRequest, RequestError
 
     try:
         config = from_namespace(args)

@@ -16,8 +16,8 @@ import sys
 
 
 def _working_size(text: str, variant: str, configs) -> tuple[int, int]:
+    from hidream_ui.edits import WORKING_SIDE_MAX, WORKING_SIDE_MIN, WORKING_SIDE_MULTIPLE
     from hidream_ui.model.planner import default_working_size
-    from hidream_ui.requests import WORKING_SIDE_MAX, WORKING_SIDE_MIN, WORKING_SIDE_MULTIPLE
 
     if text == "auto":
         return default_working_size(variant, configs)

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from PIL import Image
 
-from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
-from hidream_ui.requests import (
+from hidream_ui.edits import (
     SEED_MAX,
     EditParams,
     EditRequest,
@@ -26,6 +25,7 @@ from hidream_ui.requests import (
     RequestError,
     validated_seed,
 )
+from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.engine.engine import EditEngine

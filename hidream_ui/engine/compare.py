@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from PIL import Image, ImageDraw, ImageFont
 
-from hidream_ui.requests import (
+from hidream_ui.edits import (
     SEED_MAX,
     EditParams,
     EditRequest,

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import WORKING_SIDE_MIN, EditRequest, EditResult, RunInfo, Timings
 from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
 from hidream_ui.engine.jobs import CancelToken, StepFn, StepInfo
 from hidream_ui.engine.status import EngineStatus, Progress, PromptCacheStats, WeightSwapStats
 from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.model.loading import ProgressFn
-from hidream_ui.requests import WORKING_SIDE_MIN, EditRequest, EditResult, RunInfo, Timings
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.backends import DeviceInfo
@@ -221,8 +221,8 @@ class EditEngine:
 
     def _apply_speed_at_load(self) -> None:
         """The MoE mode and `--compile blocks` (its warm-up shows as the state "compiling")."""
+        from hidream_ui.edits import DEFAULT_NEGATIVE
         from hidream_ui.pipeline.speed.runtime import warm_up_call
-        from hidream_ui.requests import DEFAULT_NEGATIVE
 
         pipe = self._model.pipeline
 

@@ -37,9 +37,9 @@ from hidream_ui.engine.status import DeviceRow, EngineStatus
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.telemetry import TelemetrySampler
+    from hidream_ui.edits import EditRequest, EditResult
     from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
     from hidream_ui.engine.jobs import CancelToken, StepFn
-    from hidream_ui.requests import EditRequest, EditResult
 
 logger = logging.getLogger(__name__)
 

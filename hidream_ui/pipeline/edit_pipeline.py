@@ -25,10 +25,10 @@ from diffusers.pipelines.hidream_image.pipeline_hidream_image import (
 from diffusers.pipelines.hidream_image.pipeline_output import HiDreamImagePipelineOutput
 from diffusers.utils.torch_utils import randn_tensor
 
+from hidream_ui.edits import DEFAULT_NEGATIVE, target_prompt
 from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.pipeline.guidance import combine_edit_guidance, combine_refine_guidance, refine_start_step
 from hidream_ui.pipeline.speed.cache import reset_step_cache, step_cache_stats
-from hidream_ui.requests import DEFAULT_NEGATIVE, target_prompt
 
 
 def collapsed_tokens(hidden: torch.Tensor, patch_size: int, max_seq: int):

@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from hidream_ui.requests import MAX_PROMPT_CHARS, TARGET_MARKER, RequestError
+from hidream_ui.edits import MAX_PROMPT_CHARS, TARGET_MARKER, RequestError
 
 # What the vision-language model is asked (system message). Written for this project.
 VISION_SYSTEM_PROMPT = """\
@@ -155,7 +155,7 @@ class RewriteResult:
 
     def compose(self, variant: str) -> str:
         """E1.1: the refined instruction as is. E1-Full: its two-part training format, whose
-        description after the marker also drives the refine stage (`requests.target_prompt`)."""
+        description after the marker also drives the refine stage (`edits.target_prompt`)."""
         if variant == "e1-full":
             return f"Editing Instruction: {self.instruction.rstrip(' .')}. {TARGET_MARKER} {self.target}"
         return self.instruction

@@ -17,9 +17,9 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import TARGET_MARKER, EditParams
 from hidream_ui.engine.errors import EditCancelled, EngineError
 from hidream_ui.engine.status import RewriterStatus
-from hidream_ui.requests import TARGET_MARKER, EditParams
 from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
 
 if TYPE_CHECKING:  # pragma: no cover

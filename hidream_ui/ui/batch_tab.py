@@ -26,6 +26,11 @@ import gradio as gr
 
 from hidream_ui.archive import ZipLimits, sources_from_uploads, write_batch_zip
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import (
+    EditParams,
+    RequestError,
+    validated_flag,
+)
 from hidream_ui.engine.batch import (
     BATCH_PIXEL_BUDGET,
     MAX_BATCH_SIZE,
@@ -40,11 +45,6 @@ from hidream_ui.engine.batch import (
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.engine.pool import lane_size
-from hidream_ui.requests import (
-    EditParams,
-    RequestError,
-    validated_flag,
-)
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
     format_seconds,

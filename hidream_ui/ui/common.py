@@ -14,10 +14,7 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from hidream_ui.archive import ArchiveError
-from hidream_ui.engine.errors import EditCancelled, EngineError
-from hidream_ui.imaging import ImageError
-from hidream_ui.outputs import MetadataError
-from hidream_ui.requests import (
+from hidream_ui.edits import (
     GUIDANCE_RANGE,
     IMAGE_GUIDANCE_RANGE,
     REFINE_RANGE,
@@ -28,6 +25,9 @@ from hidream_ui.requests import (
     RequestError,
     validated_seed,
 )
+from hidream_ui.engine.errors import EditCancelled, EngineError
+from hidream_ui.imaging import ImageError
+from hidream_ui.outputs import MetadataError
 from hidream_ui.rewrite.prompt import RewriteError
 from hidream_ui.ui.services import redact_paths
 

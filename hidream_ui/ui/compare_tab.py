@@ -19,11 +19,11 @@ from typing import Any
 import gradio as gr
 
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import EditParams, RequestError
 from hidream_ui.engine.compare import AXES, CompareResult, cell_caption, plan_compare, render_grid, run_compare
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.engine.pool import lane_size
-from hidream_ui.requests import EditParams, RequestError
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
     format_seconds,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from hidream_ui.requests import RequestError, cap_name
+from hidream_ui.edits import RequestError, cap_name
 
 logger = logging.getLogger(__name__)
 

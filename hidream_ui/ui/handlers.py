@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 import gradio as gr
 
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import EditParams, EditRequest, RequestError, validated_flag
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import StepInfo
@@ -27,7 +28,6 @@ from hidream_ui.engine.pool import (
 )
 from hidream_ui.engine.status import DeviceRow, EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
-from hidream_ui.requests import EditParams, EditRequest, RequestError, validated_flag
 from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
 from hidream_ui.rewrite.service import needs_rewrite
 from hidream_ui.ui.common import (

@@ -41,9 +41,9 @@ from typing import Any, Callable, Sequence
 
 import gradio as gr
 
+from hidream_ui.edits import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.pool import ALL_ENGINES, device_labels, lane_size
-from hidream_ui.requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
 from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.common import (
     DEVICE_GROUP,

@@ -14,7 +14,7 @@ from helpers import run_info
 from PIL import Image
 
 from hidream_ui.config import VARIANTS
-from hidream_ui.requests import (
+from hidream_ui.edits import (
     MAX_PROMPT_CHARS,
     SEED_MAX,
     EditParams,

@@ -5,7 +5,11 @@ that a result's metadata can be turned back into the exact same request (``outpu
 Values arrive from three places with different types: Python callers (already typed), Gradio
 widgets (floats for integer sliders, ``None`` for cleared numbers) and the HTTP API / JSON
 sidecars (anything, often strings). :meth:`EditParams.validated` is the single gate that coerces
-and checks them; the engine only ever sees validated params.
+and checks them, at the boundary (a handler, the CLI, `from_dict`); validated params carry a mark,
+so inner layers that call it again get the same object back without a second check.
+
+`FIELDS` is the one list of an edit's fields: widgets, handler inputs, the form round trip, the
+CLI flags and README's flag table are derived from it.
 
 Only PIL and the standard library are imported here: this module is loaded by the CLI and the UI
 before any model is.
@@ -19,6 +23,7 @@ import random
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 from PIL import Image
@@ -42,6 +47,20 @@ __all__ = [
     "EditParams",
     "EditRequest",
     "EditSettings",
+    "FieldSpec",
+    "FIELDS",
+    "FIELD_SPECS",
+    "EDIT_FORM",
+    "SHARED_FORM",
+    "SETTING_NAMES",
+    "VARIANT_DEFAULTS",
+    "params_from_form",
+    "settings_from_form",
+    "seed_from_form",
+    "form_values",
+    "add_edit_arguments",
+    "params_from_args",
+    "edit_flags_table",
     "Timings",
     "RunInfo",
     "validated_seed",
@@ -247,43 +266,149 @@ def _as_int_or_none(value: object) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# The field spec: the one list of an edit's fields. The dataclasses below, the Edit form's widgets
+# and the Batch / Compare settings widgets (ui/common.py `widget`), the handlers' inputs (their
+# order is the Gradio API's), the form round trip (`form_values`), the CLI `edit` flags
+# (`add_edit_arguments`) and README's flag table (`edit_flags_table`) are derived from it;
+# tests/test_edit_schema.py fails when one of them drifts.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of an edit (or of the Edit form): its type, range, default, widget and CLI flag."""
+
+    name: str
+    kind: str  # "text" | "float" | "int" | "bool" | "resolution" | "cache" | "seed"
+    default: Any
+    label: str
+    info: str = ""  # the widget's hint (the Edit form's advanced settings)
+    lo: float | None = None
+    hi: float | None = None
+    step: float | None = None
+    flag: str | None = None  # the `edit` command's flag; None: none (see `why_no_flag`)
+    flag_value: Any = None  # for a bool flag: the value it sets (e.g. --padded sets collapse_padding False)
+    help: str = ""  # the flag's help, also README's flag table
+    why_no_flag: str = ""
+    form: bool = True  # a widget of the Edit form (and an input of /edit, in this order)
+    shared: bool = False  # a widget of the Batch and Compare tabs' shared settings (in this order)
+    settings: bool = True  # a field of EditSettings (False: instruction, seed, form-only widgets)
+
+
+FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("instruction", "text", "", "Instruction", settings=False, flag="--instruction",
+              help="what to change (E1-Full: 'Editing Instruction: ... Target Image Description: ...')"),
+    FieldSpec("negative_prompt", "text", DEFAULT_NEGATIVE, "Negative prompt", shared=True,
+              flag="--negative-prompt", help="what to steer away from"),
+    FieldSpec("guidance_scale", "float", 3.0, "Guidance scale", "how strongly to follow the instruction",
+              *GUIDANCE_RANGE, 0.1, shared=True, flag="--guidance-scale",
+              help="how strongly to follow the instruction"),
+    FieldSpec("image_guidance_scale", "float", 1.5, "Image guidance scale", "how closely to keep the source image",
+              *IMAGE_GUIDANCE_RANGE, 0.1, shared=True, flag="--image-guidance-scale",
+              help="how closely to keep the source image"),
+    FieldSpec("num_inference_steps", "int", 28, "Steps", "", *STEPS_RANGE, 1, shared=True, flag="--steps",
+              help="denoising steps"),
+    FieldSpec("refine_strength", "float", 0.3, "Refine strength", "share of the steps run by the refine stage",
+              *REFINE_RANGE, 0.05, shared=True, flag="--refine-strength",
+              help="share of the steps run by the refine stage"),
+    FieldSpec("clip_cfg_norm", "bool", True, "CLIP CFG norm", "rescale guidance to the conditional norm",
+              shared=True, flag="--no-clip-cfg-norm", flag_value=False, help="use plain two-scale guidance"),
+    FieldSpec("working_resolution", "resolution", "auto", "Working resolution",
+              "auto: the model's size · draft: half-size preview · or a side in px (multiple of 16)",
+              shared=True, flag="--working-resolution",
+              help="auto | draft | N (side of the working area in pixels, a multiple of 16)"),
+    FieldSpec("seed", "seed", 3, "Seed", "", -1, SEED_MAX, settings=False, flag="--seed",
+              help="-1 for random (the used seed is printed)"),
+    FieldSpec("randomize_seed", "bool", False, "Random seed", "the seed used is shown with the result",
+              settings=False, why_no_flag="--seed -1"),
+    FieldSpec("collapse_padding", "bool", True, "Collapse padding",
+              "exact; skips the padded tokens of non-square images", flag="--padded", flag_value=False,
+              help="run the padded transformer (no padding collapse)"),
+    FieldSpec("cache", "cache", "default", "Step cache", form=False,
+              why_no_flag="the `--cache` model flag sets it for the whole run"),
+)
+FIELD_SPECS: Mapping[str, FieldSpec] = MappingProxyType({spec.name: spec for spec in FIELDS})
+# The Edit form's fields in the order of the /edit API's inputs (after the image).
+EDIT_FORM: tuple[str, ...] = tuple(spec.name for spec in FIELDS if spec.form)
+# The Batch and Compare tabs' shared-settings widgets, in the order of their APIs' inputs.
+SHARED_FORM: tuple[str, ...] = tuple(spec.name for spec in FIELDS if spec.shared)
+SETTING_NAMES: tuple[str, ...] = tuple(spec.name for spec in FIELDS if spec.settings)
+
+# Upstream's defaults per variant: what differs from FIELDS' defaults, which are E1.1's (the one
+# table of them; README and the flags' help read it through `default_text`).
+DEFAULT_VARIANT = "e1.1"
+VARIANT_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
+    "e1.1": MappingProxyType({}),
+    "e1-full": MappingProxyType({"guidance_scale": 5.0, "image_guidance_scale": 4.0}),
+})
+
+
+def _check_field(spec: FieldSpec, value: object) -> Any:
+    """The one check of one field: its coerced value, or RequestError naming it."""
+    if spec.kind == "text":
+        text = _as_text(spec.name, value, allow_none=spec.name != "instruction").strip()
+        return text
+    if spec.kind == "float":
+        return _as_float(spec.name, value, spec.lo, spec.hi)
+    if spec.kind in ("int", "seed"):
+        return _as_int(spec.name, value, int(spec.lo), int(spec.hi))
+    if spec.kind == "bool":
+        return _as_bool(spec.name, value)
+    if spec.kind == "resolution":
+        return str(parse_working_resolution(value))
+    if spec.kind == "cache":
+        return _as_cache(value)
+    raise AssertionError(f"field {spec.name!r} has an unknown kind {spec.kind!r}")  # a bug in FIELDS
 
 
 @dataclass(frozen=True)
 class EditSettings:
     """What a batch or a comparison shares: every setting of an edit except the instruction and the
-    seed. The one home of these fields' checks (`validated`); `EditParams` adds the two per-item fields.
-    """
+    seed (defaults and checks from FIELDS); `EditParams` holds one beside the two per-item fields."""
 
-    negative_prompt: str = DEFAULT_NEGATIVE
-    guidance_scale: float = 3.0
-    image_guidance_scale: float = 1.5
-    num_inference_steps: int = 28
-    refine_strength: float = 0.3
-    clip_cfg_norm: bool = True
-    working_resolution: str = "auto"  # "auto" (variant rule), "draft", or a side such as "768"
-    collapse_padding: bool = True  # exact padding collapse; False runs the padded tokens as upstream
-    cache: str = "default"  # step cache: "default" (the app's --cache), none, interval:K, first-block:T, or a preset
+    negative_prompt: str = FIELD_SPECS["negative_prompt"].default
+    guidance_scale: float = FIELD_SPECS["guidance_scale"].default
+    image_guidance_scale: float = FIELD_SPECS["image_guidance_scale"].default
+    num_inference_steps: int = FIELD_SPECS["num_inference_steps"].default
+    refine_strength: float = FIELD_SPECS["refine_strength"].default
+    clip_cfg_norm: bool = FIELD_SPECS["clip_cfg_norm"].default
+    working_resolution: str = FIELD_SPECS["working_resolution"].default  # "auto", "draft", or a side such as "768"
+    collapse_padding: bool = FIELD_SPECS["collapse_padding"].default  # False runs the padded tokens as upstream
+    # Step cache: "default" (the app's --cache), none, interval:K, first-block:T, or a preset.
+    cache: str = FIELD_SPECS["cache"].default
 
     def validated(self) -> "EditSettings":
-        """Return a copy with coerced types, or raise RequestError naming the field."""
-        return EditSettings(
-            negative_prompt=_as_text("negative_prompt", self.negative_prompt, allow_none=True).strip(),
-            guidance_scale=_as_float("guidance_scale", self.guidance_scale, *GUIDANCE_RANGE),
-            image_guidance_scale=_as_float(
-                "image_guidance_scale", self.image_guidance_scale, *IMAGE_GUIDANCE_RANGE
-            ),
-            num_inference_steps=_as_int("num_inference_steps", self.num_inference_steps, *STEPS_RANGE),
-            refine_strength=_as_float("refine_strength", self.refine_strength, *REFINE_RANGE),
-            clip_cfg_norm=_as_bool("clip_cfg_norm", self.clip_cfg_norm),
-            working_resolution=str(parse_working_resolution(self.working_resolution)),
-            collapse_padding=_as_bool("collapse_padding", self.collapse_padding),
-            cache=_as_cache(self.cache),
-        )
+        """Return a copy with coerced types, or raise RequestError naming the field. A copy that is
+        already validated is returned as it is (so passing one on costs nothing)."""
+        if _is_valid(self):
+            return self
+        return _mark(EditSettings(**{name: _check_field(FIELD_SPECS[name], getattr(self, name))
+                                     for name in SETTING_NAMES}))
 
     def params(self, instruction: str, seed: int) -> "EditParams":
         """The full parameters of one item (not validated: call `EditParams.validated`)."""
-        return EditParams(instruction=instruction, seed=seed, **dataclasses.asdict(self))
+        return EditParams(instruction=instruction, seed=seed, settings=self)
+
+    @classmethod
+    def defaults_for(cls, variant: str) -> "EditSettings":
+        """Upstream's settings of `variant` (VARIANT_DEFAULTS over the spec's defaults)."""
+        if variant not in VARIANT_DEFAULTS:
+            raise RequestError("variant", variant, f"one of {', '.join(VARIANTS)}")
+        return cls(**VARIANT_DEFAULTS[variant])
+
+
+# Validated instances carry this mark (not a field: equality and the dict form ignore it). A copy
+# made by `dataclasses.replace` has none, so changed values are checked again.
+_VALID = "_validated"
+
+
+def _mark(value):
+    object.__setattr__(value, _VALID, True)
+    return value
+
+
+def _is_valid(value) -> bool:
+    return value.__dict__.get(_VALID, False)
 
 
 def _as_cache(value: object) -> str:
@@ -302,7 +427,7 @@ def _as_cache(value: object) -> str:
 
 def validated_seed(value: object) -> int:
     """A seed from -1 (pick one) to SEED_MAX, or RequestError."""
-    return _as_int("seed", value, -1, SEED_MAX)
+    return _check_field(FIELD_SPECS["seed"], value)
 
 
 def validated_flag(name: str, value: object) -> bool:
@@ -310,36 +435,41 @@ def validated_flag(name: str, value: object) -> bool:
     return _as_bool(name, value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class EditParams:
-    """Everything that reproduces an edit except the source image.
+    """Everything that reproduces an edit except the source image: the instruction, the seed and the
+    settings (composition: `params.settings` is an `EditSettings`; its fields read through, e.g.
+    `params.guidance_scale`).
 
-    Construction does not validate (so the UI can build one from raw widget values and get a
-    single, field-named error from :meth:`validated`). The engine must call :meth:`validated`
-    (and :meth:`resolve_seed`) before use.
+    Built as ``EditParams(instruction, seed=..., settings=...)`` or with the settings' fields as
+    keywords (``EditParams(instruction="x", guidance_scale=4)``; with `settings` too they replace its
+    fields, which is how ``dataclasses.replace(params, cache=...)`` works). Construction does not
+    validate (the UI builds one from raw widget values and gets one field-named error from
+    :meth:`validated`, at the boundary); inner layers take validated params.
     """
 
     instruction: str
-    negative_prompt: str = DEFAULT_NEGATIVE
-    guidance_scale: float = 3.0
-    image_guidance_scale: float = 1.5
-    num_inference_steps: int = 28
-    refine_strength: float = 0.3
-    clip_cfg_norm: bool = True
-    seed: int = 3  # -1 = pick a random seed; the seed actually used is recorded in the result
-    working_resolution: str = "auto"  # "auto" (variant rule), "draft", or a side such as "768"
-    collapse_padding: bool = True  # exact padding collapse; False runs the padded tokens as upstream
-    cache: str = "default"  # step cache (see EditSettings.cache); results record the mode actually used
+    seed: int
+    settings: EditSettings
 
-    @property
-    def settings(self) -> EditSettings:
-        """The settings part (everything but the instruction and the seed)."""
-        fields = {f.name for f in dataclasses.fields(EditSettings)}
-        return EditSettings(**{name: getattr(self, name) for name in fields})
+    def __init__(self, instruction: str, seed: int = FIELD_SPECS["seed"].default,
+                 settings: EditSettings | None = None, **setting_values: Any):
+        unknown = set(setting_values) - set(SETTING_NAMES)
+        if unknown:
+            raise TypeError(f"EditParams got unknown fields {sorted(unknown)}; settings are {SETTING_NAMES}")
+        base = settings if settings is not None else EditSettings()
+        if setting_values:
+            base = dataclasses.replace(base, **setting_values)
+        object.__setattr__(self, "instruction", instruction)
+        object.__setattr__(self, "seed", seed)
+        object.__setattr__(self, "settings", base)
 
     def validated(self) -> "EditParams":
-        """Return a copy with coerced types and a stripped instruction, or raise RequestError."""
-        instruction = _as_text("instruction", self.instruction, allow_none=False).strip()
+        """Return a copy with coerced types and a stripped instruction, or raise RequestError. The
+        one gate: validated params pass through it again without another check."""
+        if _is_valid(self):
+            return self
+        instruction = _check_field(FIELD_SPECS["instruction"], self.instruction)
         if not instruction:
             raise RequestError("instruction", self.instruction, "a non-empty editing instruction")
         if TARGET_MARKER in instruction and not _target_text(instruction):
@@ -348,7 +478,11 @@ class EditParams:
                 self.instruction,
                 f'a description after "{TARGET_MARKER}" (or remove the marker)',
             )
-        return self.settings.validated().params(instruction, validated_seed(self.seed))
+        return _mark(EditParams(instruction, validated_seed(self.seed), self.settings.validated()))
+
+    @property
+    def is_validated(self) -> bool:
+        return _is_valid(self)
 
     def resolve_seed(self, rng: random.Random | None = None) -> "EditParams":
         """Replace seed -1 by a concrete seed in [0, 2**32-1]; other seeds are kept.
@@ -359,10 +493,12 @@ class EditParams:
         seed = validated_seed(self.seed)
         if seed == -1:
             seed = rng.randint(0, SEED_MAX) if rng is not None else secrets.randbelow(SEED_MAX + 1)
-        return dataclasses.replace(self, seed=seed)
+        resolved = EditParams(self.instruction, seed, self.settings)
+        return _mark(resolved) if _is_valid(self) else resolved
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The flat form metadata and API clients use: instruction, seed and every setting."""
+        return {"instruction": self.instruction, **dataclasses.asdict(self.settings), "seed": self.seed}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "EditParams":
@@ -372,21 +508,128 @@ class EditParams:
             raise RequestError("params", d, "a mapping of parameter names to values")
         if "instruction" not in d:
             raise RequestError("instruction", None, "a non-empty editing instruction")
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known}).validated()
+        settings = {k: v for k, v in d.items() if k in SETTING_NAMES}
+        seed = d.get("seed", FIELD_SPECS["seed"].default)
+        return cls(d["instruction"], seed, **settings).validated()
 
     @classmethod
     def defaults_for(cls, variant: str, instruction: str = "") -> "EditParams":
         """The upstream defaults of each variant (not validated: the instruction may be empty)."""
-        if variant == "e1.1":
-            return cls(instruction=instruction, guidance_scale=3.0, image_guidance_scale=1.5)
-        if variant == "e1-full":
-            return cls(instruction=instruction, guidance_scale=5.0, image_guidance_scale=4.0)
-        raise RequestError("variant", variant, f"one of {', '.join(VARIANTS)}")
+        return cls(instruction, settings=EditSettings.defaults_for(variant))
 
     def target_prompt(self) -> str:
         """The prompt for the refine stage (see the module function `target_prompt`)."""
         return target_prompt(self.instruction)
+
+
+def _read_setting(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name), doc=f"settings.{name}")
+
+
+for _name in SETTING_NAMES:  # params.guidance_scale reads params.settings.guidance_scale
+    setattr(EditParams, _name, _read_setting(_name))
+del _name
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived from FIELDS: the form round trip, the CLI flags, README's flag table
+# ---------------------------------------------------------------------------------------------
+
+
+def seed_from_form(seed: Any, randomize_seed: Any = False) -> int:
+    """The seed a form asks for: -1 (pick one) when "random" is ticked or the box was cleared."""
+    if randomize_seed is True or str(randomize_seed).strip().lower() in ("true", "1"):
+        return -1
+    if seed is None or (isinstance(seed, str) and not seed.strip()):
+        return -1  # a cleared seed box means "pick one", not an error
+    return validated_seed(seed)
+
+
+def settings_from_form(values: Mapping[str, Any]) -> EditSettings:
+    """Validated settings from raw widget / API values keyed by field name (the names of FIELDS a
+    form has; the others keep their defaults). RequestError names the bad field."""
+    fields = {name: values[name] for name in SETTING_NAMES if name in values}
+    if fields.get("working_resolution") in (None, ""):
+        fields.pop("working_resolution", None)  # a cleared dropdown means "auto"
+    return EditSettings(**fields).validated()
+
+
+def params_from_form(values: Mapping[str, Any]) -> EditParams:
+    """Validated params from the Edit form's raw values keyed by field name (a handler passes its
+    arguments); RequestError names the bad field."""
+    instruction = values.get("instruction")
+    seed = seed_from_form(values.get("seed"), values.get("randomize_seed", False))
+    return settings_from_form(values).params("" if instruction is None else instruction, seed).validated()
+
+
+def form_values(params: EditParams) -> tuple:
+    """Values for the Edit form's widgets, in EDIT_FORM order (randomize is switched off so the
+    loaded seed is the one used)."""
+    values = {**params.to_dict(), "randomize_seed": False,
+              "working_resolution": str(params.working_resolution)}
+    return tuple(values[name] for name in EDIT_FORM)
+
+
+_FLAG_TYPES = {"float": float, "int": int, "seed": int, "text": str, "resolution": str}
+
+
+def default_text(spec: FieldSpec) -> str:
+    """A field's default as help texts and README show it: per variant where VARIANT_DEFAULTS differ."""
+    per_variant = {variant: values[spec.name] for variant, values in VARIANT_DEFAULTS.items() if spec.name in values}
+    if per_variant:
+        return ", ".join(f"{value:g} ({variant})" for variant, value in {DEFAULT_VARIANT: spec.default,
+                                                                          **per_variant}.items())
+    if spec.kind == "bool":
+        return str(spec.default).lower()
+    return "" if spec.default == "" else str(spec.default)
+
+
+def flag_help(spec: FieldSpec) -> str:
+    default = default_text(spec)
+    return f"{spec.help} (default {default})" if default and spec.kind != "bool" else spec.help
+
+
+def add_edit_arguments(parser) -> None:
+    """The `edit` command's flags, one per field of FIELDS that has one (argparse's `dest` is the
+    field name; a value left out is None, so the variant's default applies)."""
+    for spec in FIELDS:
+        if spec.flag is None:
+            continue
+        if spec.kind == "bool":
+            parser.add_argument(spec.flag, dest=spec.name, action="store_const", const=spec.flag_value,
+                                default=None, help=flag_help(spec))
+        else:
+            parser.add_argument(spec.flag, dest=spec.name, type=_FLAG_TYPES[spec.kind],
+                                required=spec.name == "instruction", help=flag_help(spec))
+
+
+def params_from_args(args, variant: str) -> EditParams:
+    """Validated params from parsed `edit` flags: the variant's defaults, then every flag given."""
+    values = EditParams.defaults_for(variant).to_dict()
+    values.update({spec.name: getattr(args, spec.name) for spec in FIELDS
+                   if spec.flag is not None and getattr(args, spec.name, None) is not None})
+    return EditParams.from_dict(values)
+
+
+EDIT_FLAGS_BEGIN = "<!-- edit-flags:begin -->"
+EDIT_FLAGS_END = "<!-- edit-flags:end -->"
+
+
+def edit_flags_table() -> str:
+    """README's table of the `edit` command's flags (between EDIT_FLAGS_BEGIN and EDIT_FLAGS_END)."""
+    lines = ["| flag | field | values | default | what it does |", "|---|---|---|---|---|"]
+    for spec in FIELDS:
+        if spec.flag is None:
+            continue
+        if spec.lo is not None:
+            span = f"{spec.lo:g} to {spec.hi:g}" if spec.kind == "float" else f"{spec.lo:d} to {spec.hi:d}"
+        elif spec.kind == "bool":
+            span = f"sets `{spec.name}` {str(spec.flag_value).lower()}"
+        else:
+            span = "text"
+        cells = (f"`{spec.flag}`", f"`{spec.name}`", span, default_text(spec) or "(required)", spec.help)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)
 
 
 def target_prompt(instruction: str) -> str:

@@ -13,45 +13,28 @@ import sys
 from pathlib import Path
 
 from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
+from hidream_ui.edits import add_edit_arguments
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui edit", description=__doc__.splitlines()[0])
     parser.add_argument("--image", required=True, help="source image file")
-    parser.add_argument("--instruction", required=True, help="what to change (E1-Full: 'Editing Instruction: ... "
-                        "Target Image Description: ...')")
     parser.add_argument("--out", help="also copy the result PNG (with its metadata) to this path")
-    parser.add_argument("--negative-prompt")
-    parser.add_argument("--guidance-scale", type=float)
-    parser.add_argument("--image-guidance-scale", type=float)
-    parser.add_argument("--steps", type=int, dest="num_inference_steps")
-    parser.add_argument("--refine-strength", type=float)
-    parser.add_argument("--no-clip-cfg-norm", action="store_true", help="use plain two-scale guidance")
-    parser.add_argument("--seed", type=int, help="-1 for random (the used seed is printed)")
-    parser.add_argument("--working-resolution", help="auto | draft | N (side of the working area in pixels)")
-    parser.add_argument("--padded", action="store_true", help="run the padded transformer (no padding collapse)")
+    add_edit_arguments(parser)  # one flag per field of hidream_ui.edits.FIELDS
     add_model_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from hidream_ui.edits import EditParams, EditRequest, RequestError
+    from hidream_ui.edits import EditRequest, RequestError, params_from_args
     from hidream_ui.engine.engine import EditEngine
     from hidream_ui.engine.errors import EngineError
     from hidream_ui.imaging import ImageError, open_image
 
     try:
         config = from_namespace(args)
-        params = EditParams.defaults_for(config.variant, args.instruction).to_dict()
-        for key in ("negative_prompt", "guidance_scale", "image_guidance_scale", "num_inference_steps",
-                    "refine_strength", "seed", "working_resolution"):
-            value = getattr(args, key)
-            if value is not None:
-                params[key] = value
-        params["clip_cfg_norm"] = not args.no_clip_cfg_norm
-        params["collapse_padding"] = not args.padded
-        request = EditRequest(image=open_image(args.image), params=EditParams.from_dict(params),
+        request = EditRequest(image=open_image(args.image), params=params_from_args(args, config.variant),
                               source_name=Path(args.image).name)
         if config.devices:  # --devices / HIDREAM_DEVICES: one edit runs on the pool's first device
             from hidream_ui.engine.pool import EnginePool

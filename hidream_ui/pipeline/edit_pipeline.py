@@ -25,10 +25,13 @@ from diffusers.pipelines.hidream_image.pipeline_hidream_image import (
 from diffusers.pipelines.hidream_image.pipeline_output import HiDreamImagePipelineOutput
 from diffusers.utils.torch_utils import randn_tensor
 
-from hidream_ui.edits import DEFAULT_NEGATIVE, target_prompt
+from hidream_ui.edits import EditSettings, target_prompt
 from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.pipeline.guidance import combine_edit_guidance, combine_refine_guidance, refine_start_step
 from hidream_ui.pipeline.speed.cache import reset_step_cache, step_cache_stats
+
+# The call's defaults are an edit's (hidream_ui.edits FIELDS, E1.1's): one home for them.
+_DEFAULTS = EditSettings()
 
 
 def collapsed_tokens(hidden: torch.Tensor, patch_size: int, max_seq: int):
@@ -161,16 +164,16 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         self,
         image: PIL.Image.Image | Sequence[PIL.Image.Image],
         prompt: str | Sequence[str],
-        negative_prompt: str | Sequence[str] = DEFAULT_NEGATIVE,
-        guidance_scale: float = 3.0,
-        image_guidance_scale: float = 1.5,
-        num_inference_steps: int = 28,
-        refine_strength: float = 0.3,
-        clip_cfg_norm: bool = True,
+        negative_prompt: str | Sequence[str] = _DEFAULTS.negative_prompt,
+        guidance_scale: float = _DEFAULTS.guidance_scale,
+        image_guidance_scale: float = _DEFAULTS.image_guidance_scale,
+        num_inference_steps: int = _DEFAULTS.num_inference_steps,
+        refine_strength: float = _DEFAULTS.refine_strength,
+        clip_cfg_norm: bool = _DEFAULTS.clip_cfg_norm,
         generator: torch.Generator | list[torch.Generator] | None = None,
         num_images_per_prompt: int = 1,
         output_type: str = "pil",
-        collapse_padding: bool = True,
+        collapse_padding: bool = _DEFAULTS.collapse_padding,
         max_sequence_length: int = PROMPT_TOKENS,
         prompt_embeds_fn: Callable[[str], PromptEmbeds] | None = None,
         stage_fn: Callable[[str], None] | None = None,

@@ -19,18 +19,15 @@ import logging
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import gradio as gr
 
 from hidream_ui.archive import ZipLimits, sources_from_uploads, write_batch_zip
 from hidream_ui.config import AppConfig
-from hidream_ui.edits import (
-    EditParams,
-    RequestError,
-    validated_flag,
-)
+from hidream_ui.edits import EditParams, RequestError, seed_from_form, settings_from_form, validated_flag
 from hidream_ui.engine.batch import (
     BATCH_PIXEL_BUDGET,
     MAX_BATCH_SIZE,
@@ -50,8 +47,6 @@ from hidream_ui.ui.common import (
     format_seconds,
     guarded,
     md,
-    seed_from_widgets,
-    settings_from_widgets,
     settings_widgets,
     stream_worker,
 )
@@ -165,7 +160,6 @@ class BatchTab:
         # What the zips of one request may cost (--max-zip-mb; tests lower it further).
         total = config.max_zip_mb * 2**20
         self.zip_limits = ZipLimits(max_total_bytes=total, max_member_bytes=min(ZipLimits.max_member_bytes, total))
-        self.resolution_dropdown = None  # set by build_batch_tab
 
     # ------------------------------------------------------------------ inputs
     def _sources(self, files: Any, cancel=None) -> tuple[list[BatchSource], list[tuple[str, str]]]:
@@ -202,8 +196,7 @@ class BatchTab:
         With `rewrite` each (image, instruction) pair goes through the configured rewriter first
         (cached); an item whose rewrite fails is listed as an error and the others run."""
         # Everything is checked before the device is touched: a typo costs nothing.
-        settings = settings_from_widgets(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
-                                         refine_strength, clip_cfg_norm, working_resolution)
+        settings = settings_from_form(locals())  # the SHARED_FORM fields among the arguments
         rewriter = None
         if validated_flag("rewrite", rewrite):
             rewriter = self.services.rewriter
@@ -217,7 +210,7 @@ class BatchTab:
         with self.services.job("batch", request) as job:
             sources, rejected = self._sources(files, cancel=job.token)
             batch = BatchRequest(sources=tuple(sources), instructions=lines, settings=settings,
-                                 seed=seed_from_widgets(seed), mode=str(mode or "matrix"),
+                                 seed=seed_from_form(seed), mode=str(mode or "matrix"),
                                  seed_policy=str(seed_policy or "fixed"), batch_size=size)
             # Decoded and planned here, once (the engine runs this plan), so the item count is known
             # for the progress line and every file that does not open is reported with its reason.
@@ -282,8 +275,27 @@ class BatchTab:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> BatchTab:
-    """Adds the Batch tab to the Blocks being built; returns its handlers (for tests and cleanup)."""
+@dataclass(frozen=True)
+class BatchHandles:
+    """What `build_batch_tab` made: its handlers and widgets."""
+
+    handlers: BatchTab
+    inputs: tuple[Any, ...]  # /batch_edit's inputs, in order
+    settings: Mapping[str, Any]  # the shared-settings widgets by field name (hidream_ui.edits.SHARED_FORM)
+    run_button: gr.Button
+    stop_button: gr.Button
+    gallery: gr.Gallery
+    report: gr.Markdown
+    download: gr.DownloadButton
+
+    @property
+    def resolution_dropdown(self):
+        """Gets the model's working resolutions on page load."""
+        return self.settings["working_resolution"]
+
+
+def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> BatchHandles:
+    """Adds the Batch tab to the Blocks being built; returns its handles."""
     handlers = BatchTab(engine, config, services)
     defaults = EditParams.defaults_for(config.variant)
     rewriter = handlers.services.rewriter
@@ -310,9 +322,7 @@ def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices
                     run_button = gr.Button("Run batch", variant="primary", elem_id="hui-batch-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-batch-stop")
                 with gr.Accordion("Settings (shared by every item)", open=False):
-                    (negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps, refine_strength,
-                     clip_cfg_norm, working_resolution) = settings_widgets(defaults)
-                    handlers.resolution_dropdown = working_resolution
+                    settings = settings_widgets(defaults)
                     with gr.Row():
                         seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
                                          info="-1: random")
@@ -324,16 +334,16 @@ def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices
                                      elem_id="hui-batch-gallery")
                 report = gr.Markdown(elem_id="hui-batch-report")
                 download = gr.DownloadButton("Download results (.zip)", value=None, elem_id="hui-batch-zip")
-        inputs = [files, instructions, mode, negative_prompt, guidance_scale, image_guidance_scale,
-                  num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed, seed_policy,
-                  batch_size, rewrite]
+        # The order of /batch_edit's inputs (BatchTab.run's parameters).
+        inputs = [files, instructions, mode, *settings.values(), seed, seed_policy, batch_size, rewrite]
         run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download], api_name="batch_edit",
                          concurrency_id=DEVICE_GROUP, concurrency_limit=lane_size(engine), preprocess=False,
                          show_progress_on=[gallery])
         # Stop never queues (it must get through while the batch holds the device group) and does
         # not cancel the event: the run ends by itself after the current step and keeps its items.
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
-    return handlers
+    return BatchHandles(handlers=handlers, inputs=tuple(inputs), settings=settings, run_button=run_button,
+                        stop_button=stop_button, gallery=gallery, report=report, download=download)
 
 
-__all__ = ["build_batch_tab", "BatchTab", "BatchRun"]
+__all__ = ["build_batch_tab", "BatchTab", "BatchHandles", "BatchRun"]

@@ -15,16 +15,16 @@ import gradio as gr
 
 from hidream_ui.archive import ArchiveError
 from hidream_ui.edits import (
-    GUIDANCE_RANGE,
-    IMAGE_GUIDANCE_RANGE,
-    REFINE_RANGE,
-    STEPS_RANGE,
+    FIELD_SPECS,
+    SHARED_FORM,
     TARGET_MARKER,
     EditParams,
-    EditSettings,
     RequestError,
-    validated_seed,
+    params_from_form,
+    seed_from_form,
+    settings_from_form,
 )
+from hidream_ui.edits import form_values as form_values  # re-exported: the History tab's round trip
 from hidream_ui.engine.errors import EditCancelled, EngineError
 from hidream_ui.imaging import ImageError
 from hidream_ui.outputs import MetadataError
@@ -131,67 +131,29 @@ def guarded(what: str) -> Callable[[Callable], Callable]:
 # ---------------------------------------------------------------------------------------------
 
 
-def seed_from_widgets(seed: Any, randomize_seed: Any = False) -> int:
-    """The seed a form asks for: -1 (pick one) when "random" is ticked or the box was cleared."""
-    if randomize_seed is True or str(randomize_seed).strip().lower() in ("true", "1"):
-        return -1
-    if seed is None or (isinstance(seed, str) and not seed.strip()):
-        return -1  # a cleared seed box means "pick one", not an error
-    return validated_seed(seed)
+# The conversions are the schema's (hidream_ui.edits, derived from FIELDS); these names are the UI's.
+seed_from_widgets = seed_from_form
+settings_from_widgets = settings_from_form
+params_from_widgets = params_from_form
 
 
-def settings_from_widgets(negative_prompt: Any, guidance_scale: Any, image_guidance_scale: Any,
-                          num_inference_steps: Any, refine_strength: Any, clip_cfg_norm: Any,
-                          working_resolution: Any, collapse_padding: Any = True) -> EditSettings:
-    """Validated shared settings from raw widget / API values (RequestError names the bad field)."""
-    return EditSettings(
-        negative_prompt=negative_prompt,
-        guidance_scale=guidance_scale,
-        image_guidance_scale=image_guidance_scale,
-        num_inference_steps=num_inference_steps,
-        refine_strength=refine_strength,
-        clip_cfg_norm=clip_cfg_norm,
-        working_resolution=working_resolution if working_resolution not in (None, "") else "auto",
-        collapse_padding=collapse_padding,
-    ).validated()
-
-
-def params_from_widgets(
-    instruction: Any,
-    negative_prompt: Any,
-    guidance_scale: Any,
-    image_guidance_scale: Any,
-    num_inference_steps: Any,
-    refine_strength: Any,
-    clip_cfg_norm: Any,
-    working_resolution: Any,
-    seed: Any,
-    randomize_seed: Any,
-    collapse_padding: Any,
-) -> EditParams:
-    """Validated params from raw widget / API values (RequestError names the bad field)."""
-    settings = settings_from_widgets(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
-                                     refine_strength, clip_cfg_norm, working_resolution, collapse_padding)
-    text = instruction if instruction is not None else ""
-    return settings.params(text, seed_from_widgets(seed, randomize_seed)).validated()
-
-
-def form_values(params: EditParams) -> tuple:
-    """Values for the Edit form's widgets, in the order of `layout.build_demo`'s `form` list
-    (randomize is switched off so the loaded seed is the one used)."""
-    return (
-        params.instruction,
-        params.negative_prompt,
-        params.guidance_scale,
-        params.image_guidance_scale,
-        params.num_inference_steps,
-        params.refine_strength,
-        params.clip_cfg_norm,
-        str(params.working_resolution),
-        params.seed,
-        False,
-        params.collapse_padding,
-    )
+def widget(name: str, value: Any, *, hints: bool = True, **options: Any):
+    """The widget of field `name` of hidream_ui.edits.FIELDS: its kind, range, step, label and hint
+    come from the spec; `options` (elem_id, lines, placeholder, ...) are the tab's own."""
+    spec = FIELD_SPECS[name]
+    options = {"label": spec.label, "value": value, **({"info": spec.info} if hints and spec.info else {}),
+               **options}
+    if spec.kind in ("float", "int"):
+        return gr.Slider(spec.lo, spec.hi, step=spec.step, **options)
+    if spec.kind == "bool":
+        return gr.Checkbox(**options)
+    if spec.kind == "text":
+        return gr.Textbox(**options)
+    if spec.kind == "resolution":
+        return gr.Dropdown(choices=list(WORKING_RESOLUTIONS), allow_custom_value=True, **options)
+    if spec.kind == "seed":
+        return gr.Number(precision=0, minimum=spec.lo, **options)
+    raise ValueError(f"field {name!r} ({spec.kind}) has no widget")
 
 
 def summarise_result(result, load_seconds: float = 0.0) -> str:
@@ -226,8 +188,9 @@ def deleted_placeholder():
 # Shared by the Batch and Compare tabs
 # ---------------------------------------------------------------------------------------------
 
-# The concurrency id of everything that touches the device: the model is not re-entrant, so these
-# events queue behind each other (limit 1); /status, /cancel and the Stop buttons stay outside it.
+# The concurrency id of everything that touches the device: an engine is not re-entrant, so these
+# events queue behind each other, as many at once as the pool has engines (`lane_size`: one per
+# --devices entry, else 1); /status, /cancel and the Stop buttons stay outside it.
 DEVICE_GROUP = "device"
 # The lane of a remote rewriter (--rewriter-url): network waits, not device work, so it does not
 # queue behind edits; bounded like the device lane (--max-queue, --max-jobs-per-client). The local
@@ -285,19 +248,10 @@ def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_aband
             thread.join()
 
 
-def settings_widgets(defaults: EditParams) -> tuple:
-    """The shared-settings widgets of the Batch and Compare tabs, in EditParams field order:
-    negative prompt, guidance, image guidance, steps, refine strength, CLIP-CFG norm, working resolution."""
-    return (
-        gr.Textbox(label="Negative prompt", value=defaults.negative_prompt),
-        gr.Slider(*GUIDANCE_RANGE, step=0.1, value=defaults.guidance_scale, label="Guidance scale"),
-        gr.Slider(*IMAGE_GUIDANCE_RANGE, step=0.1, value=defaults.image_guidance_scale, label="Image guidance scale"),
-        gr.Slider(*STEPS_RANGE, step=1, value=defaults.num_inference_steps, label="Steps"),
-        gr.Slider(*REFINE_RANGE, step=0.05, value=defaults.refine_strength, label="Refine strength"),
-        gr.Checkbox(value=defaults.clip_cfg_norm, label="CLIP CFG norm"),
-        gr.Dropdown(choices=list(WORKING_RESOLUTIONS), value=defaults.working_resolution, allow_custom_value=True,
-                    label="Working resolution"),
-    )
+def settings_widgets(defaults: EditParams) -> dict[str, Any]:
+    """The shared-settings widgets of the Batch and Compare tabs, {field: widget} in SHARED_FORM
+    order (their APIs' input order), without the Edit form's hints."""
+    return {name: widget(name, getattr(defaults, name), hints=False) for name in SHARED_FORM}
 
 
 # Only what can turn text into markup mid-line (emphasis, links, code, HTML, tables); the

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Mapping
 
 import gradio as gr
 
 from hidream_ui.config import AppConfig
-from hidream_ui.edits import EditParams, RequestError
+from hidream_ui.edits import EditParams, RequestError, seed_from_form, settings_from_form
 from hidream_ui.engine.compare import AXES, CompareResult, cell_caption, plan_compare, render_grid, run_compare
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.jobs import StepInfo
@@ -28,8 +29,6 @@ from hidream_ui.ui.common import (
     DEVICE_GROUP,
     format_seconds,
     guarded,
-    seed_from_widgets,
-    settings_from_widgets,
     settings_widgets,
     stream_worker,
 )
@@ -59,7 +58,6 @@ class CompareTab:
         self.engine = engine
         self.config = config
         self.services = services or AppServices.for_config(config)
-        self.resolution_dropdown = None  # set by build_compare_tab
 
     @guarded("the comparison")
     def run(self, image, instruction, axis_x, values_x, axis_y, values_y, negative_prompt, guidance_scale,
@@ -72,9 +70,8 @@ class CompareTab:
         """
         if image is None:
             raise RequestError("image", None, "an image: upload one")
-        settings = settings_from_widgets(negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps,
-                                         refine_strength, clip_cfg_norm, working_resolution)
-        params = settings.params(instruction if isinstance(instruction, str) else "", seed_from_widgets(seed))
+        settings = settings_from_form(locals())  # the SHARED_FORM fields among the arguments
+        params = settings.params(instruction if isinstance(instruction, str) else "", seed_from_form(seed))
         # Resolve a random seed once: every cell of a grid that does not vary the seed shares it.
         params = params.validated().resolve_seed()
         y_axis = None if axis_y in (None, "", NO_AXIS) else axis_y
@@ -167,8 +164,28 @@ def _cell_entries(cells: Any) -> list[tuple[Any, str]]:
             if isinstance(entry, (list, tuple)) and entry]
 
 
-def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> CompareTab:
-    """Adds the Compare tab to the Blocks being built; returns its handlers."""
+@dataclass(frozen=True)
+class CompareHandles:
+    """What `build_compare_tab` made: its handlers and widgets."""
+
+    handlers: CompareTab
+    inputs: tuple[Any, ...]  # /compare's inputs, in order
+    settings: Mapping[str, Any]  # the shared-settings widgets by field name (hidream_ui.edits.SHARED_FORM)
+    run_button: gr.Button
+    stop_button: gr.Button
+    grid: gr.Image
+    cells: gr.Gallery
+    report: gr.Markdown
+    slider: gr.ImageSlider
+
+    @property
+    def resolution_dropdown(self):
+        """Gets the model's working resolutions on page load."""
+        return self.settings["working_resolution"]
+
+
+def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> CompareHandles:
+    """Adds the Compare tab to the Blocks being built; returns its handles."""
     handlers = CompareTab(engine, config, services)
     defaults = EditParams.defaults_for(config.variant)
     with gr.Tab("Compare", id="compare"):
@@ -191,9 +208,7 @@ def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServic
                     run_button = gr.Button("Compare", variant="primary", elem_id="hui-compare-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-compare-stop")
                 with gr.Accordion("Shared settings", open=False):
-                    (negative_prompt, guidance_scale, image_guidance_scale, num_inference_steps, refine_strength,
-                     clip_cfg_norm, working_resolution) = settings_widgets(defaults)
-                    handlers.resolution_dropdown = working_resolution
+                    settings = settings_widgets(defaults)
                     seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
                                      info="-1: one random seed for the whole grid")
             with gr.Column():
@@ -215,8 +230,8 @@ def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServic
 
         axis_x.change(hint, [axis_x], [values_x], queue=False, show_progress="hidden", api_visibility="private")
         axis_y.change(hint, [axis_y], [values_y], queue=False, show_progress="hidden", api_visibility="private")
-        inputs = [image, instruction, axis_x, values_x, axis_y, values_y, negative_prompt, guidance_scale,
-                  image_guidance_scale, num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed]
+        # The order of /compare's inputs (CompareTab.run's parameters).
+        inputs = [image, instruction, axis_x, values_x, axis_y, values_y, *settings.values(), seed]
         cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers
         event = run_button.click(handlers.run, inputs=inputs, outputs=[grid, cells, report, cell_files],
                                  api_name="compare",
@@ -228,7 +243,8 @@ def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServic
             picker.input(handlers.pair, [cell_files, pick_a, pick_b], [slider], queue=False, show_progress="hidden",
                          api_visibility="private")
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
-    return handlers
+    return CompareHandles(handlers=handlers, inputs=tuple(inputs), settings=settings, run_button=run_button,
+                          stop_button=stop_button, grid=grid, cells=cells, report=report, slider=slider)
 
 
-__all__ = ["build_compare_tab", "CompareTab", "AXIS_CHOICES", "AXIS_HINTS", "NO_AXIS"]
+__all__ = ["build_compare_tab", "CompareTab", "CompareHandles", "AXIS_CHOICES", "AXIS_HINTS", "NO_AXIS"]

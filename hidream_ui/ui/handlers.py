@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 import gradio as gr
 
 from hidream_ui.config import AppConfig
-from hidream_ui.edits import EditParams, EditRequest, RequestError, validated_flag
+from hidream_ui.edits import EditParams, EditRequest, RequestError, params_from_form, validated_flag
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import StepInfo
@@ -36,7 +36,6 @@ from hidream_ui.ui.common import (
     form_values,
     gr_error,
     guarded,
-    params_from_widgets,
     summarise_result,
 )
 from hidream_ui.ui.operator import may_change_engine, refusal
@@ -143,9 +142,8 @@ class Handlers:
         session's history entry.
         """
         # Validate everything before loading anything: bad input costs nothing.
-        params = params_from_widgets(instruction, negative_prompt, guidance_scale, image_guidance_scale,
-                                     num_inference_steps, refine_strength, clip_cfg_norm, working_resolution,
-                                     seed, randomize_seed, collapse_padding)
+        # The parameters are the form's fields (EDIT_FORM, tests/test_edit_schema.py checks the names).
+        params = params_from_form(locals())
         service = self._rewriter() if validated_flag("rewrite", rewrite) else None
         return self._edit(image, params, service=service, record=None, request=request, progress=progress)
 
@@ -174,9 +172,7 @@ class Handlers:
             raise RequestError("instruction", rewritten, "a rewritten instruction: press Rewrite first "
                                                          "(or Edit to use your instruction as written)")
         record = RewriteResult.from_dict(_json_value(rewrite)) if _json_value(rewrite) else None
-        params = params_from_widgets(rewritten, negative_prompt, guidance_scale, image_guidance_scale,
-                                     num_inference_steps, refine_strength, clip_cfg_norm, working_resolution,
-                                     seed, randomize_seed, collapse_padding)
+        params = params_from_form({**locals(), "instruction": rewritten})  # EDIT_FORM but the instruction
         return self._edit(image, params, service=None, record=record, request=request, progress=progress)
 
     def _edit(self, image, params: EditParams, *, service, record: RewriteResult | None, request, progress):

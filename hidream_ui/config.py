@@ -17,11 +17,16 @@ from typing import Mapping
 
 from hidream_ui.device.backends import DTYPE_SPECS, DeviceError
 from hidream_ui.device.detect import parse_device_spec
+from hidream_ui.model.plans import MEMORY_CHOICES, WEIGHT_CHOICES
+from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME, PROFILES
+from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 
 VARIANTS = ("e1.1", "e1-full")
 TEXT_ENCODER_MODES = ("device", "cpu", "offload")
 REFINERS = ("e1", "i1")
-TINY_PROFILES = ("tiny", "bench", "full")  # full: release dimensions, random weights built in memory
+# The offline model's profiles: those model/tiny/profiles.py builds, and `full` (the release's
+# dimensions, random weights made in memory). Read from there: a second list once refused `deep`.
+TINY_PROFILES = (*PROFILES, FULL_PROFILE_NAME)
 # Instruction rewriting (README "Instruction rewriting"). "auto": openai when a URL is given, else off.
 REWRITERS = ("auto", "off", "local", "openai")
 REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
@@ -129,32 +134,36 @@ _MODEL_OPTIONS = [
     ("--e1", ("HIDREAM_E1",), "e1", "HiDream-E1-1 (or HiDream-E1-Full for --variant e1-full): folder or hub id"),
     ("--variant", ("HIDREAM_VARIANT",), "variant", f"model variant: {' | '.join(VARIANTS)} (default e1.1)"),
     ("--tiny-profile", ("HIDREAM_TINY_PROFILE",), "tiny_profile",
-     "offline random-weight model used when no weights are configured: tiny | bench | full (release size, in memory)"),
+     "offline random-weight model used when no weights are configured: " + " | ".join(TINY_PROFILES)
+     + f" ({FULL_PROFILE_NAME}: release size, in memory)"),
     ("--device", ("HIDREAM_DEVICE", "PREFERRED_DEVICE"), "device", "auto | npu | npu:N | cuda | cuda:N | cpu"),
     ("--dtype", ("HIDREAM_DTYPE",), "dtype", "auto | bf16 | fp16 | fp32 (auto probes the device)"),
     ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),
     ("--text-encoders", ("HIDREAM_TEXT_ENCODERS",), "text_encoders",
-     "device: keep on the device | cpu: run on the host | offload: move to the device only to encode"),
+     " | ".join(TEXT_ENCODER_MODES) + " (device: keep on the device, cpu: run on the host, offload: move to the "
+     "device only to encode)"),
     ("--devices", ("HIDREAM_DEVICES",), "devices",
      "one engine per device: a list such as npu:0,npu:1 or cuda:0,cuda:1 or cpu,cpu (splits the cores), or all "
      "(every visible accelerator); not with --device"),
     ("--placement", ("HIDREAM_PLACEMENT",), "placement",
      "parts of one model on different devices: transformer=DEV,encoders=DEV[,vae=DEV]"),
     ("--memory", ("HIDREAM_MEMORY",), "memory",
-     "memory plan: auto (the fastest that fits) | full | encoders-offload | encoders-cpu | blocks | sequential"),
+     "memory plan: " + " | ".join(MEMORY_CHOICES) + " (auto: the fastest that fits)"),
     ("--weights", ("HIDREAM_WEIGHTS",), "weights",
-     "transformer storage: auto (bf16 unless only fp8 fits without streaming) | bf16 | fp8"),
+     "transformer storage: " + " | ".join(WEIGHT_CHOICES) + " (auto: bf16 unless only fp8 fits without streaming)"),
     ("--transformer-file", ("HIDREAM_TRANSFORMER_FILE",), "transformer_file",
      "single-file transformer checkpoint (.safetensors, diffusers or ComfyUI keys) used in place of the folder"),
     ("--refiner", ("HIDREAM_REFINER",), "refiner",
-     "weights of the refine stage: e1 (what upstream computes, zero copies) | i1 (HiDream-I1-Full, swapped)"),
+     "weights of the refine stage: " + " | ".join(REFINERS) + " (e1: what upstream computes, zero copies; i1: "
+     "HiDream-I1-Full, swapped)"),
     ("--moe", ("HIDREAM_MOE",), "moe",
-     "MoE forward: auto (sync-free with --compile blocks, else diffusers) | diffusers (exact default) | "
-     "sync-free (no host sync, fixed shapes, 2x routed FLOPs)"),
+     "MoE forward: " + " | ".join(MOE_CHOICES) + " (auto: sync-free with --compile blocks, else diffusers; "
+     "diffusers: exact; sync-free: no host sync, fixed shapes, 2x routed FLOPs)"),
     ("--compile", ("HIDREAM_COMPILE",), "compile",
-     "none | blocks (torch.compile / torchair on the repeated transformer blocks; eager if it fails)"),
+     " | ".join(COMPILE_CHOICES) + " (blocks: torch.compile / torchair on the repeated transformer blocks; eager "
+     "if it fails)"),
     ("--cache", ("HIDREAM_CACHE",), "cache",
-     "default step cache of edits: none | interval:K | first-block:T (or exact | fast | faster)"),
+     "default step cache of edits: none | interval:K | first-block:T (or " + " | ".join(SPEED_PRESETS) + ")"),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
     ("--retention", ("HIDREAM_RETENTION",), "retention", "keep at most this many results in --output-dir"),
 ]
@@ -199,8 +208,8 @@ _SERVER_OPTIONS = [
 
 _REWRITER_OPTIONS = [
     ("--rewriter", ("HIDREAM_REWRITER",), "rewriter",
-     "instruction rewriting: auto (openai when --rewriter-url is set, else off) | off | "
-     "local (the Llama text encoder + its LM head, text only, ~1 GB more in bf16) | openai"),
+     "instruction rewriting: " + " | ".join(REWRITERS) + " (auto: openai when --rewriter-url is set, else off; "
+     "local: the Llama text encoder + its LM head, text only, ~1 GB more in bf16)"),
     ("--rewriter-url", ("HIDREAM_REWRITER_URL",), "rewriter_url",
      "base URL of an OpenAI-compatible chat-completions server with image input, e.g. http://127.0.0.1:8000/v1 "
      "(key from HIDREAM_REWRITER_API_KEY, else OPENAI_API_KEY)"),

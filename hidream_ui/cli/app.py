@@ -95,7 +95,7 @@ def launch(
 
     from hidream_ui.engine.engine import get_engine
     from hidream_ui.ui import gradio_internals
-    from hidream_ui.ui.layout import build_demo, launch_options
+    from hidream_ui.ui.layout import build_demo, launch_options, new_blocks
     from hidream_ui.ui.services import AppServices
 
     if engine is None and config.devices:  # --devices: one engine per device (engine/pool.py)
@@ -107,10 +107,10 @@ def launch(
         except EngineError as exc:
             raise ConfigError(str(exc)) from None
     engine = engine or get_engine(config)
-    services = AppServices.for_config(config)
-    engine.hide_paths = services.public
     # Before any Blocks exist: gradio reads GRADIO_TEMP_DIR when it builds components.
-    services.cache_folder = gradio_internals.private_cache_folder()
+    cache_folder = gradio_internals.private_cache_folder()
+    services = AppServices.for_config(config, engine=engine, demo=new_blocks(config), cache_folder=cache_folder)
+    engine.hide_paths = services.public
     demo = build_demo(engine, services=services)
     # No max_size: gradio would count /status and /cancel too; `admission` limits the device lane.
     # api_open=False: the queue is the only way in. Gradio then refuses a direct POST

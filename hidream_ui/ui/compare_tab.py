@@ -132,6 +132,11 @@ class CompareTab:
         if self.services.cancel(request, kind="compare"):
             logger.info("comparison stopped by its user")
 
+    @staticmethod
+    def hint(axis: str):
+        """The values box's placeholder for the axis chosen."""
+        return gr.update(placeholder=AXIS_HINTS.get(axis, "") if axis != NO_AXIS else "(no y axis)")
+
     # ------------------------------------------------------------------ the slider pickers
     @staticmethod
     def pickers(cells: Any):
@@ -225,11 +230,9 @@ def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServic
                 slider = gr.ImageSlider(label="Two cells side by side", type="filepath", interactive=False,
                                         height=380, elem_id="hui-compare-slider")
 
-        def hint(axis: str):
-            return gr.update(placeholder=AXIS_HINTS.get(axis, "") if axis != NO_AXIS else "(no y axis)")
-
-        axis_x.change(hint, [axis_x], [values_x], queue=False, show_progress="hidden", api_visibility="private")
-        axis_y.change(hint, [axis_y], [values_y], queue=False, show_progress="hidden", api_visibility="private")
+        for axis, values in ((axis_x, values_x), (axis_y, values_y)):
+            axis.change(handlers.hint, [axis], [values], queue=False, show_progress="hidden",
+                        api_visibility="private")
         # The order of /compare's inputs (CompareTab.run's parameters).
         inputs = [image, instruction, axis_x, values_x, axis_y, values_y, *settings.values(), seed]
         cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers

@@ -30,7 +30,9 @@ from hidream_ui.engine.status import DeviceRow, EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
 from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
 from hidream_ui.rewrite.service import needs_rewrite
+from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.common import (
+    DEVICE_GROUP,
     WORKING_RESOLUTIONS,
     deleted_placeholder,
     form_values,
@@ -293,10 +295,13 @@ class Handlers:
 
     # ------------------------------------------------------------------ status
     def _queue(self) -> Mapping[str, Any] | None:
-        if self.queue_info is None:
+        """The device lane's queue figures: `queue_info()` when given, else the demo's queue."""
+        demo = self.services.demo
+        if self.queue_info is None and demo is None:
             return None
         try:
-            return self.queue_info()
+            return self.queue_info() if self.queue_info is not None else gradio_internals.queue_figures(
+                demo, DEVICE_GROUP)
         except Exception:  # noqa: BLE001 - the queue figures are a best-effort extra
             logger.debug("queue figures unavailable", exc_info=True)
             return None

@@ -1,9 +1,10 @@
 """`AppServices`: what every tab's handlers share besides the engine.
 
 One instance per demo: the job registry (cancel tokens), the upload gate, the result files gradio
-may serve, and the clean-ups to run at shutdown.
-Built by `layout.build_demo`; tests build one with `trusted_roots` to hand files to handlers
-in-process (the gate then accepts files under those folders, as it accepts the bundled examples).
+may serve, the rewriter, and the clean-ups to run at shutdown.
+Built by `layout.build_demo` (or by the launcher, which hands it over); tests build one with
+`trusted_roots` to hand files to handlers in-process (the gate then accepts files under those
+folders, as it accepts the bundled examples).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.jobs import Job, JobRegistry
+from hidream_ui.rewrite.service import RewriteService
 from hidream_ui.ui import gradio_internals
 from hidream_ui.ui.files import ServedResults, UploadGate
 
@@ -36,29 +38,33 @@ def redact_paths(text: str) -> str:
 
 @dataclass
 class AppServices:
+    """Built complete, once (`for_config`): nothing is assigned to it afterwards but the janitor,
+    which exists only once the server runs (cli/app.py)."""
+
     config: AppConfig
     jobs: JobRegistry
     gate: UploadGate
     results: ServedResults
-    demo: Any = None  # the gr.Blocks, once built: the gate and the liveness probe read it
+    demo: Any = None  # the gr.Blocks the UI is built into (None: handlers used without a UI, in tests)
     janitor: Any = None  # the CacheJanitor, once the app is launched
-    cache_folder: Path | None = None  # gradio's cache folder of this process (set by the launcher)
-    rewriter: Any = None  # the RewriteService (None: rewriting off); set by `layout.build_demo`
+    cache_folder: Path | None = None  # gradio's cache folder of this process (the launcher's)
+    rewriter: Any = None  # the RewriteService (None: rewriting off)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
-    def for_config(cls, config: AppConfig, *, trusted_roots: Iterable[str | Path] = ()) -> "AppServices":
-        holder: dict[str, Any] = {}
+    def for_config(cls, config: AppConfig, *, engine: Any = None, demo: Any = None,
+                   cache_folder: Path | None = None, trusted_roots: Iterable[str | Path] = ()) -> "AppServices":
+        """The services of one UI. `engine` (when given) makes the rewriter `config` asks for; `demo`
+        is the (still empty) gr.Blocks the UI will be built into: the upload gate and the liveness
+        probe read it."""
 
         def is_stored(path: str) -> bool:
-            demo = holder["services"].demo
             return demo is not None and gradio_internals.is_app_file(demo, path)
 
-        services = cls(config=config, jobs=JobRegistry(),
-                       gate=UploadGate(is_stored, roots=[ASSETS_DIR, *trusted_roots]),
-                       results=ServedResults(fixed=[str(ASSETS_DIR)]))
-        holder["services"] = services
-        return services
+        rewriter = RewriteService.for_config(config, engine) if engine is not None else None
+        return cls(config=config, jobs=JobRegistry(), gate=UploadGate(is_stored, roots=[ASSETS_DIR, *trusted_roots]),
+                   results=ServedResults(fixed=[str(ASSETS_DIR)]), demo=demo, cache_folder=cache_folder,
+                   rewriter=rewriter)
 
     @property
     def public(self) -> bool:

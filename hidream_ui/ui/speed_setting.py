@@ -29,42 +29,50 @@ def speed_choices(current: str) -> list[tuple[str, str]]:
     return choices
 
 
+class SpeedSetting:
+    """The handlers of the Speed dropdown and `/set_speed`. `allowed(request, what)` raises when the
+    caller may not change engine-wide settings (--kiosk: only the operator may; see ui/operator.py)."""
+
+    def __init__(self, engine: EditEngine, allowed: Callable[[Any, str], None] | None = None):
+        self.engine = engine
+        self.allowed = allowed
+
+    def _check(self, request) -> None:
+        if self.allowed is not None:
+            self.allowed(request, "the speed setting")
+
+    @guarded("setting the speed")
+    def set_speed(self, name: str, request: gr.Request = None) -> str:
+        """Step cache of the next edits: exact | fast | faster | none | interval:K | first-block:T -> the spec."""
+        self._check(request)
+        return self.engine.set_speed(name)
+
+    def change_speed(self, name: str, request: gr.Request = None):
+        self._check(request)
+        try:
+            spec = self.engine.set_speed(name)
+            return gr.update(value=spec), f"Speed: <b>{html.escape(spec)}</b> for the next edits."
+        except EngineError as exc:
+            logger.info("speed %r refused: %s", name, exc)
+            gr.Warning(html.escape(str(exc), quote=False))
+            return gr.update(value=self.engine.status().speed["cache_default"]), html.escape(str(exc))
+
+
 def build_speed_setting(engine: EditEngine, allowed: Callable[[Any, str], None] | None = None) -> gr.Dropdown:
-    """The dropdown, its note and `/set_speed`. `allowed(request, what)` raises when the caller may
-    not change engine-wide settings (--kiosk: only the operator may; see ui/operator.py)."""
+    """The dropdown, its note and `/set_speed` (see `SpeedSetting`)."""
+    handlers = SpeedSetting(engine, allowed)
     current = str(parse_cache(engine.config.cache))
     dropdown = gr.Dropdown(label="Speed", choices=speed_choices(current), value=current, interactive=True,
                            info="exact: every block every step · fast / faster: reuse the deep blocks' work on "
                                 "1 of 2 / 2 of 3 steps (check quality in Compare, axis speed)",
                            elem_id="hui-speed")
     note = gr.Markdown(elem_id="hui-speed-note")
-
-    def check(request) -> None:
-        if allowed is not None:
-            allowed(request, "the speed setting")
-
-    @guarded("setting the speed")
-    def set_speed(name: str, request: gr.Request = None) -> str:
-        """Step cache of the next edits: exact | fast | faster | none | interval:K | first-block:T -> the spec."""
-        check(request)
-        return engine.set_speed(name)
-
-    def change_speed(name: str, request: gr.Request = None):
-        check(request)
-        try:
-            spec = engine.set_speed(name)
-            return gr.update(value=spec), f"Speed: <b>{html.escape(spec)}</b> for the next edits."
-        except EngineError as exc:
-            logger.info("speed %r refused: %s", name, exc)
-            gr.Warning(html.escape(str(exc), quote=False))
-            return gr.update(value=engine.status().speed["cache_default"]), html.escape(str(exc))
-
     # Queued (one way in: the app serves with api_open=False), on a lane of its own: it only changes
     # what the next edit will ask for, so it never waits behind edits.
-    dropdown.select(change_speed, [dropdown], [dropdown, note], concurrency_id=CONTROL_GROUP, concurrency_limit=1,
-                    show_progress="hidden", api_visibility="private")
-    gr.api(set_speed, api_name="set_speed", concurrency_id=CONTROL_GROUP, concurrency_limit=1)
+    dropdown.select(handlers.change_speed, [dropdown], [dropdown, note], concurrency_id=CONTROL_GROUP,
+                    concurrency_limit=1, show_progress="hidden", api_visibility="private")
+    gr.api(handlers.set_speed, api_name="set_speed", concurrency_id=CONTROL_GROUP, concurrency_limit=1)
     return dropdown
 
 
-__all__ = ["build_speed_setting", "speed_choices"]
+__all__ = ["build_speed_setting", "speed_choices", "SpeedSetting"]

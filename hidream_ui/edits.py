@@ -61,6 +61,7 @@ __all__ = [
     "add_edit_arguments",
     "params_from_args",
     "edit_flags_table",
+    "with_edit_flags_table",
     "Timings",
     "RunInfo",
     "validated_seed",
@@ -490,7 +491,7 @@ class EditParams:
         ``rng`` makes the choice reproducible in tests; without it the OS entropy source is used
         so that two processes started at the same moment do not pick the same "random" seed.
         """
-        seed = validated_seed(self.seed)
+        seed = self.seed if _is_valid(self) else validated_seed(self.seed)
         if seed == -1:
             seed = rng.randint(0, SEED_MAX) if rng is not None else secrets.randbelow(SEED_MAX + 1)
         resolved = EditParams(self.instruction, seed, self.settings)
@@ -536,13 +537,14 @@ del _name
 # ---------------------------------------------------------------------------------------------
 
 
-def seed_from_form(seed: Any, randomize_seed: Any = False) -> int:
-    """The seed a form asks for: -1 (pick one) when "random" is ticked or the box was cleared."""
+def seed_from_form(seed: Any, randomize_seed: Any = False) -> Any:
+    """The seed a form asks for: -1 (pick one) when "random" is ticked or the box was cleared, else
+    the value as given (checked with the other fields, by `EditParams.validated` or the batch plan)."""
     if randomize_seed is True or str(randomize_seed).strip().lower() in ("true", "1"):
         return -1
     if seed is None or (isinstance(seed, str) and not seed.strip()):
         return -1  # a cleared seed box means "pick one", not an error
-    return validated_seed(seed)
+    return seed
 
 
 def settings_from_form(values: Mapping[str, Any]) -> EditSettings:
@@ -746,6 +748,15 @@ class EditResult:
         for key, value in self.info.to_dict().items():
             core.setdefault(str(key), value)
         return _jsonable(core)
+
+
+def with_edit_flags_table(text: str) -> str:
+    """`text` (README) with the table between EDIT_FLAGS_BEGIN and EDIT_FLAGS_END rendered anew
+    (`python -c "..."` to update README after a change to FIELDS; the test says how)."""
+    begin, end = text.find(EDIT_FLAGS_BEGIN), text.find(EDIT_FLAGS_END)
+    if begin < 0 or end < begin:
+        raise ValueError(f"no {EDIT_FLAGS_BEGIN} ... {EDIT_FLAGS_END} markers in the text")
+    return text[:begin + len(EDIT_FLAGS_BEGIN)] + "\n" + edit_flags_table() + "\n" + text[end:]
 
 
 def _jsonable(value: Any) -> Any:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from PIL import Image
 
 from hidream_ui.config import VARIANTS
+from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.rewrite.prompt import RewriteResult
@@ -414,8 +415,6 @@ def _is_valid(value) -> bool:
 
 def _as_cache(value: object) -> str:
     """"default" or a canonical step-cache spec (hidream_ui.pipeline.speed.settings), else RequestError."""
-    from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
-
     text = str(value).strip().lower() if value is not None else "default"
     if text in ("", "default"):
         return "default"
@@ -499,7 +498,8 @@ class EditParams:
 
     def to_dict(self) -> dict[str, Any]:
         """The flat form metadata and API clients use: instruction, seed and every setting."""
-        return {"instruction": self.instruction, **dataclasses.asdict(self.settings), "seed": self.seed}
+        values = {"instruction": self.instruction, "seed": self.seed, **dataclasses.asdict(self.settings)}
+        return {spec.name: values[spec.name] for spec in FIELDS if spec.name in values}  # in FIELDS order
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "EditParams":

@@ -65,6 +65,22 @@ def test_the_edit_flags_become_params_over_the_variants_defaults():
     assert plain == EditParams.defaults_for("e1.1", "a").validated()
 
 
+# --- composition ----------------------------------------------------------------------------------
+
+
+def test_params_are_instruction_seed_and_settings():
+    settings = EditSettings(guidance_scale=4.0, working_resolution="draft")
+    params = EditParams("x", 1, settings)
+    assert params.settings is settings and params.guidance_scale == 4.0 and params.working_resolution == "draft"
+    assert EditParams("x", guidance_scale=2).settings == EditSettings(guidance_scale=2)
+    assert dataclasses.replace(params, num_inference_steps=9).settings == dataclasses.replace(
+        settings, num_inference_steps=9)
+    assert [f.name for f in dataclasses.fields(EditParams)] == ["instruction", "seed", "settings"]
+    assert list(params.to_dict()) == [spec.name for spec in FIELDS if spec.name != "randomize_seed"]
+    with pytest.raises(TypeError, match="guidance"):
+        EditParams("x", guidance=3)
+
+
 # --- README -------------------------------------------------------------------------------------
 
 

@@ -229,3 +229,39 @@ def test_params_are_checked_once_on_the_way_in(monkeypatch):
     assert not changed.is_validated
     with pytest.raises(edits.RequestError, match="guidance_scale"):
         changed.validated()
+
+
+def _doc_rows() -> list[str]:
+    """Table rows of README.md and docs/ (where the flag tables live)."""
+    root = README.parent
+    pages = [README, *sorted((root / "docs").rglob("*.md"))] if (root / "docs").is_dir() else [README]
+    return [line for page in pages for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+
+
+def test_the_docs_flag_tables_name_every_choice_of_its_home():
+    from hidream_ui.config import (
+        COMPILE_CHOICES,
+        MOE_CHOICES,
+        REFINERS,
+        REWRITERS,
+        TEXT_ENCODER_MODES,
+        VARIANTS,
+    )
+    from hidream_ui.device.backends import DTYPE_SPECS
+    from hidream_ui.model.plans import MEMORY_CHOICES, WEIGHT_CHOICES
+    from hidream_ui.pipeline.attention.registry import strategy_names
+    from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
+
+    rows = _doc_rows()
+    homes = {"--variant": VARIANTS, "--tiny-profile": TINY_PROFILES, "--memory": MEMORY_CHOICES,
+             "--weights": WEIGHT_CHOICES, "--moe": MOE_CHOICES, "--compile": COMPILE_CHOICES,
+             "--rewriter": REWRITERS, "--text-encoders": TEXT_ENCODER_MODES, "--refiner": REFINERS,
+             "--dtype": tuple(DTYPE_SPECS), "--cache": tuple(SPEED_PRESETS)}
+    for flag, choices in homes.items():
+        row = [line for line in rows if line.startswith(f"| `{flag}`")]
+        assert len(row) == 1, f"no (or more than one) table row for {flag} in README.md / docs/"
+        missing = [choice for choice in choices if f"`{choice}`" not in row[0]]
+        assert not missing, f"the {flag} row does not name {missing}"
+    # The attention strategies' table: each registered name starts a row (or shares its first cell).
+    names = " ".join(line.split("|")[1] for line in rows if line.startswith("| `") and not line.startswith("| `--"))
+    assert [name for name in strategy_names() if f"`{name}`" not in names] == []

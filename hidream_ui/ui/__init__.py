@@ -1,4 +1,6 @@
-"""The Gradio UI: `layout.build_demo(engine)` (widgets and wiring) and `handlers` (what they do).
+"""The Gradio UI: one module per tab (`edit_tab`, `batch_tab`, `compare_tab`, `history_tab`) and the
+`system_panel`, each building its widgets and returning typed handles; `layout.build_demo(engine)`
+places and connects them; `handlers` (and each tab's class) say what the events do.
 
 Importing this package is free; `build_demo` imports gradio on first use, so the CLI and the
 tests of the core never pay for it.

@@ -27,7 +27,14 @@ import gradio as gr
 
 from hidream_ui.archive import ZipLimits, sources_from_uploads, write_batch_zip
 from hidream_ui.config import AppConfig
-from hidream_ui.edits import EditParams, RequestError, seed_from_form, settings_from_form, validated_flag
+from hidream_ui.edits import (
+    EditParams,
+    RequestError,
+    seed_from_form,
+    settings_from_form,
+    validated_flag,
+    validated_seed,
+)
 from hidream_ui.engine.batch import (
     BATCH_PIXEL_BUDGET,
     MAX_BATCH_SIZE,
@@ -197,6 +204,7 @@ class BatchTab:
         (cached); an item whose rewrite fails is listed as an error and the others run."""
         # Everything is checked before the device is touched: a typo costs nothing.
         settings = settings_from_form(locals())  # the SHARED_FORM fields among the arguments
+        first_seed = validated_seed(seed_from_form(seed))  # before any upload is read
         rewriter = None
         if validated_flag("rewrite", rewrite):
             rewriter = self.services.rewriter
@@ -210,7 +218,7 @@ class BatchTab:
         with self.services.job("batch", request) as job:
             sources, rejected = self._sources(files, cancel=job.token)
             batch = BatchRequest(sources=tuple(sources), instructions=lines, settings=settings,
-                                 seed=seed_from_form(seed), mode=str(mode or "matrix"),
+                                 seed=first_seed, mode=str(mode or "matrix"),
                                  seed_policy=str(seed_policy or "fixed"), batch_size=size)
             # Decoded and planned here, once (the engine runs this plan), so the item count is known
             # for the progress line and every file that does not open is reported with its reason.

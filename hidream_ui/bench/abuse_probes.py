@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 from hidream_ui.bench import abuse_files
-from hidream_ui.bench.abuse import (
+from hidream_ui.bench.abuse_client import (
     EDIT_INSTRUCTION,
     AbuseApp,
     CallResult,
     ProbeContext,
     ProbeOutcome,
+    _apple,
     call_api,
     edit_data,
     file_data,
@@ -62,8 +63,6 @@ def attacker_apple() -> bytes:
     import io
 
     from PIL import Image, PngImagePlugin
-
-    from hidream_ui.bench.abuse import _apple
 
     info = PngImagePlugin.PngInfo()
     info.add_text("attacker", uuid.uuid4().hex)

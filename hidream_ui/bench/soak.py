@@ -55,7 +55,7 @@ def _files_under(folder: Path) -> list[Path]:
 
 
 def _sample(edit: int, demo, output_dir: Path) -> dict:
-    from hidream_ui.ui import gradio_internals
+    from hidream_ui.server import gradio_internals
 
     janitor = getattr(getattr(demo, "hidream_services", None), "janitor", None)
     pruned = janitor.run_once() if janitor is not None else None

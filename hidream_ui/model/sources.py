@@ -10,11 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hidream_ui.config import AppConfig
+from hidream_ui.model.errors import ModelError  # noqa: F401  re-exported: callers import it from here
 from hidream_ui.model.layout import E1_FULL_DIR, E1_FULL_FILE, E11_DIR, HUB_IDS, I1_COMPONENTS, I1_DIR, LLAMA_DIR
-
-
-class ModelError(RuntimeError):
-    """The configured model cannot be used; the message names what is missing or wrong."""
 
 
 @dataclass(frozen=True)

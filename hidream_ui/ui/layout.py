@@ -26,7 +26,7 @@ that does work on a client's input is queued (the app serves with ``api_open=Fal
 is the only way in); events left unqueued only read server-side state or the status.
 
 With ``--kiosk`` the engine-wide controls (attention, speed, load model) sit in one column that
-only the operator's page shows (ui/operator.py).
+only the operator's page shows (server/operator.py).
 
 Imported lazily by the app (it imports gradio at the top).
 """
@@ -44,7 +44,7 @@ import gradio as gr
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.pool import ALL_ENGINES, device_labels, lane_size
 from hidream_ui.requests import GUIDANCE_RANGE, IMAGE_GUIDANCE_RANGE, REFINE_RANGE, STEPS_RANGE, EditParams
-from hidream_ui.ui import gradio_internals
+from hidream_ui.server import gradio_internals
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
     REWRITER_CONCURRENCY,
@@ -281,7 +281,7 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
                                              elem_id="hui-telemetry-plot")
                 # The engine-wide controls. With --kiosk they are the operator's: hidden in the page
                 # config, shown by `page_load` to the operator's browser only (their events refuse
-                # everyone else anyway, see ui/operator.py).
+                # everyone else anyway, see server/operator.py).
                 with gr.Column(visible=not config.kiosk, elem_id="hui-engine-controls") as engine_controls:
                     attention_kwargs = dict(label="Attention", choices=[(str(config.attention), str(config.attention))],
                                             value=str(config.attention), interactive=True, elem_id="hui-attention")

@@ -31,7 +31,7 @@ def speed_choices(current: str) -> list[tuple[str, str]]:
 
 def build_speed_setting(engine: EditEngine, allowed: Callable[[Any, str], None] | None = None) -> gr.Dropdown:
     """The dropdown, its note and `/set_speed`. `allowed(request, what)` raises when the caller may
-    not change engine-wide settings (--kiosk: only the operator may; see ui/operator.py)."""
+    not change engine-wide settings (--kiosk: only the operator may; see server/operator.py)."""
     current = str(parse_cache(engine.config.cache))
     dropdown = gr.Dropdown(label="Speed", choices=speed_choices(current), value=current, interactive=True,
                            info="exact: every block every step · fast / faster: reuse the deep blocks' work on "

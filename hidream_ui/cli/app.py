@@ -24,6 +24,8 @@ from hidream_ui.config import (
     from_namespace,
     read_auth_file,
 )
+from hidream_ui.engine.errors import EngineError
+from hidream_ui.server.lanes import ALL_LANES
 
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
@@ -93,13 +95,14 @@ def launch(
     if config.mcp and not mcp_available():
         raise ConfigError(MCP_HINT)
 
+    # Lazy (here and below): the engine, the UI and the server modules pull torch, gradio and
+    # asyncio/anyio; `app --help` and a refused config must not pay for them.
     from hidream_ui.engine.engine import get_engine
     from hidream_ui.server import gradio_internals
     from hidream_ui.ui.layout import build_demo, launch_options
     from hidream_ui.ui.services import AppServices
 
     if engine is None and config.devices:  # --devices: one engine per device (engine/pool.py)
-        from hidream_ui.engine.errors import EngineError
         from hidream_ui.engine.pool import EnginePool
 
         try:
@@ -148,8 +151,7 @@ def admission(demo, config: AppConfig) -> bool:
     """--max-queue and --max-jobs-per-client on the device lane and on the small lanes beside it
     (a remote rewriter's requests, the settings-from-PNG reader, the Speed setting: they do not
     wait behind edits, but are bounded the same way) (see `gradio_internals.admit_jobs`)."""
-    from hidream_ui.server import gradio_internals
-    from hidream_ui.server.lanes import ALL_LANES
+    from hidream_ui.server import gradio_internals  # asyncio: not for --help
 
     def message(held: int) -> str:
         return (f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
@@ -169,7 +171,7 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
 
     from starlette.middleware import Middleware
 
-    from hidream_ui.server import gradio_internals
+    from hidream_ui.server import gradio_internals  # asyncio, anyio, PIL: not for --help
     from hidream_ui.server.files import CacheJanitor, ClientStorage, StorageLimits
     from hidream_ui.server.guard import BoothGuard, LoginThrottle
     from hidream_ui.server.operator import OperatorLogin

@@ -16,6 +16,10 @@ import sys
 
 from hidream_ui import __version__
 from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
+from hidream_ui.device import backends as device_backends
+from hidream_ui.device import detect, memory
+from hidream_ui.model import sources as model_sources
+from hidream_ui.pipeline.attention.registry import list_strategies
 
 _PACKAGES = ("torch", "diffusers", "transformers", "tokenizers", "safetensors", "accelerate", "peft", "gradio",
              "gradio_client", "torch_npu", "flash_attn", "pynvml")
@@ -65,9 +69,6 @@ def _cann() -> dict:
 
 def collect(config, backends=None) -> dict:
     """Builds the report; never raises for a missing piece (it is recorded instead)."""
-    from hidream_ui.device import backends as device_backends
-    from hidream_ui.device import detect, memory
-    from hidream_ui.model import sources as model_sources
 
     report: dict = {
         "hidream_ui": __version__,
@@ -102,8 +103,6 @@ def collect(config, backends=None) -> dict:
             report["problems"].append(str(exc))
         report["memory"] = memory.snapshot(device, backends=backends).to_dict()
         import torch
-
-        from hidream_ui.pipeline.attention.registry import list_strategies
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(report.get("dtype"), torch.float32)
         report["attention"] = [

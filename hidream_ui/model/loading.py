@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from hidream_ui.config import AppConfig
+from hidream_ui.device.pool_spec import placement_for
+from hidream_ui.model.fp8 import apply_fp8, load_streamed, weight_files
 from hidream_ui.model.geometry import Geometry, geometry_for
 from hidream_ui.model.layout import E1_FULL_FILE, E1_FULL_LORA_ALPHA, E1_FULL_LORA_RANK, E1_FULL_LORA_TARGETS
-from hidream_ui.model.plans import TEXT_ENCODERS
+from hidream_ui.model.plans import TEXT_ENCODERS, MemoryPlan, apply_plan
 from hidream_ui.model.sources import ModelError, ModelSources, _is_local, resolve_sources, verify_sources
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
@@ -158,8 +160,6 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     an empty model), so a bf16 checkpoint never exists as an fp32 copy on the host; an fp8 plan's
     transformer is streamed tensor by tensor straight into fp8 (model/fp8.py).
     """
-    from hidream_ui.model.plans import MemoryPlan, apply_plan
-
     plan = plan or MemoryPlan(name="full", weights="bf16", requested="full", requested_weights="bf16")
     fp8 = plan.weights == "fp8"
     import torch
@@ -225,11 +225,7 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
 
     progress(0.8, f"placing the model on {device.torch_device}: memory plan {plan.label}")
     if fp8:
-        from hidream_ui.model.fp8 import apply_fp8
-
         apply_fp8(transformer, dtype)  # diffusers wants layerwise casting installed before group offloading
-    from hidream_ui.device.pool_spec import placement_for
-
     apply_plan(pipeline, plan, device, placement_for(config.placement, device.torch_device, "device"),
                encoders_placed="encoders" in dict(config.placement))
 
@@ -263,8 +259,6 @@ def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan",
     placement = {name: device.torch_device if resident else "cpu" for name, resident in where.items()}
     # Parts --placement puts on another card are made there, not on the engine's device (the planner counted
     # them there: making them here first would need the very memory the split saves).
-    from hidream_ui.device.pool_spec import placement_for
-
     placed = placement_for(config.placement, device.torch_device, "device")
     placement["vae"] = placed.vae
     if "encoders" in dict(config.placement):
@@ -285,8 +279,6 @@ def _load_transformer(root, dtype, fp8: bool, single_file: Path | None):
                 **_load_kwargs(str(root)))
         return HiDreamImageTransformer2DModel.from_pretrained(root, subfolder="transformer", dtype=dtype,
                                                               **_load_kwargs(str(root)))
-    from hidream_ui.model.fp8 import load_streamed, weight_files
-
     if not isinstance(root, Path):
         raise ModelError(f"--weights fp8 streams local weight files; {root!r} is a hub id: download it and "
                          "give --model-dir")

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hidream_ui.config import AppConfig
+
 INSTRUCTION = "turn the scene into a snowy winter evening"
 BASE_SEED = 1234
 
@@ -40,7 +42,6 @@ def _pictures(count: int, size: tuple[int, int]):
 
 
 def _engine(profile: str, dtype: str, output_dir: Path, attention: str):
-    from hidream_ui.config import AppConfig
     from hidream_ui.engine.engine import EditEngine
 
     engine = EditEngine(AppConfig(tiny_profile=profile, device="cpu", dtype=dtype, attention=attention,

@@ -14,6 +14,10 @@ import json
 import statistics
 import time
 
+from hidream_ui.config import AppConfig
+from hidream_ui.device.detect import resolve_device, resolve_dtype
+from hidream_ui.pipeline.attention.registry import apply
+
 
 def _forward_comparison(model, size: int, batch: int, repeats: int) -> dict:
     import torch
@@ -125,16 +129,12 @@ def run(profile: str = "tiny", size: int | None = None, batch: int = 1, repeats:
     import tempfile
     from pathlib import Path
 
-    from hidream_ui.config import AppConfig
-    from hidream_ui.device.detect import resolve_device, resolve_dtype
     from hidream_ui.model.loading import load_model
 
     config = AppConfig(tiny_profile=profile, device="cpu", dtype=dtype,
                        output_dir=Path(tempfile.mkdtemp(prefix="hidream-bench-")))
     device = resolve_device("cpu")
     model = load_model(config, device, resolve_dtype(dtype, device))
-    from hidream_ui.pipeline.attention.registry import apply
-
     apply(model.pipeline.transformer, "sdpa", device, model.dtype)
     size = size or model.geometry.image_size // 2
     report = {"benchmark": "edit", "profile": profile, "dtype": dtype, "device": device.torch_device,

@@ -22,6 +22,11 @@ import json
 import statistics
 import time
 
+from hidream_ui.config import AppConfig
+from hidream_ui.device.detect import resolve_device, resolve_dtype
+from hidream_ui.model.tiny.profiles import PROFILES
+from hidream_ui.pipeline.attention.registry import apply
+
 CACHE_MODES = ("none", "interval:2", "interval:3", "first-block:0.05")
 
 
@@ -29,11 +34,7 @@ def _load(profile: str, dtype: str):
     import tempfile
     from pathlib import Path
 
-    from hidream_ui.config import AppConfig
-    from hidream_ui.device.detect import resolve_device, resolve_dtype
     from hidream_ui.model.loading import load_model
-    from hidream_ui.pipeline.attention.registry import apply
-
     # AppConfig is built directly (not validated): the bench may name any tiny profile, `deep` included.
     config = AppConfig(tiny_profile=profile, device="cpu", dtype=dtype,
                        output_dir=Path(tempfile.mkdtemp(prefix="hidream-bench-")))
@@ -206,8 +207,6 @@ def run(profile: str = "bench", cache_profile: str = "deep", size: int = 256, ca
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hidream_ui.model.tiny.profiles import PROFILES
-
     parser = argparse.ArgumentParser(prog="python -m hidream_ui bench speed", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="bench", choices=sorted(PROFILES),
                         help="model of the MoE and compile sections (default bench)")

@@ -21,7 +21,11 @@ from hidream_ui.model.planner import default_working_size, margin, parse_bytes, 
 
 
 def _working_size(text: str, variant: str, configs) -> tuple[int, int]:
-    from hidream_ui.requests import WORKING_SIDE_MAX, WORKING_SIDE_MIN, WORKING_SIDE_MULTIPLE
+    from hidream_ui.requests import (  # lazy: PIL, not for --help
+        WORKING_SIDE_MAX,
+        WORKING_SIDE_MIN,
+        WORKING_SIDE_MULTIPLE,
+    )
 
     if text == "auto":
         return default_working_size(variant, configs)

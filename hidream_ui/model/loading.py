@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from hidream_ui.config import AppConfig
+from hidream_ui.device import memory as device_memory  # device_memory.snapshot: looked up per call
 from hidream_ui.device.pool_spec import placement_for
 from hidream_ui.model.fp8 import apply_fp8, load_streamed, weight_files
 from hidream_ui.model.geometry import Geometry, geometry_for
@@ -25,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from hidream_ui.device.backends import DeviceInfo
     from hidream_ui.model.plans import MemoryPlan
-    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
+    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline  # lazy, like torch above: planning needs neither
 
 
 ProgressFn = Callable[[float, str], None]  # (fraction 0..1, message) while loading
@@ -165,7 +166,7 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     import torch
     from transformers import AutoTokenizer, LlamaModel
 
-    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
+    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline  # lazy, like torch above: planning needs neither
 
     progress = on_progress or (lambda fraction, message: None)
     start = time.perf_counter()
@@ -248,7 +249,7 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
 def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan", device: "DeviceInfo",
                    dtype) -> dict:
     """The full profile: every part at the release's dimensions, random weights made in memory."""
-    from hidream_ui.model.tiny.in_memory import release_parts
+    from hidream_ui.model.tiny.in_memory import release_parts  # looked up per call: tests replace it
 
     if sources.variant != "e1.1" or config.refiner != "e1" or config.transformer_file is not None:
         raise ModelError("--tiny-profile full makes E1.1 in memory only: it has no E1-Full LoRA file, no second "
@@ -373,8 +374,6 @@ def _make_swap(transformer, tensors: dict, device: "DeviceInfo") -> WeightSwap:
 
 
 def _fits_on_device(device: "DeviceInfo", nbytes: int) -> bool:
-    from hidream_ui.device.memory import snapshot
-
-    free = snapshot(device).free
+    free = device_memory.snapshot(device).free
     # Keep a quarter of the free memory for activations: an edit at 1024^2 needs several GB.
     return free is not None and nbytes < 0.75 * free

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from hidream_ui.device import memory as device_memory  # device_memory.snapshot: looked up per call
 from hidream_ui.device.backends import DeviceError
 from hidream_ui.device.detect import resolve_device
 from hidream_ui.model.fp8 import fp8_module_names, fp8_unavailable
@@ -503,11 +504,10 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
     `other_free` gives it)."""
     import torch
 
-    from hidream_ui.device.memory import snapshot
     configs = read_configs(config)
     sizes = sizes_from_configs(configs)
     if free is None:
-        free = snapshot(device, backends=backends).free
+        free = device_memory.snapshot(device, backends=backends).free
     split = split_for(config.placement, device.torch_device)
     known = dict(other_free or {})
     for name, _ in split.others:
@@ -528,13 +528,11 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
 def _free_on(name: str, backends=None) -> int | None:
     """Free bytes of the device `name` (a `--placement` device), from the same snapshot the engine's device
     is planned with. PlanRefused when it cannot be resolved."""
-    from hidream_ui.device.memory import snapshot
-
     try:
         other = resolve_device(name, backends=backends)
     except DeviceError as exc:
         raise PlanRefused(f"--placement names {name}, which cannot be used: {exc}") from None
-    return snapshot(other, backends=backends).free
+    return device_memory.snapshot(other, backends=backends).free
 
 
 def resolve_plan(config: "AppConfig", device, dtype: "torch.dtype", backends=None) -> MemoryPlan:

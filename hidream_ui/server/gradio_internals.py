@@ -26,6 +26,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from hidream_ui.server.files import CacheEntry, ClientStorage, StorageLimits
+
 logger = logging.getLogger(__name__)
 
 
@@ -281,8 +283,6 @@ def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now:
     into a hash folder once complete). Emptied folders go too (also the ones a failed fetch left),
     and deleted paths leave gradio's records and the storage's accounts.
     """
-    from hidream_ui.server.files import ClientStorage, StorageLimits
-
     now = time.time() if now is None else now
     folder = Path(folder)
     entries = _entries(app_cache_files(demo, folder), folder)
@@ -316,8 +316,6 @@ def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now:
 
 
 def _entries(files: list[Path], folder: Path) -> list[Any]:
-    from hidream_ui.server.files import CacheEntry
-
     entries = []
     for path in files:
         try:

@@ -33,7 +33,7 @@ STATUS_TIMEOUT = 10.0
 
 
 def _apple() -> Path:
-    from hidream_ui.ui.layout import ASSETS_DIR
+    from hidream_ui.ui.layout import ASSETS_DIR  # lazy: gradio (the bench harness itself never needs it)
 
     return ASSETS_DIR / "apple.png"
 

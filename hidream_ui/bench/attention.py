@@ -352,7 +352,9 @@ def transformer_inputs(transformer, profile: AttentionProfile, dtype, device: st
     """Collapsed-padding inputs for one transformer call at `profile.transformer_side` (N x 2N edit)."""
     import torch
 
-    from hidream_ui.pipeline.edit_pipeline import collapsed_tokens
+    from hidream_ui.pipeline.edit_pipeline import (
+        collapsed_tokens,  # lazy: torch and diffusers, loaded only when this benchmark runs
+    )
 
     config = transformer.config
     gen = torch.Generator().manual_seed(1)

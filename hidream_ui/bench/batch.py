@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 
 from hidream_ui.config import AppConfig
+from hidream_ui.engine.batch import BatchRequest, BatchSource
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.requests import EditParams, EditRequest
 
 INSTRUCTION = "turn the scene into a snowy winter evening"
 BASE_SEED = 1234
@@ -42,7 +45,6 @@ def _pictures(count: int, size: tuple[int, int]):
 
 
 def _engine(profile: str, dtype: str, output_dir: Path, attention: str):
-    from hidream_ui.engine.engine import EditEngine
 
     engine = EditEngine(AppConfig(tiny_profile=profile, device="cpu", dtype=dtype, attention=attention,
                                   output_dir=output_dir))
@@ -51,7 +53,6 @@ def _engine(profile: str, dtype: str, output_dir: Path, attention: str):
 
 
 def _params(steps: int, resolution: str, seed: int = BASE_SEED, instruction: str = INSTRUCTION):
-    from hidream_ui.requests import EditParams
 
     defaults = EditParams.defaults_for("e1.1", instruction)
     return EditParams.from_dict({**defaults.to_dict(), "num_inference_steps": steps, "working_resolution": resolution,
@@ -59,7 +60,6 @@ def _params(steps: int, resolution: str, seed: int = BASE_SEED, instruction: str
 
 
 def _warm_up(engine, picture, resolution: str) -> None:
-    from hidream_ui.requests import EditParams, EditRequest
 
     params = _params(1, resolution, instruction="warm-up")
     params = EditParams.from_dict({**params.to_dict(), "negative_prompt": "warm-up negative"})
@@ -74,8 +74,6 @@ def run(profile: str = "tiny", images: int = 4, steps: int = 4, size: str | None
         dtype: str = "fp32", attention: str = "sdpa") -> dict:
     import numpy as np
 
-    from hidream_ui.engine.batch import BatchRequest, BatchSource
-    from hidream_ui.requests import EditRequest
 
     resolution = size or ("draft" if profile == "tiny" else "256")
     pictures = _pictures(images, (320, 240))

@@ -31,6 +31,7 @@ from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.model.planner import ACTIVATION_PER_PIXEL_CHANNEL, ACTIVATION_PER_TOKEN_UNIT, GUIDANCE_BATCH, plan_for
 from hidream_ui.model.plans import PLANS, WEIGHTS
 from hidream_ui.model.sources import resolve_sources
+from hidream_ui.model.tiny import profiles as tiny_profiles  # attributes looked up per call: tests replace them
 from hidream_ui.pipeline.attention.registry import apply
 
 # One (plan, weights) run in a child process. argv: profile device plan weights working_resolution steps latents.
@@ -120,17 +121,18 @@ def calibrate(sides=(256, 384)) -> dict:
     import torch
     from diffusers import AutoencoderKL, HiDreamImageTransformer2DModel
 
-    from hidream_ui.model.tiny.profiles import PROFILES, RELEASE_CONFIGS
-    from hidream_ui.pipeline.edit_pipeline import collapsed_tokens
+    from hidream_ui.pipeline.edit_pipeline import (
+        collapsed_tokens,  # lazy: torch and diffusers, loaded only when this benchmark runs
+    )
 
     meter = _PeakMeter("cpu")
     torch.manual_seed(0)
-    transformer = HiDreamImageTransformer2DModel(**PROFILES["bench"].transformer_config()).eval()
+    transformer = HiDreamImageTransformer2DModel(**tiny_profiles.PROFILES["bench"].transformer_config()).eval()
     apply(transformer, "sdpa", "cpu", torch.float32)
     config = transformer.config
     inner = config.num_attention_heads * config.attention_head_dim
-    vae = AutoencoderKL.from_config(dict(RELEASE_CONFIGS["vae"])).eval()
-    channels = RELEASE_CONFIGS["vae"]["block_out_channels"][0]
+    vae = AutoencoderKL.from_config(dict(tiny_profiles.RELEASE_CONFIGS["vae"])).eval()
+    channels = tiny_profiles.RELEASE_CONFIGS["vae"]["block_out_channels"][0]
     rows = []
     batch = GUIDANCE_BATCH
     for side in sides:

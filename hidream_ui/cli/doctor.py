@@ -54,7 +54,7 @@ def torch_npu_check(version_of=None) -> dict:
             f"torch_npu {installed} is installed but this project's NPU calls were checked against torch_npu "
             f"{NPU_CONTRACT_TORCH_NPU} (tests/test_npu_contract.py): a changed signature or default in {installed} "
             f"would only show up as an error at run time. Install the torch/torch_npu pair of "
-            f"requirements_npu.txt, or run the contract against {installed} (README_NPU.md)"
+            f"requirements_npu.txt, or run the contract against {installed} (docs/npu.md)"
         )
     return result
 

@@ -33,7 +33,6 @@ from hidream_ui.bench.abuse_client import (
     run_direct,
     upload,
 )
-from hidream_ui.outputs import METADATA_KEY
 
 _MIB = 1 << 20
 BASE_ARGS = ["--max-queue", "16", "--max-jobs-per-client", "2"]
@@ -293,6 +292,7 @@ def zip_bomb(ctx: ProbeContext) -> ProbeOutcome:
 
 
 def ico_decode(ctx: ProbeContext) -> ProbeOutcome:
+    from hidream_ui.outputs import METADATA_KEY  # lazy: numpy and PIL, not for `bench abuse --help`
 
     app = ctx.app
     side = 4000 if ctx.quick else 12000

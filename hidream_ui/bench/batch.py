@@ -45,7 +45,6 @@ def _pictures(count: int, size: tuple[int, int]):
 
 
 def _engine(profile: str, dtype: str, output_dir: Path, attention: str):
-
     engine = EditEngine(AppConfig(tiny_profile=profile, device="cpu", dtype=dtype, attention=attention,
                                   output_dir=output_dir))
     engine.load()
@@ -53,14 +52,12 @@ def _engine(profile: str, dtype: str, output_dir: Path, attention: str):
 
 
 def _params(steps: int, resolution: str, seed: int = BASE_SEED, instruction: str = INSTRUCTION):
-
     defaults = EditParams.defaults_for("e1.1", instruction)
     return EditParams.from_dict({**defaults.to_dict(), "num_inference_steps": steps, "working_resolution": resolution,
                                  "seed": seed})
 
 
 def _warm_up(engine, picture, resolution: str) -> None:
-
     params = _params(1, resolution, instruction="warm-up")
     params = EditParams.from_dict({**params.to_dict(), "negative_prompt": "warm-up negative"})
     engine.edit(EditRequest(image=picture, params=params), save=False)

@@ -351,7 +351,6 @@ def _differing_tensors(transformer, folder: Path, dtype) -> dict:
 
 
 def _make_swap(transformer, tensors: dict, device: "DeviceInfo") -> WeightSwap:
-
     params = dict(transformer.named_parameters())
     # LoRA-wrapped modules rename "x.weight" to "x.base_layer.weight" in named_parameters.
     resolved = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from hidream_ui.bench import KINDS
+from hidream_ui.cli.commands import dispatch
 
 # command -> (module, one-line help). The module exposes `main(argv: list[str]) -> int`.
 COMMANDS = {
@@ -23,8 +24,6 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hidream_ui.cli.commands import dispatch
-
     return dispatch(COMMANDS, sys.argv[1:] if argv is None else argv, prog="python -m hidream_ui",
                     description="HiDream-E1.1 / E1-Full image editing: app, CLI, diagnostics and benchmarks.")
 

@@ -14,12 +14,21 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+from urllib.parse import urlsplit
 
 from hidream_ui.device.backends import DTYPE_SPECS, DeviceError
 from hidream_ui.device.detect import parse_device_spec
-from hidream_ui.model.plans import MEMORY_CHOICES, WEIGHT_CHOICES
+from hidream_ui.device.pool_spec import PoolSpecError, check_devices, check_placement, split_devices, split_placement
+from hidream_ui.model.plans import MEMORY_CHOICES, WEIGHT_CHOICES, MemoryOptionError, validate_memory_options
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME, PROFILES
-from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
+from hidream_ui.pipeline.attention.registry import strategy_names
+from hidream_ui.pipeline.speed.settings import (
+    COMPILE_CHOICES,
+    MOE_CHOICES,
+    SPEED_PRESETS,
+    SpeedSettingError,
+    check_speed,
+)
 
 VARIANTS = ("e1.1", "e1-full")
 TEXT_ENCODER_MODES = ("device", "cpu", "offload")
@@ -30,9 +39,6 @@ TINY_PROFILES = (*PROFILES, FULL_PROFILE_NAME)
 # Instruction rewriting (README "Instruction rewriting"). "auto": openai when a URL is given, else off.
 REWRITERS = ("auto", "off", "local", "openai")
 REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
-# Speed modes (README "Speed modes"; the code is in hidream_ui/pipeline/speed/).
-MOE_CHOICES = ("auto", "diffusers", "sync-free")  # auto: sync-free with --compile blocks, else diffusers
-COMPILE_CHOICES = ("none", "blocks")
 
 
 class ConfigError(ValueError):
@@ -355,8 +361,6 @@ def validate(config: AppConfig) -> AppConfig:
     except DeviceError as exc:
         detail = str(exc).split("is not valid: ", 1)[-1]
         raise ConfigError(f"device={config.device!r} is not valid: {detail}") from None
-    from hidream_ui.pipeline.attention.registry import strategy_names
-
     if config.attention not in strategy_names():
         raise ConfigError(f"attention={config.attention!r} is not one of: {', '.join(strategy_names())}")
     if not 1 <= config.port <= 65535:
@@ -374,10 +378,11 @@ def validate(config: AppConfig) -> AppConfig:
     _validate_operator(config)
     _validate_rewriter(config)
     _validate_devices(config)
-    from hidream_ui.model.plans import validate_memory_options
-
-    config = validate_memory_options(config, ConfigError)
-    _validate_speed(config)
+    try:
+        config = validate_memory_options(config)
+        check_speed(config.moe, config.compile, config.cache)
+    except (MemoryOptionError, SpeedSettingError) as exc:
+        raise ConfigError(str(exc)) from None
     return config
 
 
@@ -400,8 +405,6 @@ def check_operator_name(operator: tuple[str, str] | None, users: list[tuple[str,
 
 def _validate_devices(config: AppConfig) -> None:
     """--devices and --placement (parsed by `hidream_ui.device.pool_spec`, the one grammar)."""
-    from hidream_ui.device.pool_spec import PoolSpecError, check_devices, check_placement
-
     try:
         check_devices(config.devices, config.device)
         check_placement(config.placement, config.device, config.devices, config.text_encoders)
@@ -410,8 +413,6 @@ def _validate_devices(config: AppConfig) -> None:
 
 
 def parse_devices(source: str, value: str) -> tuple[str, ...]:
-    from hidream_ui.device.pool_spec import PoolSpecError, split_devices
-
     try:
         return split_devices(value)
     except PoolSpecError as exc:
@@ -419,23 +420,13 @@ def parse_devices(source: str, value: str) -> tuple[str, ...]:
 
 
 def parse_placement(source: str, value: str) -> tuple[tuple[str, str], ...]:
-    from hidream_ui.device.pool_spec import PoolSpecError, split_placement
-
     try:
         return split_placement(value)
     except PoolSpecError as exc:
         raise ConfigError(f"{source}={value!r}: {exc}") from None
 
 
-def _validate_speed(config: AppConfig) -> None:
-    from hidream_ui.pipeline.speed.settings import validate_speed
-
-    validate_speed(config)
-
-
 def _validate_rewriter(config: AppConfig) -> None:
-    from urllib.parse import urlsplit
-
     _choice("rewriter", config.rewriter, REWRITERS)
     lo, hi = REWRITER_TIMEOUT_RANGE
     timeout = config.rewriter_timeout

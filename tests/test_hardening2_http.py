@@ -16,7 +16,7 @@ import uuid
 import httpx
 import pytest
 
-from hidream_ui.ui import gradio_internals
+from hidream_ui.server import gradio_internals
 
 PASSWORD = "s3cret-pass"
 EDIT_ARGS = ["make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, False, True, False]

@@ -42,7 +42,7 @@ from hidream_ui.outputs import (
     metadata_json,
     read_metadata,
 )
-from hidream_ui.ui import gradio_internals
+from hidream_ui.server import gradio_internals
 from hidream_ui.ui.layout import ASSETS_DIR
 
 MiB = 2**20

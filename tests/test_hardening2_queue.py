@@ -26,7 +26,7 @@ from helpers import edit_params, random_picture, wait_for
 from hidream_ui.config import AppConfig, ConfigError, from_args
 from hidream_ui.edits import EditRequest, RequestError
 from hidream_ui.engine.errors import EditCancelled
-from hidream_ui.ui import gradio_internals
+from hidream_ui.server import gradio_internals
 from hidream_ui.ui.layout import ASSETS_DIR
 from hidream_ui.ui.services import AppServices
 

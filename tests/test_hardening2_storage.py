@@ -201,7 +201,7 @@ def test_a_running_jobs_upload_is_in_use_and_its_outputs_are_charged_to_its_clie
     """Pins the two gradio readings the policy rests on: the files a queued or running event names
     (`gradio_internals.referenced_paths`), and the output copies of a call, charged to its caller
     (`gradio_internals.watch_calls`)."""
-    from hidream_ui.ui import gradio_internals
+    from hidream_ui.server import gradio_internals
 
     services, storage = app["demo"].hidream_services, app["demo"].hidream_services.janitor.storage
     with client(app, "127.0.0.7") as http:
@@ -247,7 +247,7 @@ def test_a_megabyte_file_name_is_capped_before_it_reaches_the_metadata(app):
 
 def test_the_gate_and_the_metadata_cap_client_names(tmp_path):
     from hidream_ui.edits import MAX_NAME_CHARS, EditParams, EditResult, Timings
-    from hidream_ui.ui.files import UploadGate
+    from hidream_ui.server.files import UploadGate
 
     picture = tmp_path / "p.png"
     Image.new("RGB", (8, 8)).save(picture)
@@ -300,14 +300,14 @@ def _small_info():
 
 
 def _storage(**limits):
-    from hidream_ui.ui.files import ClientStorage, StorageLimits
+    from hidream_ui.server.files import ClientStorage, StorageLimits
 
     values = dict(client_bytes=10_000, client_files=3, cache_bytes=100_000, cache_files=5, max_age=100.0, grace=5.0)
     return ClientStorage(StorageLimits(**{**values, **limits}), clock=lambda: 1000.0)
 
 
 def _entry(path, changed, size=10, spool=False):
-    from hidream_ui.ui.files import CacheEntry
+    from hidream_ui.server.files import CacheEntry
 
     return CacheEntry(path, size, changed, changed, spool)
 
@@ -348,7 +348,7 @@ def test_arriving_and_queued_files_are_never_pruned():
 
 
 def test_emptied_and_abandoned_folders_are_removed(tmp_path):
-    from hidream_ui.ui import gradio_internals
+    from hidream_ui.server import gradio_internals
 
     old = tmp_path / "hidream-ui-gradio-x1" / "deep"
     old.mkdir(parents=True)
@@ -380,7 +380,7 @@ def tight(launch_app):
 def test_a_refused_upload_does_not_delete_an_examples_cached_copy(tight):
     """Gradio stores an upload at cache/<hash of its bytes>/<name>: the bytes of the bundled apple.png
     named apple.png land on the example's own cached copy. Refusing that upload must not delete it."""
-    from hidream_ui.ui import gradio_internals
+    from hidream_ui.server import gradio_internals
 
     copies = [p for p in gradio_internals._kept(tight["demo"]) if Path(p).name == "apple.png"]
     assert copies and all(Path(p).is_file() for p in copies)
@@ -437,7 +437,7 @@ def test_uploads_in_flight_count_against_the_cache_cap(tight):
 
 def test_a_shared_login_does_not_share_one_quota():
     """`--auth booth:pw` with many visitors: each visitor (address) under the login has its own quota."""
-    from hidream_ui.ui.files import ClientStorage
+    from hidream_ui.server.files import ClientStorage
 
     first, second = ClientStorage.client_key("10.0.0.1", "booth"), ClientStorage.client_key("10.0.0.2", "booth")
     assert first != second and "booth" in first and "10.0.0.1" in first
@@ -467,7 +467,7 @@ def test_a_declared_length_is_reserved_in_the_cache():
 
 
 def test_discarding_spares_what_gradio_held_before_and_the_examples(tmp_path):
-    from hidream_ui.ui import gradio_internals
+    from hidream_ui.server import gradio_internals
 
     mine, earlier, example = (tmp_path / h / "a.png" for h in ("h1", "h2", "h3"))
     for path in (mine, earlier, example):

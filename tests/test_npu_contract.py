@@ -93,11 +93,11 @@ def test_every_torch_npu_name_we_use_exists_and_every_call_binds(checks):
 
 
 def test_readme_names_the_checked_release_and_every_name_we_use(project):
-    text = (contract.ROOT / "README_NPU.md").read_text(encoding="utf-8")
+    text = (contract.ROOT / "docs" / "npu.md").read_text(encoding="utf-8")
     section = text[text.index("## What the NPU code was checked against"):text.index("## Never run on hardware")]
     assert f"torch_npu {contract.pinned_versions()['torch_npu']}" in section
     missing = sorted({c.target for c in project.calls if f"`{c.target.rsplit('.', 1)[1]}`" not in section})
-    assert not missing, f"README_NPU.md does not list these torch_npu names the code now uses: {missing}"
+    assert not missing, f"docs/npu.md does not list these torch_npu names the code now uses: {missing}"
 
 
 def test_recorded_defaults_are_the_release_defaults(checks, release):

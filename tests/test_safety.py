@@ -12,8 +12,8 @@ from PIL import Image
 
 from hidream_ui.edits import EditParams, RequestError
 from hidream_ui.engine.jobs import CancelToken, JobRegistry
-from hidream_ui.ui.files import NOT_UPLOADED, ServedResults, UploadGate
-from hidream_ui.ui.guard import LoginThrottle
+from hidream_ui.server.files import NOT_UPLOADED, ServedResults, UploadGate
+from hidream_ui.server.guard import LoginThrottle
 from hidream_ui.ui.services import redact_paths
 
 # ---------------------------------------------------------------------------------------------
@@ -133,7 +133,7 @@ def test_served_results_follow_retention(tmp_path):
 
 
 def test_cache_pruning_keeps_examples_and_the_newest_files(tmp_path):
-    from hidream_ui.ui import gradio_internals
+    from hidream_ui.server import gradio_internals
 
     files = []
     for i in range(6):
@@ -159,7 +159,7 @@ def test_cache_pruning_keeps_examples_and_the_newest_files(tmp_path):
 
 
 def test_only_uploads_and_examples_count_as_the_apps_files():
-    from hidream_ui.ui import gradio_internals
+    from hidream_ui.server import gradio_internals
 
     example = types.SimpleNamespace(keep_in_cache={"/cache/ex/apple.png"})
     component = types.SimpleNamespace(keep_in_cache=set())
@@ -172,7 +172,7 @@ def test_only_uploads_and_examples_count_as_the_apps_files():
 
 
 def test_unknown_gradio_internals_degrade_to_safe_answers():
-    from hidream_ui.ui import gradio_internals
+    from hidream_ui.server import gradio_internals
 
     nothing = types.SimpleNamespace()
     assert gradio_internals.event_alive(nothing, "e1") is True  # never cancels on "unknown"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from hidream_ui.cli.commands import dispatch
+
 KINDS = {
     "load": ("hidream_ui.bench.load", "peak host RAM over weight bytes while loading (bench profile)"),
     "edit": ("hidream_ui.bench.edit", "padded vs collapsed forward, weight copies per edit, text-encoder calls"),
@@ -32,8 +34,6 @@ def free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hidream_ui.cli.commands import dispatch
-
     return dispatch(KINDS, sys.argv[1:] if argv is None else argv, prog="python -m hidream_ui bench",
                     description="Benchmarks: figures measured side by side in one run (add --json for JSON).",
                     what="benchmark")

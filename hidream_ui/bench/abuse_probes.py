@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 from hidream_ui.bench import abuse_files
-from hidream_ui.bench.abuse import (
+from hidream_ui.bench.abuse_client import (
     EDIT_INSTRUCTION,
     AbuseApp,
     CallResult,
     ProbeContext,
     ProbeOutcome,
+    _apple,
     call_api,
     edit_data,
     file_data,
@@ -62,8 +63,6 @@ def attacker_apple() -> bytes:
     import io
 
     from PIL import Image, PngImagePlugin
-
-    from hidream_ui.bench.abuse import _apple
 
     info = PngImagePlugin.PngInfo()
     info.add_text("attacker", uuid.uuid4().hex)
@@ -293,7 +292,7 @@ def zip_bomb(ctx: ProbeContext) -> ProbeOutcome:
 
 
 def ico_decode(ctx: ProbeContext) -> ProbeOutcome:
-    from hidream_ui.outputs import METADATA_KEY
+    from hidream_ui.outputs import METADATA_KEY  # lazy: numpy and PIL, not for `bench abuse --help`
 
     app = ctx.app
     side = 4000 if ctx.quick else 12000

@@ -45,6 +45,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from hidream_ui.model.layout import E11_DIR
+from hidream_ui.model.tiny.build import ensure_tiny
+from hidream_ui.model.tiny.profiles import PROFILES as TINY_PROFILES
+from hidream_ui.pipeline.attention.kernels import math_attention
+from hidream_ui.pipeline.attention.registry import AUTO, apply, get_strategy, list_strategies, resolve
 
 GB = 1024**3
 MB = 1024**2
@@ -244,8 +248,6 @@ def reference_output(q, k, v, bias, rows):
     """float64 attention for the selected query rows, one sample at a time (bounded memory)."""
     import torch
 
-    from hidream_ui.pipeline.attention.kernels import math_attention
-
     parts = []
     for b in range(q.shape[0]):
         qb = q[b : b + 1, rows.to(q.device)].cpu().double()
@@ -272,8 +274,6 @@ def bench_kernels(profile: AttentionProfile, sides: Sequence[int], strategies: S
                   dtype, repeats: int, budget: int, chunk_size: int, progress,
                   time_budget_s: float | None = None) -> list[dict]:
     import torch
-
-    from hidream_ui.pipeline.attention.registry import get_strategy
 
     device_type = device.split(":")[0]
     meter = _PeakMeter(device_type)
@@ -335,22 +335,15 @@ def build_transformer(profile_name: str, dtype, device: str):
     import torch
     from diffusers import HiDreamImageTransformer2DModel
 
-    try:
-        from hidream_ui.model.tiny.build import ensure_tiny
-    except ImportError:
-        ensure_tiny = None
-    if ensure_tiny is not None:
-        root = ensure_tiny(profile=profile_name)
-        candidates = ([root / E11_DIR / "transformer", root / "transformer"]
-                      if hasattr(root, "__truediv__") else [])
-        for path in candidates:
-            if (path / "config.json").exists():
-                model = HiDreamImageTransformer2DModel.from_pretrained(path, torch_dtype=dtype).to(device).eval()
-                return model, f"tiny checkpoint {path}"
+    root = ensure_tiny(profile=profile_name)
+    candidates = ([root / E11_DIR / "transformer", root / "transformer"]
+                  if hasattr(root, "__truediv__") else [])
+    for path in candidates:
+        if (path / "config.json").exists():
+            model = HiDreamImageTransformer2DModel.from_pretrained(path, torch_dtype=dtype).to(device).eval()
+            return model, f"tiny checkpoint {path}"
     torch.manual_seed(0)
     # The geometry of the tiny checkpoint's profile of the same name (one home: its transformer config).
-    from hidream_ui.model.tiny.profiles import PROFILES as TINY_PROFILES
-
     model = HiDreamImageTransformer2DModel(**TINY_PROFILES[profile_name].transformer_config())
     return model.to(device=device, dtype=dtype).eval(), "built in-process (seeded random weights)"
 
@@ -359,7 +352,9 @@ def transformer_inputs(transformer, profile: AttentionProfile, dtype, device: st
     """Collapsed-padding inputs for one transformer call at `profile.transformer_side` (N x 2N edit)."""
     import torch
 
-    from hidream_ui.pipeline.edit_pipeline import collapsed_tokens
+    from hidream_ui.pipeline.edit_pipeline import (
+        collapsed_tokens,  # lazy: torch and diffusers, loaded only when this benchmark runs
+    )
 
     config = transformer.config
     gen = torch.Generator().manual_seed(1)
@@ -389,8 +384,6 @@ def transformer_inputs(transformer, profile: AttentionProfile, dtype, device: st
 def bench_transformer(profile_name: str, profile: AttentionProfile, strategies: Sequence[str], device: str, dtype,
                       repeats: int, chunk_size: int, progress) -> dict:
     import torch
-
-    from hidream_ui.pipeline.attention.registry import apply
 
     t0 = time.perf_counter()
     transformer, source = build_transformer(profile_name, dtype, device)
@@ -466,8 +459,6 @@ def run(profile: str = "tiny", repeats: int = 3, json_out: bool = False, sizes: 
     forward is timed `transformer_repeats` times (default min(repeats, 2)) after one shared warm-up.
     """
     import torch
-
-    from hidream_ui.pipeline.attention.registry import AUTO, list_strategies, resolve
 
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")

@@ -20,6 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from hidream_ui.config import AppConfig
+from hidream_ui.engine.batch import BatchRequest, BatchSource
+from hidream_ui.engine.engine import EditEngine
+
 INSTRUCTION = "turn the scene into a snowy winter evening"
 BASE_SEED = 1234
 
@@ -40,9 +44,6 @@ def _pictures(count: int, size: tuple[int, int]):
 
 
 def _engine(profile: str, dtype: str, output_dir: Path, attention: str):
-    from hidream_ui.config import AppConfig
-    from hidream_ui.engine.engine import EditEngine
-
     engine = EditEngine(AppConfig(tiny_profile=profile, device="cpu", dtype=dtype, attention=attention,
                                   output_dir=output_dir))
     engine.load()
@@ -74,7 +75,6 @@ def run(profile: str = "tiny", images: int = 4, steps: int = 4, size: str | None
     import numpy as np
 
     from hidream_ui.edits import EditRequest
-    from hidream_ui.engine.batch import BatchRequest, BatchSource
 
     resolution = size or ("draft" if profile == "tiny" else "256")
     pictures = _pictures(images, (320, 240))

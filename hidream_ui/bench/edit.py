@@ -14,6 +14,12 @@ import json
 import statistics
 import time
 
+from hidream_ui.config import AppConfig
+from hidream_ui.device.detect import resolve_device, resolve_dtype
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.model import loading  # loading.load_model looked up per call: tests replace it
+from hidream_ui.pipeline.attention.registry import apply
+
 
 def _forward_comparison(model, size: int, batch: int, repeats: int) -> dict:
     import torch
@@ -25,7 +31,9 @@ def _forward_comparison(model, size: int, batch: int, repeats: int) -> dict:
     hidden = torch.randn(batch, pipe.transformer.config.in_channels, side, 2 * side, generator=gen).to(
         model.device.torch_device, model.dtype)
     text = pipe.encode_text("make the sky purple")
-    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
+    from hidream_ui.pipeline.edit_pipeline import (
+        PromptEmbeds,  # lazy: torch and diffusers, loaded only when this benchmark runs
+    )
 
     text = PromptEmbeds.cat([text] * batch)
     timestep = torch.full((batch,), 500.0, device=model.device.torch_device)
@@ -103,7 +111,6 @@ def _text_encoder_calls(config, edits: int) -> dict:
     from PIL import Image
 
     from hidream_ui.edits import EditParams, EditRequest
-    from hidream_ui.engine.engine import EditEngine
 
     engine = EditEngine(config.replace(output_dir=config.output_dir))
     image = Image.new("RGB", (64, 48), (120, 80, 200))
@@ -125,16 +132,11 @@ def run(profile: str = "tiny", size: int | None = None, batch: int = 1, repeats:
     import tempfile
     from pathlib import Path
 
-    from hidream_ui.config import AppConfig
-    from hidream_ui.device.detect import resolve_device, resolve_dtype
-    from hidream_ui.model.loading import load_model
 
     config = AppConfig(tiny_profile=profile, device="cpu", dtype=dtype,
                        output_dir=Path(tempfile.mkdtemp(prefix="hidream-bench-")))
     device = resolve_device("cpu")
-    model = load_model(config, device, resolve_dtype(dtype, device))
-    from hidream_ui.pipeline.attention.registry import apply
-
+    model = loading.load_model(config, device, resolve_dtype(dtype, device))
     apply(model.pipeline.transformer, "sdpa", device, model.dtype)
     size = size or model.geometry.image_size // 2
     report = {"benchmark": "edit", "profile": profile, "dtype": dtype, "device": device.torch_device,

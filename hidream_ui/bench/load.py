@@ -14,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 
+from hidream_ui.model.tiny.build import ensure_tiny
+
 _CHILD = textwrap.dedent("""
     import json, sys, time
     import torch, diffusers, transformers  # baseline: imports only
@@ -47,8 +49,6 @@ _CHILD = textwrap.dedent("""
 
 
 def measure(profile: str, dtype: str, refiner: str = "e1", variant: str = "e1.1") -> dict:
-    from hidream_ui.model.tiny.build import ensure_tiny
-
     ensure_tiny(profile=profile)  # build outside the measured process
     out = subprocess.run([sys.executable, "-c", _CHILD, profile, dtype, refiner, variant],
                          capture_output=True, text=True, check=False)

@@ -24,6 +24,16 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from hidream_ui.bench.attention import _PeakMeter
+from hidream_ui.config import AppConfig
+from hidream_ui.device.detect import resolve_device, resolve_dtype
+from hidream_ui.model.layout import PROMPT_TOKENS
+from hidream_ui.model.planner import ACTIVATION_PER_PIXEL_CHANNEL, ACTIVATION_PER_TOKEN_UNIT, GUIDANCE_BATCH, plan_for
+from hidream_ui.model.plans import PLANS, WEIGHTS
+from hidream_ui.model.sources import resolve_sources
+from hidream_ui.model.tiny import profiles as tiny_profiles  # attributes looked up per call: tests replace them
+from hidream_ui.pipeline.attention.registry import apply
+
 # One (plan, weights) run in a child process. argv: profile device plan weights working_resolution steps latents.
 _EDIT_CHILD = textwrap.dedent("""
     import json, sys, time
@@ -111,21 +121,18 @@ def calibrate(sides=(256, 384)) -> dict:
     import torch
     from diffusers import AutoencoderKL, HiDreamImageTransformer2DModel
 
-    from hidream_ui.bench.attention import _PeakMeter
-    from hidream_ui.model.layout import PROMPT_TOKENS
-    from hidream_ui.model.planner import ACTIVATION_PER_PIXEL_CHANNEL, ACTIVATION_PER_TOKEN_UNIT, GUIDANCE_BATCH
-    from hidream_ui.model.tiny.profiles import PROFILES, RELEASE_CONFIGS
-    from hidream_ui.pipeline.attention.registry import apply
-    from hidream_ui.pipeline.edit_pipeline import collapsed_tokens
+    from hidream_ui.pipeline.edit_pipeline import (
+        collapsed_tokens,  # lazy: torch and diffusers, loaded only when this benchmark runs
+    )
 
     meter = _PeakMeter("cpu")
     torch.manual_seed(0)
-    transformer = HiDreamImageTransformer2DModel(**PROFILES["bench"].transformer_config()).eval()
+    transformer = HiDreamImageTransformer2DModel(**tiny_profiles.PROFILES["bench"].transformer_config()).eval()
     apply(transformer, "sdpa", "cpu", torch.float32)
     config = transformer.config
     inner = config.num_attention_heads * config.attention_head_dim
-    vae = AutoencoderKL.from_config(dict(RELEASE_CONFIGS["vae"])).eval()
-    channels = RELEASE_CONFIGS["vae"]["block_out_channels"][0]
+    vae = AutoencoderKL.from_config(dict(tiny_profiles.RELEASE_CONFIGS["vae"])).eval()
+    channels = tiny_profiles.RELEASE_CONFIGS["vae"]["block_out_channels"][0]
     rows = []
     batch = GUIDANCE_BATCH
     for side in sides:
@@ -154,10 +161,6 @@ def run(profile: str, device: str, size: str, steps: int, combos: list[tuple[str
         transformer_load_too: bool = True) -> dict:
     import torch
 
-    from hidream_ui.config import AppConfig
-    from hidream_ui.device.detect import resolve_device, resolve_dtype
-    from hidream_ui.model.planner import plan_for
-    from hidream_ui.model.sources import resolve_sources
 
     config = AppConfig(tiny_profile=profile, device=device)
     sources = resolve_sources(config)  # builds the tiny checkpoint outside the measured processes
@@ -238,8 +241,6 @@ def format_table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hidream_ui.model.plans import PLANS, WEIGHTS
-
     parser = argparse.ArgumentParser(prog="python -m hidream_ui bench memory", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="bench", choices=("tiny", "bench", "full"))
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | npu | npu:N (default cpu)")

@@ -30,7 +30,10 @@ import time
 from pathlib import Path
 
 from hidream_ui.bench import free_port
+from hidream_ui.cli.app import launch
+from hidream_ui.config import AppConfig
 from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.pool import EnginePool, engines_of, host_cores
 
 INSTRUCTION = "Replace the red apple with a green pear"
 
@@ -70,8 +73,6 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
     from gradio_client import Client, handle_file
     from PIL import Image
 
-    from hidream_ui.cli.app import launch
-    from hidream_ui.engine.pool import engines_of
 
     records: list[dict] = []
     for each in engines_of(engine):
@@ -127,9 +128,7 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
 def run(profile: str = "tiny", jobs: int = 8, steps: int = 4) -> dict:
     import numpy as np
 
-    from hidream_ui.config import AppConfig
-    from hidream_ui.engine.pool import EnginePool, host_cores
-    from hidream_ui.ui.layout import ASSETS_DIR
+    from hidream_ui.ui.layout import ASSETS_DIR  # lazy: gradio (the bench harness itself never needs it)
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     picture = ASSETS_DIR / "apple.png"

@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 
 from hidream_ui.bench import free_port
+from hidream_ui.cli.app import launch
+from hidream_ui.config import AppConfig
+from hidream_ui.engine.engine import EditEngine
+from hidream_ui.server import gradio_internals
 
 TARGET_RSS_GROWTH_PERCENT = 3.0
 INSTRUCTION = "Replace the red apple with a green pear"
@@ -55,8 +59,6 @@ def _files_under(folder: Path) -> list[Path]:
 
 
 def _sample(edit: int, demo, output_dir: Path) -> dict:
-    from hidream_ui.ui import gradio_internals
-
     janitor = getattr(getattr(demo, "hidream_services", None), "janitor", None)
     pruned = janitor.run_once() if janitor is not None else None
     gc.collect()
@@ -98,10 +100,7 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
 
     from gradio_client import Client, handle_file
 
-    from hidream_ui.cli.app import launch
-    from hidream_ui.config import AppConfig
-    from hidream_ui.engine.engine import EditEngine
-    from hidream_ui.ui.layout import ASSETS_DIR
+    from hidream_ui.ui.layout import ASSETS_DIR  # lazy: gradio (the bench harness itself never needs it)
 
     picture = Path(image) if image is not None else ASSETS_DIR / "apple.png"
     tmp = Path(tempfile.mkdtemp(prefix="hidream-bench-soak-"))

@@ -22,6 +22,12 @@ import json
 import statistics
 import time
 
+from hidream_ui.config import AppConfig
+from hidream_ui.device.detect import resolve_device, resolve_dtype
+from hidream_ui.model import loading  # loading.load_model looked up per call: tests replace it
+from hidream_ui.model.tiny.profiles import PROFILES
+from hidream_ui.pipeline.attention.registry import apply
+
 CACHE_MODES = ("none", "interval:2", "interval:3", "first-block:0.05")
 
 
@@ -29,16 +35,11 @@ def _load(profile: str, dtype: str):
     import tempfile
     from pathlib import Path
 
-    from hidream_ui.config import AppConfig
-    from hidream_ui.device.detect import resolve_device, resolve_dtype
-    from hidream_ui.model.loading import load_model
-    from hidream_ui.pipeline.attention.registry import apply
-
     # AppConfig is built directly (not validated): the bench may name any tiny profile, `deep` included.
     config = AppConfig(tiny_profile=profile, device="cpu", dtype=dtype,
                        output_dir=Path(tempfile.mkdtemp(prefix="hidream-bench-")))
     device = resolve_device("cpu")
-    model = load_model(config, device, resolve_dtype(dtype, device))
+    model = loading.load_model(config, device, resolve_dtype(dtype, device))
     apply(model.pipeline.transformer, "sdpa", device, model.dtype)
     return model
 
@@ -47,7 +48,9 @@ def _edit_inputs(model, size: int):
     """One edit step's transformer input: 3 guidance branches, noise beside the source latent."""
     import torch
 
-    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
+    from hidream_ui.pipeline.edit_pipeline import (
+        PromptEmbeds,  # lazy: torch and diffusers, loaded only when this benchmark runs
+    )
 
     pipe = model.pipeline
     side = size // pipe.vae_scale_factor
@@ -74,8 +77,13 @@ def _relative(a, b) -> float:
 def _moe_section(model, size: int, repeats: int) -> dict:
     import torch
 
-    from hidream_ui.pipeline.speed.moe import apply_moe, moe_modules
-    from hidream_ui.pipeline.speed.syncs import count_host_syncs
+    from hidream_ui.pipeline.speed.moe import (  # lazy: torch and diffusers, loaded only when this benchmark runs
+        apply_moe,
+        moe_modules,
+    )
+    from hidream_ui.pipeline.speed.syncs import (
+        count_host_syncs,  # lazy: torch and diffusers, loaded only when this benchmark runs
+    )
 
     pipe, transformer = model.pipeline, model.pipeline.transformer
     hidden, t, text = _edit_inputs(model, size)
@@ -105,8 +113,14 @@ def _moe_section(model, size: int, repeats: int) -> dict:
 def _compile_section(model, size: int, repeats: int) -> dict:
     import torch
 
-    from hidream_ui.pipeline.speed.compile import compile_blocks, compiled_blocks, uncompile_blocks
-    from hidream_ui.pipeline.speed.moe import apply_moe
+    from hidream_ui.pipeline.speed.compile import (  # lazy: torch and diffusers, loaded only when this benchmark runs
+        compile_blocks,
+        compiled_blocks,
+        uncompile_blocks,
+    )
+    from hidream_ui.pipeline.speed.moe import (
+        apply_moe,  # lazy: torch and diffusers, loaded only when this benchmark runs
+    )
 
     pipe, transformer = model.pipeline, model.pipeline.transformer
     hidden, t, text = _edit_inputs(model, size)
@@ -139,7 +153,9 @@ def _cache_section(model, steps: int, size: int) -> dict:
     import torch
     from PIL import Image
 
-    from hidream_ui.pipeline.speed.cache import apply_step_cache
+    from hidream_ui.pipeline.speed.cache import (
+        apply_step_cache,  # lazy: torch and diffusers, loaded only when this benchmark runs
+    )
 
     pipe, transformer = model.pipeline, model.pipeline.transformer
     inside = [0.0]
@@ -206,8 +222,6 @@ def run(profile: str = "bench", cache_profile: str = "deep", size: int = 256, ca
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hidream_ui.model.tiny.profiles import PROFILES
-
     parser = argparse.ArgumentParser(prog="python -m hidream_ui bench speed", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="bench", choices=sorted(PROFILES),
                         help="model of the MoE and compile sections (default bench)")

@@ -24,6 +24,8 @@ from hidream_ui.config import (
     from_namespace,
     read_auth_file,
 )
+from hidream_ui.engine.errors import EngineError
+from hidream_ui.server.lanes import ALL_LANES
 
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
@@ -63,7 +65,7 @@ def mcp_available() -> bool:
 def _auth(config: AppConfig):
     """Gradio's `auth=`: the --auth / --auth-file users, plus the operator when there is a login at
     all (gradio's login is all-or-nothing: without --auth the operator signs in at /operator, see
-    ui/operator.py, and visitors need no login)."""
+    server/operator.py, and visitors need no login)."""
     if config.auth is not None:
         users = [config.auth]
     elif config.auth_file is not None:
@@ -93,13 +95,14 @@ def launch(
     if config.mcp and not mcp_available():
         raise ConfigError(MCP_HINT)
 
+    # Lazy (here and below): the engine, the UI and the server modules pull torch, gradio and
+    # asyncio/anyio; `app --help` and a refused config must not pay for them.
     from hidream_ui.engine.engine import get_engine
-    from hidream_ui.ui import gradio_internals
+    from hidream_ui.server import gradio_internals
     from hidream_ui.ui.layout import build_demo, launch_options, new_blocks
     from hidream_ui.ui.services import AppServices
 
     if engine is None and config.devices:  # --devices: one engine per device (engine/pool.py)
-        from hidream_ui.engine.errors import EngineError
         from hidream_ui.engine.pool import EnginePool
 
         try:
@@ -120,7 +123,7 @@ def launch(
     demo.queue(max_size=None, api_open=False)
     if not admission(demo, config):
         # Never serve strangers without the queue limits: that would be an unbounded queue.
-        raise ConfigError("this gradio version's queue cannot be limited (see hidream_ui/ui/gradio_internals.py); "
+        raise ConfigError("this gradio version's queue cannot be limited (see hidream_ui/server/gradio_internals.py); "
                           "install the gradio version in requirements.txt")
     if config.uses_tiny_model and not quiet:
         print("Running the offline tiny random-weight model: results are noise. "
@@ -148,14 +151,13 @@ def admission(demo, config: AppConfig) -> bool:
     """--max-queue and --max-jobs-per-client on the device lane and on the small lanes beside it
     (a remote rewriter's requests, the settings-from-PNG reader, the Speed setting: they do not
     wait behind edits, but are bounded the same way) (see `gradio_internals.admit_jobs`)."""
-    from hidream_ui.ui import gradio_internals
-    from hidream_ui.ui.common import CONTROL_GROUP, DEVICE_GROUP, REWRITER_GROUP, SETTINGS_FILE_GROUP
+    from hidream_ui.server import gradio_internals  # asyncio: not for --help
 
     def message(held: int) -> str:
         return (f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
                 "client): wait for one to finish, or stop it.")
 
-    return gradio_internals.admit_jobs(demo, (DEVICE_GROUP, REWRITER_GROUP, SETTINGS_FILE_GROUP, CONTROL_GROUP),
+    return gradio_internals.admit_jobs(demo, ALL_LANES,
                                        max_waiting=config.max_queue,
                                        per_session=config.max_jobs_per_client, per_session_message=message)
 
@@ -169,10 +171,10 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
 
     from starlette.middleware import Middleware
 
-    from hidream_ui.ui import gradio_internals
-    from hidream_ui.ui.files import CacheJanitor, ClientStorage, StorageLimits
-    from hidream_ui.ui.guard import BoothGuard, LoginThrottle
-    from hidream_ui.ui.operator import OperatorLogin
+    from hidream_ui.server import gradio_internals  # asyncio, anyio, PIL: not for --help
+    from hidream_ui.server.files import CacheJanitor, ClientStorage, StorageLimits
+    from hidream_ui.server.guard import BoothGuard, LoginThrottle
+    from hidream_ui.server.operator import OperatorLogin
 
     # The operator's login (/operator/login) is throttled like gradio's, with or without --auth.
     throttle = None if services.public and config.operator is None else LoginThrottle(config.max_login_failures)

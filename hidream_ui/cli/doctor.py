@@ -16,6 +16,10 @@ import sys
 
 from hidream_ui import __version__
 from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
+from hidream_ui.device import backends as device_backends
+from hidream_ui.device import detect, memory
+from hidream_ui.model import sources as model_sources
+from hidream_ui.pipeline.attention.registry import list_strategies
 
 _PACKAGES = ("torch", "diffusers", "transformers", "tokenizers", "safetensors", "accelerate", "peft", "gradio",
              "gradio_client", "torch_npu", "flash_attn", "pynvml")
@@ -50,7 +54,7 @@ def torch_npu_check(version_of=None) -> dict:
             f"torch_npu {installed} is installed but this project's NPU calls were checked against torch_npu "
             f"{NPU_CONTRACT_TORCH_NPU} (tests/test_npu_contract.py): a changed signature or default in {installed} "
             f"would only show up as an error at run time. Install the torch/torch_npu pair of "
-            f"requirements_npu.txt, or run the contract against {installed} (README_NPU.md)"
+            f"requirements_npu.txt, or run the contract against {installed} (docs/npu.md)"
         )
     return result
 
@@ -65,9 +69,6 @@ def _cann() -> dict:
 
 def collect(config, backends=None) -> dict:
     """Builds the report; never raises for a missing piece (it is recorded instead)."""
-    from hidream_ui.device import backends as device_backends
-    from hidream_ui.device import detect, memory
-    from hidream_ui.model import sources as model_sources
 
     report: dict = {
         "hidream_ui": __version__,
@@ -102,8 +103,6 @@ def collect(config, backends=None) -> dict:
             report["problems"].append(str(exc))
         report["memory"] = memory.snapshot(device, backends=backends).to_dict()
         import torch
-
-        from hidream_ui.pipeline.attention.registry import list_strategies
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(report.get("dtype"), torch.float32)
         report["attention"] = [

@@ -14,10 +14,18 @@ import argparse
 import json
 import sys
 
+from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
+from hidream_ui.device.backends import DeviceError
+from hidream_ui.device.detect import resolve_device, resolve_dtype
+from hidream_ui.model.planner import default_working_size, margin, parse_bytes, plan_for, read_configs
+
 
 def _working_size(text: str, variant: str, configs) -> tuple[int, int]:
-    from hidream_ui.edits import WORKING_SIDE_MAX, WORKING_SIDE_MIN, WORKING_SIDE_MULTIPLE
-    from hidream_ui.model.planner import default_working_size
+    from hidream_ui.edits import (  # lazy: PIL, not for --help
+        WORKING_SIDE_MAX,
+        WORKING_SIDE_MIN,
+        WORKING_SIDE_MULTIPLE,
+    )
 
     if text == "auto":
         return default_working_size(variant, configs)
@@ -49,8 +57,6 @@ def _table(choice, header: str) -> str:
 
 def _per_device(choice, engine: str, free: int | None) -> list[dict]:
     """One entry per device of `--placement`: the transformer's (the chosen plan's peak) and the others."""
-    from hidream_ui.model.planner import margin
-
     # The transformer's device: the chosen plan, or (another device refused) the plan it would take.
     row = next((r for r in choice.rows if not r.note and r.fits is not False), None)
     peak = choice.chosen.predicted_peak if choice.chosen else (row.peak if row else None)
@@ -74,8 +80,6 @@ def _device_lines(devices: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
-
     parser = argparse.ArgumentParser(prog="python -m hidream_ui plan", description=__doc__.splitlines()[0])
     add_model_arguments(parser)
     parser.add_argument("--device-memory", default=None,
@@ -96,9 +100,6 @@ def main(argv: list[str] | None = None) -> int:
 def _run(config, args) -> int:
     import torch
 
-    from hidream_ui.device.backends import DeviceError
-    from hidream_ui.device.detect import resolve_device, resolve_dtype
-    from hidream_ui.model.planner import margin, parse_bytes, plan_for, read_configs
 
     free = parse_bytes(args.device_memory) if args.device_memory else None
     placed = dict(config.placement)

@@ -260,11 +260,11 @@ class NPUBackend(_TorchAcceleratorBackend):
             if exc.name == "torch_npu":
                 raise DeviceError(
                     "torch_npu is not installed: install the torch_npu wheel matching your torch "
-                    "and CANN versions (see README_NPU.md)"
+                    "and CANN versions (see docs/npu.md)"
                 ) from exc
             raise DeviceError(
                 f"torch_npu is installed but not importable: it needs the module {exc.name!r} "
-                f"({exc}). Install the matching dependencies (see README_NPU.md)"
+                f"({exc}). Install the matching dependencies (see docs/npu.md)"
             ) from exc
         # Broad on purpose: a missing CANN library is an ImportError/OSError, a torch/torch_npu
         # version mismatch is a RuntimeError or AttributeError; all mean "not importable".

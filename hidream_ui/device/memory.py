@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from hidream_ui.device.backends import default_backends
+
 if TYPE_CHECKING:
     from hidream_ui.device.backends import Backend, DeviceInfo
 
@@ -68,8 +70,6 @@ def snapshot(
     for a final peak after an edit, not for polling).
     """
     import psutil
-
-    from hidream_ui.device.backends import default_backends
 
     table = default_backends() if backends is None else backends
     backend = table.get(device.type)

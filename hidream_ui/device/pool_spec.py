@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from hidream_ui.device.backends import DETECTION_ORDER, DeviceError
-from hidream_ui.device.detect import parse_device_spec
+from hidream_ui.device.detect import detect_devices, parse_device_spec, resolve_device
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.backends import Backend, DeviceInfo
@@ -140,8 +140,6 @@ def expand_devices(devices: tuple[str, ...], backends: "Mapping[str, Backend] | 
                    environ: Mapping[str, str] | None = None) -> list["DeviceInfo"]:
     """The pool's devices, resolved (each checked exactly as `--device` is); `all` becomes every
     visible device of the first usable accelerator type, else one CPU. Raises DeviceError."""
-    from hidream_ui.device.detect import detect_devices, resolve_device
-
     environ = os.environ if environ is None else environ
     if devices == (ALL,):
         report = detect_devices("auto", backends=backends, environ=environ, survey=False)

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from hidream_ui.model.sources import ModelError
+from hidream_ui.model.errors import ModelError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from hidream_ui.config import AppConfig
+from hidream_ui.device import memory as device_memory  # device_memory.snapshot: looked up per call
+from hidream_ui.device.pool_spec import placement_for
+from hidream_ui.model.fp8 import apply_fp8, load_streamed, weight_files
 from hidream_ui.model.geometry import Geometry, geometry_for
 from hidream_ui.model.layout import E1_FULL_FILE, E1_FULL_LORA_ALPHA, E1_FULL_LORA_RANK, E1_FULL_LORA_TARGETS
-from hidream_ui.model.plans import TEXT_ENCODERS
+from hidream_ui.model.plans import TEXT_ENCODERS, MemoryPlan, apply_plan
 from hidream_ui.model.sources import ModelError, ModelSources, _is_local, resolve_sources, verify_sources
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
@@ -23,7 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from hidream_ui.device.backends import DeviceInfo
     from hidream_ui.model.plans import MemoryPlan
-    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
+    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline  # lazy, like torch above: planning needs neither
 
 
 ProgressFn = Callable[[float, str], None]  # (fraction 0..1, message) while loading
@@ -158,14 +161,12 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     an empty model), so a bf16 checkpoint never exists as an fp32 copy on the host; an fp8 plan's
     transformer is streamed tensor by tensor straight into fp8 (model/fp8.py).
     """
-    from hidream_ui.model.plans import MemoryPlan, apply_plan
-
     plan = plan or MemoryPlan(name="full", weights="bf16", requested="full", requested_weights="bf16")
     fp8 = plan.weights == "fp8"
     import torch
     from transformers import AutoTokenizer, LlamaModel
 
-    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
+    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline  # lazy, like torch above: planning needs neither
 
     progress = on_progress or (lambda fraction, message: None)
     start = time.perf_counter()
@@ -225,11 +226,7 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
 
     progress(0.8, f"placing the model on {device.torch_device}: memory plan {plan.label}")
     if fp8:
-        from hidream_ui.model.fp8 import apply_fp8
-
         apply_fp8(transformer, dtype)  # diffusers wants layerwise casting installed before group offloading
-    from hidream_ui.device.pool_spec import placement_for
-
     apply_plan(pipeline, plan, device, placement_for(config.placement, device.torch_device, "device"),
                encoders_placed="encoders" in dict(config.placement))
 
@@ -252,7 +249,7 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
 def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan", device: "DeviceInfo",
                    dtype) -> dict:
     """The full profile: every part at the release's dimensions, random weights made in memory."""
-    from hidream_ui.model.tiny.in_memory import release_parts
+    from hidream_ui.model.tiny.in_memory import release_parts  # looked up per call: tests replace it
 
     if sources.variant != "e1.1" or config.refiner != "e1" or config.transformer_file is not None:
         raise ModelError("--tiny-profile full makes E1.1 in memory only: it has no E1-Full LoRA file, no second "
@@ -263,8 +260,6 @@ def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan",
     placement = {name: device.torch_device if resident else "cpu" for name, resident in where.items()}
     # Parts --placement puts on another card are made there, not on the engine's device (the planner counted
     # them there: making them here first would need the very memory the split saves).
-    from hidream_ui.device.pool_spec import placement_for
-
     placed = placement_for(config.placement, device.torch_device, "device")
     placement["vae"] = placed.vae
     if "encoders" in dict(config.placement):
@@ -285,8 +280,6 @@ def _load_transformer(root, dtype, fp8: bool, single_file: Path | None):
                 **_load_kwargs(str(root)))
         return HiDreamImageTransformer2DModel.from_pretrained(root, subfolder="transformer", dtype=dtype,
                                                               **_load_kwargs(str(root)))
-    from hidream_ui.model.fp8 import load_streamed, weight_files
-
     if not isinstance(root, Path):
         raise ModelError(f"--weights fp8 streams local weight files; {root!r} is a hub id: download it and "
                          "give --model-dir")
@@ -358,7 +351,6 @@ def _differing_tensors(transformer, folder: Path, dtype) -> dict:
 
 
 def _make_swap(transformer, tensors: dict, device: "DeviceInfo") -> WeightSwap:
-
     params = dict(transformer.named_parameters())
     # LoRA-wrapped modules rename "x.weight" to "x.base_layer.weight" in named_parameters.
     resolved = {}
@@ -381,8 +373,6 @@ def _make_swap(transformer, tensors: dict, device: "DeviceInfo") -> WeightSwap:
 
 
 def _fits_on_device(device: "DeviceInfo", nbytes: int) -> bool:
-    from hidream_ui.device.memory import snapshot
-
-    free = snapshot(device).free
+    free = device_memory.snapshot(device).free
     # Keep a quarter of the free memory for activations: an edit at 1024^2 needs several GB.
     return free is not None and nbytes < 0.75 * free

@@ -17,7 +17,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from hidream_ui.device import memory as device_memory  # device_memory.snapshot: looked up per call
+from hidream_ui.device.backends import DeviceError
+from hidream_ui.device.detect import resolve_device
+from hidream_ui.model.fp8 import fp8_module_names, fp8_unavailable
+from hidream_ui.model.geometry import geometry_for
 from hidream_ui.model.layout import PROMPT_TOKENS
+from hidream_ui.model.loading import BUILD_LOCK
 from hidream_ui.model.plans import (
     ENCODER_BLOCK_MODULES,
     PLAN_SPECS,
@@ -29,6 +35,9 @@ from hidream_ui.model.plans import (
     requested_plan,
     use_streams,
 )
+from hidream_ui.model.sources import resolve_sources
+from hidream_ui.model.tiny import profiles
+from hidream_ui.model.tiny.in_memory import instantiate
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -168,9 +177,6 @@ def _public(config: Mapping[str, Any]) -> dict[str, Any]:
 def _sizes_cached(key: str) -> ModelSizes:
     import torch
 
-    from hidream_ui.model.fp8 import fp8_module_names
-    from hidream_ui.model.loading import BUILD_LOCK
-    from hidream_ui.model.tiny.in_memory import instantiate
 
     configs = json.loads(key)
     # Under the build lock: transformers sets torch's process-wide default dtype while it builds a
@@ -205,8 +211,6 @@ def read_configs(config: "AppConfig") -> dict[str, dict[str, Any]]:
     """The part configs of the configured model from its config files (the tiny checkpoint is built first
     if needed); for the `full` profile, the tiny files with the release's dimensions laid over them, as
     model/tiny/in_memory.py makes it. No weight is read."""
-    from hidream_ui.model.sources import resolve_sources
-    from hidream_ui.model.tiny import profiles
 
     sources = resolve_sources(config)
     i1 = Path(sources.i1)
@@ -484,8 +488,6 @@ def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: 
 def default_working_size(variant: str, configs: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
     """The largest working size the app uses for `variant` (E1.1: its full area, 1024x1024 for the release;
     E1-Full: its fixed side, 768x768)."""
-    from hidream_ui.model.geometry import geometry_for
-
     geometry = geometry_for(variant, configs["transformer"], configs["vae"])
     side = geometry.image_size if variant == "e1.1" else geometry.e1_full_side
     return side, side
@@ -502,13 +504,10 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
     `other_free` gives it)."""
     import torch
 
-    from hidream_ui.device.memory import snapshot
-    from hidream_ui.model.fp8 import fp8_unavailable
-
     configs = read_configs(config)
     sizes = sizes_from_configs(configs)
     if free is None:
-        free = snapshot(device, backends=backends).free
+        free = device_memory.snapshot(device, backends=backends).free
     split = split_for(config.placement, device.torch_device)
     known = dict(other_free or {})
     for name, _ in split.others:
@@ -529,15 +528,11 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
 def _free_on(name: str, backends=None) -> int | None:
     """Free bytes of the device `name` (a `--placement` device), from the same snapshot the engine's device
     is planned with. PlanRefused when it cannot be resolved."""
-    from hidream_ui.device.backends import DeviceError
-    from hidream_ui.device.detect import resolve_device
-    from hidream_ui.device.memory import snapshot
-
     try:
         other = resolve_device(name, backends=backends)
     except DeviceError as exc:
         raise PlanRefused(f"--placement names {name}, which cannot be used: {exc}") from None
-    return snapshot(other, backends=backends).free
+    return device_memory.snapshot(other, backends=backends).free
 
 
 def resolve_plan(config: "AppConfig", device, dtype: "torch.dtype", backends=None) -> MemoryPlan:

@@ -16,6 +16,7 @@ only on new instructions. The planner's memory model mirrors what these hooks ke
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
@@ -182,11 +183,16 @@ def requested_plan(config) -> str:
     return alias if alias is not None and config.memory == "auto" else config.memory
 
 
-def validate_memory_options(config, error: type[Exception]):
-    """Checks --memory / --weights / --transformer-file and folds the `--text-encoders` alias into --memory.
-    Returns the config (with `memory` set from the alias when only --text-encoders was given)."""
-    import dataclasses
+class MemoryOptionError(ValueError):
+    """A --memory / --weights / --text-encoders / --transformer-file value that cannot be used; the
+    message names it (config.validate turns it into a ConfigError)."""
 
+
+def validate_memory_options(config):
+    """Checks --memory / --weights / --transformer-file and folds the `--text-encoders` alias into --memory.
+    Returns the config (with `memory` set from the alias when only --text-encoders was given); raises
+    MemoryOptionError naming the bad value."""
+    error = MemoryOptionError
     if config.memory not in MEMORY_CHOICES:
         raise error(f"memory={config.memory!r} is not one of: {', '.join(MEMORY_CHOICES)}")
     if config.weights not in WEIGHT_CHOICES:
@@ -214,6 +220,6 @@ def validate_memory_options(config, error: type[Exception]):
     return config
 
 
-__all__ = ["ENCODER_MODE", "MEMORY_CHOICES", "MemoryPlan", "PLANS", "PLAN_SPECS", "PlanRefused", "PlanSpec",
-           "TEXT_ENCODERS_ALIAS", "WEIGHTS", "WEIGHT_CHOICES", "apply_plan", "check_compatible", "installed_hooks",
-           "use_streams"]
+__all__ = ["ENCODER_MODE", "MEMORY_CHOICES", "MemoryOptionError", "MemoryPlan", "PLANS", "PLAN_SPECS", "PlanRefused",
+           "PlanSpec", "TEXT_ENCODERS_ALIAS", "WEIGHTS", "WEIGHT_CHOICES", "apply_plan", "check_compatible",
+           "installed_hooks", "use_streams"]

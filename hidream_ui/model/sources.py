@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hidream_ui.config import AppConfig
+from hidream_ui.model.errors import ModelError  # noqa: F401  re-exported: callers import it from here
 from hidream_ui.model.layout import E1_FULL_DIR, E1_FULL_FILE, E11_DIR, HUB_IDS, I1_COMPONENTS, I1_DIR, LLAMA_DIR
-
-
-class ModelError(RuntimeError):
-    """The configured model cannot be used; the message names what is missing or wrong."""
+from hidream_ui.model.tiny import build
+from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,6 @@ class ModelSources:
 def resolve_sources(config: AppConfig, *, build_tiny: bool = True) -> ModelSources:
     """Decides where each part comes from: explicit part > --model-dir > the tiny checkpoint."""
     if config.uses_tiny_model:
-        from hidream_ui.model.tiny import build
-        from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
-
         # The full profile is made in memory (model/tiny/in_memory.py); its tokenizers, scheduler and config
         # keys come from the tiny build.
         on_disk = "tiny" if config.tiny_profile == FULL_PROFILE_NAME else config.tiny_profile

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hidream_ui.engine.errors import EditCancelled
+from hidream_ui.model.sources import _is_local
 from hidream_ui.rewrite.prompt import TEXT_LABELS, TEXT_SYSTEM_PROMPT, RewriteError, parse_answer, user_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,8 +64,6 @@ def head_cost(llama_config: Any, element_bytes: int) -> HeadCost:
 
 def head_file(llama_source: str) -> Path:
     """The safetensors file holding `lm_head.weight` of a local Llama folder or a hub id (cached download)."""
-    from hidream_ui.model.sources import _is_local
-
     index_name, single_name = "model.safetensors.index.json", "model.safetensors"
     if _is_local(llama_source):
         folder = Path(llama_source).expanduser()

@@ -20,6 +20,8 @@ from hidream_ui.config import AppConfig
 from hidream_ui.edits import TARGET_MARKER, EditParams
 from hidream_ui.engine.errors import EditCancelled, EngineError
 from hidream_ui.engine.status import RewriterStatus
+from hidream_ui.rewrite.local_backend import LocalRewriter
+from hidream_ui.rewrite.openai_backend import OpenAIRewriter
 from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,13 +97,9 @@ class RewriteService:
         if kind == "off":
             return None
         if kind == "openai":
-            from hidream_ui.rewrite.openai_backend import OpenAIRewriter
-
             backend: Backend = OpenAIRewriter(config.rewriter_url or "", config.rewriter_model or "",
                                               api_key(environ), config.rewriter_timeout)
         else:
-            from hidream_ui.rewrite.local_backend import LocalRewriter
-
             backend = LocalRewriter(engine)
         return cls(backend, config.variant)
 

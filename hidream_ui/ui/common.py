@@ -29,6 +29,14 @@ from hidream_ui.engine.errors import EditCancelled, EngineError
 from hidream_ui.imaging import ImageError
 from hidream_ui.outputs import MetadataError
 from hidream_ui.rewrite.prompt import RewriteError
+from hidream_ui.server.lanes import (  # noqa: F401  the lanes' one home; re-exported for the tabs
+    CONTROL_GROUP,
+    DEVICE_GROUP,
+    REWRITER_CONCURRENCY,
+    REWRITER_GROUP,
+    SETTINGS_FILE_CONCURRENCY,
+    SETTINGS_FILE_GROUP,
+)
 from hidream_ui.ui.services import redact_paths
 
 logger = logging.getLogger(__name__)
@@ -187,23 +195,6 @@ def deleted_placeholder():
 # ---------------------------------------------------------------------------------------------
 # Shared by the Batch and Compare tabs
 # ---------------------------------------------------------------------------------------------
-
-# The concurrency id of everything that touches the device: an engine is not re-entrant, so these
-# events queue behind each other, as many at once as the pool has engines (`lane_size`: one per
-# --devices entry, else 1); /status, /cancel and the Stop buttons stay outside it.
-DEVICE_GROUP = "device"
-# The lane of a remote rewriter (--rewriter-url): network waits, not device work, so it does not
-# queue behind edits; bounded like the device lane (--max-queue, --max-jobs-per-client). The local
-# rewriter runs on the device and uses DEVICE_GROUP.
-REWRITER_GROUP = "rewriter"
-REWRITER_CONCURRENCY = 4
-# The settings-from-PNG reader (History tab): it decodes a client's file, so it runs queued on a
-# small lane of its own, bounded like the device lane (admission), never beside the queue.
-SETTINGS_FILE_GROUP = "settings-file"
-SETTINGS_FILE_CONCURRENCY = 2
-# The Speed setting (/set_speed): instant and engine-wide; queued so that it has one way in, on a
-# lane of its own so that it never waits behind edits.
-CONTROL_GROUP = "control"
 
 
 def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_abandon: Callable[[], None],

@@ -30,7 +30,8 @@ from hidream_ui.engine.status import DeviceRow, EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
 from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
 from hidream_ui.rewrite.service import needs_rewrite
-from hidream_ui.ui import gradio_internals
+from hidream_ui.server import gradio_internals
+from hidream_ui.server.operator import may_change_engine, refusal
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
     WORKING_RESOLUTIONS,
@@ -40,7 +41,6 @@ from hidream_ui.ui.common import (
     guarded,
     summarise_result,
 )
-from hidream_ui.ui.operator import may_change_engine, refusal
 from hidream_ui.ui.services import AppServices, redact_paths
 from hidream_ui.ui.status_panel import attention_label, render_status
 
@@ -81,7 +81,7 @@ class Handlers:
     # ------------------------------------------------------------------ operator mode
     def require_operator(self, request, what: str) -> None:
         """Raises the refusal when `request` may not change `what` for everyone (--kiosk and not
-        the operator; see ui/operator.py). Without --kiosk everyone may, as before."""
+        the operator; see server/operator.py). Without --kiosk everyone may, as before."""
         config = self.services.config
         if not may_change_engine(config, request):
             logger.info("%s: refused to a visitor in kiosk mode", what)

@@ -29,7 +29,7 @@ that does work on a client's input is queued (the app serves with ``api_open=Fal
 is the only way in); events left unqueued only read server-side state or the status.
 
 With ``--kiosk`` the engine-wide controls (attention, speed, load model) sit in one column that
-only the operator's page shows (ui/operator.py, ui/system_panel.py).
+only the operator's page shows (server/operator.py, ui/system_panel.py).
 
 Imported lazily by the app (it imports gradio at the top).
 """

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterable, Iterator
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.jobs import Job, JobRegistry
 from hidream_ui.rewrite.service import RewriteService
-from hidream_ui.ui import gradio_internals
-from hidream_ui.ui.files import ServedResults, UploadGate
+from hidream_ui.server import gradio_internals
+from hidream_ui.server.files import ServedResults, UploadGate
 
 logger = logging.getLogger(__name__)
 

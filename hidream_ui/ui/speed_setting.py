@@ -31,7 +31,7 @@ def speed_choices(current: str) -> list[tuple[str, str]]:
 
 class SpeedSetting:
     """The handlers of the Speed dropdown and `/set_speed`. `allowed(request, what)` raises when the
-    caller may not change engine-wide settings (--kiosk: only the operator may; see ui/operator.py)."""
+    caller may not change engine-wide settings (--kiosk: only the operator may; see server/operator.py)."""
 
     def __init__(self, engine: EditEngine, allowed: Callable[[Any, str], None] | None = None):
         self.engine = engine
@@ -59,7 +59,8 @@ class SpeedSetting:
 
 
 def build_speed_setting(engine: EditEngine, allowed: Callable[[Any, str], None] | None = None) -> gr.Dropdown:
-    """The dropdown, its note and `/set_speed` (see `SpeedSetting`)."""
+    """The dropdown, its note and `/set_speed` (see `SpeedSetting`; with --kiosk only the operator may
+    change it, see server/operator.py)."""
     handlers = SpeedSetting(engine, allowed)
     current = str(parse_cache(engine.config.cache))
     dropdown = gr.Dropdown(label="Speed", choices=speed_choices(current), value=current, interactive=True,

@@ -2,7 +2,7 @@
 plot, and the engine-wide controls (attention, speed, load model).
 
 `build_system_panel(...)` builds and wires it and returns `SystemPanelHandles`. With ``--kiosk``
-the controls sit in one column that only the operator's page shows (ui/operator.py). API:
+the controls sit in one column that only the operator's page shows (server/operator.py). API:
 ``/set_attention``, ``/load_model``, ``/set_speed`` (ui/speed_setting.py); ``/status`` and
 ``/cancel`` never wait in the queue. The handlers are `handlers.Handlers`.
 """

@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+from hidream_ui.model.fp8 import read_tensors, weight_files
 from hidream_ui.model.layout import E1_FULL_DIR, E1_FULL_FILE, E11_DIR, I1_DIR, LLAMA_DIR
 from hidream_ui.model.tiny.files import _default_file_mode, _tree_bytes, _write_json
 from hidream_ui.model.tiny.parts import (
@@ -275,8 +276,6 @@ def _build_tree(root: Path, spec: TinyProfile, seed: int) -> None:
 def _write_single_files(folder: Path, transformer: Path) -> None:
     """The E1.1 transformer as one file, twice: diffusers keys, and ComfyUI's repackaged layout."""
     from safetensors.torch import save_file
-
-    from hidream_ui.model.fp8 import read_tensors, weight_files
 
     tensors = {key: value for path in weight_files(transformer) for key, value in read_tensors(path)}
     folder.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from hidream_ui.model.fp8 import STORAGE_DTYPE_NAME, fp8_parameter_names
 from hidream_ui.model.tiny import profiles
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,8 +94,6 @@ def release_parts(llama_folder: Path, i1_folder: Path, dtype: "torch.dtype", *, 
     is where each is made ("cpu" or the device)."""
     import torch
     from accelerate import init_empty_weights
-
-    from hidream_ui.model.fp8 import STORAGE_DTYPE_NAME, fp8_parameter_names
 
     parts = {}
     for offset, (component, (part, folder)) in enumerate(_PARTS.items()):

@@ -29,6 +29,8 @@ from typing import Any
 
 from diffusers.hooks import HookRegistry, ModelHook
 
+from hidream_ui.pipeline.speed.cache import reset_step_cache
+
 COMPILED_BLOCKS = ("HiDreamImageTransformerBlock", "HiDreamImageSingleTransformerBlock")
 GUARD_HOOK = "hidream_ui_compile_guard"
 
@@ -111,8 +113,6 @@ class CompileGuardHook(ModelHook):
             self.state.active = False
             # The failed attempt may have left a step cache's residuals half-written: the eager retry
             # starts this call's cache afresh.
-            from hidream_ui.pipeline.speed.cache import reset_step_cache
-
             reset_step_cache(module)
             return self.fn_ref.original_forward(*args, **kwargs)
         if first:

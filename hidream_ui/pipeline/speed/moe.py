@@ -32,6 +32,9 @@ from typing import TYPE_CHECKING
 
 from diffusers.hooks import HookRegistry, ModelHook
 
+from hidream_ui.pipeline.attention.processor import SYNC_FREE_MASK_ATTR
+from hidream_ui.pipeline.attention.registry import hidream_attention_modules
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -79,8 +82,6 @@ def apply_moe(transformer, mode: str) -> int:
     many MoE modules the mode applies to. Idempotent; no weight is read or copied."""
     if mode not in MOE_MODES:
         raise ValueError(f"moe={mode!r} is not one of: {', '.join(MOE_MODES)}")
-    from hidream_ui.pipeline.attention.processor import SYNC_FREE_MASK_ATTR
-    from hidream_ui.pipeline.attention.registry import hidream_attention_modules
 
     # The forward's other host read is the attention's "is anything padded?" check: the sync-free mode
     # makes the padding bias unconditionally instead (pipeline/attention/processor.py).

@@ -39,13 +39,13 @@ class SpeedRuntime:
     def at_load(self, transformer, device_type: str, warm_up: Callable[[], None] | None = None, *,
                 torchair: Any = None) -> None:
         """MoE mode, then `--compile blocks` with `warm_up()` (one forward) run while compiled."""
-        from hidream_ui.pipeline.speed.moe import apply_moe
+        from hidream_ui.pipeline.speed.moe import apply_moe  # lazy: torch and diffusers, only once a model loads
 
         self.moe_active = effective_moe(self.moe, self.compile)
         apply_moe(transformer, self.moe_active)
         if self.compile != "blocks":
             return
-        from hidream_ui.pipeline.speed.compile import compile_blocks
+        from hidream_ui.pipeline.speed.compile import compile_blocks  # lazy: torch, only for --compile blocks
 
         self.compile_state = compile_blocks(transformer, device_type, torchair=torchair)
         if self.compile_state.active and warm_up is not None:
@@ -61,7 +61,7 @@ class SpeedRuntime:
 
     def before_call(self, transformer, requested: str) -> CacheSpec:
         """Installs the step cache of this call (params.cache; "default": --cache)."""
-        from hidream_ui.pipeline.speed.cache import apply_step_cache
+        from hidream_ui.pipeline.speed.cache import apply_step_cache  # lazy: torch and diffusers (see at_load)
 
         spec = apply_step_cache(transformer, self.resolve_cache(requested))
         self.last_cache = str(spec)
@@ -106,7 +106,7 @@ def warm_up_call(pipeline, text, working_size: tuple[int, int]) -> None:
     `working_size`, to compile the blocks before the first visitor waits for it."""
     import torch
 
-    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
+    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds  # lazy: torch, diffusers, transformers
 
     transformer = pipeline.transformer
     width, height = working_size

@@ -7,11 +7,13 @@ to the sync-free MoE.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 # The UI's "Speed" setting (and `--cache` accepts these names too).
 SPEED_PRESETS = {"exact": "none", "fast": "interval:2", "faster": "interval:3"}
 INTERVAL_RANGE = (1, 100)
+# --moe and --compile: their one home (config's flags and help read these).
+MOE_CHOICES = ("auto", "diffusers", "sync-free")  # auto: sync-free with --compile blocks, else diffusers
+COMPILE_CHOICES = ("none", "blocks")
 THRESHOLD_RANGE = (0.0, 10.0)  # T must be > 0 (0 would never skip: use none)
 
 
@@ -67,18 +69,21 @@ def effective_moe(moe: str, compile_mode: str) -> str:
     return moe
 
 
-def validate_speed(config: Any) -> None:
-    """Checks AppConfig's moe / compile / cache; raises ConfigError naming the value."""
-    from hidream_ui.config import COMPILE_CHOICES, MOE_CHOICES, ConfigError
+class SpeedSettingError(ValueError):
+    """A --moe / --compile / --cache value (or pair) that cannot be used; the message names it
+    (config.validate turns it into a ConfigError)."""
 
-    if config.moe not in MOE_CHOICES:
-        raise ConfigError(f"moe={config.moe!r} is not one of: {', '.join(MOE_CHOICES)}")
-    if config.compile not in COMPILE_CHOICES:
-        raise ConfigError(f"compile={config.compile!r} is not one of: {', '.join(COMPILE_CHOICES)}")
-    if config.compile == "blocks" and config.moe == "diffusers":
-        raise ConfigError("compile='blocks' needs moe 'sync-free' (or 'auto'): diffusers' MoE reads expert counts "
-                          "on the host in every block, which breaks the graph at every block")
+
+def check_speed(moe: str, compile_mode: str, cache: str) -> None:
+    """Checks --moe / --compile / --cache; raises SpeedSettingError naming the value."""
+    if moe not in MOE_CHOICES:
+        raise SpeedSettingError(f"moe={moe!r} is not one of: {', '.join(MOE_CHOICES)}")
+    if compile_mode not in COMPILE_CHOICES:
+        raise SpeedSettingError(f"compile={compile_mode!r} is not one of: {', '.join(COMPILE_CHOICES)}")
+    if compile_mode == "blocks" and moe == "diffusers":
+        raise SpeedSettingError("compile='blocks' needs moe 'sync-free' (or 'auto'): diffusers' MoE reads expert "
+                                "counts on the host in every block, which breaks the graph at every block")
     try:
-        parse_cache(config.cache)
+        parse_cache(cache)
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        raise SpeedSettingError(str(exc)) from None

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from hidream_ui.config import AppConfig
-from hidream_ui.ui import gradio_internals
+from hidream_ui.server import gradio_internals
 
 logger = logging.getLogger(__name__)
 

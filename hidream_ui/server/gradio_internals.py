@@ -26,6 +26,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from hidream_ui.server.files import CacheEntry, ClientStorage, StorageLimits
+
 logger = logging.getLogger(__name__)
 
 
@@ -98,7 +100,7 @@ def sign_in(scope: dict, username: str) -> list[tuple[bytes, bytes]] | None:
     """Logs the client of an HTTP request (ASGI `scope`) in as `username` the way gradio's own
     `/login` does: a fresh token in the app's token table, and the two cookies that carry it.
     Returns the `set-cookie` headers to send, or None when the app behind the scope does not look
-    like a gradio app (nothing is changed then). Used by the operator's login (ui/operator.py),
+    like a gradio app (nothing is changed then). Used by the operator's login (server/operator.py),
     which must work also when gradio has no `auth` of its own (gradio's `/login` then refuses)."""
     import secrets
 
@@ -281,8 +283,6 @@ def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now:
     into a hash folder once complete). Emptied folders go too (also the ones a failed fetch left),
     and deleted paths leave gradio's records and the storage's accounts.
     """
-    from hidream_ui.ui.files import ClientStorage, StorageLimits
-
     now = time.time() if now is None else now
     folder = Path(folder)
     entries = _entries(app_cache_files(demo, folder), folder)
@@ -316,8 +316,6 @@ def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now:
 
 
 def _entries(files: list[Path], folder: Path) -> list[Any]:
-    from hidream_ui.ui.files import CacheEntry
-
     entries = []
     for path in files:
         try:

@@ -39,7 +39,7 @@ from typing import Callable
 import anyio
 
 from hidream_ui.engine.jobs import JobRegistry
-from hidream_ui.ui import gradio_internals
+from hidream_ui.server import gradio_internals
 
 logger = logging.getLogger(__name__)
 

@@ -156,7 +156,7 @@ def _member_names(item, used: set[str]) -> tuple[str, str]:
 
 def _result_files(result) -> tuple[bytes, dict]:
     """(PNG bytes, metadata) of a result: the saved file when it still exists, else re-encoded."""
-    metadata = result.metadata()
+    metadata = result.saved_metadata or result.metadata()
     if result.saved_png is not None:
         try:
             png = Path(result.saved_png).read_bytes()

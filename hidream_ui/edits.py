@@ -720,6 +720,8 @@ class EditResult:
     saved_json: Path | None = None
     source_name: str | None = None
     rewrite: "RewriteResult | None" = None  # the rewriter's answer the instruction came from, if any
+    # What `metadata()` returned when the result was saved (results.py): built once, read by the UI.
+    saved_metadata: dict[str, Any] | None = None
 
     METADATA_FORMAT = "hidream_ui/1"
 

@@ -157,7 +157,7 @@ def save_result(
         stem = f"{moment:%Y%m%d-%H%M%S-%f}-s{result.params.seed}-{digest}"
 
     png_path, json_path = _create_pair(out_dir, stem, png, metadata)
-    saved = dataclasses.replace(result, saved_png=png_path, saved_json=json_path)
+    saved = dataclasses.replace(result, saved_png=png_path, saved_json=json_path, saved_metadata=metadata)
     if retention is not None:
         prune(out_dir, retention, keep=png_path)
     return saved

@@ -278,7 +278,8 @@ def execute(engine: "EditEngine", plan: BatchPlan, token: "CancelToken", on_item
             results = engine._run(
                 [EditRequest(image=plan.images[it.source_index][1], params=item_params(plan.settings, it),
                              source_name=it.source_name, rewrite=it.rewrite) for it in chunk],
-                on_step, save=True, token=token)
+                on_step, token=token)
+            results = engine.results.save(results, token)  # the device lock is free again here
         except EditCancelled:
             cancelled = True
             for it in chunk:

@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from hidream_ui.config import AppConfig
@@ -23,6 +22,7 @@ from hidream_ui.engine.jobs import CancelToken, StepFn, StepInfo
 from hidream_ui.engine.status import EngineStatus, Progress, PromptCacheStats, WeightSwapStats
 from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.model.loading import ProgressFn
+from hidream_ui.results import ResultStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.backends import DeviceInfo
@@ -96,6 +96,7 @@ class EditEngine:
         self._last_error: str | None = None
         # Set by an app without login: results and the status name model folders, never their paths.
         self.hide_paths = False
+        self.results = ResultStore.at(config.output_dir, config.retention)
         # Set by an EnginePool (engine/pool.py): which of its engines this is, saved in every result.
         self.pool_label: str | None = None
         self.counters = {"edits": 0, "text_encoder_calls": 0, "transformer_calls": 0}
@@ -328,12 +329,14 @@ class EditEngine:
         `cancel` is the job's token: once set, the edit stops after the current step, raises
         EditCancelled and saves nothing.
         """
-        results = self._run([request], on_step, save=save, token=cancel or CancelToken())
-        return results[0]
+        token = cancel or CancelToken()
+        results = self._run([request], on_step, token=token)
+        # Saved here, after `_run` released the device lock: the next job may start meanwhile.
+        return self.results.save(results, token)[0] if save else results[0]
 
-    def _run(self, requests: list[EditRequest], on_step: StepFn | None, *, save: bool,
-             token: CancelToken) -> list[EditResult]:
-        """Edits requests that share parameters other than image/instruction/seed in ONE pipeline call."""
+    def _run(self, requests: list[EditRequest], on_step: StepFn | None, *, token: CancelToken) -> list[EditResult]:
+        """Edits requests that share parameters other than image/instruction/seed in ONE pipeline call.
+        Returns the unsaved results (the caller saves them with `self.results`, outside the lock)."""
         from hidream_ui.device.memory import snapshot
         from hidream_ui.device.runtime import bind_device_to_thread, make_generator, reset_peak
         from hidream_ui.imaging import apply_plan, restore_size
@@ -465,25 +468,7 @@ class EditEngine:
                     peak_memory_bytes=peak, info=dataclasses.replace(info, batch_size=len(requests)),
                     source_name=request.source_name, rewrite=request.rewrite,
                 ))
-            return self._save(results, token) if save else results
-
-    def _save(self, results: list[EditResult], token: CancelToken) -> list[EditResult]:
-        """Saves the results of one pipeline call unless its job was cancelled: checked right before
-        each save, and after it (encoding a large PNG takes a while); a cancel that arrived meanwhile
-        removes what this call wrote. A cancelled edit (or batch chunk) leaves no file behind."""
-        from hidream_ui.outputs import save_result
-
-        saved: list[EditResult] = []
-        for result in results:
-            if not token.cancelled:
-                saved.append(save_result(result, self.config.output_dir, retention=self.config.retention or None))
-            if token.cancelled:
-                for done in saved:
-                    for path in (done.saved_png, done.saved_json):
-                        if path is not None:
-                            Path(path).unlink(missing_ok=True)
-                raise EditCancelled(f"edit cancelled: {token.reason or 'cancelled'} before its result was saved")
-        return saved
+            return results
 
     def run_exclusive(self, state: str, work: Callable[["LoadedModel"], T], *,
                       cancel: CancelToken | None = None) -> T:

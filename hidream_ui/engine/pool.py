@@ -295,10 +295,14 @@ class EnginePool:
 
     def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
              cancel: "CancelToken | None" = None) -> "EditResult":
-        """One edit on an idle engine."""
+        """One edit on an idle engine, saved once that engine is free for the next job."""
+        from hidream_ui.engine.jobs import CancelToken
+
+        token = cancel or CancelToken()
         self.start_loading()
-        with self.acquire(cancel) as slot:
-            return slot.engine.edit(request, on_step, save=save, cancel=cancel)
+        with self.acquire(token) as slot:
+            result = slot.engine.edit(request, on_step, save=False, cancel=token)
+        return slot.engine.results.save([result], token)[0] if save else result
 
     def run_exclusive(self, state: str, work, *, cancel: "CancelToken | None" = None):
         """Device work that is not an edit (the local rewriter), on an idle engine."""

@@ -209,7 +209,7 @@ class Handlers:
             result = self.engine.edit(edit_request, on_step, cancel=job.token)
         self.services.results.add(result.saved_png)
 
-        metadata = result.metadata()
+        metadata = result.saved_metadata or result.metadata()  # built once, when it was saved
         entry = {
             "png": str(result.saved_png) if result.saved_png else None,
             "summary": summary_line(metadata),

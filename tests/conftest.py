@@ -43,7 +43,8 @@ def launch_app(tiny_cache, tmp_path_factory):
     """
     from hidream_ui.cli.app import launch
     from hidream_ui.config import AppConfig
-    from hidream_ui.engine.engine import EditEngine
+    from hidream_ui.engine.pool import EnginePool
+    from hidream_ui.ui.services import is_public
 
     started = []
 
@@ -51,7 +52,7 @@ def launch_app(tiny_cache, tmp_path_factory):
         values = {"device": "cpu", "output_dir": tmp_path_factory.mktemp(f"{name}_outputs"), "port": free_port(),
                   "max_queue": 8, **overrides}
         config = AppConfig(**values)
-        engine = EditEngine(config)
+        engine = EnginePool.for_config(config, hide_paths=is_public(config))  # as the app builds it
         demo, url = launch(config, engine=engine, prevent_thread_lock=True, quiet=True)
         started.append(demo)
         return {"url": url, "engine": engine, "config": config, "demo": demo}

@@ -66,7 +66,7 @@ def test_status_has_device_fields_and_follows_an_edit(client, app):
     status = client.predict(api_name="/status")
     for key in ("state", "device", "device_type", "device_name", "dtype", "attention", "model_source", "memory"):
         assert key in status, key
-    assert status["device_type"] == app["engine"].device.type
+    assert status["device_type"] == app["engine"].primary.device.type
     assert status["model_source"] == "tiny"
     for key in ("allocated", "reserved", "peak", "total", "host_total", "host_available", "process_rss"):
         assert key in status["memory"], key

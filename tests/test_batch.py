@@ -17,6 +17,7 @@ from hidream_ui.config import AppConfig
 from hidream_ui.edits import EditParams, EditRequest, RequestError
 from hidream_ui.engine.batch import BatchRequest, BatchSource
 from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.jobs import CancelToken
 from hidream_ui.outputs import read_metadata
 
 STEPS = 2
@@ -111,14 +112,15 @@ def test_corrupt_upload_is_rejected_and_the_rest_run(engine):
 
 def test_cancel_keeps_finished_items(engine):
     seen = []
+    token = CancelToken()
 
     def on_item(item):
         seen.append(item.index)
         if len(seen) == 1:
-            engine.cancel()
+            token.cancel()
 
     request = BatchRequest(sources=sources(3), instructions=("make it green",), **shared(params()), batch_size=1)
-    result = engine.run_batch(request, on_item=on_item)
+    result = engine.run_batch(request, on_item=on_item, cancel=token)
     assert result.cancelled
     assert [item.status for item in result.items] == ["ok", "cancelled", "cancelled"]
     assert result.items[0].result.saved_png.is_file()

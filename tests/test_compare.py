@@ -21,8 +21,8 @@ from hidream_ui.engine.compare import (
     render_grid,
     run_compare,
 )
-from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
+from hidream_ui.engine.pool import EnginePool
 
 # ---------------------------------------------------------------------------------------------
 # Parsing
@@ -99,7 +99,7 @@ def test_format_value():
 
 @pytest.fixture
 def fresh_engine(tmp_path, tiny_cache):
-    return EditEngine(AppConfig(device="cpu", output_dir=tmp_path / "out", max_grid_cells=4))
+    return EnginePool.for_config(AppConfig(device="cpu", output_dir=tmp_path / "out", max_grid_cells=4))
 
 
 def test_too_many_cells_are_refused_before_any_work(fresh_engine):
@@ -121,7 +121,7 @@ def test_unavailable_attention_is_refused_before_any_work(fresh_engine):
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, tiny_cache):
-    eng = EditEngine(AppConfig(device="cpu", output_dir=tmp_path_factory.mktemp("compare_outputs")))
+    eng = EnginePool.for_config(AppConfig(device="cpu", output_dir=tmp_path_factory.mktemp("compare_outputs")))
     eng.load()
     return eng
 
@@ -174,15 +174,15 @@ def test_two_by_three_grid_runs_row_major_and_renders_with_labels(engine):
 
 
 def test_attention_axis_switches_and_restores(engine, monkeypatch):
-    before = engine.attention_request  # e.g. "auto": restored as asked, not as what it resolved to
+    before = engine.primary.attention_request  # e.g. "auto": restored as asked, not as what it resolved to
     resolved = engine.status().attention
     calls = []
-    original = engine.set_attention
-    monkeypatch.setattr(engine, "set_attention", lambda name: calls.append(name) or original(name))
+    original = engine.primary.set_attention  # the pool's engine the grid is pinned to
+    monkeypatch.setattr(engine.primary, "set_attention", lambda name: calls.append(name) or original(name))
     result = run_compare(engine, picture(2), params(num_inference_steps=1), "attention", "math, sdpa")
     assert [c.info.attention for c in result.cells] == ["math", "sdpa"]
     assert calls == ["math", "sdpa"]  # then restored as it was: asked and resolved
-    assert engine.attention_request == before and engine.status().attention == resolved
+    assert engine.primary.attention_request == before and engine.status().attention == resolved
     # Same seed and settings, two exact attention implementations: (nearly) the same picture.
     a, b = (np.asarray(c.image, dtype=np.int16) for c in result.cells)
     assert np.abs(a - b).max() <= 2
@@ -192,17 +192,17 @@ def test_a_fallen_back_attention_is_restored_after_the_axis(tmp_path, tiny_cache
     """Started with a strategy this device lacks (flash_attn on a CPU: auto runs instead), a
     comparison over attention must leave the engine as it found it, not on its last cell's
     strategy for every later visitor (re-asking flash_attn fails, so that used to stick)."""
-    fallen = EditEngine(AppConfig(device="cpu", output_dir=tmp_path / "out", attention="flash_attn"))
+    fallen = EnginePool.for_config(AppConfig(device="cpu", output_dir=tmp_path / "out", attention="flash_attn"))
     fallen.load()
-    before = (fallen.attention_request, fallen.status().attention)
+    before = (fallen.primary.attention_request, fallen.status().attention)
     assert before[0] == "flash_attn" and before[1] != "math"
     run_compare(fallen, picture(5), params(num_inference_steps=1), "attention", "math")
-    assert (fallen.attention_request, fallen.status().attention) == before
+    assert (fallen.primary.attention_request, fallen.status().attention) == before
 
 
 def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):
     before = engine.status().attention
-    original = engine.edit
+    original = engine.primary.edit  # the pool's engine the grid is pinned to
     count = {"n": 0}
 
     def flaky(request, on_step=None, *, save=True, cancel=None):
@@ -211,7 +211,7 @@ def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):
             raise EngineError("simulated failure in the second cell")
         return original(request, on_step, save=save, cancel=cancel)
 
-    monkeypatch.setattr(engine, "edit", flaky)
+    monkeypatch.setattr(engine.primary, "edit", flaky)
     with pytest.raises(EngineError, match="second cell"):
         run_compare(engine, picture(3), params(num_inference_steps=1), "attention", "math, chunked")
     assert engine.status().attention == before

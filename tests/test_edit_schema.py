@@ -127,10 +127,10 @@ def test_the_handlers_take_the_forms_fields_in_their_order():
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     from hidream_ui.config import AppConfig
-    from hidream_ui.engine.engine import EditEngine
+    from hidream_ui.engine.pool import EnginePool
     from hidream_ui.ui.layout import build_demo
 
-    return build_demo(EditEngine(AppConfig(device="cpu", output_dir=tmp_path_factory.mktemp("out"))))
+    return build_demo(EnginePool.for_config(AppConfig(device="cpu", output_dir=tmp_path_factory.mktemp("out"))))
 
 
 def _event(demo, api_name: str):

@@ -355,18 +355,18 @@ def test_with_auth_the_operator_logs_in_on_gradios_login_page(kiosk_with_auth):
 
 
 def test_kiosk_without_an_operator_lets_nobody_change_the_engine():
-    from hidream_ui.engine.engine import EditEngine
+    from hidream_ui.engine.pool import EnginePool
     from hidream_ui.ui.handlers import Handlers
 
     class Visitor:
         username = None
 
-    handlers = Handlers(EditEngine(AppConfig(device="cpu", kiosk=True)))
+    handlers = Handlers(EnginePool.for_config(AppConfig(device="cpu", kiosk=True)))
     with pytest.raises(Exception, match="without an operator") as refused:
         handlers.set_attention("math", request=Visitor())
     assert "only the operator controls" in str(refused.value)
     # Without --kiosk, today's behaviour: anyone may.
-    assert Handlers(EditEngine(AppConfig(device="cpu"))).set_attention("math", request=Visitor()) == "math"
+    assert Handlers(EnginePool.for_config(AppConfig(device="cpu"))).set_attention("math", request=Visitor()) == "math"
 
 
 def test_the_operator_sign_in_degrades_to_nothing_on_an_unknown_app():

@@ -14,6 +14,7 @@ from hidream_ui.config import AppConfig
 from hidream_ui.edits import EditParams, EditRequest
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
+from hidream_ui.engine.jobs import CancelToken
 from hidream_ui.outputs import load_settings
 from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 from hidream_ui.pipeline.guidance import refine_start_step
@@ -162,14 +163,16 @@ def test_text_encoders_run_once_for_repeated_instruction(engine):
 
 def test_cancel_stops_within_a_step_and_engine_stays_usable(engine):
     seen = []
+    token = CancelToken()  # what Stop, /cancel and a client's disconnect set (the job's token)
 
     def on_step(info):
         seen.append(info.step)
         if info.step == 1:
-            threading.Thread(target=engine.cancel).start()
+            threading.Thread(target=token.cancel).start()
 
     with pytest.raises(EditCancelled):
-        engine.edit(EditRequest(image=picture(64, 64), params=params(num_inference_steps=6)), on_step=on_step)
+        engine.edit(EditRequest(image=picture(64, 64), params=params(num_inference_steps=6)), on_step=on_step,
+                    cancel=token)
     assert 1 <= max(seen) <= 2
     assert engine.status().state == "idle"
     assert engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False).image.size == (64, 64)

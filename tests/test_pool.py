@@ -23,7 +23,7 @@ from hidream_ui.device.backends import CPUBackend
 from hidream_ui.edits import EditRequest, EditSettings
 from hidream_ui.engine.batch import BatchRequest, BatchSource
 from hidream_ui.engine.engine import EditEngine
-from hidream_ui.engine.pool import EnginePool, engine_labels, lane_size
+from hidream_ui.engine.pool import EnginePool, engine_labels
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def npu_pool(tmp_path, count: int) -> tuple[EnginePool, FakeNPUBackend]:
 
 def test_eight_concurrent_jobs_on_four_fake_npus_run_two_per_card_each_bound_in_its_thread(tmp_path, cpu_tensors):
     pool, npu = npu_pool(tmp_path, 4)
-    assert pool.size == 4 and lane_size(pool) == 4
+    assert pool.size == 4
     # Four jobs must be inside the pipeline at the same time before any goes on: proves the four
     # engines compute at once (and, with one job per engine at a time, on four different cards).
     together = threading.Barrier(4, timeout=120)
@@ -231,7 +231,7 @@ def test_the_device_lane_admits_one_job_per_engine(tmp_path):
     demo = build_demo(pool)
     limits = {fn.api_name: fn.concurrency_limit for fn in demo.fns.values() if fn.api_name}
     assert limits["edit"] == 3 and limits["batch_edit"] == 3 and limits["compare"] == 3
-    single = build_demo(EditEngine(AppConfig(device="cpu", output_dir=tmp_path)))
+    single = build_demo(EnginePool.for_config(AppConfig(device="cpu", output_dir=tmp_path)))
     assert {fn.api_name: fn.concurrency_limit for fn in single.fns.values() if fn.api_name}["edit"] == 1
 
 
@@ -615,7 +615,7 @@ def test_the_panel_switches_the_chosen_engine_and_shows_each_engines_attention(t
     # The Engine choice is there on a pool only.
     ids = {getattr(block, "elem_id", None) for block in build_demo(pool).blocks.values()}
     assert "hui-attention-engine" in ids
-    single = build_demo(EditEngine(AppConfig(device="cpu", output_dir=tmp_path)))
+    single = build_demo(EnginePool.for_config(AppConfig(device="cpu", output_dir=tmp_path)))
     assert "hui-attention-engine" not in {getattr(block, "elem_id", None) for block in single.blocks.values()}
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.batch import BatchRequest, BatchSource
-from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.pool import EnginePool
 
 INSTRUCTION = "turn the scene into a snowy winter evening"
 BASE_SEED = 1234
@@ -44,8 +44,8 @@ def _pictures(count: int, size: tuple[int, int]):
 
 
 def _engine(profile: str, dtype: str, output_dir: Path, attention: str):
-    engine = EditEngine(AppConfig(tiny_profile=profile, device="cpu", dtype=dtype, attention=attention,
-                                  output_dir=output_dir))
+    engine = EnginePool.for_config(AppConfig(tiny_profile=profile, device="cpu", dtype=dtype, attention=attention,
+                                             output_dir=output_dir))
     engine.load()
     return engine
 

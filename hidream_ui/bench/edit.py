@@ -16,7 +16,7 @@ import time
 
 from hidream_ui.config import AppConfig
 from hidream_ui.device.detect import resolve_device, resolve_dtype
-from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.pool import EnginePool
 from hidream_ui.model import loading  # loading.load_model looked up per call: tests replace it
 from hidream_ui.pipeline.attention.registry import apply
 
@@ -112,7 +112,7 @@ def _text_encoder_calls(config, edits: int) -> dict:
 
     from hidream_ui.edits import EditParams, EditRequest
 
-    engine = EditEngine(config.replace(output_dir=config.output_dir))
+    engine = EnginePool.for_config(config)
     image = Image.new("RGB", (64, 48), (120, 80, 200))
     params = EditParams.defaults_for(config.variant, "make it brighter")
     params = EditParams.from_dict({**params.to_dict(), "num_inference_steps": 2, "working_resolution": "draft"})

@@ -40,14 +40,14 @@ _EDIT_CHILD = textwrap.dedent("""
     import torch, diffusers, transformers  # imports are the baseline
     from hidream_ui.bench.rss import PeakRSS
     from hidream_ui.config import AppConfig
-    from hidream_ui.engine.engine import EditEngine
+    from hidream_ui.engine.pool import EnginePool
     from hidream_ui.edits import EditRequest, EditParams
     from PIL import Image
     import numpy as np
     rss = PeakRSS()
     profile, device, plan, weights, size, steps, latents_path = sys.argv[1:8]
     config = AppConfig(tiny_profile=profile, device=device, memory=plan, weights=weights, output_dir="/tmp")
-    engine = EditEngine(config)
+    engine = EnginePool.for_config(config)
     t0 = time.perf_counter(); engine.load(); load_s = time.perf_counter() - t0
     load_peak = rss.peak
     pipe = engine.model.pipeline

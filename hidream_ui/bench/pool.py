@@ -33,7 +33,7 @@ from hidream_ui.bench import free_port
 from hidream_ui.cli.app import launch
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.engine import EditEngine
-from hidream_ui.engine.pool import EnginePool, engines_of, host_cores
+from hidream_ui.engine.pool import EnginePool, host_cores
 
 INSTRUCTION = "Replace the red apple with a green pear"
 
@@ -75,7 +75,7 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
 
 
     records: list[dict] = []
-    for each in engines_of(engine):
+    for each in engine.engines:
         each.records = records
     demo = client = None
     try:
@@ -83,7 +83,7 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
         demo, url = launch(config, engine=engine, prevent_thread_lock=True, quiet=True)
         launch_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        for each in engines_of(engine):  # every engine loaded before the clock starts
+        for each in engine.engines:  # every engine loaded before the clock starts
             each.load()
         load_seconds = time.perf_counter() - t0
         # No downloads: the benchmark measures jobs, and it runs beside the server, so it reads each saved
@@ -110,7 +110,7 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
         per_engine[record["engine"]] = per_engine.get(record["engine"], 0) + 1
     return {
         "label": label,
-        "engines": len(engines_of(engine)),
+        "engines": len(engine.engines),
         "launch_seconds": round(launch_seconds, 3),
         "load_seconds_all_engines": round(load_seconds, 3),
         "wall_seconds": round(wall, 3),
@@ -136,9 +136,10 @@ def run(profile: str = "tiny", jobs: int = 8, steps: int = 4) -> dict:
     try:
         base = dict(tiny_profile=profile, max_queue=max(16, jobs), max_jobs_per_client=jobs, retention=0)
         single_config = AppConfig(device="cpu", output_dir=tmp / "single", port=free_port(), **base)
-        single = _run_app("device cpu", single_config, TimedEngine(single_config), jobs, steps, picture, tmp)
+        single_pool = EnginePool.for_config(single_config, hide_paths=True, engine_factory=TimedEngine)
+        single = _run_app("device cpu", single_config, single_pool, jobs, steps, picture, tmp)
         pool_config = AppConfig(devices=("cpu", "cpu"), output_dir=tmp / "pool", port=free_port(), **base)
-        pool = EnginePool.for_config(pool_config, engine_factory=TimedEngine)
+        pool = EnginePool.for_config(pool_config, hide_paths=True, engine_factory=TimedEngine)
         threads = [slot.threads for slot in pool.slots]
         spread = _run_app("devices cpu,cpu", pool_config, pool, jobs, steps, picture, tmp)
     finally:

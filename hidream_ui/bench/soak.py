@@ -37,7 +37,7 @@ from pathlib import Path
 from hidream_ui.bench import free_port
 from hidream_ui.cli.app import launch
 from hidream_ui.config import AppConfig
-from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.pool import EnginePool
 from hidream_ui.server import gradio_internals
 
 TARGET_RSS_GROWTH_PERCENT = 3.0
@@ -123,7 +123,8 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
     }
     try:
         t_launch = time.perf_counter()
-        demo, url = launch(config, engine=EditEngine(config), prevent_thread_lock=True, quiet=True)
+        demo, url = launch(config, engine=EnginePool.for_config(config, hide_paths=True), prevent_thread_lock=True,
+                           quiet=True)
         report["launch_seconds"] = round(time.perf_counter() - t_launch, 3)
         report["janitor_forced_before_sample"] = getattr(demo.hidream_services, "janitor", None) is not None
         report["gc_collect_before_sample"] = True

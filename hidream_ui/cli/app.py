@@ -30,7 +30,6 @@ from hidream_ui.server.lanes import ALL_LANES
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
 
-    from hidream_ui.engine.engine import EditEngine
     from hidream_ui.engine.pool import EnginePool
 
 
@@ -79,7 +78,7 @@ def _auth(config: AppConfig):
 def launch(
     config: AppConfig,
     *,
-    engine: "EditEngine | EnginePool | None" = None,
+    engine: "EnginePool | None" = None,
     prevent_thread_lock: bool = False,
     quiet: bool = False,
 ) -> tuple["gr.Blocks", str]:
@@ -97,23 +96,24 @@ def launch(
 
     # Lazy (here and below): the engine, the UI and the server modules pull torch, gradio and
     # asyncio/anyio; `app --help` and a refused config must not pay for them.
-    from hidream_ui.engine.engine import get_engine
+    from hidream_ui.engine.pool import EnginePool
     from hidream_ui.server import gradio_internals
     from hidream_ui.ui.layout import build_demo, launch_options, new_blocks
-    from hidream_ui.ui.services import AppServices
+    from hidream_ui.ui.services import AppServices, is_public
 
-    if engine is None and config.devices:  # --devices: one engine per device (engine/pool.py)
-        from hidream_ui.engine.pool import EnginePool
-
+    if engine is None:  # one engine per --devices entry, or a pool of one (engine/pool.py)
         try:
-            engine = EnginePool.for_config(config)
+            engine = EnginePool.for_config(config, hide_paths=is_public(config))
         except EngineError as exc:
             raise ConfigError(str(exc)) from None
-    engine = engine or get_engine(config)
+    if is_public(config) and not engine.hide_paths:  # a caller's engine: strangers must not see paths
+        raise ConfigError("an app without login (--auth) needs an engine built with hide_paths=True "
+                          "(EnginePool.for_config(config, hide_paths=True))")
     # Before any Blocks exist: gradio reads GRADIO_TEMP_DIR when it builds components.
     cache_folder = gradio_internals.private_cache_folder()
-    services = AppServices.for_config(config, engine=engine, demo=new_blocks(config), cache_folder=cache_folder)
-    engine.hide_paths = services.public
+    blocks = new_blocks(config)
+    services = AppServices.for_config(config, engine=engine, demo=blocks, cache_folder=cache_folder,
+                                      janitor=_janitor(blocks, cache_folder, config))
     demo = build_demo(engine, services=services)
     # No max_size: gradio would count /status and /cancel too; `admission` limits the device lane.
     # api_open=False: the queue is the only way in. Gradio then refuses a direct POST
@@ -162,6 +162,21 @@ def admission(demo, config: AppConfig) -> bool:
                                        per_session=config.max_jobs_per_client, per_session_message=message)
 
 
+def _janitor(demo, folder, config: AppConfig):
+    """The cache janitor of `demo`'s gradio cache `folder` with its per-client accounting (the guard
+    charges uploads, calls charge outputs); started by the app's lifespan."""
+    from hidream_ui.server import gradio_internals  # asyncio, anyio, PIL: not for --help
+    from hidream_ui.server.files import CacheJanitor, ClientStorage, StorageLimits
+
+    limits = StorageLimits.for_config(config)
+    # An upload that finds the cache full prunes at once (`prune_now`), then looks again.
+    storage = ClientStorage(limits, prune_now=lambda: janitor.run_once())
+    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, folder, limits.cache_files, limits.max_age,
+                                                                max_bytes=limits.cache_bytes, storage=storage),
+                           interval=JANITOR_INTERVAL, storage=storage)
+    return janitor
+
+
 def _app_kwargs(demo, services, config: AppConfig) -> dict:
     """FastAPI arguments: the guard middleware and a lifespan that makes gradio's sessions lean,
     runs the cache janitor and the idle-session expiry and, at shutdown, every clean-up of the app
@@ -172,25 +187,18 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     from starlette.middleware import Middleware
 
     from hidream_ui.server import gradio_internals  # asyncio, anyio, PIL: not for --help
-    from hidream_ui.server.files import CacheJanitor, ClientStorage, StorageLimits
     from hidream_ui.server.guard import BoothGuard, LoginThrottle
     from hidream_ui.server.operator import OperatorLogin
 
     # The operator's login (/operator/login) is throttled like gradio's, with or without --auth.
     throttle = None if services.public and config.operator is None else LoginThrottle(config.max_login_failures)
-    folder = services.cache_folder
-    limits = StorageLimits.for_config(config)
-    storage = ClientStorage(limits)  # per-client accounting: the guard charges uploads, calls charge outputs
-    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, folder, limits.cache_files, limits.max_age,
-                                                                max_bytes=limits.cache_bytes, storage=storage),
-                           interval=JANITOR_INTERVAL, storage=storage)
-    storage.prune_now = janitor.run_once
+    janitor = services.janitor
+    storage = janitor.storage
 
     def charge_call(session, address, user, fn, event_id, inputs, outputs) -> None:
         storage.record_call(session, storage.client_key(address, user), fn, event_id, inputs, outputs)
 
     gradio_internals.watch_calls(demo, charge_call)
-    services.janitor = janitor
 
     async def expire_sessions():
         while True:
@@ -217,7 +225,7 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
             janitor.stop()
             services.close()
             # Nothing of this app stays in the cache (other apps of the process keep theirs).
-            gradio_internals.prune_cache(demo, folder, 0, 0)
+            gradio_internals.prune_cache(demo, services.cache_folder, 0, 0)
 
     guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,
                        max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024,

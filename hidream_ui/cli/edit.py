@@ -28,21 +28,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from hidream_ui.edits import EditRequest, RequestError, params_from_args
-    from hidream_ui.engine.engine import EditEngine
     from hidream_ui.engine.errors import EngineError
+    from hidream_ui.engine.pool import EnginePool
     from hidream_ui.imaging import ImageError, open_image
 
     try:
         config = from_namespace(args)
         request = EditRequest(image=open_image(args.image), params=params_from_args(args, config.variant),
                               source_name=Path(args.image).name)
-        if config.devices:  # --devices / HIDREAM_DEVICES: one edit runs on the pool's first device
-            from hidream_ui.engine.pool import EnginePool
-
-            engine = EnginePool.for_config(config).primary
-        else:
-            engine = EditEngine(config)
-        result = engine.edit(request)
+        # --devices / HIDREAM_DEVICES: one edit runs on the first device (the others are not loaded).
+        result = EnginePool.for_config(config, limit=1).edit(request)
     except (ConfigError, RequestError, ImageError, EngineError) as exc:
         print(json.dumps({"ok": False, "error": str(exc)}), file=sys.stdout)
         return 1

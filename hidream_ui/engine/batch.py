@@ -28,6 +28,7 @@ from hidream_ui.edits import (
 from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hidream_ui.config import AppConfig
     from hidream_ui.engine.engine import EditEngine
     from hidream_ui.engine.jobs import CancelToken, StepFn
     from hidream_ui.rewrite.prompt import RewriteResult
@@ -209,6 +210,15 @@ class BatchPlan:
     images: list[tuple[str, Image.Image]]  # (name, decoded image) in upload order
     rejected: list[tuple[str, str]]  # (name, reason)
     items: list[BatchItem]
+
+
+def as_plan(batch: "BatchRequest | BatchPlan", open_fn: Callable, config: "AppConfig") -> "BatchPlan":
+    """The plan a batch runs: the caller's (the Batch tab plans once, to count and report items
+    before any work), or planned here under the app's limits. The one place a request is planned
+    for the engines."""
+    if isinstance(batch, BatchPlan):
+        return batch
+    return plan_batch(batch, open_fn, config.max_batch_items, max_total_pixels=BATCH_PIXEL_BUDGET * config.max_pixels)
 
 
 def plan_batch(request: BatchRequest, open_fn: Callable, max_items: int, rng: random.Random | None = None,

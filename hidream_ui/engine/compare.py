@@ -38,6 +38,7 @@ from hidream_ui.edits import (
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.engine.engine import EditEngine
     from hidream_ui.engine.jobs import CancelToken, StepFn
+    from hidream_ui.engine.protocol import Engine
 
 __all__ = [
     "AXES",
@@ -342,7 +343,7 @@ def cell_caption(plan: ComparePlan, cell: CompareCell) -> str:
 CellFn = Callable[[CompareCell, EditResult], None]
 
 
-def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | Axis, values_x,
+def run_compare(engine: "Engine", image, params: EditParams, axis_x: str | Axis, values_x,
                 axis_y: str | Axis | None = None, values_y=None, on_cell: CellFn | None = None, *,
                 on_step: "StepFn | None" = None, source_name: str | None = None, save: bool = True,
                 cancel: "CancelToken | None" = None) -> CompareResult:
@@ -358,7 +359,6 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
     """
     from hidream_ui.engine.errors import EditCancelled
     from hidream_ui.engine.jobs import CancelToken
-    from hidream_ui.engine.pool import one_engine
 
     started = time.perf_counter()
     plan = plan_compare(params, axis_x, values_x, axis_y, values_y, max_cells=engine.config.max_grid_cells)
@@ -369,7 +369,7 @@ def run_compare(engine: "EditEngine", image, params: EditParams, axis_x: str | A
     # A pool (--devices) lends one engine for the whole grid: its attention switches stay on that
     # engine, and no other job runs there between a switch and the cell it is for.
     try:
-        with one_engine(engine, cancel) as engine:
+        with engine.pinned(cancel) as engine:
             engine.load()
             for cell in plan.cells:  # a size the model cannot take fails the request before any cell runs
                 engine.working_plan(picture.size, cell.params.working_resolution)

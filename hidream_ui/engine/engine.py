@@ -77,13 +77,12 @@ class PromptCache:
 
 
 class EditEngine:
-    def __init__(self, config: AppConfig, backends=None):
+    def __init__(self, config: AppConfig, backends=None, *, hide_paths: bool = False):
         self.config = config
         self._backends = backends
         self._lock = threading.RLock()
         # The token of the work holding the lock: `cancel()` sets it. Each edit/batch brings its own
         # token (or gets a fresh one), so a Stop pressed while idle never cancels the next edit.
-        self._token: CancelToken | None = None
         self._model: "LoadedModel | None" = None
         self._device: "DeviceInfo | None" = None
         self._dtype = None
@@ -94,8 +93,8 @@ class EditEngine:
         self._state = "idle"
         self._progress = Progress()
         self._last_error: str | None = None
-        # Set by an app without login: results and the status name model folders, never their paths.
-        self.hide_paths = False
+        # An app without login: results and the status name model folders, never their paths.
+        self.hide_paths = hide_paths
         self.results = ResultStore.at(config.output_dir, config.retention)
         # Set by an EnginePool (engine/pool.py): which of its engines this is, saved in every result.
         self.pool_label: str | None = None
@@ -305,12 +304,6 @@ class EditEngine:
             self._attention_request, self._attention, self._attention_note = request, resolved, note
 
     # ------------------------------------------------------------------ edit
-    def cancel(self, reason: str = "cancelled") -> None:
-        """Stops the running edit or batch after its current step (no-op when idle)."""
-        token = self._token
-        if token is not None:
-            token.cancel(reason)
-
     def encode(self, text: str) -> "PromptEmbeds":
         """Embeddings for one text, from the cache when it was seen before."""
         model = self.model
@@ -354,7 +347,6 @@ class EditEngine:
             pipe = model.pipeline
             if token.cancelled:  # cancelled while it waited for the lock or the model
                 raise EditCancelled("edit cancelled before it started")
-            outer_token, self._token = self._token, token
             self._state = "editing"
             first = params_list[0]
             total = first.num_inference_steps
@@ -440,7 +432,6 @@ class EditEngine:
             finally:
                 self._state = "idle"
                 self._progress = Progress()
-                self._token = outer_token
             if oom_message is not None:
                 # Freed here, not in the except block: there the traceback still holds the
                 # pipeline's frames and every activation tensor they reference.
@@ -485,7 +476,6 @@ class EditEngine:
             token = cancel or CancelToken()
             if token.cancelled:
                 raise EditCancelled(f"{state} cancelled before it started")
-            outer_token, self._token = self._token, token
             self._state = state
             try:
                 bind_device_to_thread(model.device, backends=self._backends)
@@ -496,7 +486,6 @@ class EditEngine:
                 # Only out-of-memory gets here; freed below, once this block has dropped the traceback.
             finally:
                 self._state = "idle"
-                self._token = outer_token
             self._free()
             raise OutOfMemory(f"out of memory on {model.device.torch_device} while {state}; memory was freed")
 
@@ -572,21 +561,15 @@ class EditEngine:
         all before the model loads) or the BatchPlan the caller already made. Items with the same
         working size go through the transformer together (up to the batch size); each keeps its
         own seed, so the results equal one-by-one edits (see `engine.batch.execute`). The `cancel`
-        token (or `cancel()`) stops after the current step and keeps what finished.
+        token stops after the current step and keeps what finished.
         """
         from hidream_ui.engine import batch as batches
 
-        plan = batch if isinstance(batch, batches.BatchPlan) else batches.plan_batch(
-            batch, self.open_image, self.config.max_batch_items,
-            max_total_pixels=batches.BATCH_PIXEL_BUDGET * self.config.max_pixels)
-        token = cancel or CancelToken()
+        plan = batches.as_plan(batch, self.open_image, self.config)
         self.load()
-        with self._lock:
-            self._token = token
-            try:
-                return batches.execute(self, plan, token, on_item, on_step)
-            finally:
-                self._token = None
+        # Each pipeline call takes the device lock (`_run`) and each chunk is saved after it is
+        # released: the lock is not held across the whole batch.
+        return batches.execute(self, plan, cancel or CancelToken(), on_item, on_step)
 
     @property
     def open_image(self) -> Callable:
@@ -678,19 +661,4 @@ class EditEngine:
             logger.exception("freeing memory after an out-of-memory error failed")
 
 
-_ENGINE: EditEngine | None = None
-_ENGINE_LOCK = threading.Lock()
-
-
-def get_engine(config: AppConfig | None = None) -> EditEngine:
-    """The process-wide engine. The first call decides its config; later calls must agree."""
-    global _ENGINE
-    with _ENGINE_LOCK:
-        if _ENGINE is None:
-            _ENGINE = EditEngine(config or AppConfig())
-        elif config is not None and config != _ENGINE.config:
-            raise EngineError("the engine is already running with another configuration")
-        return _ENGINE
-
-
-__all__ = ["EditEngine", "EngineError", "EditCancelled", "OutOfMemory", "StepInfo", "PromptCache", "get_engine"]
+__all__ = ["EditEngine", "EngineError", "EditCancelled", "OutOfMemory", "StepInfo", "PromptCache"]

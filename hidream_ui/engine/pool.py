@@ -1,4 +1,5 @@
-"""EnginePool: one EditEngine per device (`--devices`), behind the EditEngine surface the UI uses.
+"""EnginePool: what the app, the CLI and the benchmarks hold: one EditEngine per device (`--devices`),
+or a pool of one (`--device`). Its surface is the `Engine` protocol (engine/protocol.py).
 
 Why a pool of whole engines rather than one engine fanning out: each engine owns its model, its
 lock and its device, exactly as a single-device app does, so everything that holds for one engine
@@ -61,12 +62,23 @@ class Slot:
     """One engine of the pool and its bookkeeping."""
 
     index: int
-    label: str  # "npu:1"; "cpu#2" when a device type repeats
+    given_label: str | None  # "npu:1"; "cpu#2" when a device type repeats; None: the device it resolves to
     engine: EditEngine
     threads: int | None = None  # CPU engines: intra-op threads of each computing thread
     busy: bool = False
     jobs: int = 0
     load_error: str | None = None  # why its background load failed (shown in its row until a load succeeds)
+
+    @property
+    def label(self) -> str:
+        """What its row, its telemetry and the attention switch call it: the `--devices` entry, or for
+        a pool of one (`--device auto`), the device it resolved to ("?" while it cannot be used)."""
+        if self.given_label is not None:
+            return self.given_label
+        try:
+            return self.engine.device.torch_device
+        except EngineError:
+            return "?"
 
     @property
     def failed(self) -> bool:
@@ -126,13 +138,15 @@ class EnginePool:
                  threads: Sequence[int | None] | None = None, sampler: "TelemetrySampler | None" = None):
         if not engines:
             raise EngineError("an engine pool needs at least one engine")
-        labels = list(labels or engine_labels([e.config.device for e in engines]))
+        if labels is None:  # several engines: numbered device names; one: named by the device it resolves to
+            labels = engine_labels([e.config.device for e in engines]) if len(engines) > 1 else [None]
+        labels = list(labels)
         threads = list(threads or [None] * len(engines))
         self.config = config
         self.slots = [Slot(i, label, engine, thread_count)
                       for i, (label, engine, thread_count) in enumerate(zip(labels, engines, threads))]
         for slot in self.slots:
-            slot.engine.pool_label = slot.label if len(self.slots) > 1 else None
+            slot.engine.pool_label = slot.given_label if len(self.slots) > 1 else None
         self._cond = threading.Condition()
         self._sampler = sampler
         self._loading_started = False
@@ -141,14 +155,19 @@ class EnginePool:
         self._attention_lock = threading.Lock()
 
     @classmethod
-    def for_config(cls, config: AppConfig, backends=None, *, cores: int | None = None,
-                   engine_factory: Callable[[AppConfig], EditEngine] | None = None) -> "EnginePool":
+    def for_config(cls, config: AppConfig, backends=None, *, cores: int | None = None, hide_paths: bool = False,
+                   limit: int | None = None,
+                   engine_factory: type[EditEngine] = EditEngine) -> "EnginePool":
         """One engine per device of `config.devices` (or one engine on `config.device`). `all` is
         resolved here (it needs the device survey); named devices resolve lazily, as `--device` does.
-        Raises EngineError for a device that cannot be used (only with `all`)."""
+        Raises EngineError for a device that cannot be used (only with `all`). `hide_paths`: results
+        and the status name model folders, never their paths (an app without login). `limit`: only the
+        first that many devices (one CLI edit does not load every card)."""
         from hidream_ui.device.pool_spec import ALL, expand_devices
 
-        factory = engine_factory or (lambda cfg: EditEngine(cfg, backends=backends))
+        def factory(cfg: AppConfig) -> EditEngine:  # `engine_factory`: EditEngine or a subclass (a benchmark's)
+            return engine_factory(cfg, backends=backends, hide_paths=hide_paths)
+
         if not config.devices:
             return cls(config, [factory(config)])
         names = list(config.devices)
@@ -159,6 +178,9 @@ class EnginePool:
                 names = [info.torch_device for info in expand_devices(config.devices, backends=backends)]
             except DeviceError as exc:
                 raise EngineError(f"--devices all: {exc}") from exc
+        names = names[:limit] if limit else names
+        if len(names) == 1:
+            return cls(config, [factory(dataclasses.replace(config, devices=(), device=names[0]))])
         engines = [factory(dataclasses.replace(config, devices=(), device=name)) for name in names]
         cpu_engines = sum(1 for name in names if name == "cpu")
         share = max(1, (cores or host_cores()) // cpu_engines) if cpu_engines > 1 else None
@@ -203,14 +225,16 @@ class EnginePool:
             torch.set_num_threads(default)
 
     @contextmanager
-    def acquire(self, cancel: "CancelToken | None" = None, *, slot: Slot | None = None) -> Iterator[Slot]:
+    def acquire(self, cancel: "CancelToken | None" = None, *, slot: Slot | None = None,
+                prefer: int | None = None) -> Iterator[Slot]:
         """An idle engine for the caller's job (waits for one; a cancelled job stops waiting).
 
         Among idle engines: a loaded one before one still loading, then the least used, then the
         lowest index, so a steady queue spreads its jobs evenly over the cards. An engine whose
         background load failed gets no job while another engine can take it (the job waits
         instead of failing the same way); when every engine failed, a job tries again and reports.
-        `slot`: that engine and no other, once it is idle (not counted as a job: an attention switch)."""
+        `slot`: that engine and no other, once it is idle (not counted as a job: an attention switch).
+        `prefer`: the index of the engine to take when it is idle (a batch's share i runs on engine i)."""
         wanted = slot
         with self._cond:
             while True:
@@ -222,7 +246,7 @@ class EnginePool:
                 if cancel is not None and cancel.cancelled:
                     raise EditCancelled("cancelled while waiting for a free device")
                 self._cond.wait(_WAIT_POLL)
-            slot = min(idle, key=lambda s: (not s.engine.loaded, s.jobs, s.index))
+            slot = min(idle, key=lambda s: (not s.engine.loaded, s.index != prefer, s.jobs, s.index))
             slot.busy = True
             if wanted is None:
                 slot.jobs += 1
@@ -247,14 +271,14 @@ class EnginePool:
         run one at a time anyway (the loader's lock); in this order the first job, which gets the
         first engine, waits for that engine's load only, not for the loads of engines that won the
         lock while its own still probed its dtype. Each load makes its device current in that
-        thread. `skip`: the engine the caller has just loaded itself."""
-        if self.size == 1:
-            return
+        thread. `skip`: the engine the caller has just loaded itself (a pool of one then starts no thread)."""
         with self._cond:
             if self._loading_started:
                 return
             self._loading_started = True
-        self._load_in_background([slot for slot in self.slots if slot is not skip])
+        slots = [slot for slot in self.slots if slot is not skip]
+        if slots:
+            self._load_in_background(slots)
 
     def _load_in_background(self, slots: list[Slot]) -> None:
         def run() -> None:
@@ -317,11 +341,7 @@ class EnginePool:
         from hidream_ui.engine import batch as batches
         from hidream_ui.engine.jobs import CancelToken
 
-        if self.size == 1:
-            return self.primary.run_batch(batch, on_item, on_step, cancel=cancel)
-        plan = batch if isinstance(batch, batches.BatchPlan) else batches.plan_batch(
-            batch, self.open_image, self.config.max_batch_items,
-            max_total_pixels=batches.BATCH_PIXEL_BUDGET * self.config.max_pixels)
+        plan = batches.as_plan(batch, self.open_image, self.config)
         token = cancel or CancelToken()
         pending = [item for item in plan.items if item.status == "pending"]
         shares = [pending[i::self.size] for i in range(self.size)]
@@ -332,7 +352,7 @@ class EnginePool:
 
         def run_share(index: int, share: list) -> None:
             try:
-                with self.acquire(token) as slot:
+                with self.acquire(token, prefer=index) as slot:
                     sub = dataclasses.replace(plan, items=share)
                     results[index] = slot.engine.run_batch(sub, on_item, on_step, cancel=token)
             except EditCancelled:
@@ -344,10 +364,14 @@ class EnginePool:
                 token.cancel(f"another part of the batch failed: {exc}")
 
         self.start_loading()
+        # The first share runs in the calling thread (the job's own), the others in threads joined
+        # here before the batch returns: a pool of one starts no thread, none outlives the job.
         threads = [threading.Thread(target=run_share, args=(i, share), name=f"hidream-batch-{i}", daemon=True)
-                   for i, share in enumerate(shares)]
+                   for i, share in enumerate(shares) if i > 0]
         for thread in threads:
             thread.start()
+        if shares:
+            run_share(0, shares[0])
         for thread in threads:
             thread.join()
         if failures:
@@ -391,6 +415,17 @@ class EnginePool:
                     resolved.append(slot.engine.set_attention(name))
         return resolved[0]
 
+    def labels(self) -> list[str]:
+        """The labels of the app's device rows (what the telemetry is kept under), without computing
+        any status; a pool of one whose device cannot be used has none."""
+        return [slot.label for slot in self.slots if slot.given_label is not None or slot.label != "?"]
+
+    def attention_of(self, target: str | None = None) -> str:
+        """The strategy active on `target` (an engine's label; None or "all": the first engine's).
+        Cheap: the engine's status, no lock."""
+        engine = self.primary if target in (None, ALL_ENGINES) else self.slot_for(target).engine
+        return engine.status().attention or "auto"
+
     def set_speed(self, name: str) -> str:
         """The step cache of the next edits, on every engine (it only changes what the next edit asks
         for, so no engine needs to be idle); EngineError naming the value before any engine changes."""
@@ -399,18 +434,10 @@ class EnginePool:
             engine.set_speed(spec)
         return spec
 
-    def cancel(self, reason: str = "cancelled") -> None:
-        for engine in self.engines:
-            engine.cancel(reason)
-
     @property
     def hide_paths(self) -> bool:
-        return self.primary.hide_paths
-
-    @hide_paths.setter
-    def hide_paths(self, value: bool) -> None:
-        for engine in self.engines:
-            engine.hide_paths = value
+        """Whether every engine names model folders, never their paths (set at construction)."""
+        return all(engine.hide_paths for engine in self.engines)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -422,27 +449,23 @@ class EnginePool:
 
     # Facts that are the same on every engine (same model, same configuration): the primary's.
     @property
-    def device(self):
-        return self.primary.device
-
-    @property
-    def dtype(self):
-        return self.primary.dtype
-
-    @property
     def model(self):
+        """A loaded engine's model (every engine loads the same one); the first engine's otherwise,
+        which raises EngineError while nothing is loaded."""
         for engine in self.engines:
             if engine.loaded:
                 return engine.model
         return self.primary.model
 
-    @property
-    def model_source(self) -> str:
-        return self.primary.model_source
+    def auto_attention(self) -> str:
+        """What "auto" attention resolves to on these devices ("?" when it cannot be told yet)."""
+        from hidream_ui.pipeline.attention.registry import resolve
 
-    @property
-    def attention_request(self) -> str:
-        return self.primary.attention_request
+        try:
+            return resolve("auto", self.primary.device, self.primary.dtype).name
+        except Exception as exc:  # noqa: BLE001 - only a label; the switch itself reports errors
+            logger.debug("cannot resolve auto attention: %s", exc)
+            return "?"
 
     @property
     def open_image(self):
@@ -468,8 +491,6 @@ class EnginePool:
     def status(self) -> EngineStatus:
         """The primary engine's status with the pool's state (its busiest engine's), summed
         counters and one row per device. Cheap: no lock, no device sync."""
-        if self.size == 1:
-            return self.primary.status()
         statuses = [slot.engine.status() for slot in self.slots]  # one snapshot per engine per tick
         rows = self.device_rows(statuses)
         states = [row.state for row in rows]
@@ -480,58 +501,4 @@ class EnginePool:
                             counters=self.counters, devices=rows)
 
 
-def engines_of(engine: "EditEngine | EnginePool") -> list[EditEngine]:
-    """The engines behind what the UI holds (a pool's, or the one engine)."""
-    return engine.engines if isinstance(engine, EnginePool) else [engine]
-
-
-def device_labels(engine: "EditEngine | EnginePool") -> list[str]:
-    """The labels of the app's device rows (what the telemetry is kept under), without computing
-    any status: a pool's engine labels, or the one engine's device ([] while it cannot be used)."""
-    if isinstance(engine, EnginePool):
-        return [slot.label for slot in engine.slots]
-    try:
-        return [engine.device.torch_device]
-    except EngineError:
-        return []
-
-
-def switch_attention(engine: "EditEngine | EnginePool", name: str, target: str | None = None) -> str:
-    """Switches the attention of the app's engine(s): a pool's every engine (`target` None or "all")
-    or its engine labelled `target`; one engine accepts "all" or its own device row's label."""
-    if isinstance(engine, EnginePool):
-        return engine.set_attention(name, target)
-    if target is not None and target != ALL_ENGINES and target not in device_labels(engine):
-        known = ", ".join([*device_labels(engine), ALL_ENGINES])
-        raise EngineError(f"unknown engine {target!r:.40}: one of {known}")
-    return engine.set_attention(name)
-
-
-def attention_of(engine: "EditEngine | EnginePool", target: str | None = None) -> str:
-    """The strategy active on `target` (a pool's engine label; None or "all": the first engine's).
-    Cheap: the engine's status, no lock."""
-    if isinstance(engine, EnginePool) and target not in (None, ALL_ENGINES):
-        engine = engine.slot_for(target).engine
-    elif isinstance(engine, EnginePool):
-        engine = engine.primary
-    return engine.status().attention or "auto"
-
-
-@contextmanager
-def one_engine(engine: "EditEngine | EnginePool", cancel: "CancelToken | None" = None) -> Iterator[EditEngine]:
-    """The engine a multi-edit job (a comparison) runs on from start to end: one of the pool's,
-    held for the job, or the one engine."""
-    if isinstance(engine, EnginePool):
-        with engine.pinned(cancel) as pinned:
-            yield pinned
-    else:
-        yield engine
-
-
-def lane_size(engine: "EditEngine | EnginePool") -> int:
-    """How many device jobs may run at once: one per engine."""
-    return len(engines_of(engine))
-
-
-__all__ = ["ALL_ENGINES", "EnginePool", "Slot", "attention_of", "device_labels", "device_row", "engine_labels",
-           "engines_of", "host_cores", "lane_size", "one_engine", "shared_sampler", "switch_attention"]
+__all__ = ["ALL_ENGINES", "EnginePool", "Slot", "device_row", "engine_labels", "host_cores", "shared_sampler"]

@@ -8,7 +8,7 @@ with `tie_word_embeddings` the embedding matrix serves as the head and nothing i
 loaded on the first rewrite, never when `--rewriter local` is off.
 
 Generation is greedy with a KV cache, through the tokenizer's chat template, on the device under
-the engine lock (`EditEngine.run_exclusive`). It cannot see the image: it only restates the request
+the engine lock (`Engine.run_exclusive`). It cannot see the image: it only restates the request
 and imagines the result. On the offline tiny model the output is noise (the parser then says so);
 the plumbing, the memory accounting and the UI flow are the real ones.
 """
@@ -29,8 +29,8 @@ from hidream_ui.rewrite.prompt import TEXT_LABELS, TEXT_SYSTEM_PROMPT, RewriteEr
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from hidream_ui.engine.engine import EditEngine
     from hidream_ui.engine.jobs import CancelToken
+    from hidream_ui.engine.protocol import Engine
     from hidream_ui.model.loading import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class LocalRewriter:
 
     backend = "local"
 
-    def __init__(self, engine: "EditEngine", max_new_tokens: int = MAX_NEW_TOKENS):
+    def __init__(self, engine: "Engine", max_new_tokens: int = MAX_NEW_TOKENS):
         self.engine = engine
         self.max_new_tokens = max_new_tokens
         self._head: "torch.Tensor | None" = None

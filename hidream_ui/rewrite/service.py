@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
     from hidream_ui.engine.batch import BatchItem, BatchPlan
-    from hidream_ui.engine.engine import EditEngine
     from hidream_ui.engine.jobs import CancelToken
+    from hidream_ui.engine.protocol import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class RewriteService:
         self.last_error: str | None = None
 
     @classmethod
-    def for_config(cls, config: AppConfig, engine: "EditEngine",
+    def for_config(cls, config: AppConfig, engine: "Engine",
                    environ: Mapping[str, str] | None = None) -> "RewriteService | None":
         """The service `config` asks for, or None when rewriting is off. Builds no client and loads
         nothing: the first rewrite does."""

@@ -245,7 +245,8 @@ class ClientStorage:
     age), nor is a file in use: a cache full of those refuses new uploads (503).
     """
 
-    def __init__(self, limits: StorageLimits, clock: Callable[[], float] = time.time):
+    def __init__(self, limits: StorageLimits, clock: Callable[[], float] = time.time,
+                 prune_now: Callable[[], int] | None = None):
         self.limits = limits
         self._clock = clock
         self._lock = threading.Lock()
@@ -257,7 +258,7 @@ class ClientStorage:
         self._next_upload = 0
         self._sessions: dict[str, _Session] = {}
         self._total = (0, 0)  # (files, bytes) of the cache no pruning frees, at the last scan, plus uploads since
-        self.prune_now: Callable[[], int] | None = None  # set by the janitor wiring
+        self.prune_now = prune_now  # the janitor's round, run when an upload finds the cache full
         self._scanned = 0.0  # time.monotonic() of the last `plan`
 
     # ------------------------------------------------------------------ who

@@ -46,16 +46,15 @@ from hidream_ui.engine.batch import (
     open_sources,
     plan_batch,
 )
-from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.jobs import StepInfo
-from hidream_ui.engine.pool import lane_size
+from hidream_ui.engine.protocol import Engine
+from hidream_ui.engine.runner import stream_job
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
     format_seconds,
     guarded,
     md,
     settings_widgets,
-    stream_worker,
 )
 from hidream_ui.ui.services import AppServices
 
@@ -158,7 +157,7 @@ class BatchTab:
     """The Batch tab's handlers for one engine. Runs are jobs of the shared registry, so one user's
     Stop never stops another user's work."""
 
-    def __init__(self, engine: EditEngine, config: AppConfig, services: AppServices | None = None):
+    def __init__(self, engine: Engine, config: AppConfig, services: AppServices | None = None):
         self.engine = engine
         self.config = config
         self.services = services or AppServices.for_config(config)
@@ -243,8 +242,8 @@ class BatchTab:
                 return self.engine.run_batch(plan, on_item=lambda item: emit("item", item),
                                              on_step=lambda info: emit("step", info), cancel=job.token)
 
-            for kind, payload in stream_worker(work, on_abandon=lambda: job.token.cancel("the client went away"),
-                                               name="hidream-batch"):
+            for event in stream_job(work, job.token, name="hidream-batch"):
+                kind, payload = event.kind, event.payload
                 if kind == "rewrite":
                     done, count = payload
                     run.step_text = f"rewriting instruction {done + 1}/{count}"
@@ -302,7 +301,7 @@ class BatchHandles:
         return self.settings["working_resolution"]
 
 
-def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> BatchHandles:
+def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | None = None) -> BatchHandles:
     """Adds the Batch tab to the Blocks being built; returns its handles."""
     handlers = BatchTab(engine, config, services)
     defaults = EditParams.defaults_for(config.variant)
@@ -345,7 +344,7 @@ def build_batch_tab(engine: EditEngine, config: AppConfig, services: AppServices
         # The order of /batch_edit's inputs (BatchTab.run's parameters).
         inputs = [files, instructions, mode, *settings.values(), seed, seed_policy, batch_size, rewrite]
         run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download], api_name="batch_edit",
-                         concurrency_id=DEVICE_GROUP, concurrency_limit=lane_size(engine), preprocess=False,
+                         concurrency_id=DEVICE_GROUP, concurrency_limit=engine.size, preprocess=False,
                          show_progress_on=[gallery])
         # Stop never queues (it must get through while the batch holds the device group) and does
         # not cancel the event: the run ends by itself after the current step and keeps its items.

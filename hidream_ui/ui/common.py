@@ -6,10 +6,8 @@ import functools
 import html
 import inspect
 import logging
-import queue
 import re
-import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import gradio as gr
 
@@ -46,7 +44,7 @@ logger = logging.getLogger(__name__)
 USER_ERRORS = (EngineError, RequestError, ImageError, MetadataError, ArchiveError, RewriteError)
 
 # Working resolutions offered before the model's geometry is known; `page_load` replaces them with
-# the ones the configured model can take (`EditEngine.working_resolution_choices`).
+# the ones the configured model can take (`Engine.working_resolution_choices`).
 WORKING_RESOLUTIONS = ("auto", "draft")
 
 E11_HINT = (
@@ -195,48 +193,6 @@ def deleted_placeholder():
 # ---------------------------------------------------------------------------------------------
 # Shared by the Batch and Compare tabs
 # ---------------------------------------------------------------------------------------------
-
-
-def stream_worker(work: Callable[[Callable[[str, Any], None]], Any], *, on_abandon: Callable[[], None],
-                  name: str) -> Iterator[tuple[str, Any]]:
-    """Runs `work(emit)` in a thread and yields its events as they happen.
-
-    `work` calls `emit(kind, payload)`; this yields each `(kind, payload)`, then `("done",
-    return value)`, or re-raises what `work` raised. If the consumer stops early (the browser
-    went away, gradio closed the generator) `on_abandon()` asks the work to stop and the thread
-    ends after its current step, without anyone waiting for it: the engine lock keeps the next
-    queued job from overlapping it.
-    """
-    events: "queue.Queue[tuple[str, Any]]" = queue.Queue()
-
-    def target() -> None:
-        try:
-            events.put(("done", work(lambda kind, payload: events.put((kind, payload)))))
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer's thread below
-            events.put(("failed", exc))
-
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
-    finished = False
-    try:
-        while True:
-            kind, payload = events.get()
-            if kind == "failed":
-                finished = True
-                raise payload
-            if kind == "done":
-                finished = True
-                yield kind, payload
-                return
-            yield kind, payload
-    finally:
-        if not finished:
-            # Gradio closes an abandoned generator on its event loop: waiting there for the step to
-            # end would stall every client. The worker stops after its step; the engine lock keeps
-            # the next job from overlapping it.
-            on_abandon()
-        else:
-            thread.join()
 
 
 def settings_widgets(defaults: EditParams) -> dict[str, Any]:

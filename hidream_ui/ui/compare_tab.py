@@ -22,15 +22,14 @@ import gradio as gr
 from hidream_ui.config import AppConfig
 from hidream_ui.edits import EditParams, RequestError, seed_from_form, settings_from_form
 from hidream_ui.engine.compare import AXES, CompareResult, cell_caption, plan_compare, render_grid, run_compare
-from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.jobs import StepInfo
-from hidream_ui.engine.pool import lane_size
+from hidream_ui.engine.protocol import Engine
+from hidream_ui.engine.runner import stream_job
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
     format_seconds,
     guarded,
     settings_widgets,
-    stream_worker,
 )
 from hidream_ui.ui.services import AppServices
 
@@ -54,7 +53,7 @@ AXIS_HINTS = MappingProxyType({
 class CompareTab:
     """The Compare tab's handlers for one engine (runs are jobs of the shared registry)."""
 
-    def __init__(self, engine: EditEngine, config: AppConfig, services: AppServices | None = None):
+    def __init__(self, engine: Engine, config: AppConfig, services: AppServices | None = None):
         self.engine = engine
         self.config = config
         self.services = services or AppServices.for_config(config)
@@ -109,8 +108,8 @@ class CompareTab:
                                    on_cell=lambda cell, result: emit("cell", (cell, result)),
                                    on_step=lambda info: emit("step", info), source_name=name, cancel=job.token)
 
-            for kind, payload in stream_worker(work, on_abandon=lambda: job.token.cancel("the client went away"),
-                                               name="hidream-compare"):
+            for event in stream_job(work, job.token, name="hidream-compare"):
+                kind, payload = event.kind, event.payload
                 if kind == "step":
                     info: StepInfo = payload
                     state["step"] = f"cell {len(cells) + 1}: {info.stage} step {info.step}/{info.total}"
@@ -189,7 +188,7 @@ class CompareHandles:
         return self.settings["working_resolution"]
 
 
-def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServices | None = None) -> CompareHandles:
+def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices | None = None) -> CompareHandles:
     """Adds the Compare tab to the Blocks being built; returns its handles."""
     handlers = CompareTab(engine, config, services)
     defaults = EditParams.defaults_for(config.variant)
@@ -238,7 +237,7 @@ def build_compare_tab(engine: EditEngine, config: AppConfig, services: AppServic
         cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers
         event = run_button.click(handlers.run, inputs=inputs, outputs=[grid, cells, report, cell_files],
                                  api_name="compare",
-                                 concurrency_id=DEVICE_GROUP, concurrency_limit=lane_size(engine), preprocess=False,
+                                 concurrency_id=DEVICE_GROUP, concurrency_limit=engine.size, preprocess=False,
                                  show_progress_on=[grid])
         event.then(handlers.pickers, [cell_files], [pick_a, pick_b, slider], queue=False, show_progress="hidden",
                    api_visibility="private")

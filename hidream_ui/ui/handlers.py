@@ -15,17 +15,11 @@ import gradio as gr
 
 from hidream_ui.config import AppConfig
 from hidream_ui.edits import EditParams, EditRequest, RequestError, params_from_form, validated_flag
-from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import StepInfo
-from hidream_ui.engine.pool import (
-    ALL_ENGINES,
-    attention_of,
-    device_labels,
-    device_row,
-    shared_sampler,
-    switch_attention,
-)
+from hidream_ui.engine.pool import ALL_ENGINES, shared_sampler
+from hidream_ui.engine.protocol import Engine
+from hidream_ui.engine.runner import JobEvent, run_job
 from hidream_ui.engine.status import DeviceRow, EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
 from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
@@ -72,7 +66,7 @@ class Handlers:
     """The handlers of one demo: the engine plus the services shared with the other tabs (jobs
     and their cancel tokens, so one user's Stop only ever stops that user's work)."""
 
-    def __init__(self, engine: EditEngine, queue_info: Callable[[], Mapping[str, Any] | None] | None = None,
+    def __init__(self, engine: Engine, queue_info: Callable[[], Mapping[str, Any] | None] | None = None,
                  services: AppServices | None = None):
         self.engine = engine
         self.queue_info = queue_info
@@ -199,14 +193,18 @@ class Handlers:
             load_seconds += self._load_with_progress(progress)
             progress(0.0, desc="Encoding the instruction")
 
-            def on_step(info: StepInfo) -> None:
-                eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
-                progress((info.step, info.total), desc=f"{info.stage} step {info.step}/{info.total}{eta}",
-                         unit="steps")
+            def on_event(event: JobEvent) -> None:
+                if event.kind == "step":
+                    info: StepInfo = event.payload
+                    eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
+                    progress((info.step, info.total), desc=f"{info.stage} step {info.step}/{info.total}{eta}",
+                             unit="steps")
 
-            # A Stop pressed while the model loaded has already set the token: the engine then
-            # refuses to start instead of running an edit nobody waits for.
-            result = self.engine.edit(edit_request, on_step, cancel=job.token)
+            # The job runner in this (gradio's worker) thread: gradio tracks a function's progress
+            # from the thread it runs in. A Stop pressed while the model loaded has already set the
+            # token: the engine then refuses to start instead of running an edit nobody waits for.
+            result = run_job(lambda emit: self.engine.edit(edit_request, lambda info: emit("step", info),
+                                                           cancel=job.token), on_event)
         self.services.results.add(result.saved_png)
 
         metadata = result.saved_metadata or result.metadata()  # built once, when it was saved
@@ -309,9 +307,7 @@ class Handlers:
     def engine_status(self) -> EngineStatus:
         """The engine's status plus the queue figures; without a login (`--auth`) it names model
         sources, never their absolute paths, and error texts lose the paths they hold."""
-        status = self.engine.status()
-        if not status.devices:  # one engine: its row (a pool's status already has one per engine)
-            status = status.replace(devices=[device_row(self.engine, status=status)])
+        status = self.engine.status()  # one device row per engine, a pool of one included
         queue = self._queue()
         if queue is not None:
             status = status.replace(queue=QueueFigures(**queue))
@@ -321,7 +317,7 @@ class Handlers:
                 # It may quote the vision model's words about one visitor's photo: not for the others.
                 rewriter = dataclasses.replace(rewriter, last_error="the last rewrite failed (see the server log)")
             status = status.replace(rewriter=rewriter)
-        if self.services.public:  # model_paths are folder names already (`EditEngine.hide_paths`)
+        if self.services.public:  # model_paths are folder names already (`EnginePool.for_config(hide_paths=...)`)
             status = status.replace(**{key: redact_paths(getattr(status, key))
                                        for key in ("device_error", "last_error", "attention_note")
                                        if getattr(status, key)})
@@ -349,7 +345,7 @@ class Handlers:
         from hidream_ui.ui.devices_panel import PLOT_COLUMNS, plot_rows
 
         try:
-            labels = device_labels(self.engine)
+            labels = self.engine.labels()
             rows = plot_rows(shared_sampler().history(), labels)
         except Exception:  # noqa: BLE001 - a broken plot must not spam error toasts
             logger.warning("telemetry plot failed", exc_info=True)
@@ -377,18 +373,9 @@ class Handlers:
         for s in statuses:
             label = attention_label(s.name, s.description, s.available, s.reason)
             if s.name == "auto" and s.available:
-                label = f"auto → {self._auto_resolves_to()} (best available here)"
+                label = f"auto → {self.engine.auto_attention()} (best available here)"
             choices.append((label, s.name))
         return choices
-
-    def _auto_resolves_to(self) -> str:
-        from hidream_ui.pipeline.attention.registry import resolve
-
-        try:
-            return resolve("auto", self.engine.device, self.engine.dtype).name
-        except Exception as exc:  # noqa: BLE001 - only a label; the switch itself reports errors
-            logger.debug("cannot resolve auto attention: %s", exc)
-            return "?"
 
     def page_load(self, request: gr.Request = None):
         """Fills the attention dropdown (needs torch, so not at start-up), the panel, and the
@@ -424,14 +411,14 @@ class Handlers:
         With --kiosk only the operator may switch.
         """
         self.require_operator(request, "the attention strategy")
-        return switch_attention(self.engine, name, engine)
+        return self.engine.set_attention(name, engine)
 
     def _attention_on(self, target: str | None) -> tuple[str, str]:
         """(the strategy of `target`, " on LABEL" for the note); an unknown label: the first engine's."""
         try:
-            resolved = attention_of(self.engine, target)
+            resolved = self.engine.attention_of(target)
         except EngineError:
-            return attention_of(self.engine), ""
+            return self.engine.attention_of(), ""
         return resolved, "" if target in (None, ALL_ENGINES) else f" on {html.escape(str(target))}"
 
     def change_attention(self, name: str, target: str | None = ALL_ENGINES, request: gr.Request = None):
@@ -439,7 +426,7 @@ class Handlers:
         engine(s) the panel's Engine choice names (every engine by default)."""
         self.require_operator(request, "the attention strategy")
         try:
-            resolved = switch_attention(self.engine, name, target)
+            resolved = self.engine.set_attention(name, target)
             where = self._attention_on(target)[1]
             note = f"Attention: <b>{html.escape(resolved)}</b> active{where}."
             logger.info("attention switched to %s (asked for %s)%s", resolved, name, where)
@@ -458,7 +445,7 @@ class Handlers:
     def attention_target(self, target: str | None):
         """The panel's Engine choice changed: the Attention dropdown shows that engine's strategy."""
         try:
-            resolved = attention_of(self.engine, target)
+            resolved = self.engine.attention_of(target)
         except EngineError as exc:
             return gr.update(), f"Refused: {html.escape(str(exc))}."
         where = "every engine" if target in (None, ALL_ENGINES) else html.escape(str(target))

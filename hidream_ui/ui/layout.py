@@ -43,8 +43,7 @@ from typing import Any, Callable, Sequence
 import gradio as gr
 
 from hidream_ui.config import AppConfig
-from hidream_ui.engine.engine import EditEngine
-from hidream_ui.engine.pool import lane_size
+from hidream_ui.engine.protocol import Engine
 from hidream_ui.ui.edit_tab import build_edit_tab, load_examples, wire_edit_tab
 from hidream_ui.ui.handlers import Handlers
 from hidream_ui.ui.history_tab import add_to_history, build_history_tab, wire_history_tab
@@ -89,7 +88,7 @@ EXTRA_TABS = (
     ("hidream_ui.ui.batch_tab", "build_batch_tab"),
     ("hidream_ui.ui.compare_tab", "build_compare_tab"),
 )
-TabBuilder = Callable[[EditEngine, Any, AppServices], Any]
+TabBuilder = Callable[[Engine, Any, AppServices], Any]
 
 
 def default_extra_tabs() -> list[TabBuilder]:
@@ -108,7 +107,7 @@ def default_extra_tabs() -> list[TabBuilder]:
     return builders
 
 
-def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = None,
+def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
                services: AppServices | None = None) -> gr.Blocks:
     """The whole UI for `engine`. Builds widgets only: no model load, no torch import.
 
@@ -123,7 +122,7 @@ def build_demo(engine: EditEngine, extra_tabs: Sequence[TabBuilder] | None = Non
         raise ValueError("build_demo: the services hold no Blocks; build them with "
                          "AppServices.for_config(config, demo=new_blocks(config), ...)")
     handlers = Handlers(engine, services=services)
-    lane = lane_size(engine)  # device jobs at once: one per engine (--devices)
+    lane = engine.size  # device jobs at once: one per engine (--devices)
 
     with services.demo as demo:
         gr.Markdown(f"## HiDream-{config.variant.upper()} instruction-based image editing")

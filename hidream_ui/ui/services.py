@@ -24,6 +24,11 @@ from hidream_ui.server.files import ServedResults, UploadGate
 
 logger = logging.getLogger(__name__)
 
+
+def is_public(config: AppConfig) -> bool:
+    """No login (`--auth`, `--auth-file`): anyone who reaches the port is a stranger."""
+    return config.auth is None and config.auth_file is None
+
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 
 # Absolute paths inside messages (POSIX or Windows): shown as their last component to visitors.
@@ -38,22 +43,22 @@ def redact_paths(text: str) -> str:
 
 @dataclass
 class AppServices:
-    """Built complete, once (`for_config`): nothing is assigned to it afterwards but the janitor,
-    which exists only once the server runs (cli/app.py)."""
+    """Built complete, once (`for_config`): nothing is assigned to it afterwards."""
 
     config: AppConfig
     jobs: JobRegistry
     gate: UploadGate
     results: ServedResults
     demo: Any = None  # the gr.Blocks the UI is built into (None: handlers used without a UI, in tests)
-    janitor: Any = None  # the CacheJanitor, once the app is launched
+    janitor: Any = None  # the CacheJanitor of a launched app (cli/app.py); its lifespan starts it
     cache_folder: Path | None = None  # gradio's cache folder of this process (the launcher's)
     rewriter: Any = None  # the RewriteService (None: rewriting off)
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
     def for_config(cls, config: AppConfig, *, engine: Any = None, demo: Any = None,
-                   cache_folder: Path | None = None, trusted_roots: Iterable[str | Path] = ()) -> "AppServices":
+                   cache_folder: Path | None = None, trusted_roots: Iterable[str | Path] = (),
+                   janitor: Any = None) -> "AppServices":
         """The services of one UI. `engine` (when given) makes the rewriter `config` asks for; `demo`
         is the (still empty) gr.Blocks the UI will be built into: the upload gate and the liveness
         probe read it."""
@@ -64,12 +69,12 @@ class AppServices:
         rewriter = RewriteService.for_config(config, engine) if engine is not None else None
         return cls(config=config, jobs=JobRegistry(), gate=UploadGate(is_stored, roots=[ASSETS_DIR, *trusted_roots]),
                    results=ServedResults(fixed=[str(ASSETS_DIR)]), demo=demo, cache_folder=cache_folder,
-                   rewriter=rewriter)
+                   rewriter=rewriter, janitor=janitor)
 
     @property
     def public(self) -> bool:
         """No login: anyone who reaches the port is a stranger."""
-        return self.config.auth is None and self.config.auth_file is None
+        return is_public(self.config)
 
     @contextmanager
     def job(self, kind: str, request: Any) -> Iterator[Job]:

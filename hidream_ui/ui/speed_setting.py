@@ -13,8 +13,8 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EngineError
+from hidream_ui.engine.protocol import Engine
 from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
 from hidream_ui.ui.common import CONTROL_GROUP, guarded
 
@@ -33,7 +33,7 @@ class SpeedSetting:
     """The handlers of the Speed dropdown and `/set_speed`. `allowed(request, what)` raises when the
     caller may not change engine-wide settings (--kiosk: only the operator may; see server/operator.py)."""
 
-    def __init__(self, engine: EditEngine, allowed: Callable[[Any, str], None] | None = None):
+    def __init__(self, engine: Engine, allowed: Callable[[Any, str], None] | None = None):
         self.engine = engine
         self.allowed = allowed
 
@@ -58,7 +58,7 @@ class SpeedSetting:
             return gr.update(value=self.engine.status().speed["cache_default"]), html.escape(str(exc))
 
 
-def build_speed_setting(engine: EditEngine, allowed: Callable[[Any, str], None] | None = None) -> gr.Dropdown:
+def build_speed_setting(engine: Engine, allowed: Callable[[Any, str], None] | None = None) -> gr.Dropdown:
     """The dropdown, its note and `/set_speed` (see `SpeedSetting`; with --kiosk only the operator may
     change it, see server/operator.py)."""
     handlers = SpeedSetting(engine, allowed)

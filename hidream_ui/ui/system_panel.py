@@ -14,8 +14,8 @@ from typing import Any
 
 import gradio as gr
 
-from hidream_ui.engine.engine import EditEngine
-from hidream_ui.engine.pool import ALL_ENGINES, device_labels
+from hidream_ui.engine.pool import ALL_ENGINES
+from hidream_ui.engine.protocol import Engine
 from hidream_ui.ui.common import DEVICE_GROUP
 from hidream_ui.ui.handlers import Handlers
 from hidream_ui.ui.speed_setting import build_speed_setting
@@ -37,7 +37,7 @@ class SystemPanelHandles:
     load_message: gr.Markdown
 
 
-def build_system_panel(engine: EditEngine, handlers: Handlers, lane: int) -> SystemPanelHandles:
+def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemPanelHandles:
     """Adds the panel (call inside the column it sits in) and wires its events."""
     config = engine.config
     gr.Markdown("### System")
@@ -56,7 +56,7 @@ def build_system_panel(engine: EditEngine, handlers: Handlers, lane: int) -> Sys
                 attention = gr.Dropdown(scale=3, **attention_options)
                 attention_engine = gr.Dropdown(
                     label="Engine", choices=[("all engines", ALL_ENGINES)] + [
-                        (label, label) for label in device_labels(engine)],
+                        (label, label) for label in engine.labels()],
                     value=ALL_ENGINES, interactive=True, scale=1, min_width=90, elem_id="hui-attention-engine")
         else:
             attention = gr.Dropdown(**attention_options)

@@ -12,16 +12,15 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from hidream_ui.imaging import (
-    ImageError,
+from hidream_ui.geometry import (
     WorkingPlan,
-    apply_plan,
     e11_plan,
     e11_working_size,
-    open_image,
     prepare_working_image,
     restore_size,
+    to_working_size,
 )
+from hidream_ui.imaging import ImageError, open_image
 
 RED, BLUE, WHITE = (255, 0, 0), (0, 0, 255), (255, 255, 255)
 
@@ -383,7 +382,7 @@ def test_prepare_rejects_bad_variant_and_resolution():
 
 def test_apply_plan_checks_the_size():
     with pytest.raises(ValueError, match="plan is for"):
-        apply_plan(Image.new("RGB", (10, 10)), e11_plan(20, 20))
+        to_working_size(Image.new("RGB", (10, 10)), e11_plan(20, 20))
 
 
 def test_restore_size_round_trip():

@@ -13,6 +13,7 @@ from helpers import edit_params, random_picture
 from hidream_ui.config import AppConfig, ConfigError, from_args
 from hidream_ui.edits import EditRequest, RequestError
 from hidream_ui.engine.engine import EditEngine
+from hidream_ui.engine.pool import EnginePool
 from hidream_ui.pipeline.speed.cache import apply_step_cache, reset_step_cache, step_cache_stats
 from hidream_ui.pipeline.speed.moe import apply_moe, moe_mode, moe_modules
 from hidream_ui.pipeline.speed.settings import CacheSpec, parse_cache
@@ -322,7 +323,8 @@ def test_compare_over_speed_records_each_cells_mode(engine, transformer):
 
     image = random_picture(5, (64, 64))
     base = edit_params(steps=4, seed=9)
-    result = run_compare(engine, image, base, "speed", "exact, interval:2")
+    pool = EnginePool(engine.config, [engine])  # as the app holds it
+    result = run_compare(pool, image, base, "speed", "exact, interval:2")
     exact_cell, fast_cell = result.cells
     assert (exact_cell.params.cache, fast_cell.params.cache) == ("none", "interval:2")
     assert exact_cell.info.speed is None and fast_cell.info.speed["skipped_fraction"] > 0

@@ -27,7 +27,7 @@ from hidream_ui.results import ResultStore
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.backends import DeviceInfo
     from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
-    from hidream_ui.imaging import WorkingPlan
+    from hidream_ui.geometry import WorkingPlan
     from hidream_ui.model.loading import LoadedModel
     from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 
@@ -332,7 +332,7 @@ class EditEngine:
         Returns the unsaved results (the caller saves them with `self.results`, outside the lock)."""
         from hidream_ui.device.memory import snapshot
         from hidream_ui.device.runtime import bind_device_to_thread, make_generator, reset_peak
-        from hidream_ui.imaging import apply_plan, restore_size
+        from hidream_ui.geometry import restore_size, to_working_size
         from hidream_ui.pipeline.edit_pipeline import EditInterrupted
 
         started = time.perf_counter()
@@ -358,7 +358,7 @@ class EditEngine:
                 reset_peak(model.device, backends=self._backends)
                 for request, params in zip(requests, params_list):
                     plan = self.working_plan(request.image.size, params.working_resolution)
-                    working.append((apply_plan(request.image, plan), plan))
+                    working.append((to_working_size(request.image, plan), plan))
                 sizes = {image.size for image, _ in working}
                 if len(sizes) != 1:
                     raise EngineError(f"one pipeline call needs one working size, got {sorted(sizes)}")
@@ -495,7 +495,7 @@ class EditEngine:
         Raises EngineError, before any work, when the size needs more tokens than the model's
         budget (the edit input is H x 2W latents; more than max_seq cannot be padded or collapsed).
         """
-        from hidream_ui.imaging import working_plan
+        from hidream_ui.geometry import working_plan
 
         model = self.model
         geometry = model.geometry

@@ -262,8 +262,8 @@ class EnginePool:
     def pinned(self, cancel: "CancelToken | None" = None) -> Iterator[EditEngine]:
         """One idle engine held for a whole job of several edits (a comparison switches attention
         between its cells: on its own engine only, and nobody else's job runs there meanwhile)."""
-        self.start_loading()
         with self.acquire(cancel) as slot:
+            self.start_loading(skip=slot)
             yield slot.engine
 
     def start_loading(self, skip: Slot | None = None) -> None:
@@ -323,15 +323,15 @@ class EnginePool:
         from hidream_ui.engine.jobs import CancelToken
 
         token = cancel or CancelToken()
-        self.start_loading()
         with self.acquire(token) as slot:
+            self.start_loading(skip=slot)  # the others load beside this job; this engine loads in it
             result = slot.engine.edit(request, on_step, save=False, cancel=token)
         return slot.engine.results.save([result], token)[0] if save else result
 
     def run_exclusive(self, state: str, work, *, cancel: "CancelToken | None" = None):
         """Device work that is not an edit (the local rewriter), on an idle engine."""
-        self.start_loading()
         with self.acquire(cancel) as slot:
+            self.start_loading(skip=slot)
             return slot.engine.run_exclusive(state, work, cancel=cancel)
 
     def run_batch(self, batch: "BatchRequest | BatchPlan", on_item: Callable | None = None,
@@ -353,6 +353,7 @@ class EnginePool:
         def run_share(index: int, share: list) -> None:
             try:
                 with self.acquire(token, prefer=index) as slot:
+                    self.start_loading(skip=slot)  # once, by the first share to get an engine
                     sub = dataclasses.replace(plan, items=share)
                     results[index] = slot.engine.run_batch(sub, on_item, on_step, cancel=token)
             except EditCancelled:
@@ -363,7 +364,6 @@ class EnginePool:
                 failures.append(exc)
                 token.cancel(f"another part of the batch failed: {exc}")
 
-        self.start_loading()
         # The first share runs in the calling thread (the job's own), the others in threads joined
         # here before the batch returns: a pool of one starts no thread, none outlives the job.
         threads = [threading.Thread(target=run_share, args=(i, share), name=f"hidream-batch-{i}", daemon=True)

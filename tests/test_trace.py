@@ -111,5 +111,5 @@ def test_plan_command_host_memory_flag(capsys):
 
     assert main(["--tiny-profile", "full", "--device-memory", "24GB", "--host-memory", "20GB", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
-    assert report["chosen"] is None
+    assert report["chosen"] is None and "host RAM" in report["refusal"]
     assert all(not row["fits"] for row in report["rows"] if row["host"] > 20 * GB)

@@ -507,8 +507,16 @@ def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: 
     if weights != "fp8" and not any(r.weights == "fp8" for r in usable):
         hints.append("--weights fp8")
     hints.append("a smaller working resolution")
+    # Plans left out for host RAM (their device peak may fit): say so, or the refusal reads as device-only.
+    host_bound = [r for r in rows if "host RAM" in r.note]
+    host = ""
+    if host_bound:
+        least = min(host_bound, key=lambda r: r.host)
+        host = (f"; the plans keeping weights on the host need more RAM than is available (least: {least.plan} · "
+                f"{least.weights}, {least.note}): use a machine with more RAM or --host-memory")
     return (f"needs at least {_gb(needed)} of device memory at {size} (smallest: {smallest.plan} · {smallest.weights}, "
-            f"predicted peak {_gb(smallest.peak)} + margin) but {_gb(free or 0)} is free; try {' / '.join(hints)}")
+            f"predicted peak {_gb(smallest.peak)} + margin) but {_gb(free or 0)} is free; try {' / '.join(hints)}"
+            f"{host}")
 
 
 def default_working_size(variant: str, configs: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:

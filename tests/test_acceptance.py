@@ -55,3 +55,52 @@ def test_acceptance_is_a_command():
     from hidream_ui.__main__ import COMMANDS
 
     assert COMMANDS["acceptance"][0] == "hidream_ui.cli.acceptance"
+
+
+def test_memory_step_on_an_accelerator_measures_each_fitting_plan(tiny_cache, monkeypatch):
+    """The memory step's flow where an accelerator is (faked: no edit runs): plans that do not fit are skipped
+    with the planner's reason, each fitting plan gets its own engine, an OOM in one is recorded and the next
+    still runs, and the prediction is taken at the size the edit ran at."""
+    import argparse
+    import dataclasses as dc
+
+    from hidream_ui.config import AppConfig
+    from hidream_ui.device import detect
+    from hidream_ui.device.backends import DeviceInfo
+    from hidream_ui.model import planner
+    from hidream_ui.model.planner import PlanChoice, PlanEstimate
+
+    gpu = DeviceInfo(type="cuda", index=0, torch_device="cuda:0", name="fake")
+    monkeypatch.setattr(detect, "resolve_device", lambda name, backends=None: gpu)
+    monkeypatch.setattr(detect, "resolve_dtype", lambda name, device: torch.bfloat16)
+    rows = (PlanEstimate("full", "bf16", 90, 0, 1.0, {}, fits=False),
+            PlanEstimate("full", "fp8", 60, 0, 1.0, {}, fits=True),
+            PlanEstimate("blocks", "fp8", 10, 40, 0.5, {}, fits=True),
+            PlanEstimate("sequential", "bf16", 5, 60, 0.15, {}, fits=False, note="needs 60 GB of host RAM"))
+    asked = {}
+    monkeypatch.setattr(planner, "plan_for", lambda config, device, dtype: asked.update(
+        memory=config.memory, weights=config.weights) or PlanChoice(rows=rows, chosen=None, refusal=None, free=80))
+    monkeypatch.setattr(planner, "estimate", lambda sizes, plan, weights, size, element, prefetch: dc.make_dataclass(
+        "E", ["peak"])(peak={"full": 66, "blocks": 11}[plan] * size[0]))
+    config = AppConfig(device="cuda", memory="full", weights="bf16")
+    args = argparse.Namespace(image=None, image_side=32, steps=1, working_resolution="draft")
+    runner = acceptance.Runner(config, args)
+    engines = []
+    monkeypatch.setattr(acceptance.Runner, "engine", lambda self, **changes: engines.append(changes) or changes)
+
+    def timed(self, engine, **params):
+        if engine["memory"] == "full":
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return {"seconds_per_step": 0.5, "working_size": [2, 2], "peak_memory_bytes": 20}
+
+    monkeypatch.setattr(acceptance.Runner, "timed", timed)
+    out = acceptance._guarded(runner.memory)
+    assert asked == {"memory": "auto", "weights": "auto"}  # every plan, not only the configured one
+    by_plan = {(p["plan"], p["weights"]): p for p in out["plans"]}
+    assert by_plan[("full", "bf16")]["status"] == "skipped" and "does not fit" in by_plan[("full", "bf16")]["reason"]
+    assert by_plan[("sequential", "bf16")]["reason"] == "needs 60 GB of host RAM"
+    assert by_plan[("full", "fp8")]["status"] == "oom"
+    blocks = by_plan[("blocks", "fp8")]
+    assert blocks["status"] == "ok" and blocks["predicted_peak"] == 22 and blocks["measured_peak"] == 20
+    assert blocks["predicted_over_measured"] == 1.1
+    assert engines == [{"memory": "full", "weights": "fp8"}, {"memory": "blocks", "weights": "fp8"}]

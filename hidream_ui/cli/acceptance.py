@@ -110,7 +110,9 @@ class Runner:
 
     @property
     def on_cpu(self) -> bool:
-        return self.engine().device.type == "cpu"
+        from hidream_ui.device.detect import resolve_device
+
+        return resolve_device(self.config.device).type == "cpu"
 
     # ------------------------------------------------------------------ steps
     def doctor(self) -> dict:
@@ -161,34 +163,47 @@ class Runner:
                 "default": self.timed(self.engine())}
 
     def memory(self) -> dict:
+        import torch
+
+        from hidream_ui.device.detect import resolve_device, resolve_dtype
         from hidream_ui.model.planner import plan_for
 
-        engine = self.engine()
-        if engine.device.type == "cpu":
+        device = resolve_device(self.config.device)
+        if device.type == "cpu":
             raise Skip("a device peak needs an accelerator's allocator counters (on CPU the peak is the process's "
                        "RSS, shared with everything else)")
-        size = engine.working_plan(self.image.size, self.args.working_resolution).working_size
-        choice = plan_for(self.config, engine.device, engine.dtype, working_size=tuple(size))
-        self.release()
+        dtype = resolve_dtype(self.config.dtype, device)
+        self.release()  # the free memory the planner reads must not include a model loaded by an earlier step
+        # Every plan and storage (not only the configured one); which fit is decided at the largest working size.
+        choice = plan_for(dataclasses.replace(self.config, memory="auto", weights="auto"), device, dtype)
+        element = torch.tensor([], dtype=dtype).element_size()
         rows = []
         for row in choice.rows:
-            entry = {"plan": row.plan, "weights": row.weights, "predicted_peak": row.peak, "fits": row.fits,
-                     "note": row.note}
+            entry = {"plan": row.plan, "weights": row.weights, "predicted_peak_largest_size": row.peak,
+                     "fits": row.fits, "note": row.note}
             if not row.fits or row.note:
                 entry["status"] = "skipped"
                 entry["reason"] = row.note or "the planner predicts it does not fit"
             else:
-                entry.update(_guarded(lambda r=row: self._measure_plan(r)))
+                entry.update(_guarded(lambda r=row: self._measure_plan(r, device, element)))
             rows.append(entry)
-        return {"working_size": list(size), "plans": rows}
+        return {"free": choice.free, "plans": rows}
 
-    def _measure_plan(self, row) -> dict:
-        engine = self.engine(memory=row.plan, weights=row.weights)
-        result = self.timed(engine)
+    def _measure_plan(self, row, device, element: int) -> dict:
+        from hidream_ui.model.planner import estimate, read_configs, sizes_from_configs
+        from hidream_ui.model.plans import use_streams
+
+        try:
+            result = self.timed(self.engine(memory=row.plan, weights=row.weights))
+        finally:
+            self.release()
+        size = tuple(result["working_size"])
+        # The prediction at the size the edit ran at (--working-resolution may be smaller than the largest).
+        predicted = estimate(sizes_from_configs(read_configs(self.config)), row.plan, row.weights, size, element,
+                             prefetch=use_streams(device)).peak
         peak = result["peak_memory_bytes"]
-        ratio = None if not peak else round(row.peak / peak, 3)
-        self.release()
-        return {"status": "ok", "measured_peak": peak, "predicted_over_measured": ratio, **result}
+        return {"status": "ok", "predicted_peak": predicted, "measured_peak": peak,
+                "predicted_over_measured": None if not peak else round(predicted / peak, 3), **result}
 
     def attention(self) -> dict:
         engine = self.engine()

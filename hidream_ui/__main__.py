@@ -1,4 +1,4 @@
-"""`python -m hidream_ui <command>`: app, edit, doctor, bench, make-tiny.
+"""`python -m hidream_ui <command>`: app, edit, doctor, plan, acceptance, bench, make-tiny.
 
 Each command's module is imported only when that command runs, so `--help` is instant.
 """
@@ -17,6 +17,8 @@ COMMANDS = {
     "doctor": ("hidream_ui.cli.doctor",
                "report versions, devices, dtypes and model paths; non-zero if the model cannot load"),
     "plan": ("hidream_ui.cli.plan", "predict every memory plan's device peak before loading; mark the one auto picks"),
+    "acceptance": ("hidream_ui.cli.acceptance",
+                   "run every check once on this model and device; writes report.json, report.md and a zip to share"),
     "bench": ("hidream_ui.bench", f"benchmarks: {' | '.join(KINDS)} (print JSON with --json)"),
     "make-tiny": ("hidream_ui.model.tiny.build",
                   "build the offline random-weight HiDream checkpoint in the upstream layout"),

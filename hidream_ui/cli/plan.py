@@ -86,11 +86,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="free device memory to plan for, e.g. 24GB (10^9 bytes) or 24GiB, on each card (with "
                              "--placement: every card it names; a cpu there is the host's); default: what each "
                              "device has free now")
+    parser.add_argument("--host-memory", default=None,
+                        help="host RAM available for the weights a plan keeps there, e.g. 64GB; default: what this "
+                             "machine has available now (a plan needing more does not fit)")
     parser.add_argument("--working-resolution", default="auto", help="auto | draft | a side in pixels (square)")
+    parser.add_argument("--trace", action="store_true",
+                        help="trace one edit of the release-size model on the meta device (no memory, minutes) and "
+                             "print each plan's traced peak beside the prediction, per storage and attention path")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
         config = from_namespace(args)
+        if args.trace:
+            return _trace(config, args)
         return _run(config, args)
     except (ConfigError, ValueError) as exc:  # PlanRefused is a ValueError
         print(f"plan: {exc}", file=sys.stderr)
@@ -102,6 +110,11 @@ def _run(config, args) -> int:
 
 
     free = parse_bytes(args.device_memory) if args.device_memory else None
+    host_free = parse_bytes(args.host_memory) if args.host_memory else None
+    if host_free is None and free is not None:
+        from hidream_ui.model.planner import host_available
+
+        host_free = host_available()  # planning for a card: its host-kept weights live in this machine's RAM
     placed = dict(config.placement)
     try:
         # The engine's device is the transformer's (--placement); a memory size to plan for may stand for cards
@@ -121,7 +134,7 @@ def _run(config, args) -> int:
     if free is not None:
         other_free = {name: free for name in set(placed.values()) if name != "cpu"}
     choice = plan_for(config, device, dtype, free=free, working_size=size, prefetch=True if free is not None else None,
-                      other_free=other_free)
+                      other_free=other_free, host_free=host_free)
     free = choice.free
     devices = _per_device(choice, placed.get("transformer", device.torch_device), free) if placed else None
     if args.json:
@@ -143,3 +156,50 @@ def _run(config, args) -> int:
         if devices is not None:
             print(_device_lines(devices))
     return 0 if choice.chosen is not None else 1
+
+
+def _trace(config, args) -> int:
+    """`plan --trace`: the release model's phases traced on meta at the working size, per plan, storage and
+    attention path, beside the planner's prediction (model/trace.py)."""
+    import time
+
+    import torch
+
+    from hidream_ui.model import trace
+    from hidream_ui.model.planner import read_configs, sizes_from_configs
+
+    started = time.perf_counter()
+    if config.uses_tiny_model and config.tiny_profile != "full":
+        print("plan: --trace traces the release dimensions: add --tiny-profile full (or point at real configs)",
+              file=sys.stderr)
+    configs = read_configs(config)
+    size = _working_size(args.working_resolution, config.variant, configs)
+    dtype = torch.bfloat16  # the accelerators' compute dtype; fp8 storage computes in it too
+    element = torch.tensor([], dtype=dtype).element_size()
+    sizes = sizes_from_configs(configs)
+    parts = trace.build_parts(configs, dtype, config.variant)
+    phases = {s: trace.trace_phases(parts, size, dtype, s) for s in trace.ATTENTION_STRATEGIES}
+    rows = [row for s in trace.ATTENTION_STRATEGIES
+            for row in trace.plan_traces(sizes, phases[s], size, element)]
+    fitted = trace.fitted_constants(sizes, {size: phases}, element)
+    seconds = time.perf_counter() - started
+    if args.json:
+        print(json.dumps({"variant": config.variant, "working_size": list(size), "dtype": str(dtype),
+                          "phases": {s: p.to_dict() for s, p in phases.items()},
+                          "rows": [r.to_dict() for r in rows], "fitted": fitted,
+                          "worst_ratio": max(rows, key=lambda r: abs(r.ratio - 1)).ratio,
+                          "seconds": round(seconds, 1)}, indent=2))
+        return 0
+    gb = 1e9
+    print(f"{config.variant}, {size[0]}x{size[1]}, bf16 compute, traced on meta in {seconds:.1f} s")
+    for s, p in phases.items():
+        print(f"  activations ({s:5s}): encode {p.encode / gb:.2f} GB, guidance call {p.denoise / gb:.2f} GB, "
+              f"refine call {p.refine / gb:.2f} GB, decode {p.decode / gb:.2f} GB")
+    print(f"  {'plan':17s} {'weights':7s} {'attention':9s} {'traced':>8s} {'predicted':>9s} {'ratio':>6s}  "
+          "per phase traced/predicted (encode, denoise, decode)")
+    for r in rows:
+        detail = ", ".join(f"{r.traced[k] / gb:.1f}/{r.predicted[k] / gb:.1f}" for k in ("encode", "denoise", "decode"))
+        print(f"  {r.plan:17s} {r.weights:7s} {r.attention:9s} {r.traced_peak / gb:6.1f}GB "
+              f"{r.predicted_peak / gb:7.1f}GB {r.ratio:6.3f}  {detail}")
+    print(f"fitted constants: {json.dumps(fitted)}")
+    return 0

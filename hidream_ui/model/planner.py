@@ -44,14 +44,21 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from hidream_ui.config import AppConfig
 
-# Live activation bytes of one transformer call at its peak, per (batch item x token x hidden unit x element).
-# Measured on CPU in fp32 with the bench profile (hidden 2560, 20 heads x 128, the real MoE shape) and sdpa, whose
-# CPU and accelerator kernels keep O(S) attention memory: 25.8 at 256 px (fixed overheads dominate), 16.7 at 384,
-# 16.5 at 512 (`bench memory --calibrate`). Rounded up; not checked on an accelerator (none was available).
-ACTIVATION_PER_TOKEN_UNIT = 17.0
-# VAE decode peak per (output pixel x first-block channels x element), measured the same way with the release-size
-# VAE: 13.6 at 256 px, 11.8 at 384, 10.1 at 512, falling with size (fixed overheads); 1024 px uses the 512 figure.
-ACTIVATION_PER_PIXEL_CHANNEL = 10.0
+# Live activation bytes of one transformer call at its peak, per (batch item x token x hidden unit x element),
+# with a fused attention kernel (flash / memory-efficient / NPU fused: no score matrix). Fitted to the full-scale
+# trace of the release model on the meta device (`plan --trace`, model/trace.py): 22.1 at 1024x1024 (E1.1),
+# 23.5 at 768x768 (E1-Full), bf16. Was 17.0 from small CPU runs (bench profile, `bench memory --calibrate`),
+# which under-predicted the release model's MoE (its int64 scatter index per expert is tokens x hidden x 8 B).
+ACTIVATION_PER_TOKEN_UNIT = 23.0
+# The math attention path (no fused kernel) adds score matrices, batch x heads x tokens^2 x element each: the
+# q.k^T product and its softmax are live together. Traced: 1.92 of them at 1024 px, 1.86 at 768 px on top of the
+# fused peak (the fused peak's own tensors are partly freed by then).
+ATTENTION_SCORE_COPIES = 1.9
+ATTENTION_STRATEGIES = ("fused", "math")
+# VAE decode peak per (output pixel x first-block channels x element): 6.0 traced at both 1024 and 768 px (the
+# up-blocks at full resolution, not the mid-block's attention: the same with either attention path). Was 10.0
+# from CPU runs at 256-512 px in fp32, where fixed overheads weigh more.
+ACTIVATION_PER_PIXEL_CHANNEL = 6.0
 # Headroom auto keeps free: the larger of 1 GiB and this share of the free memory (allocator fragmentation,
 # the CUDA/NPU context, the prompt cache's embeddings).
 MARGIN_FRACTION = 0.05
@@ -85,6 +92,7 @@ class ModelSizes:
     vae_channels: int  # the VAE's first block width
     llama_layers: int
     llama_hidden: int
+    heads: int = 0  # the transformer's attention heads (the math path's score matrices)
 
     @property
     def encoder_total(self) -> int:
@@ -195,6 +203,7 @@ def _sizes_cached(key: str) -> ModelSizes:
         vae_channels=int(vconf["block_out_channels"][0]),
         llama_layers=int(lconf["num_hidden_layers"]),
         llama_hidden=int(lconf["hidden_size"]),
+        heads=int(tconf["num_attention_heads"]),
     )
 
 
@@ -235,15 +244,32 @@ def read_configs(config: "AppConfig") -> dict[str, dict[str, Any]]:
 # Prediction
 
 
-def activation_bytes(sizes: ModelSizes, working_size: tuple[int, int], element: int, batch: int = 1) -> dict:
-    """Activation peaks (bytes) of each phase for `batch` images at `working_size` (width, height)."""
+def activation_terms(sizes: ModelSizes, working_size: tuple[int, int], element: int, batch: int = 1) -> dict:
+    """The activation model's units: `tokens` of the guidance call, `scores` (bytes of one math-path score
+    matrix set: guidance batch x heads x tokens^2), `encode_unit` (Llama's hidden states, bytes)."""
     width, height = working_size
     image_tokens = 2 * (width // sizes.unit) * (height // sizes.unit) + 1  # H x 2W, plus the collapsed pad token
     tokens = image_tokens + 2 * PROMPT_TOKENS  # single-stream blocks carry the T5 and Llama tokens too
-    transformer = int(GUIDANCE_BATCH * batch * tokens * sizes.inner_dim * element * ACTIVATION_PER_TOKEN_UNIT)
+    scores = GUIDANCE_BATCH * batch * sizes.heads * tokens * tokens * element
+    vae_tokens = (width // (sizes.unit // 2 or 1)) * (height // (sizes.unit // 2 or 1))
+    return {"tokens": tokens, "scores": scores, "vae_scores": batch * vae_tokens * vae_tokens * element,
+            "encode_unit": (sizes.llama_layers + 1) * PROMPT_TOKENS * sizes.llama_hidden * element}
+
+
+def activation_bytes(sizes: ModelSizes, working_size: tuple[int, int], element: int, batch: int = 1,
+                     attention: str = "fused") -> dict:
+    """Activation peaks (bytes) of each phase for `batch` images at `working_size` (width, height), with a
+    fused attention kernel or the `math` path (its score matrices on top)."""
+    if attention not in ATTENTION_STRATEGIES:
+        raise ValueError(f"attention {attention!r} must be one of {', '.join(ATTENTION_STRATEGIES)}")
+    width, height = working_size
+    terms = activation_terms(sizes, working_size, element, batch)
+    transformer = int(GUIDANCE_BATCH * batch * terms["tokens"] * sizes.inner_dim * element * ACTIVATION_PER_TOKEN_UNIT)
+    if attention == "math":
+        transformer += int(ATTENTION_SCORE_COPIES * terms["scores"])
     decode = int(batch * width * height * sizes.vae_channels * element * ACTIVATION_PER_PIXEL_CHANNEL)
     # Llama returns every layer's hidden states (HiDream reads them all); the rest is small at 128 tokens.
-    encode = 2 * (sizes.llama_layers + 1) * PROMPT_TOKENS * sizes.llama_hidden * element
+    encode = 2 * terms["encode_unit"]
     return {"encode": encode, "denoise": transformer, "decode": decode}
 
 
@@ -301,7 +327,7 @@ def split_for(placement: tuple[tuple[str, str], ...], engine_device: str) -> Spl
 
 
 def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int, int], element: int,
-             batch: int = 1, prefetch: bool = True, split: Split = NO_SPLIT) -> PlanEstimate:
+             batch: int = 1, prefetch: bool = True, split: Split = NO_SPLIT, attention: str = "fused") -> PlanEstimate:
     """Predicted device peak and host need of `plan` with `weights` storage at `working_size` (`prefetch`:
     the device has a side stream, so streamed plans hold two groups at once) on the engine's device; with
     `split` (`--placement`), parts placed on another device count there, not here (`placed_need`)."""
@@ -309,7 +335,7 @@ def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int
     if split.encoders != "plan":
         spec = dataclasses.replace(spec, encoders="resident")  # placed encoders are resident on their card
     fp8 = weights == "fp8"
-    act = dict(activation_bytes(sizes, working_size, element, batch))
+    act = dict(activation_bytes(sizes, working_size, element, batch, attention))
     t_all = _weights(sizes.transformer, element, fp8)
     e_all = 0 if split.encoders == "away" else sizes.encoder_total * element
     vae = 0 if split.vae_away else sizes.vae.total * element
@@ -407,12 +433,13 @@ class PlanChoice:
 def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights: str = "auto",
            working_size: tuple[int, int], element: int, refiner: str = "e1", fp8_reason: str | None = None,
            batch: int = 1, prefetch: bool = True, split: Split = NO_SPLIT,
-           other_free: Mapping[str, int | None] | None = None) -> PlanChoice:
+           other_free: Mapping[str, int | None] | None = None, host_free: int | None = None) -> PlanChoice:
     """Picks the first candidate whose predicted peak fits `free` minus the margin. `free=None` (unknown)
     takes the first candidate. Every row is kept for the `plan` command's table. With `split`
     (`--placement`), the rows are the engine's device's and every other device named is checked against
     its free memory in `other_free` (same margin; unknown: not checked); one that cannot hold its parts
-    refuses the whole choice."""
+    refuses the whole choice. `host_free`: the host RAM available for the weights a plan keeps there (the
+    streamed and host-kept parts); a plan needing more does not fit, however small its device peak."""
     rows, chosen = [], None
     limit = None if free is None else free - margin(free)
     other_free = other_free or {}
@@ -422,6 +449,9 @@ def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights
         row = estimate(sizes, plan, store, working_size, element, batch, prefetch, split)
         note = check_compatible(plan, refiner=refiner) or (fp8_reason if store == "fp8" else None)
         fits = None if limit is None else row.peak <= limit
+        if host_free is not None and row.host > host_free:
+            fits = False
+            note = note or f"needs {_gb(row.host)} of host RAM, {_gb(host_free)} available"
         usable = note is None and fits is not False
         row = PlanEstimate(**{**row.to_dict(), "fits": fits, "note": note or ""})
         rows.append(row)
@@ -481,8 +511,16 @@ def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: 
     if weights != "fp8" and not any(r.weights == "fp8" for r in usable):
         hints.append("--weights fp8")
     hints.append("a smaller working resolution")
+    # Plans left out for host RAM (their device peak may fit): say so, or the refusal reads as device-only.
+    host_bound = [r for r in rows if "host RAM" in r.note]
+    host = ""
+    if host_bound:
+        least = min(host_bound, key=lambda r: r.host)
+        host = (f"; the plans keeping weights on the host need more RAM than is available (least: {least.plan} · "
+                f"{least.weights}, {least.note}): use a machine with more RAM or --host-memory")
     return (f"needs at least {_gb(needed)} of device memory at {size} (smallest: {smallest.plan} · {smallest.weights}, "
-            f"predicted peak {_gb(smallest.peak)} + margin) but {_gb(free or 0)} is free; try {' / '.join(hints)}")
+            f"predicted peak {_gb(smallest.peak)} + margin) but {_gb(free or 0)} is free; try {' / '.join(hints)}"
+            f"{host}")
 
 
 def default_working_size(variant: str, configs: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
@@ -495,13 +533,14 @@ def default_working_size(variant: str, configs: Mapping[str, Mapping[str, Any]])
 
 def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *, free: int | None = None,
              working_size: tuple[int, int] | None = None, prefetch: bool | None = None,
-             other_free: Mapping[str, int | None] | None = None) -> PlanChoice:
+             other_free: Mapping[str, int | None] | None = None, host_free: int | None = None) -> PlanChoice:
     """The planner's table and choice for `config` on `device` (its free memory now unless `free` is given),
     from the configs only: nothing is loaded. `chosen` is None (with `refusal`) when nothing fits.
 
     With `--placement`, `device` is the transformer's; the parts placed on other devices are counted there,
     each of those devices checked against its free memory (now, read the same way as `device`'s, unless
-    `other_free` gives it)."""
+    `other_free` gives it). Host RAM: `host_free`, else what the host has available now (a device plan's
+    host-kept weights must fit there too; on a cpu device the device peak is the host's and is checked)."""
     import torch
 
     configs = read_configs(config)
@@ -513,6 +552,8 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
     for name, _ in split.others:
         if name not in known:
             known[name] = _free_on(name, backends)
+    if host_free is None and device.type != "cpu":
+        host_free = host_available()
     fp8_reason = None
     if config.weights != "bf16":
         fp8_reason = fp8_unavailable(device)
@@ -522,7 +563,14 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
                   working_size=working_size or default_working_size(config.variant, configs),
                   element=torch.tensor([], dtype=dtype).element_size(), refiner=config.refiner,
                   fp8_reason=fp8_reason, prefetch=use_streams(device) if prefetch is None else prefetch,
-                  split=split, other_free=known)
+                  split=split, other_free=known, host_free=host_free)
+
+
+def host_available() -> int:
+    """Host RAM available now (bytes): what a plan's host-kept weights can take."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
 
 
 def _free_on(name: str, backends=None) -> int | None:
@@ -571,5 +619,6 @@ def parse_bytes(text: str) -> int:
 
 
 __all__ = ["ConfigsUnavailable", "DeviceNeed", "ModelSizes", "PartSize", "PlanChoice", "PlanEstimate", "Split",
-           "activation_bytes", "candidates", "choose", "default_working_size", "estimate", "margin", "parse_bytes",
+           "activation_bytes", "activation_terms", "candidates", "host_available",
+           "choose", "default_working_size", "estimate", "margin", "parse_bytes",
            "placed_need", "plan_for", "read_configs", "resolve_plan", "sizes_from_configs", "split_for"]

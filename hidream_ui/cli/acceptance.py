@@ -69,15 +69,16 @@ class Runner:
 
     # ------------------------------------------------------------------ engines
     def engine(self, **changes):
-        """An engine for the config with `changes` (compile, moe, memory, weights); the previous one is
-        released first so two models never share the device."""
-        from hidream_ui.engine.engine import EditEngine
+        """The device's engine for the config with `changes` (compile, moe, memory, weights): the one
+        worker of a pool of one (acceptance measures one card, attention switches included); the
+        previous one is released first so two models never share the device."""
+        from hidream_ui.engine.pool import EnginePool
 
         key = tuple(sorted(changes.items()))
         if self._engine is not None and self._engine_key == key:
             return self._engine
         self.release()
-        self._engine = EditEngine(dataclasses.replace(self.config, **changes))
+        self._engine = EnginePool.for_config(dataclasses.replace(self.config, **changes), limit=1).primary
         self._engine_key = key
         return self._engine
 
@@ -94,7 +95,7 @@ class Runner:
                 backend.empty_cache()
 
     def edit(self, engine, instruction: str, **params):
-        from hidream_ui.requests import EditParams, EditRequest
+        from hidream_ui.edits import EditParams, EditRequest
 
         values = EditParams.defaults_for(self.config.variant, instruction).to_dict()
         values.update(num_inference_steps=self.args.steps, seed=SAMPLE_SEED,

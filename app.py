@@ -7,6 +7,7 @@ Same as `python -m hidream_ui app`. With no model flags it serves the offline ti
 import sys
 
 from hidream_ui.cli.app import main
+from hidream_ui.cli.commands import run_main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_main(main, sys.argv[1:]))

@@ -8,12 +8,14 @@ import plus the server start. A bad flag prints one `error: ...` line on stderr 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import logging
 import os
 import sys
 from typing import TYPE_CHECKING
 
+from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
 from hidream_ui.config import (
     AppConfig,
     ConfigError,
@@ -53,6 +55,7 @@ def build_parser(prog: str = "python app.py") -> argparse.ArgumentParser:
     add_model_arguments(parser)
     add_server_arguments(parser)
     add_rewriter_arguments(parser)
+    add_verbose_argument(parser)
     return parser
 
 
@@ -236,6 +239,15 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     return {"middleware": middleware, "lifespan": lifespan}
 
 
+def serve_error(config: AppConfig, exc: OSError) -> str:
+    """What to tell a user whose server could not start: a taken port names our flag and variable
+    (gradio's own message suggests GRADIO_SERVER_PORT and `server_port`, which are not ours)."""
+    if "empty port" in str(exc) or getattr(exc, "errno", None) == errno.EADDRINUSE:
+        return (f"port {config.port} on {config.host} is already in use: start with another one, e.g. "
+                f"--port {config.port + 1} (or HIDREAM_PORT={config.port + 1}), or stop what uses it")
+    return f"cannot serve on {config.host}:{config.port}: {exc}"
+
+
 def stop_on_signals() -> None:
     """SIGINT and SIGTERM both end the server the way Ctrl-C does (gradio closes it, the lifespan
     clean-up runs). SIGTERM would otherwise kill the process with no clean-up, and a shell starts
@@ -263,6 +275,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    quiet_libraries(getattr(ns, "verbose", False))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop_on_signals()
     try:
@@ -271,12 +284,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except OSError as exc:
-        # Typically the port is taken; gradio's message names it.
-        print(f"error: cannot serve on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        print(f"error: {serve_error(config, exc)}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return 0
     return 0
 
 
-__all__ = ["build_parser", "launch", "main", "mcp_available", "stop_on_signals"]
+__all__ = ["build_parser", "launch", "main", "mcp_available", "serve_error", "stop_on_signals"]

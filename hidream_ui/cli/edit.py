@@ -12,6 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from hidream_ui.cli.quiet import StepBar, add_verbose_argument, quiet_libraries
 from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
 from hidream_ui.edits import add_edit_arguments
 
@@ -22,11 +23,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", help="also copy the result PNG (with its metadata) to this path")
     add_edit_arguments(parser)  # one flag per field of hidream_ui.edits.FIELDS
     add_model_arguments(parser)
+    add_verbose_argument(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    quiet_libraries(args.verbose)  # before torch, transformers and diffusers are imported
     from hidream_ui.edits import EditRequest, RequestError, params_from_args
     from hidream_ui.engine.errors import EngineError
     from hidream_ui.engine.pool import EnginePool
@@ -37,7 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         request = EditRequest(image=open_image(args.image), params=params_from_args(args, config.variant),
                               source_name=Path(args.image).name)
         # --devices / HIDREAM_DEVICES: one edit runs on the first device (the others are not loaded).
-        result = EnginePool.for_config(config, limit=1).edit(request)
+        bar = StepBar("edit")  # stderr: stdout carries only the JSON summary
+        try:
+            result = EnginePool.for_config(config, limit=1).edit(request, bar.update)
+        finally:
+            bar.close()
     except (ConfigError, RequestError, ImageError, EngineError) as exc:
         print(json.dumps({"ok": False, "error": str(exc)}), file=sys.stdout)
         return 1

@@ -18,6 +18,7 @@ from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
 from hidream_ui.device.backends import DeviceError
 from hidream_ui.device.detect import resolve_device, resolve_dtype
 from hidream_ui.model.planner import default_working_size, margin, parse_bytes, plan_for, read_configs
+from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
 
 def _working_size(text: str, variant: str, configs) -> tuple[int, int]:
@@ -137,8 +138,9 @@ def _run(config, args) -> int:
                       other_free=other_free, host_free=host_free)
     free = choice.free
     devices = _per_device(choice, placed.get("transformer", device.torch_device), free) if placed else None
+    planned = planned_model(config)
     if args.json:
-        report = {"variant": config.variant, "working_size": list(size), "dtype": str(dtype),
+        report = {"variant": config.variant, "model": planned, "working_size": list(size), "dtype": str(dtype),
                   "free": free, "margin": None if free is None else margin(free),
                   "rows": [r.to_dict() for r in choice.rows],
                   "chosen": choice.chosen.to_dict() if choice.chosen else None,
@@ -155,7 +157,22 @@ def _run(config, args) -> int:
         print(_table(choice, header))
         if devices is not None:
             print(_device_lines(devices))
+        if planned["note"]:
+            print(planned["note"])
     return 0 if choice.chosen is not None else 1
+
+
+def planned_model(config) -> dict:
+    """Which model a plan is for, and, for the offline tiny checkpoints, how to plan the release: their
+    weights are a few MB, so every row shows ~0.0 GB, which reads like a bug without this line."""
+    if not config.uses_tiny_model:
+        return {"kind": "configured", "profile": None, "note": None}
+    if config.tiny_profile == FULL_PROFILE_NAME:
+        return {"kind": "release-size", "profile": config.tiny_profile, "note": None}
+    return {"kind": "offline", "profile": config.tiny_profile,
+            "note": (f"note: this planned the offline tiny model (--tiny-profile {config.tiny_profile}, a few MB of "
+                     f"weights). Plan the release with --tiny-profile {FULL_PROFILE_NAME} (its dimensions, "
+                     "nothing is loaded), or point --model-dir at the real weights.")}
 
 
 def _trace(config, args) -> int:

@@ -5,6 +5,7 @@ refine stage's weight sets.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -167,6 +168,13 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     from transformers import AutoTokenizer, LlamaModel
 
     from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline  # lazy, like torch above: planning needs neither
+
+    # diffusers has no variable of its own for its tqdm bars: the hub's stands for them too (the CLI's
+    # quiet default sets it, cli/quiet.py; a user may set it for the app).
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS", "").strip().lower() in ("1", "true", "yes", "on"):
+        from diffusers.utils import logging as diffusers_logging
+
+        diffusers_logging.disable_progress_bar()
 
     progress = on_progress or (lambda fraction, message: None)
     start = time.perf_counter()

@@ -96,6 +96,9 @@ WORKING_RESOLUTION_WORDS = ("auto", "draft")
 # The E1-Full prompt format. Matched exactly (case-sensitive), as the upstream pipeline does, so the
 # same prompt is split the same way here and there.
 TARGET_MARKER = "Target Image Description:"
+# What a missing instruction / file is refused with (the UI says it for people: ui/common.people_message).
+NO_INSTRUCTION = "a non-empty editing instruction"
+NO_FILE = "a file: upload one"
 # Upstream's negative prompt (both variants).
 DEFAULT_NEGATIVE = "low resolution, blur"
 
@@ -471,7 +474,7 @@ class EditParams:
             return self
         instruction = _check_field(FIELD_SPECS["instruction"], self.instruction)
         if not instruction:
-            raise RequestError("instruction", self.instruction, "a non-empty editing instruction")
+            raise RequestError("instruction", self.instruction, NO_INSTRUCTION)
         if TARGET_MARKER in instruction and not _target_text(instruction):
             raise RequestError(
                 "instruction",
@@ -508,7 +511,7 @@ class EditParams:
         if not isinstance(d, Mapping):
             raise RequestError("params", d, "a mapping of parameter names to values")
         if "instruction" not in d:
-            raise RequestError("instruction", None, "a non-empty editing instruction")
+            raise RequestError("instruction", None, NO_INSTRUCTION)
         settings = {k: v for k, v in d.items() if k in SETTING_NAMES}
         seed = d.get("seed", FIELD_SPECS["seed"].default)
         return cls(d["instruction"], seed, **settings).validated()

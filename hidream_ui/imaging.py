@@ -23,6 +23,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 __all__ = [
     "ACCEPTED_FORMATS",
     "ImageError",
+    "UnreadableImage",
     "ImageSource",
     "open_header",
     "sniff_format",
@@ -54,6 +55,11 @@ _SNIFF_BYTES = 16  # what Pillow's own format checks look at (`Image.open` reads
 
 class ImageError(ValueError):
     """The input is not a usable image; the message says which input and why."""
+
+
+class UnreadableImage(ImageError):
+    """The bytes are not an image we can decode (another format, damaged, or not an image at all), as
+    opposed to a readable image that breaks a limit (size, pixels, mode)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,16 +147,16 @@ def open_header(fp: IO[bytes], label: str, max_pixels: int | None = None) -> Ima
     except UnidentifiedImageError:
         other = _sniff_stream(fp)
         if other is not None and other not in ACCEPTED_FORMATS:  # an accepted one is damaged
-            raise ImageError(
+            raise UnreadableImage(
                 f"{label}: the file holds {other} data, a format this app does not open "
                 f"(whatever the file's name says); convert it to {ACCEPTED_NAMES}"
             ) from None
-        raise ImageError(
+        raise UnreadableImage(
             f"{label}: not a recognised image format (or the file is damaged); "
             f"upload a {ACCEPTED_NAMES} image"
         ) from None
     except _DECODE_ERRORS as exc:
-        raise ImageError(f"{label}: the image header is damaged ({exc})") from None
+        raise UnreadableImage(f"{label}: the image header is damaged ({exc})") from None
 
 
 def _sniff_stream(fp: IO[bytes]) -> str | None:
@@ -192,7 +198,7 @@ def _normalise(image: Image.Image, label: str, max_pixels: int, min_side: int) -
         raise ImageError(_bomb_message(label, image.width * image.height, max_pixels)) from None
     except _DECODE_ERRORS as exc:
         reason = "the file is truncated" if "truncated" in str(exc) else f"the data is damaged ({exc})"
-        raise ImageError(f"{label}: cannot decode the image: {reason}; re-export or re-upload it") from None
+        raise UnreadableImage(f"{label}: cannot decode the image: {reason}; re-export or re-upload it") from None
     image = _exif_transpose(image, label)
     # EXIF rotation swaps the sides, so the minimum is checked again on the final orientation.
     _check_size(label, image.size, max_pixels, min_side)

@@ -19,6 +19,7 @@ from hidream_ui.config import AppConfig
 from hidream_ui.edits import SEED_MAX, EditParams, RequestError
 from hidream_ui.imaging import ImageError, open_image
 from hidream_ui.outputs import load_settings
+from hidream_ui.ui.common import WRITE_INSTRUCTION
 from hidream_ui.ui.layout import ASSETS_DIR
 from hidream_ui.ui.services import AppServices
 
@@ -128,17 +129,17 @@ def test_corrupt_upload_is_a_readable_error(client, tmp_path):
         open_image(broken, name="broken.png")
     with pytest.raises(AppError) as got:
         edit(client, image=broken)
-    assert str(got.value) == str(expected.value)
+    # Said for people first (issue 21), then the reader's reason.
+    assert str(got.value) == f"This file is not an image we can read. {expected.value}"
     assert "broken.png" in str(got.value) and "Traceback" not in str(got.value)
 
 
 def test_empty_instruction_is_a_readable_error(client):
-    with pytest.raises(RequestError) as expected:
+    with pytest.raises(RequestError, match="^instruction:"):  # the Python API names the field
         EditParams(instruction="   ").validated()
     with pytest.raises(AppError) as got:
         edit(client, instruction="   ")
-    assert str(got.value) == str(expected.value)
-    assert str(got.value).startswith("instruction:")
+    assert str(got.value) == WRITE_INSTRUCTION  # the app says what to do (issue 21)
 
 
 def test_bad_setting_names_the_field(client):
@@ -271,3 +272,31 @@ def test_status_panel_shows_accelerator_memory_and_escapes_text():
         assert label in html_text, label
     assert "30.0 GiB / 64.0 GiB" in html_text and "2 waiting · 1 running" in html_text
     assert "width:46.9%" in html_text  # 30 of 64 GiB allocated
+
+
+# ---------------------------------------------------------------------------------------------
+# Messages for people (issue 21): what to do, not what the check found
+# ---------------------------------------------------------------------------------------------
+
+
+def _refusal(client, **inputs) -> str:
+    with pytest.raises(AppError) as refused:
+        client.predict(api_name="/edit", **inputs)
+    return str(refused.value)
+
+
+def test_a_missing_image_or_instruction_says_what_to_do(client, tmp_path, app):
+    picture = tmp_path / "ok.png"
+    Image.new("RGB", (64, 48), (10, 120, 200)).save(picture)
+    edits = app["engine"].counters["edits"]
+    both = _refusal(client, image=None, instruction="  ")
+    assert "Add an image and write an instruction" in both and "got" not in both
+    no_image = _refusal(client, image=None, instruction="make it red")
+    assert "Add an image" in no_image and "PNG, JPEG" in no_image and "got None" not in no_image
+    no_instruction = _refusal(client, image=handle_file(str(picture)), instruction="")
+    assert "Write an instruction" in no_instruction and "got ''" not in no_instruction
+    text = tmp_path / "notes.png"  # a text file named like an image
+    text.write_text("hello, not a picture")
+    unreadable = _refusal(client, image=handle_file(str(text)), instruction="make it red")
+    assert "This file is not an image we can read" in unreadable
+    assert app["engine"].counters["edits"] == edits  # refused before any work

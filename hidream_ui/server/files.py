@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from hidream_ui.edits import RequestError, cap_name
+from hidream_ui.edits import NO_FILE, RequestError, cap_name
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class UploadGate:
         name, never the path (that would confirm the file exists).
         """
         if value is None:
-            raise RequestError(field, None, "a file: upload one")
+            raise RequestError(field, None, NO_FILE)
         if isinstance(value, Mapping):
             path, name = value.get("path"), value.get("orig_name")
             if not path:

@@ -14,6 +14,8 @@ import gradio as gr
 from hidream_ui.archive import ArchiveError
 from hidream_ui.edits import (
     FIELD_SPECS,
+    NO_FILE,
+    NO_INSTRUCTION,
     SHARED_FORM,
     TARGET_MARKER,
     EditParams,
@@ -24,7 +26,7 @@ from hidream_ui.edits import (
 )
 from hidream_ui.edits import form_values as form_values  # re-exported: the History tab's round trip
 from hidream_ui.engine.errors import EditCancelled, EngineError
-from hidream_ui.imaging import ImageError
+from hidream_ui.imaging import ImageError, UnreadableImage
 from hidream_ui.outputs import MetadataError
 from hidream_ui.rewrite.prompt import RewriteError
 from hidream_ui.server.lanes import (  # noqa: F401  the lanes' one home; re-exported for the tabs
@@ -89,6 +91,25 @@ def gr_error(message: str, title: str = "Error") -> gr.Error:
     return gr.Error(html.escape(redact_paths(message), quote=False), title=title, print_exception=False)
 
 
+# What to do, not what the check found (the API's RequestError text stays in the server log).
+ADD_IMAGE = "Add an image: drop a PNG, JPEG, WebP, BMP, GIF or TIFF on “Source image”."
+WRITE_INSTRUCTION = "Write an instruction: say what should change, e.g. “Turn the sky into a sunset”."
+ADD_BOTH = "Add an image and write an instruction (what should change), then press Edit."
+
+
+def people_message(exc: Exception) -> str:
+    """A user error in words that say what to do: a missing image or instruction, a file that is not
+    an image; other errors keep their own message (it names the value and what is allowed)."""
+    if isinstance(exc, RequestError):  # only the generic refusals: a specific one keeps its hint
+        if exc.field == "image" and exc.expected == NO_FILE:
+            return ADD_IMAGE
+        if exc.field == "instruction" and exc.expected == NO_INSTRUCTION:
+            return WRITE_INSTRUCTION
+    if isinstance(exc, UnreadableImage):  # a readable image over a limit keeps its own message
+        return f"This file is not an image we can read. {exc}"
+    return str(exc)
+
+
 def guarded(what: str) -> Callable[[Callable], Callable]:
     """Turns every failure of the wrapped handler into a `gr.Error` with a readable message.
 
@@ -101,7 +122,7 @@ def guarded(what: str) -> Callable[[Callable], Callable]:
         if isinstance(exc, EditCancelled):
             return gr_error(str(exc), title="Stopped")
         if isinstance(exc, USER_ERRORS):
-            return gr_error(str(exc))
+            return gr_error(people_message(exc))
         logger.error("%s failed", what, exc_info=exc)
         return gr_error(f"{what} failed unexpectedly ({type(exc).__name__}: {exc}). The server log has the details.")
 

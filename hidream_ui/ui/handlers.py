@@ -27,6 +27,7 @@ from hidream_ui.rewrite.service import needs_rewrite
 from hidream_ui.server import gradio_internals
 from hidream_ui.server.operator import may_change_engine, refusal
 from hidream_ui.ui.common import (
+    ADD_BOTH,
     DEVICE_GROUP,
     WORKING_RESOLUTIONS,
     deleted_placeholder,
@@ -137,7 +138,9 @@ class Handlers:
         saved PNG (with the settings in its metadata), the seed used, a one-line summary and this
         session's history entry.
         """
-        # Validate everything before loading anything: bad input costs nothing.
+        # Validate everything before loading anything: bad input costs nothing. Both missing: say both.
+        if image is None and not str(instruction or "").strip():
+            raise gr_error(ADD_BOTH, title="Nothing to edit yet")
         # The parameters are the form's fields (EDIT_FORM, tests/test_edit_schema.py checks the names).
         params = params_from_form(locals())
         service = self._rewriter() if validated_flag("rewrite", rewrite) else None

@@ -189,3 +189,21 @@ def test_one_probe_end_to_end_reports_every_figure(tiny_cache, capsys):
         assert any(note.startswith("not applicable: app refused --kiosk") for note in record["notes"])
         assert record["check"] is False
     assert report["summary"]["probes"] == 1 and report["targets"]["status_max_s_under"] == 1.0
+
+
+def test_a_probe_shorter_than_one_status_round_trip_still_gets_its_figure():
+    """CI once saw `status_max_s` None: no /status request had started since the (quick) probe began.
+    The record now waits for one answered request that started during or after the probe."""
+    import threading
+    import time
+
+    from hidream_ui.bench.abuse_client import StatusSampler
+
+    sampler = StatusSampler.__new__(StatusSampler)  # no app: samples are fed by hand
+    sampler.every, sampler._stop = 0.2, threading.Event()
+    since = time.monotonic()
+    sampler.samples = [(since - 1.0, 0.8, None)]  # in flight before the probe started
+    assert sampler.max_seconds(since) is None
+    threading.Timer(0.3, lambda: sampler.samples.append((time.monotonic(), 0.05, {"state": "idle"}))).start()
+    sampler.wait_for_sample(since)
+    assert sampler.max_seconds(since) == 0.05

@@ -139,6 +139,7 @@ def run_probe(name: str, *, quick: bool, budget: float) -> dict:
         removed, removal_notes = honest.files_removed()
         record["other_client_files_removed"] = removed
         record["notes"] += removal_notes + context.notes
+        statuses.wait_for_sample(probe_start)
         record["status_max_s"] = statuses.max_seconds(probe_start)
         rss.stop()
         record["rss_growth_mb"] = round(rss.peak - rss.baseline, 1)

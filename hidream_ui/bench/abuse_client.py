@@ -396,6 +396,16 @@ class StatusSampler:
         times = [seconds for at, seconds, _ in self.samples if at >= since]
         return round(max(times), 3) if times else None
 
+    def wait_for_sample(self, since: float) -> None:
+        """Waits (at most one request's timeout and one interval) until a request started at or after
+        `since` has been answered: a probe shorter than one /status round trip on a busy machine
+        would otherwise have no figure at all."""
+        deadline = time.monotonic() + STATUS_TIMEOUT + self.every + 1.0
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if any(at >= since for at, _, _ in list(self.samples)):
+                return
+            time.sleep(0.02)
+
     def statuses(self, since: float = 0.0) -> list[dict]:
         return [status for at, _, status in self.samples if at >= since and status]
 

@@ -81,8 +81,8 @@ class EditEngine:
         self.config = config
         self._backends = backends
         self._lock = threading.RLock()
-        # The token of the work holding the lock: `cancel()` sets it. Each edit/batch brings its own
-        # token (or gets a fresh one), so a Stop pressed while idle never cancels the next edit.
+        # Cancellation lives on each job's own CancelToken (edit/batch bring one or get a fresh one), never on
+        # the engine, so a Stop pressed while idle never cancels the next edit.
         self._model: "LoadedModel | None" = None
         self._device: "DeviceInfo | None" = None
         self._dtype = None
@@ -465,7 +465,7 @@ class EditEngine:
                       cancel: CancelToken | None = None) -> T:
         """Runs `work(model)` on the device under the engine lock, the model loaded first: device
         work that is not an edit (the local instruction rewriter runs the Llama). `state` is what
-        the status shows meanwhile ("rewriting"); `cancel` (or `cancel()`) is the token `work` may
+        the status shows meanwhile ("rewriting"); `cancel` is the job's token `work` may
         check. An out-of-memory frees the memory and raises OutOfMemory, as an edit's does.
         """
         from hidream_ui.device.runtime import bind_device_to_thread

@@ -8,7 +8,7 @@ class EngineError(RuntimeError):
 
 
 class EditCancelled(EngineError):
-    """The edit was stopped by `cancel()`; finished work is kept."""
+    """The edit was stopped through its CancelToken; finished work is kept."""
 
 
 class OutOfMemory(EngineError):

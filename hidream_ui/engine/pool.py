@@ -298,7 +298,7 @@ class EnginePool:
                 slot.load_error = f"loading the model failed: {exc}"
                 self._cond.notify_all()
 
-    # ------------------------------------------------------------------ EditEngine surface
+    # ------------------------------------------------------------------ Engine protocol members
     @property
     def loaded(self) -> bool:
         return any(engine.loaded for engine in self.engines)

@@ -47,10 +47,11 @@ def ray_cluster(tiny_cache):
 
 @pytest.fixture(scope="module")
 def ray_engine(ray_cluster, tmp_path_factory):
+    from hidream_ui.bench import free_port
     from hidream_ui.engine.ray_serve import RayEngine
 
-    config = AppConfig(device="cpu", output_dir=tmp_path_factory.mktemp("ray_outputs"))
-    engine = RayEngine(config, "local", replicas=2)
+    config = AppConfig(device="cpu", output_dir=tmp_path_factory.mktemp("ray_outputs"), port=free_port(), max_queue=8)
+    engine = RayEngine(config, "local", replicas=2, hide_paths=True)  # an app without login hides paths
     engine.load()
     try:
         yield engine
@@ -214,3 +215,63 @@ def test_manifest_on_ray_data_gives_the_local_pngs_and_a_rerun_skips_them(ray_cl
     assert all(name.startswith("ray-data:") for name in engines), engines
     again = run("ray", "--ray", "local", "--replicas", "2")
     assert again["skipped"] == 3 and again["done"] == 0
+
+
+def test_the_app_serves_through_the_replicas(ray_engine):
+    """The Gradio app is the front door, unchanged: an edit through its queue runs on a replica, and
+    /status has one row per replica (node, device, state, memory) and the cluster's totals."""
+    from gradio_client import Client, handle_file
+
+    from hidream_ui.cli.app import launch
+    from hidream_ui.outputs import read_metadata
+    from hidream_ui.ui.layout import ASSETS_DIR
+
+    demo, url = launch(ray_engine.config, engine=ray_engine, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(url, verbose=False)
+        _, saved, seed, _ = client.predict(image=handle_file(str(ASSETS_DIR / "apple.png")), instruction="make it red",
+                                           num_inference_steps=2, working_resolution="draft", seed=5,
+                                           randomize_seed=False, api_name="/edit")
+        assert seed == 5 and read_metadata(saved)["engine"].startswith("ray:")
+        status = client.predict(api_name="/status")
+        rows = status["devices"]
+        assert len(rows) == 2 and {row["node"] for row in rows} == {"127.0.0.1"}
+        assert all(row["device"] == "cpu" and row["memory"] is not None for row in rows)
+        assert status["cluster"]["replicas"] == 2 and status["cluster"]["resources"]["CPU"] >= 2
+    finally:
+        demo.close()
+
+
+def test_ray_engine_has_every_member_of_the_engine_protocol():
+    import inspect
+
+    from hidream_ui.engine.protocol import Engine
+    from hidream_ui.engine.ray_serve import RayEngine
+
+    members = {name for name in vars(Engine) if not name.startswith("_") and name != "config"}
+    assert [name for name in members if not hasattr(RayEngine, name)] == []
+    for name in members:
+        ours, theirs = getattr(RayEngine, name), getattr(Engine, name)
+        if callable(ours) and callable(theirs) and not isinstance(theirs, property):
+            assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), name
+
+
+def test_environment_and_placement_rules():
+    from hidream_ui.engine.ray_env import LOOPBACK_ENV, default_replicas, is_loopback, placement
+    from hidream_ui.engine.ray_serve import parse_replicas
+
+    environ: dict[str, str] = {}
+    prepare_environment("10.0.0.5:6379", environ)  # an operator's cluster: only the statistics are off
+    assert environ == {"RAY_USAGE_STATS_ENABLED": "0"}
+    prepare_environment("local", environ)
+    assert environ[LOOPBACK_ENV] == "0"
+    assert is_loopback("127.0.0.1:6379") and is_loopback("ray://localhost:10001") and not is_loopback("auto")
+    assert placement(AppConfig(device="cpu"), {"GPU": 8}).options == {"num_cpus": 1}
+    assert placement(AppConfig(), {"GPU": 8}).options == {"num_gpus": 1}
+    assert placement(AppConfig(), {"NPU": 8}).options == {"resources": {"NPU": 1}}
+    assert placement(AppConfig(devices=("npu:0", "npu:1")), {}).device == "npu"
+    assert default_replicas("cuda", {"GPU": 8.0}) == 8 and default_replicas("cpu", {"CPU": 64}) == 1
+    assert parse_replicas("3") == (3, None) and parse_replicas("1-4") == (1, 4)
+    for bad in ("0", "4-1", "x"):
+        with pytest.raises(Exception, match="--replicas"):
+            parse_replicas(bad)

@@ -251,7 +251,9 @@ class RayEngine:
         self._board = None
         self._owned = False
         self._speed: str | None = None
-        self._size = max(1, self.min_replicas)
+        # Jobs at once before the cluster is asked (the app sizes its device lane at start-up):
+        # --replicas, else the --devices count, else one until the replicas run.
+        self._size = max(1, self.min_replicas or len([d for d in config.devices if d != "all"]))
         self._status_cache: tuple[float, dict] | None = None
         self._jobs = 0
         self._shadow = None  # an unloaded EditEngine: facts read from the checkpoint's configs
@@ -288,8 +290,9 @@ class RayEngine:
             self._owned = connect(self.address, verbose=self._verbose)
             resources = ray.cluster_resources()
             where = placement(self.config, resources)
-            if not self.min_replicas:
-                self._size = default_replicas(where.kind, resources)
+            if not self.min_replicas:  # one per --devices entry, else one per device of the cluster
+                named = [name for name in self.config.devices if name != "all"]
+                self._size = len(named) or default_replicas(where.kind, resources)
             namespace = ray.get_runtime_context().namespace
             board_name = f"{self.app_name}-board"
             self._board = ray.remote(num_cpus=0)(ReplicaBoard).options(name=board_name).remote()

@@ -512,12 +512,12 @@ class RayEngine:
         return self._shadow_engine().working_resolution_choices()
 
     # ------------------------------------------------------------------ status
-    def _board_rows(self) -> dict[str, tuple[float, DeviceRow, dict]]:
+    def _board_rows(self, fresh: bool = False) -> dict[str, tuple[float, DeviceRow, dict]]:
         """The board's rows (cached for half a second: the panel, /status and the plot ask together)."""
         if self._board is None:
             return {}
         now = time.monotonic()
-        if self._status_cache is not None and now - self._status_cache[0] < 0.5:
+        if not fresh and self._status_cache is not None and now - self._status_cache[0] < 0.5:
             return self._status_cache[1]
         import ray
 
@@ -531,11 +531,11 @@ class RayEngine:
         self._status_cache = (now, rows)
         return rows
 
-    def device_rows(self) -> list[DeviceRow]:
+    def device_rows(self, fresh: bool = False) -> list[DeviceRow]:
         """One row per replica; a silent one is "unreachable" (dead, or being replaced by Serve)."""
         wall = time.time()
         rows = []
-        for _, (seen, row, _extra) in sorted(self._board_rows().items(), key=lambda entry: entry[0]):
+        for _, (seen, row, _extra) in sorted(self._board_rows(fresh).items(), key=lambda entry: entry[0]):
             if wall - seen > STALE_AFTER:
                 row = dataclasses.replace(row, state="unreachable", busy=False,
                                           error=f"no report for {wall - seen:.0f} s: dead or being replaced")

@@ -233,13 +233,31 @@ def test_the_app_serves_through_the_replicas(ray_engine):
                                            num_inference_steps=2, working_resolution="draft", seed=5,
                                            randomize_seed=False, api_name="/edit")
         assert seed == 5 and read_metadata(saved)["engine"].startswith("ray:")
-        status = client.predict(api_name="/status")
+        # Two rows, one per replica (after the kill above, once Serve's replacement has started).
+        status = wait_for(lambda: (lambda s: s if len(s["devices"]) == 2 else None)(client.predict(api_name="/status")),
+                          "one /status row per replica", timeout=120)
         rows = status["devices"]
-        assert len(rows) == 2 and {row["node"] for row in rows} == {"127.0.0.1"}
+        assert {row["node"] for row in rows} == {"127.0.0.1"}
         assert all(row["device"] == "cpu" and row["memory"] is not None for row in rows)
         assert status["cluster"]["replicas"] == 2 and status["cluster"]["resources"]["CPU"] >= 2
+        from hidream_ui.ui.status_panel import render_status
+
+        assert "ray:" in render_status(ray_engine.status())  # the System panel names the replicas
     finally:
         demo.close()
+
+
+def test_a_batch_runs_over_the_replicas(ray_engine):
+    from hidream_ui.edits import EditSettings
+    from hidream_ui.engine.batch import BatchRequest, BatchSource
+
+    items = []
+    batch = BatchRequest(sources=(BatchSource("a.png", random_picture(1)), BatchSource("b.png", random_picture(2))),
+                         instructions=("make it blue",), settings=EditSettings(num_inference_steps=1,
+                                                                               working_resolution="draft"), seed=3)
+    result = ray_engine.run_batch(batch, on_item=items.append)
+    assert [item.status for item in result.items] == ["ok", "ok"] and len(items) == 2
+    assert all(item.result.saved_png.is_file() and item.result.info.engine.startswith("ray:") for item in items)
 
 
 def test_ray_engine_has_every_member_of_the_engine_protocol():

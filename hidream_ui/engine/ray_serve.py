@@ -527,9 +527,25 @@ class RayEngine:
             logger.warning("replica status unavailable: %s", exc)
             rows = self._status_cache[1] if self._status_cache else {}
         wall = time.time()
-        rows = {label: value for label, value in rows.items() if wall - value[0] < FORGET_AFTER}
+        live = self._live_replicas()
+        rows = {label: value for label, value in rows.items()
+                if wall - value[0] < FORGET_AFTER and (live is None or label in live)}
         self._status_cache = (now, rows)
         return rows
+
+    def _live_replicas(self) -> set[str] | None:
+        """Labels of this app's replica actors that are alive (Serve names them
+        `SERVE_REPLICA::<app>#<deployment>#<id>`): a dead one leaves /status at once, its
+        replacement appears when it starts. None when Ray cannot say (the board's rows then stand)."""
+        import ray
+
+        prefix = f"SERVE_REPLICA::{self.app_name}#"
+        try:
+            actors = ray.util.list_named_actors(all_namespaces=True)
+        except ray.exceptions.RayError as exc:
+            logger.debug("cannot list the replicas: %s", exc)
+            return None
+        return {f"ray:{actor['name'].rsplit('#', 1)[-1]}" for actor in actors if actor["name"].startswith(prefix)}
 
     def device_rows(self, fresh: bool = False) -> list[DeviceRow]:
         """One row per replica; a silent one is "unreachable" (dead, or being replaced by Serve)."""

@@ -177,6 +177,7 @@ class EngineReplica:
         """Streams ("step", StepInfo) per denoising step, then ("done", EditResult without its
         source image: the caller has it). Cancelled by the caller (Serve cancels this generator):
         the edit stops after its current step."""
+        from hidream_ui.edits import RequestError
         from hidream_ui.engine.jobs import CancelToken
 
         loop = asyncio.get_running_loop()
@@ -197,10 +198,16 @@ class EngineReplica:
             except EditCancelled as exc:
                 # Where it really stopped (what the tests and the benchmark read from the board).
                 self.last_job.update(steps_run=token.step, stopped=str(exc))
+                loop.call_soon_threadsafe(put, ("error", exc))
+            except (EngineError, RequestError) as exc:  # user-facing, picklable: raised as is in the app
+                loop.call_soon_threadsafe(put, ("error", exc))
+            except Exception as exc:  # noqa: BLE001 - any other failure may not pickle: its text travels
+                logger.exception("edit failed on %s", self.label)
+                loop.call_soon_threadsafe(put, ("error", EngineError(
+                    f"the edit failed on replica {self.label}: {type(exc).__name__}: {exc}")))
+            finally:  # busy until the computing thread is done, even after the caller went away
+                self.busy = False
                 self.report()
-                loop.call_soon_threadsafe(put, ("error", exc))
-            except BaseException as exc:  # noqa: BLE001 - sent to the caller, who raises it
-                loop.call_soon_threadsafe(put, ("error", exc))
 
         self.jobs += 1
         self.busy = True
@@ -225,11 +232,6 @@ class EngineReplica:
             if not finished:  # the caller cancelled (or went away): stop the edit after its step
                 self.last_job.update(state="cancelled", cancelled_at_step=token.step)
                 token.cancel("cancelled by the app")
-            self.busy = False
-            self.report()
-
-    def last(self) -> dict:
-        return dict(self.last_job, label=self.label)
 
 
 # ---------------------------------------------------------------------------------------------- engine

@@ -213,6 +213,7 @@ def test_manifest_on_ray_data_gives_the_local_pngs_and_a_rerun_skips_them(ray_cl
         assert np.abs(pixels(a) - pixels(b)).max() <= 1, a.name
     engines = {json.loads(row)["engine"] for row in (tmp_path / "ray" / "results.jsonl").read_text().splitlines()}
     assert all(name.startswith("ray-data:") for name in engines), engines
+    assert json.loads(ray_pngs[0].with_suffix(".json").read_text())["engine"] in engines  # metadata names it
     again = run("ray", "--ray", "local", "--replicas", "2")
     assert again["skipped"] == 3 and again["done"] == 0
 

@@ -31,6 +31,8 @@ class EditActor:
         context = ray.get_runtime_context()
         # What the results name: the node and the actor (its id's first characters).
         self.label = f"ray-data:{context.get_node_id()[:8]}:{context.get_actor_id()[:8]}"
+        for engine in self.engine.engines:  # the PNG's metadata (`engine`) names the actor too
+            engine.pool_label = self.label
 
     def __call__(self, batch: dict) -> dict:
         outputs = [pickle.dumps(run_item(self.engine, pickle.loads(task), engine_label=self.label))

@@ -39,10 +39,9 @@ def ray_cluster(tiny_cache):
     try:
         yield ray
     finally:
-        from ray import serve
+        from hidream_ui.engine.ray_env import disconnect
 
-        serve.shutdown()
-        ray.shutdown()
+        disconnect(serve_too=True)  # collects stray references first (see its docstring)
 
 
 @pytest.fixture(scope="module")

@@ -100,12 +100,11 @@ def _replace_seconds(engine, steps: int, timeout: float = 300.0) -> dict:
 
 
 def run(address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2) -> dict:
-    from hidream_ui.engine.ray_env import connect
+    from hidream_ui.engine.ray_env import connect, disconnect
     from hidream_ui.engine.ray_serve import RayEngine
 
     owned = connect(address)  # before the engines: they reuse this connection
     import ray
-    from ray import serve
 
     from hidream_ui.config import AppConfig
     from hidream_ui.engine.pool import EnginePool, host_cores
@@ -151,8 +150,7 @@ def run(address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2
         two.shutdown()
     finally:
         if owned:
-            serve.shutdown()
-            ray.shutdown()
+            disconnect(serve_too=True)
     return report
 
 

@@ -44,7 +44,7 @@ def run_ray(config: "AppConfig", items: list["ManifestItem"], address: str, *, r
             verbose: bool = False) -> Iterator[tuple["ManifestItem", ItemOutput]]:
     """Yields (item, output) as the actors finish them; disconnects from the cluster afterwards
     when this call connected."""
-    from hidream_ui.engine.ray_env import connect, default_replicas, placement
+    from hidream_ui.engine.ray_env import connect, default_replicas, disconnect, placement
 
     owned = connect(address, verbose=verbose)
     import ray
@@ -68,7 +68,7 @@ def run_ray(config: "AppConfig", items: list["ManifestItem"], address: str, *, r
             yield by_line[output.line], output
     finally:
         if owned:
-            ray.shutdown()
+            disconnect()
 
 
 __all__ = ["EditActor", "run_ray"]

@@ -88,6 +88,27 @@ def connect(address: str, *, verbose: bool = False) -> bool:
     return True
 
 
+def disconnect(*, serve_too: bool = False) -> None:
+    """Stops what this process started (`serve.shutdown()` first when asked, then `ray.shutdown()`).
+
+    A garbage collection runs first: an ObjectRef or actor handle caught in a reference cycle (an
+    exception's traceback holding a frame that held one) would otherwise be freed later, by whatever
+    thread the collector happens to run in, and Ray ends the process when a reference is released
+    after its core worker shut down ("The core worker has already been shutdown ... The process will
+    exit")."""
+    import gc
+
+    import ray
+
+    gc.collect()
+    if serve_too:
+        from ray import serve
+
+        serve.shutdown()
+        gc.collect()
+    ray.shutdown()
+
+
 @dataclass(frozen=True)
 class Placement:
     """What one engine asks Ray for, and the device its config then names inside the actor."""
@@ -128,5 +149,5 @@ def default_replicas(kind: str, resources: dict[str, float]) -> int:
 
 
 __all__ = ["ADDRESS_ENV", "INSTALL_HINT", "LOCAL", "NPU_RESOURCE", "Placement", "RAY_VERSION", "RayUnavailable",
-           "connect", "default_replicas", "device_kind", "is_loopback", "placement", "prepare_environment",
-           "require_ray"]
+           "connect", "default_replicas", "disconnect", "device_kind", "is_loopback", "placement",
+           "prepare_environment", "require_ray"]

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.errors import EditCancelled, EngineError
-from hidream_ui.engine.ray_env import ADDRESS_ENV, connect, placement
+from hidream_ui.engine.ray_env import ADDRESS_ENV, connect, disconnect, placement
 from hidream_ui.engine.status import DeviceRow, EngineStatus, Progress, PromptCacheStats
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -329,9 +329,9 @@ class RayEngine:
                 if self._board is not None:
                     ray.kill(self._board)
                 self._handle = self._board = None
+                self._status_cache = None
                 if self._owned:
-                    serve.shutdown()
-                    ray.shutdown()
+                    disconnect(serve_too=True)
                     self._owned = False
 
     # ------------------------------------------------------------------ jobs

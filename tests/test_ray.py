@@ -293,3 +293,18 @@ def test_environment_and_placement_rules():
     for bad in ("0", "4-1", "x"):
         with pytest.raises(Exception, match="--replicas"):
             parse_replicas(bad)
+
+
+def test_the_app_flag_picks_the_engine_and_says_how_to_install_ray(monkeypatch):
+    import sys
+
+    from hidream_ui.cli.app import build_parser, ray_engine
+    from hidream_ui.config import ConfigError
+
+    ns = build_parser().parse_args([])
+    assert ray_engine(ns, AppConfig(), environ={}) is None  # no --ray, no HIDREAM_RAY_ADDRESS: the local pool
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` then raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'hidream_ui\[ray\]'"):
+        ray_engine(ns, AppConfig(), environ={"HIDREAM_RAY_ADDRESS": "auto"})
+    with pytest.raises(ConfigError, match="--replicas"):
+        ray_engine(build_parser().parse_args(["--ray", "auto", "--replicas", "0"]), AppConfig(), environ={})

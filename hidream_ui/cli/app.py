@@ -82,11 +82,12 @@ def ray_engine(ns: argparse.Namespace, config: AppConfig, environ=None):
     if address is None:
         return None
     from hidream_ui.engine.ray_env import RayUnavailable, require_ray
-    from hidream_ui.engine.ray_serve import RayEngine
+    from hidream_ui.engine.ray_serve import RayEngine, parse_replicas
     from hidream_ui.ui.services import is_public
 
     replicas = getattr(ns, "replicas", None) or environ.get("HIDREAM_RAY_REPLICAS", "").strip() or None
     try:
+        parse_replicas(replicas)  # a malformed count is refused before Ray is imported
         require_ray(address)
         return RayEngine(config, address, replicas, hide_paths=is_public(config),
                          verbose=bool(getattr(ns, "verbose", False)))

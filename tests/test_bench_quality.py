@@ -141,8 +141,14 @@ def test_every_mode_is_listed_on_cpu(tiny_cache):
         quality.select(configs, ["warp:9"], unavailable)
 
 
+def test_cache_list_takes_any_cache_value():
+    assert quality.cache_specs(["fast", "interval:2", "none", "first-block:0.30"]) == ["interval:2", "first-block:0.3"]
+    with pytest.raises(ValueError, match="'warp:9'"):
+        quality.cache_specs(["warp:9"])
+
+
 @pytest.mark.parametrize("argv, word", [(["--cases", "0"], "--cases"), (["--steps", "0"], "--steps"),
-                                        (["--threads", "0"], "--threads")])
+                                        (["--threads", "0"], "--threads"), (["--caches", "interval:0"], "--caches")])
 def test_cli_refuses_bad_numbers(argv, word, capsys):
     with pytest.raises(SystemExit) as exc:
         quality.main(argv)

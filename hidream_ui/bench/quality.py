@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
 from hidream_ui.config import TINY_PROFILES, AppConfig
 from hidream_ui.device.detect import resolve_device, resolve_dtype
 from hidream_ui.edits import EditParams, EditRequest
@@ -39,10 +40,13 @@ from hidream_ui.model.planner import plan_for
 from hidream_ui.model.plans import PLANS
 from hidream_ui.model.tiny import world
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
+from hidream_ui.pipeline.speed.settings import parse_cache
 
 # The trained offline model (issue 22) when this checkout has it, else the random one.
 TRAINED_PROFILE = "trained"
 FIRST_BLOCK_THRESHOLDS = (0.05, 0.1, 0.2)
+# The step caches measured by default (`--caches` replaces the list with any `--cache` values).
+CACHE_MODES = ("interval:2", "interval:3", *(f"first-block:{t:g}" for t in FIRST_BLOCK_THRESHOLDS))
 DEFAULT_CASES = 96
 # PSNR of identical pixels is infinite; JSON has no infinity, and a median needs a number: cap it.
 PSNR_CAP_DB = 100.0
@@ -87,14 +91,24 @@ class Configuration:
 EXACT = Configuration("exact", "exact", True)
 
 
-def all_configurations(device, dtype, profile: str) -> tuple[list[Configuration], dict[Configuration, str]]:
-    """Every configuration this device can run, exact first; and {name: reason} for those it cannot."""
+def cache_specs(values: Iterable[str]) -> list[str]:
+    """Canonical `--cache` spellings of `values` (presets resolved, `none` dropped: that is exact), in order,
+    once each. Raises ValueError naming a value that is not a step cache."""
+    specs: list[str] = []
+    for value in values:
+        spec = str(parse_cache(value.strip(), "--caches"))
+        if spec != "none" and spec not in specs:
+            specs.append(spec)
+    return specs
+
+
+def all_configurations(device, dtype, profile: str, caches: Iterable[str] = CACHE_MODES
+                       ) -> tuple[list[Configuration], dict[Configuration, str]]:
+    """Every configuration this device can run, exact first; and {configuration: reason} for those it cannot."""
     from hidream_ui.pipeline.attention.registry import AUTO, list_strategies
 
     configs = [EXACT]
-    configs += [Configuration(spec, "cache", False, cache=spec) for spec in ("interval:2", "interval:3")]
-    configs += [Configuration(f"first-block:{t:g}", "cache", False, cache=f"first-block:{t:g}")
-                for t in FIRST_BLOCK_THRESHOLDS]
+    configs += [Configuration(spec, "cache", False, cache=spec) for spec in cache_specs(caches)]
     unavailable: dict[Configuration, str] = {}
     rows = plan_for(AppConfig(tiny_profile=profile, device=device.torch_device), device, dtype).rows
     notes = {(r.plan, r.weights): r.note for r in rows}
@@ -238,7 +252,8 @@ def _summary(row: _Row, exact: _Row) -> dict:
 
 
 def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "cpu", steps: int | None = None,
-        only: Iterable[str] | None = None, per_case: bool = False, progress=None) -> dict:
+        only: Iterable[str] | None = None, per_case: bool = False, progress=None,
+        caches: Iterable[str] = CACHE_MODES) -> dict:
     """Runs the benchmark; returns the report (keys: docs/benchmarks.md "bench quality").
     `progress(done, total, text)` is called after each case."""
     import numpy as np
@@ -250,7 +265,7 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
     profile = profile or default_profile()
     dev = resolve_device(device)
     dtype = resolve_dtype("auto", dev)
-    everything, unavailable = all_configurations(dev, dtype, profile)
+    everything, unavailable = all_configurations(dev, dtype, profile, caches)
     configs, unavailable = select(everything, only, unavailable)
     base = EditParams.defaults_for("e1.1").to_dict()
     if steps is not None:
@@ -426,15 +441,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="denoising steps per edit (default: the edit default)")
     parser.add_argument("--only", help="comma-separated configurations or groups to run beside exact "
                                        f"(groups: {', '.join(GROUPS)}; names as in the table)")
+    parser.add_argument("--caches", help="comma-separated step caches to measure, any `--cache` value "
+                                         f"(default {','.join(CACHE_MODES)})")
     parser.add_argument("--per-case", action="store_true", help="add every case's verdicts to the JSON")
     parser.add_argument("--threads", type=int, help="torch threads (default torch's; 1 leaves a shared machine "
                                                     "its other core)")
     parser.add_argument("--json", action="store_true")
+    add_verbose_argument(parser)
     args = parser.parse_args(argv)
+    quiet_libraries(args.verbose)  # before torch and the loaders are imported: they read it then
     if args.cases < 1:
         parser.error(f"--cases must be at least 1 (got {args.cases})")
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be at least 1 (got {args.steps})")
+    caches = args.caches.split(",") if args.caches else CACHE_MODES
+    try:
+        cache_specs(caches)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1 (got {args.threads})")
@@ -447,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         report = run(args.cases, args.tiny_profile, args.device, args.steps,
-                     args.only.split(",") if args.only else None, args.per_case, progress)
+                     args.only.split(",") if args.only else None, args.per_case, progress, caches)
     except (RuntimeError, ValueError) as exc:
         print(f"bench quality: {exc}", file=sys.stderr)
         return 1

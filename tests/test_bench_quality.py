@@ -38,6 +38,7 @@ def test_structure(report):
     assert report["cases"] == CASES and report["seed_start"] == world.HELD_OUT_SEED_START
     assert sum(report["cases_by_kind"].values()) == CASES
     assert report["edit"]["num_inference_steps"] == STEPS
+    assert not set(report["edit"]) & set(quality.PER_EDIT_FIELDS)
     assert list(report["configurations"]) == ["exact", *ONLY]
     # exact, cache, attention and padding share one engine; the memory plan needs its own load.
     assert report["model_loads"] == 2
@@ -147,7 +148,17 @@ def test_cache_list_takes_any_cache_value():
         quality.cache_specs(["warp:9"])
 
 
-@pytest.mark.parametrize("argv, word", [(["--cases", "0"], "--cases"), (["--steps", "0"], "--steps"),
+def test_edit_settings_come_from_the_defaults_and_params():
+    base = quality.edit_base(5, {"guidance_scale": "2.5"})
+    assert base["num_inference_steps"] == 5 and base["guidance_scale"] == 2.5  # coerced by the edit gate
+    for params, word in (({"foo": "1"}, "foo"), ({"seed": "1"}, "seed"), ({"guidance_scale": "x"}, "guidance_scale")):
+        with pytest.raises(ValueError, match=word):
+            quality.edit_base(None, params)
+
+
+@pytest.mark.parametrize("argv, word", [(["--param", "guidance_scale"], "FIELD=VALUE"),
+                                        (["--param", "cache=interval:2"], "cache"),
+                                        (["--cases", "0"], "--cases"), (["--steps", "0"], "--steps"),
                                         (["--threads", "0"], "--threads"), (["--caches", "interval:0"], "--caches")])
 def test_cli_refuses_bad_numbers(argv, word, capsys):
     with pytest.raises(SystemExit) as exc:

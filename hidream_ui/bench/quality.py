@@ -28,7 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
 from hidream_ui.config import TINY_PROFILES, AppConfig
@@ -251,11 +251,35 @@ def _summary(row: _Row, exact: _Row) -> dict:
     }
 
 
+# Set per case (instruction, seed) or per configuration (cache, collapse_padding): not for --param.
+PER_EDIT_FIELDS = ("instruction", "seed", "randomize_seed", "cache", "collapse_padding")
+
+
+def edit_base(steps: int | None = None, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The settings every edit shares: E1.1's defaults, `steps`, then `params` (field -> value, as
+    `--param` gives them). Raises ValueError naming a field set per edit or a bad value."""
+    base = EditParams.defaults_for("e1.1").to_dict()
+    if steps is not None:
+        base["num_inference_steps"] = steps
+    params = dict(params or {})
+    unknown = sorted(set(params) - set(base))
+    if unknown:
+        raise ValueError(f"--param {', '.join(unknown)}: not an edit setting; choose from: "
+                         f"{', '.join(k for k in base if k not in PER_EDIT_FIELDS)}")
+    fixed = sorted(set(params) & set(PER_EDIT_FIELDS))
+    if fixed:
+        raise ValueError(f"--param {', '.join(fixed)}: set by the benchmark per case or configuration")
+    base.update(params)
+    # The validation gate coerces ("2.5" -> 2.5) and names a bad field; what it returns is what edits use.
+    checked = EditParams.from_dict({**base, "instruction": "make the square red"}).to_dict()
+    return {k: checked[k] for k in base}
+
+
 def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "cpu", steps: int | None = None,
         only: Iterable[str] | None = None, per_case: bool = False, progress=None,
-        caches: Iterable[str] = CACHE_MODES) -> dict:
+        caches: Iterable[str] = CACHE_MODES, params: Mapping[str, Any] | None = None) -> dict:
     """Runs the benchmark; returns the report (keys: docs/benchmarks.md "bench quality").
-    `progress(done, total, text)` is called after each case."""
+    `progress(done, total, text)` is called after each case; `params`: edit settings other than the defaults."""
     import numpy as np
     import torch
     from PIL import Image
@@ -267,9 +291,7 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
     dtype = resolve_dtype("auto", dev)
     everything, unavailable = all_configurations(dev, dtype, profile, caches)
     configs, unavailable = select(everything, only, unavailable)
-    base = EditParams.defaults_for("e1.1").to_dict()
-    if steps is not None:
-        base["num_inference_steps"] = steps
+    base = edit_base(steps, params)
     held_out = world.held_out_cases(cases)
     rows = {c.name: _Row(c) for c in configs}
     engines: dict[tuple[str, str], Any] = {}
@@ -375,8 +397,7 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
         "seed_start": world.HELD_OUT_SEED_START,
         "cases_by_kind": kinds,
         "untouched_min_psnr_db": world.UNTOUCHED_MIN_PSNR_DB,
-        "edit": {k: base[k] for k in ("num_inference_steps", "guidance_scale", "image_guidance_scale",
-                                      "refine_strength", "working_resolution")},
+        "edit": {k: v for k, v in base.items() if k not in PER_EDIT_FIELDS},
         "working_size": [width, height],
         "image_tokens": image_tokens,
         "max_seq": geometry.max_seq,
@@ -443,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
                                        f"(groups: {', '.join(GROUPS)}; names as in the table)")
     parser.add_argument("--caches", help="comma-separated step caches to measure, any `--cache` value "
                                          f"(default {','.join(CACHE_MODES)})")
+    parser.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an edit setting for every edit, e.g. guidance_scale=2.5 (repeatable; default: the "
+                             "edit defaults)")
     parser.add_argument("--per-case", action="store_true", help="add every case's verdicts to the JSON")
     parser.add_argument("--threads", type=int, help="torch threads (default torch's; 1 leaves a shared machine "
                                                     "its other core)")
@@ -455,8 +479,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps must be at least 1 (got {args.steps})")
     caches = args.caches.split(",") if args.caches else CACHE_MODES
+    params = {}
+    for item in args.param:
+        field_name, sep, value = item.partition("=")
+        if not sep or not field_name.strip():
+            parser.error(f"--param {item!r}: expected FIELD=VALUE, e.g. guidance_scale=2.5")
+        params[field_name.strip()] = value.strip()
     try:
         cache_specs(caches)
+        edit_base(args.steps, params)
     except ValueError as exc:
         parser.error(str(exc))
     if args.threads is not None:
@@ -471,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         report = run(args.cases, args.tiny_profile, args.device, args.steps,
-                     args.only.split(",") if args.only else None, args.per_case, progress, caches)
+                     args.only.split(",") if args.only else None, args.per_case, progress, caches, params)
     except (RuntimeError, ValueError) as exc:
         print(f"bench quality: {exc}", file=sys.stderr)
         return 1

@@ -188,29 +188,35 @@ class _TransformerClock:
             handle.remove()
 
 
-def _load_engine(profile: str, device: str, memory: str, weights: str, output_dir: Path):
-    config = AppConfig(tiny_profile=profile, device=device, memory=memory, weights=weights, output_dir=output_dir)
-    engine = EnginePool.for_config(config).primary
-    engine.load()
-    return engine
+class _Engine:
+    """One loaded pool of one (the engine interface the app holds) with its transformer clock and the
+    attention strategy it runs now (tracked here: switched only when a configuration needs another)."""
+
+    def __init__(self, profile: str, device: str, memory: str, weights: str, output_dir: Path):
+        config = AppConfig(tiny_profile=profile, device=device, memory=memory, weights=weights,
+                           output_dir=output_dir)
+        self.pool = EnginePool.for_config(config)
+        t0 = time.perf_counter()
+        self.pool.load()
+        self.load_seconds = time.perf_counter() - t0
+        self.attention = self.pool.attention_of()  # what `auto` resolved to at load
+        self.clock = _TransformerClock(self.pool.model.pipeline.transformer)
+
+    def edit(self, image, params: EditParams, attention: str):
+        """One edit with `attention`: (result, seconds without text encoding, transformer seconds)."""
+        if self.attention != attention:
+            self.attention = self.pool.set_attention(attention)
+        self.clock.seconds = 0.0
+        result = self.pool.edit(EditRequest(image=image, params=params), save=False)
+        # The engine encodes each text once and caches it; whichever configuration meets an instruction
+        # first pays for the encoders. Left out so that configurations sharing an engine compare on the edit.
+        seconds = result.timings.total - result.timings.text_encode
+        return result, seconds, self.clock.seconds
 
 
 def _params(base: dict, case_instruction: str, seed: int, config: Configuration) -> EditParams:
     return EditParams.from_dict({**base, "instruction": case_instruction, "seed": seed, "randomize_seed": False,
                                  "cache": config.cache, "collapse_padding": config.collapse_padding})
-
-
-def _edit(engine, clock: _TransformerClock, image, params: EditParams, config: Configuration, attention: str):
-    """One edit under `config`: (result, seconds without text encoding, transformer seconds)."""
-    wanted = config.attention or attention
-    if engine.attention_state()[1] != wanted:
-        engine.set_attention(wanted)
-    clock.seconds = 0.0
-    result = engine.edit(EditRequest(image=image, params=params), save=False)
-    # The engine encodes each text once and caches it; whichever configuration meets an instruction first
-    # pays for the encoders. Left out so that configurations sharing an engine compare on the edit itself.
-    seconds = result.timings.total - result.timings.text_encode
-    return result, seconds, clock.seconds
 
 
 def _median(values: list[float]) -> float | None:
@@ -294,9 +300,7 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
     base = edit_base(steps, params)
     held_out = world.held_out_cases(cases)
     rows = {c.name: _Row(c) for c in configs}
-    engines: dict[tuple[str, str], Any] = {}
-    clocks: dict[tuple[str, str], _TransformerClock] = {}
-    load_seconds: dict[str, float] = {}
+    engines: dict[tuple[str, str], _Engine] = {}
     attention = None
     per_case_rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="hidream-bench-quality-") as tmp:
@@ -307,28 +311,24 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
                 key = config.engine_key
                 if key in engines or rows[config.name].error:
                     continue
-                t0 = time.perf_counter()
                 try:
-                    engines[key] = _load_engine(profile, dev.torch_device, *key, Path(tmp))
+                    engines[key] = _Engine(profile, dev.torch_device, *key, Path(tmp))
                 except (EngineError, RuntimeError, ValueError) as exc:
                     for other in configs:
                         if other.engine_key == key:
                             rows[other.name].error = f"load failed: {exc}"
-                    continue
-                load_seconds[f"{key[0]} {key[1]}"] = round(time.perf_counter() - t0, 3)
-                clocks[key] = _TransformerClock(engines[key].model.pipeline.transformer)
             if EXACT.engine_key not in engines:
                 raise RuntimeError(f"the exact configuration could not load: {rows['exact'].error}")
             exact_engine = engines[EXACT.engine_key]
-            attention = exact_engine.attention_state()[1]  # what `auto` resolved to: exact's strategy
+            attention = exact_engine.attention  # what `auto` resolved to: exact's strategy
             warm = world.make_case(WARM_UP_SEED)
             for config in configs:  # one unmeasured edit each: first-call costs are not the mode's
                 row = rows[config.name]
                 if row.error is None:
                     try:
-                        _edit(engines[config.engine_key], clocks[config.engine_key],
-                              Image.fromarray(warm.source), _params(base, warm.instruction, warm.seed, config),
-                              config, attention)
+                        engines[config.engine_key].edit(Image.fromarray(warm.source),
+                                                        _params(base, warm.instruction, warm.seed, config),
+                                                        config.attention or attention)
                     except (EngineError, RuntimeError, ValueError) as exc:
                         row.error = f"edit failed: {exc}"
             if rows["exact"].error:
@@ -342,11 +342,9 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
                     row = rows[config.name]
                     if row.error is not None:
                         continue
-                    key = config.engine_key
                     try:
-                        result, seconds, tf_seconds = _edit(engines[key], clocks[key], image,
-                                                            _params(base, case.instruction, case.seed, config),
-                                                            config, attention)
+                        result, seconds, tf_seconds = engines[config.engine_key].edit(
+                            image, _params(base, case.instruction, case.seed, config), config.attention or attention)
                     except (EngineError, RuntimeError, ValueError) as exc:
                         if config is EXACT:  # every other figure is against exact's output
                             raise RuntimeError(f"exact failed on seed {case.seed}: {exc}") from exc
@@ -375,11 +373,13 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
                     ok = rows["exact"].scores[-1]["success"] if rows["exact"].scores else False
                     progress(index + 1, len(held_out), f"seed {case.seed} {case.edit.kind}: exact "
                                                        f"{'ok' if ok else 'failed'}")
-            geometry = exact_engine.model.geometry
-            width, height = exact_engine.working_plan((world.SIZE, world.SIZE), base["working_resolution"]).working_size
+            geometry = exact_engine.pool.model.geometry
+            plan = exact_engine.pool.working_plan((world.SIZE, world.SIZE), base["working_resolution"])
+            width, height = plan.working_size
         finally:
-            for clock in clocks.values():
-                clock.close()
+            for engine in engines.values():
+                engine.clock.close()
+    load_seconds = {f"{key[0]} {key[1]}": round(engine.load_seconds, 3) for key, engine in engines.items()}
     kinds = {kind: sum(1 for c in held_out if c.edit.kind == kind) for kind in world.EDIT_KINDS}
     exact_row = rows["exact"]
     summaries = {name: _summary(row, exact_row) for name, row in rows.items()}

@@ -7,8 +7,8 @@ the named colour, the untouched region kept >= 22 dB PSNR against the source). C
 (the default exact path), each step cache (`interval:2`, `interval:3`, `first-block:T`), fp8 weights,
 each other memory plan, each available attention strategy, padding collapse off.
 
-Measured side by side in one run: the cases are the outer loop and the configurations the inner one,
-so a slow minute on a shared machine costs every configuration alike, and every speedup is against
+Measured side by side in one run: the cases are the outer loop and the configurations the inner one
+(their order turning by one per case), so a slow minute on a shared machine costs every configuration alike, and every speedup is against
 `exact` in the same run. Configurations that share a model share one loaded engine (cache, attention
 and padding switch per edit); fp8 and each memory plan need their own load (one each).
 
@@ -29,6 +29,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+import numpy as np  # already loaded by the world (model/tiny/world.py)
+from PIL import Image  # already loaded by the edit schema (edits.py)
 
 from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
 from hidream_ui.config import TINY_PROFILES, AppConfig
@@ -281,14 +284,54 @@ def edit_base(steps: int | None = None, params: Mapping[str, Any] | None = None)
     return {k: checked[k] for k in base}
 
 
+def _run_case(case, index: int, configs: list[Configuration], rows: dict[str, _Row],
+              engines: dict[tuple[str, str], _Engine], base: dict, attention: str) -> dict:
+    """Edits one case under every configuration still running, records each row's figures and returns
+    the case's per-configuration record. The order turns by one configuration per case, so no
+    configuration always runs right after a new image or right before the next load of work."""
+    image = Image.fromarray(case.source)
+    live = [c for c in configs if rows[c.name].error is None]
+    shift = index % len(live)
+    outputs = {}
+    for config in live[shift:] + live[:shift]:
+        try:
+            outputs[config.name] = engines[config.engine_key].edit(
+                image, _params(base, case.instruction, case.seed, config), config.attention or attention)
+        except (EngineError, RuntimeError, ValueError) as exc:
+            if config is EXACT:  # every other figure is against exact's output
+                raise RuntimeError(f"exact failed on seed {case.seed}: {exc}") from exc
+            rows[config.name].error = f"edit failed on seed {case.seed}: {exc}"
+    exact_out = np.asarray(outputs["exact"][0].image.convert("RGB"))
+    exact_ok = world.score(case, exact_out)["success"]
+    record = {"seed": case.seed, "kind": case.edit.kind, "instruction": case.instruction, "configurations": {}}
+    for config in live:  # recorded in the report's order, exact first
+        if config.name not in outputs:
+            continue
+        result, seconds, tf_seconds = outputs[config.name]
+        row = rows[config.name]
+        out = np.asarray(result.image.convert("RGB"))
+        score = world.score(case, out)
+        diff = int(np.abs(out.astype(np.int16) - exact_out.astype(np.int16)).max())
+        row.scores.append(score)
+        row.seconds.append(seconds)
+        row.transformer_seconds.append(tf_seconds)
+        row.skipped.append(float((result.info.speed or {}).get("skipped_fraction", 0.0)))
+        row.equal_verdicts += int(score["success"] == exact_ok)
+        row.identical += int(diff == 0)
+        row.max_abs_diff = max(row.max_abs_diff, diff)
+        record["configurations"][config.name] = {
+            "success": score["success"], "colour_ok": score["colour_ok"], "got": score["got"],
+            "untouched_psnr_db": round(min(score["untouched_psnr_db"], PSNR_CAP_DB), 2),
+            "seconds": round(seconds, 4), "max_abs_diff_vs_exact": diff}
+    return record
+
+
 def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "cpu", steps: int | None = None,
         only: Iterable[str] | None = None, per_case: bool = False, progress=None,
         caches: Iterable[str] = CACHE_MODES, params: Mapping[str, Any] | None = None) -> dict:
     """Runs the benchmark; returns the report (keys: docs/benchmarks.md "bench quality").
     `progress(done, total, text)` is called after each case; `params`: edit settings other than the defaults."""
-    import numpy as np
     import torch
-    from PIL import Image
 
     if cases < 1:
         raise ValueError(f"cases must be at least 1, got {cases}")
@@ -334,43 +377,11 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
             if rows["exact"].error:
                 raise RuntimeError(f"the exact configuration failed: {rows['exact'].error}")
             for index, case in enumerate(held_out):
-                image = Image.fromarray(case.source)
-                exact_out, exact_ok = None, None
-                case_row = {"seed": case.seed, "kind": case.edit.kind, "instruction": case.instruction,
-                            "configurations": {}}
-                for config in configs:  # exact first: the others compare with its output
-                    row = rows[config.name]
-                    if row.error is not None:
-                        continue
-                    try:
-                        result, seconds, tf_seconds = engines[config.engine_key].edit(
-                            image, _params(base, case.instruction, case.seed, config), config.attention or attention)
-                    except (EngineError, RuntimeError, ValueError) as exc:
-                        if config is EXACT:  # every other figure is against exact's output
-                            raise RuntimeError(f"exact failed on seed {case.seed}: {exc}") from exc
-                        row.error = f"edit failed on seed {case.seed}: {exc}"
-                        continue
-                    out = np.asarray(result.image.convert("RGB"))
-                    score = world.score(case, out)
-                    if config is EXACT:
-                        exact_out, exact_ok = out, score["success"]
-                    diff = int(np.abs(out.astype(np.int16) - exact_out.astype(np.int16)).max())
-                    row.scores.append(score)
-                    row.seconds.append(seconds)
-                    row.transformer_seconds.append(tf_seconds)
-                    speed = result.info.speed or {}
-                    row.skipped.append(float(speed.get("skipped_fraction", 0.0)))
-                    row.equal_verdicts += int(score["success"] == exact_ok)
-                    row.identical += int(diff == 0)
-                    row.max_abs_diff = max(row.max_abs_diff, diff)
-                    case_row["configurations"][config.name] = {
-                        "success": score["success"], "colour_ok": score["colour_ok"], "got": score["got"],
-                        "untouched_psnr_db": round(min(score["untouched_psnr_db"], PSNR_CAP_DB), 2),
-                        "seconds": round(seconds, 4), "max_abs_diff_vs_exact": diff}
+                case_row = _run_case(case, index, configs, rows, engines, base, attention)
                 if per_case:
                     per_case_rows.append(case_row)
                 if progress is not None:
-                    ok = rows["exact"].scores[-1]["success"] if rows["exact"].scores else False
+                    ok = case_row["configurations"]["exact"]["success"]
                     progress(index + 1, len(held_out), f"seed {case.seed} {case.edit.kind}: exact "
                                                        f"{'ok' if ok else 'failed'}")
             geometry = exact_engine.pool.model.geometry

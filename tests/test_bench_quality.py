@@ -164,3 +164,23 @@ def test_cli_refuses_bad_numbers(argv, word, capsys):
     with pytest.raises(SystemExit) as exc:
         quality.main(argv)
     assert exc.value.code == 2 and word in capsys.readouterr().err
+
+
+def test_a_configuration_that_fails_is_reported_and_the_others_go_on(tiny_cache, one_thread, monkeypatch):
+    from hidream_ui.engine.errors import EngineError
+
+    real = quality._Engine
+
+    class Failing(real):
+        def __init__(self, profile, device, memory, weights, output_dir):
+            if memory == "encoders-cpu":
+                raise EngineError("no room for the encoders (test)")
+            super().__init__(profile, device, memory, weights, output_dir)
+
+    monkeypatch.setattr(quality, "_Engine", Failing)
+    report = quality.run(cases=1, profile="tiny", steps=1, only=["memory:encoders-cpu", "attention:sdpa"])
+    rows = report["configurations"]
+    assert rows["memory:encoders-cpu"]["error"] == "load failed: no room for the encoders (test)"
+    assert "success_rate" not in rows["memory:encoders-cpu"]
+    assert rows["attention:sdpa"]["identical_to_exact_cases"] == 1 and report["model_loads"] == 1
+    assert "no room for the encoders (test)" in quality.format_table(report)

@@ -8,9 +8,10 @@ the named colour, the untouched region kept >= 22 dB PSNR against the source). C
 each other memory plan, each available attention strategy, padding collapse off.
 
 Measured side by side in one run: the cases are the outer loop and the configurations the inner one
-(their order turning by one per case), so a slow minute on a shared machine costs every configuration alike, and every speedup is against
-`exact` in the same run. Configurations that share a model share one loaded engine (cache, attention
-and padding switch per edit); fp8 and each memory plan need their own load (one each).
+(their order turning by one per case), so a slow minute on a shared machine costs every configuration
+alike, and every speedup is against `exact` in the same run. Configurations that share a model share
+one loaded engine (cache, attention and padding switch per edit); fp8 and each memory plan need their
+own load (one each).
 
 On the random `tiny` profile every success rate is ~0 (the model was never trained): the figures are
 computed all the same, which is what the tests check. The JSON keys are documented in

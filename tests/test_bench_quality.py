@@ -57,6 +57,10 @@ def test_structure(report):
     exact = report["configurations"]["exact"]
     assert exact["speedup_vs_exact"] == 1.0 and exact["transformer_speedup_vs_exact"] == 1.0
     assert report["configurations"]["memory:encoders-cpu"]["settings"]["memory"] == "encoders-cpu"
+    # Random weights and 2 cases: the targets are missed, and the report says which.
+    assert report["targets"]["met"] is False
+    assert any("cases" in m for m in report["targets"]["missed"])
+    assert any("exact success" in m for m in report["targets"]["missed"])
 
 
 def test_exact_modes_equal_exact_to_the_case(report):

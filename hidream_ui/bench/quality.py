@@ -536,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(args.cases, args.tiny_profile, args.device, args.steps,
                      args.only.split(",") if args.only else None, args.per_case, progress, caches, params)
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, ValueError, OSError) as exc:  # OSError: model files missing (say which, no traceback)
         print(f"bench quality: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=2) if args.json else format_table(report))

@@ -54,6 +54,7 @@ from hidream_ui.ui.common import (
     format_seconds,
     guarded,
     md,
+    move_bar,
     settings_widgets,
 )
 from hidream_ui.ui.services import AppServices
@@ -231,7 +232,7 @@ class BatchTab:
 
             run = BatchRun(total, plan.rejected)
             yield [], run.report(), None  # clears the previous run's zip
-            progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
+            move_bar(progress, job, 0.0, "Loading the model" if not self.engine.loaded else "Starting")
 
             result: BatchResult | None = None
 
@@ -247,17 +248,19 @@ class BatchTab:
                 if kind == "rewrite":
                     done, count = payload
                     run.step_text = f"rewriting instruction {done + 1}/{count}"
-                    progress((done, count), desc=run.step_text, unit="instructions")
+                    move_bar(progress, job, done / max(1, count), run.step_text)
                 elif kind == "step":
                     info: StepInfo = payload
                     run.first_step = run.first_step or time.perf_counter()
                     run.step_text = f"{info.stage} step {info.step}/{info.total}"
-                    progress((run.done, total), desc=f"{run.done}/{total} items · {run.step_text}", unit="items")
+                    # The steps of the items in flight count: the bar moves before the first item ends.
+                    move_bar(progress, job, (run.done + info.step / max(1, info.total)) / max(1, total),
+                             f"{run.done}/{total} items · {run.step_text}", step=info.step, total=info.total)
                 elif kind == "item":
                     if payload.result is not None:
                         self.services.results.add(payload.result.saved_png)
                     run.add(payload)
-                    progress((run.done, total), desc=f"{run.done}/{total} items", unit="items")
+                    move_bar(progress, job, run.done / max(1, total), f"{run.done}/{total} items")
                     yield list(run.gallery), run.report(), gr.update()
                 elif kind == "done":
                     result = payload
@@ -294,6 +297,7 @@ class BatchHandles:
     gallery: gr.Gallery
     report: gr.Markdown
     download: gr.DownloadButton
+    runs: tuple = ()  # (button, event) the page watches (system_panel.watch_run)
 
     @property
     def resolution_dropdown(self):
@@ -343,14 +347,15 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
                 download = gr.DownloadButton("Download results (.zip)", value=None, elem_id="hui-batch-zip")
         # The order of /batch_edit's inputs (BatchTab.run's parameters).
         inputs = [files, instructions, mode, *settings.values(), seed, seed_policy, batch_size, rewrite]
-        run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download], api_name="batch_edit",
-                         concurrency_id=DEVICE_GROUP, concurrency_limit=engine.size, preprocess=False,
-                         show_progress_on=[gallery])
+        run_event = run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download],
+                                     api_name="batch_edit", concurrency_id=DEVICE_GROUP,
+                                     concurrency_limit=engine.size, preprocess=False, show_progress_on=[gallery])
         # Stop never queues (it must get through while the batch holds the device group) and does
         # not cancel the event: the run ends by itself after the current step and keeps its items.
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
     return BatchHandles(handlers=handlers, inputs=tuple(inputs), settings=settings, run_button=run_button,
-                        stop_button=stop_button, gallery=gallery, report=report, download=download)
+                        stop_button=stop_button, gallery=gallery, report=report, download=download,
+                        runs=((run_button, run_event),))
 
 
 __all__ = ["build_batch_tab", "BatchTab", "BatchHandles", "BatchRun"]

@@ -29,6 +29,7 @@ from hidream_ui.ui.common import (
     DEVICE_GROUP,
     format_seconds,
     guarded,
+    move_bar,
     settings_widgets,
 )
 from hidream_ui.ui.services import AppServices
@@ -98,9 +99,9 @@ class CompareTab:
 
         yield render_grid(partial()), [], report(), []
 
-        progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
         result: CompareResult | None = None
         with self.services.job("compare", request) as job:
+            move_bar(progress, job, 0.0, "Loading the model" if not self.engine.loaded else "Starting")
 
             def work(emit):
                 return run_compare(self.engine, picture, params, plan.axis_x, plan.values_x,
@@ -113,14 +114,16 @@ class CompareTab:
                 if kind == "step":
                     info: StepInfo = payload
                     state["step"] = f"cell {len(cells) + 1}: {info.stage} step {info.step}/{info.total}"
-                    progress((len(cells), total), desc=state["step"], unit="cells")
+                    # The running cell's steps count: the bar moves before the first cell ends.
+                    move_bar(progress, job, (len(cells) + info.step / max(1, info.total)) / max(1, total),
+                             f"{len(cells)}/{total} cells · {state['step']}", step=info.step, total=info.total)
                 elif kind == "cell":
                     cell, cell_result = payload
                     self.services.results.add(cell_result.saved_png)
                     cells.append(cell_result)
                     shown = str(cell_result.saved_png) if cell_result.saved_png else cell_result.image
                     gallery.append((shown, cell_caption(plan, cell)))
-                    progress((len(cells), total), desc=f"{len(cells)}/{total} cells", unit="cells")
+                    move_bar(progress, job, len(cells) / max(1, total), f"{len(cells)}/{total} cells")
                     yield render_grid(partial()), list(gallery), report(), list(gallery)
                 elif kind == "done":
                     result = payload
@@ -181,6 +184,7 @@ class CompareHandles:
     cells: gr.Gallery
     report: gr.Markdown
     slider: gr.ImageSlider
+    runs: tuple = ()  # (button, event) the page watches (system_panel.watch_run)
 
     @property
     def resolution_dropdown(self):
@@ -246,7 +250,8 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
                          api_visibility="private")
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
     return CompareHandles(handlers=handlers, inputs=tuple(inputs), settings=settings, run_button=run_button,
-                          stop_button=stop_button, grid=grid, cells=cells, report=report, slider=slider)
+                          stop_button=stop_button, grid=grid, cells=cells, report=report, slider=slider,
+                          runs=((run_button, event),))
 
 
 __all__ = ["build_compare_tab", "CompareTab", "CompareHandles", "AXIS_CHOICES", "AXIS_HINTS", "NO_AXIS"]

@@ -15,7 +15,7 @@ import gradio as gr
 
 from hidream_ui.config import AppConfig
 from hidream_ui.edits import EditParams, EditRequest, RequestError, params_from_form, validated_flag
-from hidream_ui.engine.errors import EngineError
+from hidream_ui.engine.errors import EditCancelled, EngineError
 from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.engine.pool import ALL_ENGINES, shared_sampler
 from hidream_ui.engine.protocol import Engine
@@ -29,15 +29,19 @@ from hidream_ui.server.operator import may_change_engine, refusal
 from hidream_ui.ui.common import (
     ADD_BOTH,
     DEVICE_GROUP,
+    USER_ERRORS,
     WORKING_RESOLUTIONS,
     deleted_placeholder,
     form_values,
     gr_error,
     guarded,
+    move_bar,
+    people_message,
+    stopped_message,
     summarise_result,
 )
-from hidream_ui.ui.services import AppServices, redact_paths
-from hidream_ui.ui.status_panel import attention_label, render_status
+from hidream_ui.ui.services import STOPPED_BY_USER, AppServices, redact_paths
+from hidream_ui.ui.status_panel import attention_label, render_state, render_status, render_visitor_card
 
 logger = logging.getLogger(__name__)
 
@@ -200,14 +204,23 @@ class Handlers:
                 if event.kind == "step":
                     info: StepInfo = event.payload
                     eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
-                    progress((info.step, info.total), desc=f"{info.stage} step {info.step}/{info.total}{eta}",
-                             unit="steps")
+                    move_bar(progress, job, info.step / max(1, info.total),
+                             f"{info.stage} step {info.step}/{info.total}{eta}", step=info.step, total=info.total)
 
             # The job runner in this (gradio's worker) thread: gradio tracks a function's progress
             # from the thread it runs in. A Stop pressed while the model loaded has already set the
             # token: the engine then refuses to start instead of running an edit nobody waits for.
-            result = run_job(lambda emit: self.engine.edit(edit_request, lambda info: emit("step", info),
-                                                           cancel=job.token), on_event)
+            try:
+                result = run_job(lambda emit: self.engine.edit(edit_request, lambda info: emit("step", info),
+                                                               cancel=job.token), on_event)
+            except EditCancelled:
+                if job.token.reason != STOPPED_BY_USER:
+                    raise  # /cancel, a client's Job.cancel(): the API's contract is an error
+                # The browser's Stop: a neutral note where the result would have been, no error.
+                total = job.progress.total if job.progress is not None else params.num_inference_steps
+                message = stopped_message(job.token.step, total)
+                gr.Info(message, title="Stopped")
+                return gr.update(), gr.update(), gr.update(), message, None
         self.services.results.add(result.saved_png)
 
         metadata = result.saved_metadata or result.metadata()  # built once, when it was saved
@@ -280,10 +293,41 @@ class Handlers:
         answer = {key: value for key, value in record.items() if key not in ("prompt", "edited")}
         return entry["metadata"]["params"]["instruction"], answer, self.rewrite_note(answer)
 
-    def stop(self, request: gr.Request = None) -> None:
-        """Stops the caller's running edit after its current step (never another user's)."""
-        if self.services.cancel(request, kind="edit"):
-            logger.info("edit cancelled by its user")
+    def stop(self, request: gr.Request = None):
+        """Stops the caller's running edit after its current step (never another user's); returns
+        the summary's new text, "Stopped after k of N steps" (unchanged when nothing ran)."""
+        session = getattr(request, "session_hash", None)
+        running = [job for job in self.services.jobs.running(session) if job.kind == "edit"] if session else []
+        if not self.services.cancel(request, kind="edit") or not running:
+            return gr.update()
+        logger.info("edit cancelled by its user")
+        job = running[0]
+        return stopped_message(job.token.cancelled_at_step, job.progress.total if job.progress else None)
+
+    def check_source(self, image):
+        """An upload, checked when it arrives: a file that is not an image (a text file renamed .png)
+        is refused now, with what to do, and the slot is emptied (no broken sliver until Edit).
+        Returns (the image slot, the summary)."""
+        if image is None:
+            return gr.update(), gr.update()
+        try:
+            source, name = self.services.gate.path(image, "image")
+            self.engine.open_image(source, name=name)
+        except USER_ERRORS as exc:
+            message = people_message(exc)
+            logger.info("upload refused: %s", exc)
+            gr.Warning(html.escape(redact_paths(message), quote=False), title="Not an image")
+            return None, html.escape(redact_paths(message), quote=False)
+        return gr.update(), ""
+
+    def edit_result(self, entry: dict | None):
+        """"Edit the result": the last result becomes the source (the instruction box keeps its text
+        for the next step). Only a result this server stored and still serves."""
+        png = (entry or {}).get("png")
+        if not png or png not in self.services.results or not Path(png).is_file():
+            gr.Warning("That result is no longer on the server; edit the source again.", title="Result gone")
+            return gr.update(), gr.update()
+        return png, "The result is the source now: change the instruction and press Edit."
 
     def cancel(self, request: gr.Request) -> str:
         """Stops the caller's own running jobs (edit, batch or comparison) after their current step.
@@ -355,10 +399,37 @@ class Handlers:
             rows = []
         return pd.DataFrame(rows, columns=list(PLOT_COLUMNS))
 
+    def live_progress(self) -> list[str]:
+        """What the progress bars of the running jobs show now (the same `Job.progress` they are
+        drawn from), oldest job first."""
+        jobs = sorted(self.services.jobs.running(), key=lambda job: job.started)
+        return [job.progress.text for job in jobs if job.progress is not None]
+
+    def status_state(self) -> str:
+        """HTML for the panel's state line: the running jobs' own progress text, else the engine's
+        state (loading, idle, ...). Never raises: a timer calls it."""
+        try:
+            return render_state(self.engine_status(), self.live_progress())
+        except Exception as exc:  # noqa: BLE001 - a broken panel must not spam error toasts
+            logger.warning("status line failed: %s", exc, exc_info=True)
+            return ('<div class="hui-status"><div class="hui-state hui-state-error">'
+                    f"status unavailable: {html.escape(str(exc))}</div></div>")
+
+    def run_started(self):
+        """A run (edit, batch, comparison) was clicked: its button is unavailable until it ends, and
+        the panel's state line follows its progress closely (the fast timer)."""
+        return gr.update(interactive=False), gr.Timer(active=True)
+
+    def run_finished(self):
+        """A run ended (done, failed or stopped): its button is back, the fast timer off, and the
+        panel redrawn at once (no "editing 42/60" left over after the result)."""
+        return (gr.update(interactive=True), gr.Timer(active=False), self.status_state(), self.status_panel(),
+                gr.update(visible=not self.engine.loaded))
+
     def status_panel(self) -> str:
         """HTML for the system panel. Never raises: the timer calls it every 2 s."""
         try:
-            return render_status(self.engine_status())
+            return render_status(self.engine_status(), with_state=False)
         except Exception as exc:  # noqa: BLE001 - a broken panel must not spam error toasts
             logger.warning("status panel failed: %s", exc, exc_info=True)
             return ('<div class="hui-status"><div class="hui-state hui-state-error">'
@@ -366,7 +437,8 @@ class Handlers:
 
     # ------------------------------------------------------------------ attention
     def attention_choices(self) -> list[tuple[str, str]]:
-        """(label, name) for every strategy; unavailable ones say why."""
+        """(label, name) for every strategy this device can run (the others are listed apart, with
+        their reason: `unavailable_attention`)."""
         try:
             statuses = self.engine.attention_choices()
         except EngineError as exc:
@@ -374,17 +446,52 @@ class Handlers:
             return [(f"{current} — device unavailable: {exc}", current)]
         choices = []
         for s in statuses:
+            if not s.available:
+                continue
             label = attention_label(s.name, s.description, s.available, s.reason)
-            if s.name == "auto" and s.available:
+            if s.name == "auto":
                 label = f"auto → {self.engine.auto_attention()} (best available here)"
             choices.append((label, s.name))
         return choices
 
+    def unavailable_attention(self) -> str:
+        """Markdown: the strategies this device cannot run, each with its reason (not offered in the
+        dropdown, so nobody picks one to be refused)."""
+        try:
+            statuses = [s for s in self.engine.attention_choices() if not s.available]
+        except EngineError:
+            return ""
+        if not statuses:
+            return ""
+        lines = "\n".join(f"- {html.escape(s.name)}: {html.escape(s.reason or 'not available here')}"
+                          for s in statuses)
+        return f"<details><summary>Not available here ({len(statuses)})</summary>\n\n{lines}\n</details>"
+
+    def load_button_update(self):
+        """"Load model" shows only while there is a model to load."""
+        return gr.update(visible=not self.engine.loaded)
+
+    def visitor_card(self, request: gr.Request = None) -> str:
+        """With --kiosk, what a visitor sees of the system: the device, the queue and their place in
+        it. Never raises: the timer calls it."""
+        try:
+            status = self.engine.status()
+            queue = self._queue() or {}
+            demo = self.services.demo
+            position = (gradio_internals.queue_position(demo, getattr(request, "session_hash", None), DEVICE_GROUP)
+                        if demo is not None else None)
+            return render_visitor_card(status, queue, position)
+        except Exception as exc:  # noqa: BLE001 - a broken card must not spam error toasts
+            logger.warning("visitor card failed: %s", exc, exc_info=True)
+            return '<div class="hui-status"><div class="hui-note">status unavailable</div></div>'
+
     def page_load(self, request: gr.Request = None):
         """Fills the attention dropdown (needs torch, so not at start-up), the panel, and the
-        working resolutions the configured model can take; shows the engine-wide controls to whoever
-        may use them (everyone, or with --kiosk the operator only)."""
-        controls = gr.update(visible=may_change_engine(self.services.config, request))
+        working resolutions the configured model can take; shows the engine-wide controls (and the
+        full panel) to whoever may use them (everyone, or with --kiosk the operator only; visitors
+        get the small card)."""
+        operator = may_change_engine(self.services.config, request)
+        controls = gr.update(visible=operator)
         choices = []
         try:
             choices = self.attention_choices()
@@ -393,7 +500,12 @@ class Handlers:
         current = self.engine.status().attention or "auto"
         if current not in {value for _, value in choices}:
             choices.append((current, current))
-        return gr.update(choices=choices, value=current), self.status_panel(), self.resolution_choices(), controls
+        kiosk = bool(getattr(self.services.config, "kiosk", False))
+        card = self.visitor_card(request) if kiosk and not operator else ""
+        return (gr.update(choices=choices, value=current), self.status_state(), self.status_panel(),
+                self.resolution_choices(), controls, self.unavailable_attention(), self.load_button_update(),
+                gr.update(visible=operator), gr.update(visible=operator), gr.update(value=card,
+                                                                                    visible=kiosk and not operator))
 
     def resolution_choices(self):
         """A dropdown update offering only working resolutions the model can take."""
@@ -475,7 +587,8 @@ class Handlers:
         history = list(history or [])
         if entry:
             history.insert(0, entry)  # newest first, like the gallery reads
-        return history, self.gallery_items(history), gr.Row(visible=True)
+        # The result's buttons and seed show with a result (a stopped edit has none).
+        return history, self.gallery_items(history), gr.Row(visible=True) if entry else gr.update()
 
     def refresh_history(self, history: list[dict] | None):
         """Re-reads the gallery when the History tab opens (retention may have run since)."""

@@ -54,10 +54,11 @@ logger = logging.getLogger(__name__)
 
 
 TINY_BANNER = (
-    "⚠️ **Offline tiny model with random weights: every result is noise.** It exists to try the "
+    "⚠️ **Offline tiny model with random weights: every result is noise.** "
+    '<span class="hui-banner-more">It exists to try the '
     "app, the queue and the device plumbing without the 17B checkpoints. To edit for real, start "
     "`python app.py --model-dir /path/to/models` (a folder holding `Llama-3.1-8B-Instruct/`, "
-    "`HiDream-I1-Full/` and `HiDream-E1-1/` or `HiDream-E1-Full/`), or set `HIDREAM_MODEL_DIR`."
+    "`HiDream-I1-Full/` and `HiDream-E1-1/` or `HiDream-E1-Full/`), or set `HIDREAM_MODEL_DIR`.</span>"
 )
 
 APP_CSS = """
@@ -65,6 +66,16 @@ APP_CSS = """
                    border-radius: 8px; padding: 0.4em 0.9em; }
 #hui-system { position: sticky; top: 0.5em; }
 #hui-attention-note { font-size: 0.85em; min-height: 1.2em; }
+#hui-attention-unavailable { font-size: 0.8em; opacity: 0.85; }
+.hui-hint { font-size: 0.85em; opacity: 0.85; }
+#hui-visitor-card .hui-card { border: 1px solid rgba(127, 127, 127, 0.3); border-radius: 8px; padding: 0.5em; }
+/* Phones: the banner keeps its one warning line (the how-to is on a wide screen and in README),
+   the title shrinks, so the source image and Edit are on the first screen. */
+@media (max-width: 640px) {
+  #hui-title h2 { font-size: 1.15em; margin: 0; }
+  #hui-tiny-banner { font-size: 0.8em; padding: 0.2em 0.6em; }
+  #hui-tiny-banner .hui-banner-more { display: none; }
+}
 """
 
 
@@ -125,7 +136,7 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
     lane = engine.size  # device jobs at once: one per engine (--devices)
 
     with services.demo as demo:
-        gr.Markdown(f"## HiDream-{config.variant.upper()} instruction-based image editing")
+        gr.Markdown(f"## HiDream-{config.variant.upper()} instruction-based image editing", elem_id="hui-title")
         if config.uses_tiny_model:
             gr.Markdown(TINY_BANNER, elem_id="hui-tiny-banner")
         with gr.Row(equal_height=False):
@@ -137,11 +148,16 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
             with gr.Column(scale=1, min_width=270, elem_id="hui-system"):
                 panel = build_system_panel(engine, handlers, lane)
 
-        wire_edit_tab(edit, handlers, lane, on_edit=add_to_history(history, edit, handlers))
+        runs = wire_edit_tab(edit, handlers, lane, on_edit=add_to_history(history, edit, handlers))
+        runs += [run for tab in extra for run in getattr(tab, "runs", ())]
+        for button, event in runs:  # unavailable while it runs; the panel follows it
+            panel.watch_run(button, event)
         wire_history_tab(history, edit, tabs, handlers)
         private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
-        demo.load(handlers.page_load, None, [panel.attention, panel.status_panel, edit.form["working_resolution"],
-                                             panel.engine_controls], **private)
+        demo.load(handlers.page_load, None, [panel.attention, panel.status_state, panel.status_panel,
+                                             edit.form["working_resolution"], panel.engine_controls,
+                                             panel.attention_unavailable, panel.load_button, *panel.operator_view,
+                                             panel.visitor_card], **private)
         for dropdown in (getattr(tab, "resolution_dropdown", None) for tab in extra):
             if dropdown is not None:
                 demo.load(handlers.resolution_choices, None, dropdown, **private)

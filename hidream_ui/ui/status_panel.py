@@ -64,10 +64,24 @@ def state_line(status: EngineStatus) -> tuple[str, str]:
     return state, "idle" + ("" if status.loaded else " · model not loaded yet (loads on first edit)")
 
 
-def render_status(status: EngineStatus) -> str:
-    """The system panel's HTML for an engine status (with the queue figures when the UI added them)."""
+def render_state(status: EngineStatus, live: list[str] | None = None) -> str:
+    """The panel's state line. `live`: the running jobs' progress texts, exactly as their bars show
+    them (`Job.progress`); without any, the engine's own state (loading, idle, ...)."""
+    if live:
+        state, text = "editing", live[0] + (f" · and {len(live) - 1} more job(s)" if len(live) > 1 else "")
+    else:
+        state, text = state_line(status)
+    return (f'<div class="hui-status"><div class="hui-state hui-state-{html.escape(state)}">'
+            f'{html.escape(text)}</div></div>')
+
+
+def render_status(status: EngineStatus, with_state: bool = True) -> str:
+    """The system panel's HTML for an engine status (with the queue figures when the UI added them);
+    `with_state=False`: without the state line (the panel draws it apart, `render_state`)."""
     state, text = state_line(status)
-    parts = [f'<div class="hui-status"><div class="hui-state hui-state-{html.escape(state)}">{html.escape(text)}</div>']
+    parts = ['<div class="hui-status">']
+    if with_state:
+        parts.append(f'<div class="hui-state hui-state-{html.escape(state)}">{html.escape(text)}</div>')
     if status.device:
         parts.append(_kv("Device", status.device_name or "?"))
         parts.append(_kv("Type", f"{status.device_type} ({status.device})"))
@@ -144,3 +158,21 @@ def attention_label(name: str, description: str, available: bool, reason: str) -
         return f"{name} — unavailable: {reason}"
     short = description.split(";")[0].split(":")[0].strip()
     return f"{name} — {short}" if short else name
+
+
+def render_visitor_card(status: EngineStatus, queue: dict, position: int | None) -> str:
+    """With --kiosk, a visitor's view of the system: the device, the queue, and their own place."""
+    waiting, running = int(queue.get("waiting") or 0), int(queue.get("running") or 0)
+    device = status.device_name or status.device or "unavailable"
+    if position is not None:
+        place = f"you are number {position} of {waiting} waiting"
+    elif running:
+        place = "nothing of yours is waiting"
+    else:
+        place = "free: your edit starts at once"
+    parts = ['<div class="hui-status hui-card">',
+             _kv("Device", device),
+             _kv("Queue", f"{waiting} waiting · {running} running"),
+             _kv("You", place),
+             "</div>"]
+    return "".join(parts)

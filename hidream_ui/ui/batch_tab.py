@@ -51,6 +51,7 @@ from hidream_ui.engine.protocol import Engine
 from hidream_ui.engine.runner import stream_job
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
+    disable_js,
     format_seconds,
     guarded,
     md,
@@ -90,9 +91,29 @@ def _batch_size(value: Any) -> int | None:
 
 
 def item_caption(item) -> str:
+    """The whole line: which image, which instruction, which seed."""
     if item.original_instruction is not None:  # rewritten: the user's line reads better; the PNG has the prompt
-        return f"{item.original_instruction} (rewritten) · seed {item.seed}"
-    return f"{item.instruction} · seed {item.seed}"
+        return f"{item.source_name} × {item.original_instruction} (rewritten) · seed {item.seed}"
+    return f"{item.source_name} × {item.instruction} · seed {item.seed}"
+
+
+def grouping_line(result: BatchResult) -> str:
+    """How the items shared transformer calls, per working size, in counts that add up to the
+    items ("144×96: 3 items in 1 call of up to 8")."""
+    per_call = (result.stats or {}).get("batch_sizes") or {}
+    counts: dict[str, int] = {}
+    for item in result.items:
+        if item.result is not None:
+            size = "x".join(map(str, item.result.working_size))
+            counts[size] = counts.get(size, 0) + 1
+    parts = []
+    for size, count in counts.items():
+        limit = int(per_call.get(size) or 1)
+        calls = -(-count // limit)
+        shown = size.replace("x", "×")
+        parts.append(f"{shown}: {count} item{'s' if count != 1 else ''} in {calls} call{'s' if calls != 1 else ''}"
+                     + (f" of up to {limit}" if limit > 1 else ""))
+    return "; ".join(parts)
 
 
 class BatchRun:
@@ -139,9 +160,9 @@ class BatchRun:
             if "text_encoder_calls" in stats:
                 line += (f" · text encoder runs {stats['text_encoder_calls']}, "
                          f"transformer steps {stats.get('transformer_calls', 0)}")
-            sizes = stats.get("batch_sizes") or {}
-            if sizes:
-                line += " · batch size " + ", ".join(f"{n} at {size}" for size, n in sizes.items())
+            grouping = grouping_line(result)
+            if grouping:
+                line += f"\n\nShared transformer calls by working size: {grouping}"
         text = line
         if self.errors:
             text += "\n\n**Errors**\n\n" + "\n".join(
@@ -341,12 +362,17 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
                     batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_BATCH_SIZE,
                                            label="Items per transformer call", info="0 = from free memory")
             with gr.Column():
-                gallery = gr.Gallery(label="Results", columns=4, height=420, object_fit="contain", interactive=False,
-                                     elem_id="hui-batch-gallery")
+                sources = gr.Gallery(label="Sources", columns=6, height=120, object_fit="contain", interactive=False,
+                                     allow_preview=False, elem_id="hui-batch-sources")
+                # No label on the results: it sat on top of the first thumbnail.
+                gallery = gr.Gallery(label="Results", show_label=False, columns=3, height=420, object_fit="contain",
+                                     interactive=False, elem_id="hui-batch-gallery")
                 report = gr.Markdown(elem_id="hui-batch-report")
                 download = gr.DownloadButton("Download results (.zip)", value=None, elem_id="hui-batch-zip")
         # The order of /batch_edit's inputs (BatchTab.run's parameters).
         inputs = [files, instructions, mode, *settings.values(), seed, seed_policy, batch_size, rewrite]
+        run_button.click(None, None, None, js=disable_js(run_button.elem_id), queue=False,
+                         show_progress="hidden", api_visibility="private")
         run_event = run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download],
                                      api_name="batch_edit", concurrency_id=DEVICE_GROUP,
                                      concurrency_limit=engine.size, preprocess=False, show_progress_on=[gallery])

@@ -111,6 +111,20 @@ def people_message(exc: Exception) -> str:
     return str(exc)
 
 
+def disable_js(elem_id: str) -> str:
+    """Browser-side: the run's button is unavailable the moment it is clicked (the server's own
+    `interactive=False`, `Handlers.run_started`, can take a while to arrive on a busy machine, and a
+    second click would queue a second run). Register it before the run's event: a click's
+    listeners start in order."""
+    return f"() => {{ const b = document.querySelector('#{elem_id}'); if (b) b.disabled = true; }}"
+
+
+def enable_js(elem_id: str) -> str:
+    """Browser-side: the run's button is back (after `disable_js`; the server's update alone would
+    not undo a change it never made)."""
+    return f"() => {{ const b = document.querySelector('#{elem_id}'); if (b) b.disabled = false; }}"
+
+
 def stopped_message(step: int | None, total: int | None, what: str = "steps") -> str:
     """What Stop shows: a neutral fact, not an error ("Stopped after 3 of 28 steps")."""
     if not step:
@@ -218,17 +232,6 @@ def summarise_result(result, load_seconds: float = 0.0) -> str:
         f"{timings.per_step:.2f} s/step){load}{rewritten} · saved `{name}` (settings in its metadata)"
     )
 
-
-def deleted_placeholder():
-    """The History thumbnail of a result that retention deleted (instead of a broken image)."""
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (256, 256), (236, 236, 236))
-    draw = ImageDraw.Draw(image)
-    for y, line in ((104, "deleted by"), (128, "retention")):
-        width = draw.textlength(line)
-        draw.text(((256 - width) / 2, y), line, fill=(90, 90, 90))
-    return image
 
 # ---------------------------------------------------------------------------------------------
 # Shared by the Batch and Compare tabs

@@ -27,6 +27,7 @@ from hidream_ui.engine.protocol import Engine
 from hidream_ui.engine.runner import stream_job
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
+    disable_js,
     format_seconds,
     guarded,
     move_bar,
@@ -97,7 +98,7 @@ class CompareTab:
                 text += f" · {state['step']}"
             return text
 
-        yield render_grid(partial()), [], report(), []
+        yield render_grid(partial(), source=True), [], report(), []
 
         result: CompareResult | None = None
         with self.services.job("compare", request) as job:
@@ -124,10 +125,11 @@ class CompareTab:
                     shown = str(cell_result.saved_png) if cell_result.saved_png else cell_result.image
                     gallery.append((shown, cell_caption(plan, cell)))
                     move_bar(progress, job, len(cells) / max(1, total), f"{len(cells)}/{total} cells")
-                    yield render_grid(partial()), list(gallery), report(), list(gallery)
+                    yield render_grid(partial(), source=True), list(gallery), report(), list(gallery)
                 elif kind == "done":
                     result = payload
-        yield (render_grid(result), list(gallery), report(done=True, cancelled=result.cancelled), list(gallery))
+        yield (render_grid(result, source=True), list(gallery), report(done=True, cancelled=result.cancelled),
+               list(gallery))
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops this session's comparison after the current step; finished cells are kept."""
@@ -227,9 +229,9 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
                 # interactive=False: it is read by the slider pickers, which would otherwise make it an upload box.
                 cells = gr.Gallery(label="Cells", columns=4, height=260, object_fit="contain", interactive=False,
                                    elem_id="hui-compare-cells")
-                with gr.Row():
-                    pick_a = gr.Dropdown(label="Left", choices=[], interactive=True)
-                    pick_b = gr.Dropdown(label="Right", choices=[], interactive=True)
+                # One above the other: side by side, a phone cut their captions to a few letters.
+                pick_a = gr.Dropdown(label="Left", choices=[], interactive=True, elem_id="hui-compare-left")
+                pick_b = gr.Dropdown(label="Right", choices=[], interactive=True, elem_id="hui-compare-right")
                 slider = gr.ImageSlider(label="Two cells side by side", type="filepath", interactive=False,
                                         height=380, elem_id="hui-compare-slider")
 
@@ -239,6 +241,8 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
         # The order of /compare's inputs (CompareTab.run's parameters).
         inputs = [image, instruction, axis_x, values_x, axis_y, values_y, *settings.values(), seed]
         cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers
+        run_button.click(None, None, None, js=disable_js(run_button.elem_id), queue=False,
+                         show_progress="hidden", api_visibility="private")
         event = run_button.click(handlers.run, inputs=inputs, outputs=[grid, cells, report, cell_files],
                                  api_name="compare",
                                  concurrency_id=DEVICE_GROUP, concurrency_limit=engine.size, preprocess=False,

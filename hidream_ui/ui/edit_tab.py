@@ -25,6 +25,7 @@ from hidream_ui.ui.common import (
     REWRITER_GROUP,
     SETTINGS_FILE_CONCURRENCY,
     SETTINGS_FILE_GROUP,
+    disable_js,
     example_instruction,
     instruction_placeholder,
     variant_hint,
@@ -205,6 +206,7 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     # of the click's listeners: the browser runs them in order, and the others wait for the server.
     for button in (tab.edit_button, tab.edit_rewritten_button):
         button.click(None, None, None, js=SHOW_RESULT_JS, **private)
+        button.click(None, None, None, js=disable_js(button.elem_id), **private)
     # preprocess=False: the handler opens the upload itself and can say what is wrong with a damaged
     # file (gradio's own decode error is a developer message).
     edit_event = tab.edit_button.click(

@@ -31,7 +31,6 @@ from hidream_ui.ui.common import (
     DEVICE_GROUP,
     USER_ERRORS,
     WORKING_RESOLUTIONS,
-    deleted_placeholder,
     form_values,
     gr_error,
     guarded,
@@ -40,6 +39,7 @@ from hidream_ui.ui.common import (
     stopped_message,
     summarise_result,
 )
+from hidream_ui.ui.history_entries import added, check_entries, new_entry, picker_choices, render_entries
 from hidream_ui.ui.services import STOPPED_BY_USER, AppServices, redact_paths
 from hidream_ui.ui.status_panel import attention_label, render_state, render_status, render_visitor_card
 
@@ -224,10 +224,16 @@ class Handlers:
         self.services.results.add(result.saved_png)
 
         metadata = result.saved_metadata or result.metadata()  # built once, when it was saved
+        png = str(result.saved_png) if result.saved_png else None
         entry = {
-            "png": str(result.saved_png) if result.saved_png else None,
+            "png": png,
             "summary": summary_line(metadata),
             "metadata": metadata,
+            # What this browser's History keeps of it (history_entries: thumbnails, signed path).
+            "history": new_entry(png=png, ticket=self.services.results.ticket(png) if png else None,
+                                 params=metadata.get("params") or result.params.to_dict(),
+                                 before=result.source_image, after=result.image,
+                                 seconds=round(result.timings.total, 2), parent=metadata.get("parent")),
         }
         return ((result.source_image, result.image),
                 str(result.saved_png) if result.saved_png else None,
@@ -416,14 +422,23 @@ class Handlers:
                     f"status unavailable: {html.escape(str(exc))}</div></div>")
 
     def run_started(self):
-        """A run (edit, batch, comparison) was clicked: its button is unavailable until it ends, and
-        the panel's state line follows its progress closely (the fast timer)."""
-        return gr.update(interactive=False), gr.Timer(active=True)
+        """A run (edit, batch, comparison) was clicked: the panel's state line follows it closely
+        (the fast timer). The button itself is disabled in the browser (common.disable_js): an
+        answer from here may arrive after the run's end on a busy machine and would undo it."""
+        return gr.Timer(active=True)
+
+    def follow_run(self, request: gr.Request = None):
+        """The fast timer's tick: the state line, and the timer stays on only while this page has a
+        run waiting or running (it turns itself off, whichever answer came last)."""
+        session = getattr(request, "session_hash", None)
+        demo = self.services.demo
+        busy = bool(session and demo is not None and gradio_internals.session_jobs(demo, session, DEVICE_GROUP))
+        return self.status_state(), gr.Timer(active=busy)
 
     def run_finished(self):
-        """A run ended (done, failed or stopped): its button is back, the fast timer off, and the
-        panel redrawn at once (no "editing 42/60" left over after the result)."""
-        return (gr.update(interactive=True), gr.Timer(active=False), self.status_state(), self.status_panel(),
+        """A run ended (done, failed or stopped): the fast timer off, and the panel redrawn at once
+        (no "editing 42/60" left over after the result); "Load model" goes once a run loaded it."""
+        return (gr.Timer(active=False), self.status_state(), self.status_panel(),
                 gr.update(visible=not self.engine.loaded))
 
     def status_panel(self) -> str:
@@ -567,48 +582,57 @@ class Handlers:
         return gr.update(value=resolved), f"The attention switch applies to {where}."
 
     # ------------------------------------------------------------------ history
-    @staticmethod
-    def gallery_items(history: list[dict]) -> list[tuple[Any, str]]:
-        """(image, caption) per History entry, in order. A result that retention deleted keeps its
-        place (and its settings) with a "deleted by retention" thumbnail instead of a broken image."""
-        items = []
-        for entry in history:
-            png = entry.get("png")
-            if not png:
-                continue
-            caption = entry.get("summary", "")[:120]
-            if Path(png).is_file():
-                items.append((png, caption))
-            else:
-                items.append((deleted_placeholder(), f"[deleted by retention] {caption}"))
-        return items
+    # The History lives in the browser (gr.BrowserState: it survives a reload, and holds only that
+    # browser's results). What comes back from it is checked (history_entries.check_entries); the
+    # checked list is kept server-side for the session (a gr.State) and the buttons act on it.
+    def _history_view(self, stored: Any):
+        checked = check_entries(stored, self.services.results.stored)
+        choices = picker_choices(checked)
+        picker = gr.update(choices=choices, value=choices[0][1] if choices else None)
+        return checked, render_entries(checked), picker
 
-    def add_history(self, history: list[dict] | None, entry: dict | None):
-        history = list(history or [])
-        if entry:
-            history.insert(0, entry)  # newest first, like the gallery reads
+    def add_history(self, stored: Any, entry: dict | None):
+        """A finished edit: its entry goes first in this browser's History. Returns (the browser's
+        list, the checked list, the cards, the picker, the result's buttons row)."""
+        history = added(stored, (entry or {}).get("history"))
         # The result's buttons and seed show with a result (a stopped edit has none).
-        return history, self.gallery_items(history), gr.Row(visible=True) if entry else gr.update()
+        return (history, *self._history_view(history), gr.Row(visible=True) if entry else gr.update())
 
-    def refresh_history(self, history: list[dict] | None):
-        """Re-reads the gallery when the History tab opens (retention may have run since)."""
-        return self.gallery_items(list(history or []))
+    def refresh_history(self, stored: Any):
+        """The History as this browser stored it (page load, tab opened): checked, then drawn."""
+        return self._history_view(stored)
 
-    def select_history(self, history: list[dict] | None, evt: gr.SelectData):
-        history = history or []
-        index = evt.index if isinstance(evt.index, int) else None
-        if index is None or not 0 <= index < len(history):
-            return None, None, gr.update(interactive=False)
-        return history[index]["metadata"], index, gr.update(interactive=True)
+    def clear_history(self):
+        """Forgets this browser's History (the result files stay on the server until retention)."""
+        return [], *self._history_view([])
+
+    @staticmethod
+    def _picked(checked: list | None, index: Any):
+        try:
+            position = int(index)
+        except (TypeError, ValueError):
+            position = -1
+        if not checked or not 0 <= position < len(checked):
+            raise gr.Error("Pick a result first.", print_exception=False)
+        return checked[position], position
 
     @guarded("loading the settings")
-    def apply_history(self, history: list[dict] | None, index: int | None):
-        history = history or []
-        if index is None or not 0 <= int(index) < len(history):
-            raise gr.Error("Select a result in the gallery first.", print_exception=False)
-        params = EditParams.from_dict(history[int(index)]["metadata"]["params"])
-        gr.Info(f"Loaded the settings of result {int(index) + 1} (seed {params.seed}).")
+    def apply_history(self, checked: list | None, index: Any):
+        """"Load settings": the picked result's settings fill the Edit form."""
+        entry, position = self._picked(checked, index)
+        params = entry.params
+        gr.Info(f"Loaded the settings of result {position + 1} (seed {params.seed}).")
         return (*form_values(params), gr.Tabs(selected="edit"))
+
+    @guarded("opening the result")
+    def edit_again(self, checked: list | None, index: Any):
+        """"Edit again": the picked result becomes the source of the Edit tab, its instruction
+        fills the box. Only a result this server stored for this browser and still serves."""
+        entry, _ = self._picked(checked, index)
+        if not entry.available:
+            raise gr.Error("That result is no longer on this server; “Load settings” still works.",
+                           print_exception=False)
+        return entry.png, entry.params.instruction, gr.Tabs(selected="edit")
 
     @guarded("reading the PNG")
     def settings_from_file(self, file):

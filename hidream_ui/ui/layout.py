@@ -69,6 +69,13 @@ APP_CSS = """
 #hui-attention-unavailable { font-size: 0.8em; opacity: 0.85; }
 .hui-hint { font-size: 0.85em; opacity: 0.85; }
 #hui-visitor-card .hui-card { border: 1px solid rgba(127, 127, 127, 0.3); border-radius: 8px; padding: 0.5em; }
+/* Image toolbars (download, full screen) in a row of their own above the picture, not over it:
+   they hid the grid's last column header. */
+#hui-compare-grid .icon-button-wrapper, #hui-compare-slider .icon-button-wrapper {
+  position: static; justify-content: flex-end; }
+/* Gallery captions whole (wrapped), not cut to "Make it…". */
+#hui-batch-gallery .caption-label, #hui-compare-cells .caption-label {
+  white-space: normal; overflow: visible; text-overflow: clip; max-width: 100%; }
 /* Phones: the banner keeps its one warning line (the how-to is on a wide screen and in README),
    the title shrinks, so the source image and Edit are on the first screen. */
 @media (max-width: 640px) {
@@ -147,12 +154,13 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
                     history = build_history_tab()
             with gr.Column(scale=1, min_width=270, elem_id="hui-system"):
                 panel = build_system_panel(engine, handlers, lane)
+        history.stored.render()  # outside the tabs (see build_history_tab)
 
         runs = wire_edit_tab(edit, handlers, lane, on_edit=add_to_history(history, edit, handlers))
         runs += [run for tab in extra for run in getattr(tab, "runs", ())]
         for button, event in runs:  # unavailable while it runs; the panel follows it
             panel.watch_run(button, event)
-        wire_history_tab(history, edit, tabs, handlers)
+        wire_history_tab(history, edit, tabs, handlers, demo)
         private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
         demo.load(handlers.page_load, None, [panel.attention, panel.status_state, panel.status_panel,
                                              edit.form["working_resolution"], panel.engine_controls,

@@ -16,7 +16,7 @@ import gradio as gr
 
 from hidream_ui.engine.pool import ALL_ENGINES
 from hidream_ui.engine.protocol import Engine
-from hidream_ui.ui.common import DEVICE_GROUP
+from hidream_ui.ui.common import DEVICE_GROUP, enable_js
 from hidream_ui.ui.handlers import Handlers
 from hidream_ui.ui.speed_setting import build_speed_setting
 from hidream_ui.ui.status_panel import STATUS_CSS
@@ -48,13 +48,15 @@ class SystemPanelHandles:
         return [self.status_panel, self.telemetry_plot]
 
     def watch_run(self, button: gr.Button, event: Any) -> None:
-        """A long run (edit, batch, comparison) started by `button`: the button is unavailable
-        while it runs and back when it ends, however it ends (`.then` also follows a cancelled
-        event); meanwhile the state line refreshes every FAST_SECONDS, and at the end at once."""
+        """A long run (edit, batch, comparison) started by `button` (which its tab disables in the
+        browser on click, `common.disable_js`): the button is back when the run ends, however it
+        ends (`.then` also follows a cancelled event); meanwhile the state line refreshes every
+        FAST_SECONDS, and at the end at once."""
         private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
-        button.click(self.handlers.run_started, None, [button, self.fast_timer], **private)
+        button.click(self.handlers.run_started, None, [self.fast_timer], **private)
+        event.then(None, None, None, js=enable_js(button.elem_id), **private)
         event.then(self.handlers.run_finished, None,
-                   [button, self.fast_timer, self.status_state, self.status_panel, self.load_button], **private)
+                   [self.fast_timer, self.status_state, self.status_panel, self.load_button], **private)
 
 
 def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemPanelHandles:
@@ -130,7 +132,7 @@ def _wire(panel: SystemPanelHandles, handlers: Handlers, lane: int, kiosk: bool 
     if kiosk:
         timer.tick(handlers.visitor_card, None, panel.visitor_card, **private)
     # Only the state line, and only while this page runs something (`watch_run`): cheap.
-    panel.fast_timer.tick(handlers.status_state, None, panel.status_state, **private)
+    panel.fast_timer.tick(handlers.follow_run, None, [panel.status_state, panel.fast_timer], **private)
 
 
 __all__ = ["SystemPanelHandles", "build_system_panel", "STATUS_SECONDS", "FAST_SECONDS"]

@@ -15,6 +15,7 @@ Imports gradio at the top: only the UI imports this module.
 
 from __future__ import annotations
 
+import html
 import logging
 import shutil
 import tempfile
@@ -51,11 +52,15 @@ from hidream_ui.engine.protocol import Engine
 from hidream_ui.engine.runner import stream_job
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
+    SETTINGS_FILE_CONCURRENCY,
+    SETTINGS_FILE_GROUP,
+    USER_ERRORS,
     disable_js,
     format_seconds,
     guarded,
     md,
     move_bar,
+    people_message,
     settings_widgets,
 )
 from hidream_ui.ui.services import AppServices
@@ -91,10 +96,11 @@ def _batch_size(value: Any) -> int | None:
 
 
 def item_caption(item) -> str:
-    """The whole line: which image, which instruction, which seed."""
+    """The instruction and the seed (the /batch_edit gallery's captions: API clients read them);
+    the gallery shows them whole, and the Sources strip shows the images they came from."""
     if item.original_instruction is not None:  # rewritten: the user's line reads better; the PNG has the prompt
-        return f"{item.source_name} × {item.original_instruction} (rewritten) · seed {item.seed}"
-    return f"{item.source_name} × {item.instruction} · seed {item.seed}"
+        return f"{item.original_instruction} (rewritten) · seed {item.seed}"
+    return f"{item.instruction} · seed {item.seed}"
 
 
 def grouping_line(result: BatchResult) -> str:
@@ -289,6 +295,33 @@ class BatchTab:
         # Plain values (not gr.update) on the last yield: that is what API clients receive.
         yield list(run.gallery), run.report(result), str(archive)
 
+    def preview_sources(self, files):
+        """The uploads as thumbnails ("Sources"), checked on arrival: a file that is not an image is
+        left out and named in a warning; a .zip is opened only by the run (its images are listed
+        there). Returns the gallery's items."""
+        values = files if isinstance(files, (list, tuple)) else ([files] if files else [])
+        items, refused, archives = [], [], 0
+        for value in values:
+            try:
+                path, name = self.services.gate.path(value, "files")
+            except RequestError as exc:
+                refused.append(str(exc))
+                continue
+            if str(name or path).lower().endswith(".zip"):
+                archives += 1
+                continue
+            try:
+                self.engine.open_image(path, name=name)
+            except USER_ERRORS as exc:
+                refused.append(people_message(exc))
+                continue
+            items.append((path, name))
+        if refused:
+            gr.Warning(html.escape(" ".join(refused), quote=False), title="Not an image")
+        if archives:
+            gr.Info(f"{archives} .zip file(s): their images are read when the batch runs.")
+        return items
+
     def stop(self, request: gr.Request = None) -> None:
         """Stops this session's batch after the current step; finished items are kept."""
         if self.services.cancel(request, kind="batch"):
@@ -362,8 +395,8 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
                     batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_BATCH_SIZE,
                                            label="Items per transformer call", info="0 = from free memory")
             with gr.Column():
-                sources = gr.Gallery(label="Sources", columns=6, height=120, object_fit="contain", interactive=False,
-                                     allow_preview=False, elem_id="hui-batch-sources")
+                sources = gr.Gallery(label="Sources", value=[], columns=6, height=120, object_fit="contain",
+                                     interactive=False, allow_preview=False, elem_id="hui-batch-sources")
                 # No label on the results: it sat on top of the first thumbnail.
                 gallery = gr.Gallery(label="Results", show_label=False, columns=3, height=420, object_fit="contain",
                                      interactive=False, elem_id="hui-batch-gallery")
@@ -376,6 +409,10 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
         run_event = run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download],
                                      api_name="batch_edit", concurrency_id=DEVICE_GROUP,
                                      concurrency_limit=engine.size, preprocess=False, show_progress_on=[gallery])
+        # The uploads' thumbnails: it decodes a client's files, so it is queued on the small lane.
+        files.change(handlers.preview_sources, [files], [sources], concurrency_id=SETTINGS_FILE_GROUP,
+                     concurrency_limit=SETTINGS_FILE_CONCURRENCY, show_progress="hidden", api_visibility="private",
+                     preprocess=False)
         # Stop never queues (it must get through while the batch holds the device group) and does
         # not cancel the event: the run ends by itself after the current step and keeps its items.
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")

@@ -139,8 +139,8 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
                                       visible=rewriter is not None, label="Rewrite instruction",
                                       info=rewrite_info(rewriter, variant), elem_id="hui-rewrite-on")
                 with gr.Row(elem_id="hui-edit-actions"):
-                    edit_button = gr.Button("Edit", variant="primary", elem_id="hui-edit")
-                    stop_button = gr.Button("Stop", variant="stop", elem_id="hui-stop")
+                    edit_button = gr.Button("Edit", variant="primary", min_width=100, elem_id="hui-edit")
+                    stop_button = gr.Button("Stop", variant="stop", min_width=100, elem_id="hui-stop")
                 gr.Markdown(variant_hint(variant), elem_classes=["hui-hint"])
             # The result area: the progress bar, the before/after slider (and, from the pipeline,
             # the live previews) all show here, beside the button on a wide screen, right under it

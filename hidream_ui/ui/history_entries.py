@@ -158,7 +158,8 @@ HISTORY_CSS = """
 .hui-h-instruction { font-weight: 600; }
 .hui-h-settings, .hui-h-time { font-size: 0.85em; opacity: 0.8; }
 .hui-h-gone { font-size: 0.85em; color: #b45309; }
-@media (max-width: 640px) { .hui-h-pair img, .hui-h-missing { width: 64px; height: 64px; } }
+@media (max-width: 640px) { .hui-h-card { flex-wrap: wrap; } .hui-h-text { flex-basis: 100%; }
+                            .hui-h-pair img, .hui-h-missing { width: 80px; height: 80px; } }
 """
 
 

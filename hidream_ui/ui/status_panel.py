@@ -83,18 +83,16 @@ def render_status(status: EngineStatus, with_state: bool = True) -> str:
     if with_state:
         parts.append(f'<div class="hui-state hui-state-{html.escape(state)}">{html.escape(text)}</div>')
     if status.device:
-        parts.append(_kv("Device", status.device_name or "?"))
-        parts.append(_kv("Type", f"{status.device_type} ({status.device})"))
+        parts.append(_kv("Device", f"{status.device_name or '?'} ({status.device})"))
     else:
         parts.append(_kv("Device", "unavailable"))
-    parts.append(_kv("Dtype", status.dtype or "?"))
+    parts.append(_kv("Computes in", status.dtype or "?"))
     source_text = "tiny (random weights)" if status.model_source == "tiny" else (status.model_source or "?")
     parts.append(_kv("Model", f"{(status.variant or '?').upper()} · {source_text}"))
     parts.append(_kv("Attention", attention_line(status)))
     plan = status.memory_plan
     if plan is not None:
-        predicted = "" if plan.predicted_peak is None else f" · predicted peak {format_bytes(plan.predicted_peak)}"
-        parts.append(_kv("Memory plan", plan.label + predicted))
+        parts.append(_kv("Memory plan", plan_line(plan, status.dtype)))
     if status.speed is not None:
         parts.append(_kv("Speed", speed_line(status.speed)))
     if status.queue is not None:
@@ -144,13 +142,29 @@ def attention_line(status: EngineStatus) -> str:
     return status.attention or "?"
 
 
+# The step caches by the names the Speed setting gives them (ui/speed_setting.py).
+CACHE_WORDS = {"none": "exact", "interval:2": "fast", "interval:3": "faster"}
+
+
 def speed_line(speed: dict) -> str:
-    """MoE mode, compile state and the step cache of the next edits, in one line."""
+    """The step cache of the next edits and whether the transformer is compiled, in plain words
+    (the MoE implementation and the cache's spec are in /status)."""
     compiled = speed.get("compile") == "blocks"
-    compile_text = ("compiled " + str(speed.get("compile_backend")) if speed.get("compiled") else
-                    "compile failed: eager" if compiled and speed.get("compile_error") else
-                    "compile pending" if compiled else "eager")
-    return f"cache {speed.get('cache_default')} · MoE {speed.get('moe')} · {compile_text}"
+    compile_text = (f"compiled ({speed.get('compile_backend')})" if speed.get("compiled") else
+                    "compiling failed, runs uncompiled" if compiled and speed.get("compile_error") else
+                    "compiles on the first edit" if compiled else "not compiled")
+    cache = str(speed.get("cache_default"))
+    return f"{CACHE_WORDS.get(cache, cache)} · {compile_text}"
+
+
+def plan_line(plan, dtype: str | None) -> str:
+    """Where the model's parts live, the weights' format and the predicted peak, in words that
+    agree with "Computes in": the plan's "bf16" means "the compute dtype" (not fp8)."""
+    where = plan.spec.description.split(";")[0]
+    weights = "fp8 weights" if plan.weights == "fp8" else f"weights in {dtype or plan.weights}"
+    chosen = " (chosen to fit)" if plan.requested == "auto" else ""
+    peak = "" if plan.predicted_peak is None else f" · needs about {format_bytes(plan.predicted_peak)}"
+    return f"{where}{chosen} · {weights}{peak}"
 
 
 def attention_label(name: str, description: str, available: bool, reason: str) -> str:

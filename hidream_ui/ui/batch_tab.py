@@ -386,14 +386,6 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
                 with gr.Row():
                     run_button = gr.Button("Run batch", variant="primary", elem_id="hui-batch-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-batch-stop")
-                with gr.Accordion("Settings (shared by every item)", open=False):
-                    settings = settings_widgets(defaults)
-                    with gr.Row():
-                        seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
-                                         info="-1: random")
-                        seed_policy = gr.Radio(list(SEED_POLICY_CHOICES), value="fixed", label="Seed per item")
-                    batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_BATCH_SIZE,
-                                           label="Items per transformer call", info="0 = from free memory")
             with gr.Column():
                 sources = gr.Gallery(label="Sources", value=[], columns=6, height=120, object_fit="contain",
                                      interactive=False, allow_preview=False, elem_id="hui-batch-sources")
@@ -402,6 +394,15 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
                                      interactive=False, elem_id="hui-batch-gallery")
                 report = gr.Markdown(elem_id="hui-batch-report")
                 download = gr.DownloadButton("Download results (.zip)", value=None, elem_id="hui-batch-zip")
+        # Below the results, not between the Run button and them (on a phone the results come first).
+        with gr.Accordion("Settings (shared by every item)", open=False):
+            settings = settings_widgets(defaults)
+            with gr.Row():
+                seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
+                                 info="-1: random")
+                seed_policy = gr.Radio(list(SEED_POLICY_CHOICES), value="fixed", label="Seed per item")
+            batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_BATCH_SIZE,
+                                   label="Items per transformer call", info="0 = from free memory")
         # The order of /batch_edit's inputs (BatchTab.run's parameters).
         inputs = [files, instructions, mode, *settings.values(), seed, seed_policy, batch_size, rewrite]
         run_button.click(None, None, None, js=disable_js(run_button.elem_id), queue=False,

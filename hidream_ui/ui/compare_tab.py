@@ -105,8 +105,9 @@ class CompareTab:
             move_bar(progress, job, 0.0, "Loading the model" if not self.engine.loaded else "Starting")
 
             def work(emit):
-                return run_compare(self.engine, picture, params, plan.axis_x, plan.values_x,
-                                   plan.axis_y, plan.values_y if plan.axis_y is not None else None,
+                # The values as typed (not the parsed ones): the result's plan keeps the user's words.
+                return run_compare(self.engine, picture, params, plan.axis_x, values_x,
+                                   plan.axis_y, values_y if plan.axis_y is not None else None,
                                    on_cell=lambda cell, result: emit("cell", (cell, result)),
                                    on_step=lambda info: emit("step", info), source_name=name, cancel=job.token)
 
@@ -217,10 +218,6 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
                 with gr.Row():
                     run_button = gr.Button("Compare", variant="primary", elem_id="hui-compare-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-compare-stop")
-                with gr.Accordion("Shared settings", open=False):
-                    settings = settings_widgets(defaults)
-                    seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
-                                     info="-1: one random seed for the whole grid")
             with gr.Column():
                 # No label: it would sit on top of the axis names drawn in the image's top-left corner.
                 grid = gr.Image(label="Grid", show_label=False, type="pil", format="png", interactive=False,
@@ -235,6 +232,11 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
                 slider = gr.ImageSlider(label="Two cells side by side", type="filepath", interactive=False,
                                         height=380, elem_id="hui-compare-slider")
 
+        # Below the results, not between the Run button and them (on a phone the results come first).
+        with gr.Accordion("Shared settings", open=False):
+            settings = settings_widgets(defaults)
+            seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
+                             info="-1: one random seed for the whole grid")
         for axis, values in ((axis_x, values_x), (axis_y, values_y)):
             axis.change(handlers.hint, [axis], [values], queue=False, show_progress="hidden",
                         api_visibility="private")

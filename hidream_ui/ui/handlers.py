@@ -403,7 +403,9 @@ class Handlers:
         except Exception:  # noqa: BLE001 - a broken plot must not spam error toasts
             logger.warning("telemetry plot failed", exc_info=True)
             rows = []
-        return pd.DataFrame(rows, columns=list(PLOT_COLUMNS))
+        # Numeric columns even when there are no rows: an empty frame's columns are "object", the plot
+        # then takes both axes for categories and keeps them (a stack of labels instead of an axis).
+        return pd.DataFrame(rows, columns=list(PLOT_COLUMNS)).astype({"seconds": float, "percent": float})
 
     def live_progress(self) -> list[str]:
         """What the progress bars of the running jobs show now (the same `Job.progress` they are

@@ -390,7 +390,7 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
                 sources = gr.Gallery(label="Sources", value=[], columns=6, height=120, object_fit="contain",
                                      interactive=False, allow_preview=False, elem_id="hui-batch-sources")
                 # No label on the results: it sat on top of the first thumbnail.
-                gallery = gr.Gallery(label="Results", show_label=False, columns=3, height=420, object_fit="contain",
+                gallery = gr.Gallery(label="Results", show_label=False, columns=2, height=420, object_fit="contain",
                                      interactive=False, elem_id="hui-batch-gallery")
                 report = gr.Markdown(elem_id="hui-batch-report")
                 download = gr.DownloadButton("Download results (.zip)", value=None, elem_id="hui-batch-zip")

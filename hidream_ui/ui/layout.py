@@ -73,9 +73,10 @@ APP_CSS = """
    they hid the grid's last column header. */
 #hui-compare-grid .icon-button-wrapper, #hui-compare-slider .icon-button-wrapper {
   position: static; justify-content: flex-end; }
-/* Gallery captions whole (wrapped), not cut to "Make it…". */
-#hui-batch-gallery .caption-label, #hui-compare-cells .caption-label {
-  white-space: normal; overflow: visible; text-overflow: clip; max-width: 100%; }
+/* Gallery captions: one line over the picture, whole (wrapped) while the pointer is on it, and
+   whole in the large view a click opens. */
+#hui-batch-gallery .gallery-item:hover .caption-label, #hui-compare-cells .gallery-item:hover .caption-label {
+  white-space: normal; overflow: visible; text-overflow: clip; max-width: 100%; opacity: 0.95; }
 /* Phones: the banner keeps its one warning line (the how-to is on a wide screen and in README),
    the title shrinks, so the source image and Edit are on the first screen. */
 @media (max-width: 640px) {

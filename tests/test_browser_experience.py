@@ -18,6 +18,8 @@ from helpers import wait_for
 from playwright import sync_api
 from test_browser import CHROMIUM, CHROMIUM_ARGS, open_app, set_number
 
+from hidream_ui.ui.history_tab import STORAGE_KEY
+
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 VIEWPORTS = {"desktop": {"width": 1440, "height": 900}, "phone": {"width": 390, "height": 844}}
 EXAMPLE = "Make the mug blue with white polka dots"  # assets/examples.json, last entry
@@ -130,6 +132,10 @@ def test_history_survives_a_reload_and_stays_in_its_browser(app, page, browser):
     page.locator("#hui-edit").click()
     summary = finished_summary(page)
     seed = re.search(r"Seed (\d+)", summary).group(1)
+    page.get_by_role("tab", name="History").click()
+    sync_api.expect(page.locator("#hui-history .hui-h-card").first).to_contain_text(f"seed {seed}")
+    # The browser writes its storage after the entry arrived: reload once it holds it.
+    page.wait_for_function(f"() => (localStorage.getItem({STORAGE_KEY!r}) || '').length > 1000")
     page.reload()
     open_app(page, app["url"])
     page.get_by_role("tab", name="History").click()
@@ -188,3 +194,28 @@ def test_a_batch_bar_passes_0_percent_before_the_first_item_ends(app, page, tmp_
     page.locator("#hui-batch-stop").click()
     sync_api.expect(page.locator("#hui-batch-report")).to_contain_text("Stopped", timeout=60_000)
     sync_api.expect(page.locator("#hui-batch-run")).to_be_enabled()
+
+
+def test_an_upload_that_is_not_an_image_is_refused_on_arrival(app, page, tmp_path):
+    fake = tmp_path / "notes.png"
+    fake.write_text("shopping list: eggs, milk\n", encoding="utf-8")
+    open_app(page, app["url"])
+    page.locator("#hui-source input[type=file]").set_input_files(str(fake))
+    # Refused at upload (a warning, the slot emptied), not later at Edit.
+    sync_api.expect(page.locator("[data-testid=toast-body]")).to_contain_text("This file is not an image we can read")
+    sync_api.expect(page.locator("#hui-summary")).to_contain_text("not an image we can read")
+    sync_api.expect(page.locator("#hui-source img")).to_have_count(0)
+    no_error_toast(page)
+
+
+def test_a_stale_error_goes_when_the_form_changes(app, page):
+    open_app(page, app["url"])
+    page.get_by_text(EXAMPLE).first.click()
+    sync_api.expect(page.locator("#hui-source img")).to_be_visible()
+    page.locator("#hui-instruction textarea").fill("")
+    page.locator("#hui-edit").click()
+    error = page.locator("[data-testid=toast-body]").filter(has_text="Write an instruction")
+    sync_api.expect(error).to_have_count(1)
+    page.locator("#hui-instruction textarea").fill("Make the mug red")  # the form changed: the error is stale
+    sync_api.expect(error).to_have_count(0)
+    sync_api.expect(page.locator("#hui-edit")).to_be_enabled()

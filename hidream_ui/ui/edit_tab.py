@@ -38,9 +38,6 @@ logger = logging.getLogger(__name__)
 
 # The values of the rewritten prompt box, the rewriter's answer and its note once a rewrite is stale.
 CLEAR_REWRITE_JS = "() => ['', null, '']"
-# Dismisses the error toasts still on screen (a stale "Error (2)" after the form changed).
-CLEAR_ERRORS_JS = ("() => { document.querySelectorAll('button[data-testid=\"toast-close\"].error')"
-                   ".forEach((b) => b.click()); }")
 # Brings an element into view unless it already is (the page is long on a phone).
 # Once now and once after the re-render the click causes (the progress overlay, a disabled button).
 _SCROLL_TO = ("(() => {{ const show = () => {{ const el = document.querySelector('{selector}'); if (!el) return; "
@@ -126,7 +123,7 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
     defaults = EditParams.defaults_for(variant)
     value = defaults.to_dict()
     form: dict[str, Any] = {}
-    with gr.Tab("Edit", id="edit"):
+    with gr.Tab("Edit", id="edit", elem_id="hui-edit-tab"):
         with gr.Row(equal_height=False):
             with gr.Column(min_width=300):
                 image = gr.Image(label="Source image", sources=["upload", "clipboard", "webcam"], type="filepath",
@@ -236,11 +233,8 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     # (`js`, no handler): `.input` fires on every keystroke.
     for trigger in (instruction.input, tab.image.change):
         trigger(None, None, rewrite_outputs, js=CLEAR_REWRITE_JS, **private)
-    # An error belongs to the form it refused: any change to the form dismisses it.
-    for name, component in tab.form.items():
-        (component.input if name == "instruction" else component.change)(None, None, None, js=CLEAR_ERRORS_JS,
-                                                                          **private)
-    tab.image.change(None, None, None, js=CLEAR_ERRORS_JS, **private)
+    # An error belongs to the form it refused: any change to the form dismisses it (in the browser,
+    # layout.APP_JS: gradio's own input/change events did not reach a js-only listener here).
     # An upload is checked when it arrives (a text file renamed .png is refused now, not at Edit).
     # It decodes a client's file: queued on the small settings-file lane, like the PNG reader.
     tab.image.upload(handlers.check_source, [tab.image], [tab.image, tab.summary],
@@ -257,4 +251,4 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
 
 
 __all__ = ["EditTabHandles", "build_edit_tab", "wire_edit_tab", "load_examples", "rewrite_info", "CLEAR_REWRITE_JS",
-           "CLEAR_ERRORS_JS", "SHOW_RESULT_JS", "SHOW_FORM_JS"]
+           "SHOW_RESULT_JS", "SHOW_FORM_JS"]

@@ -87,9 +87,25 @@ APP_CSS = """
 """
 
 
+# Runs once when the page loads. An error toast belongs to the form it refused: any change the user
+# makes in the Edit tab (typing, a slider, a new upload) dismisses the error toasts still shown, so
+# a stale "Error (2)" never sits beside a form that has changed since.
+APP_JS = """
+() => {
+  const clear = () => document.querySelectorAll('button[data-testid="toast-close"].error')
+    .forEach((button) => button.click());
+  for (const type of ["input", "change"]) {
+    document.addEventListener(type, (event) => {
+      if (event.isTrusted && event.target.closest && event.target.closest("#hui-edit-tab")) clear();
+    }, true);
+  }
+}
+"""
+
+
 def launch_options() -> dict[str, Any]:
-    """Theme and CSS: Gradio 6 takes them in `launch()`, not in `gr.Blocks()`."""
-    return {"theme": gr.themes.Soft(), "css": APP_CSS}
+    """Theme, CSS and the page's script: Gradio 6 takes them in `launch()`, not in `gr.Blocks()`."""
+    return {"theme": gr.themes.Soft(), "css": APP_CSS, "js": APP_JS}
 
 
 def new_blocks(config: AppConfig) -> gr.Blocks:
@@ -176,4 +192,4 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
 
 
 __all__ = ["build_demo", "new_blocks", "default_extra_tabs", "launch_options", "load_examples", "TINY_BANNER",
-           "APP_CSS", "ASSETS_DIR"]
+           "APP_CSS", "APP_JS", "ASSETS_DIR"]

@@ -50,13 +50,15 @@ class SystemPanelHandles:
     def watch_run(self, button: gr.Button, event: Any) -> None:
         """A long run (edit, batch, comparison) started by `button` (which its tab disables in the
         browser on click, `common.disable_js`): the button is back when the run ends, however it
-        ends (`.then` also follows a cancelled event); meanwhile the state line refreshes every
+        ends (done, refused, failed or stopped); meanwhile the state line refreshes every
         FAST_SECONDS, and at the end at once."""
         private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
         button.click(self.handlers.run_started, None, [self.fast_timer], **private)
-        event.then(None, None, None, js=enable_js(button.elem_id), **private)
-        event.then(self.handlers.run_finished, None,
-                   [self.fast_timer, self.status_state, self.status_panel, self.load_button], **private)
+        # `.then` follows a success and a cancelled event, not an error (gradio 6): `.failure` too.
+        for ended in (event.then, event.failure):
+            ended(None, None, None, js=enable_js(button.elem_id), **private)
+            ended(self.handlers.run_finished, None,
+                  [self.fast_timer, self.status_state, self.status_panel, self.load_button], **private)
 
 
 def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemPanelHandles:

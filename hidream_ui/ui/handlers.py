@@ -200,6 +200,9 @@ class Handlers:
             load_seconds += self._load_with_progress(progress)
             progress(0.0, desc="Encoding the instruction")
 
+            # Every job event of this edit arrives here, in gradio's worker thread; a live preview
+            # (a `preview` event) belongs in the result area (`EditTabHandles.result_slider`,
+            # `#hui-result-area`), where the bar runs and the page scrolls on Edit.
             def on_event(event: JobEvent) -> None:
                 if event.kind == "step":
                     info: StepInfo = event.payload

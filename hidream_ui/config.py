@@ -169,7 +169,8 @@ _MODEL_OPTIONS = [
      " | ".join(COMPILE_CHOICES) + " (blocks: torch.compile / torchair on the repeated transformer blocks; eager "
      "if it fails)"),
     ("--cache", ("HIDREAM_CACHE",), "cache",
-     "default step cache of edits: none | interval:K | first-block:T (or " + " | ".join(SPEED_PRESETS) + ")"),
+     "default step cache of edits: none | interval:K | first-block:T | fbcache:T | taylorseer:N | magcache:T | "
+     "dbcache:T (or " + " | ".join(SPEED_PRESETS) + "; docs/speed.md)"),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
     ("--retention", ("HIDREAM_RETENTION",), "retention", "keep at most this many results in --output-dir"),
 ]

@@ -12,7 +12,11 @@ Two modes (`--cache`, README "Speed modes"):
   is skipped and the cached residual of the rest (output of the last block minus output of the
   first) is added. That decision reads one number on the host: one sync per call, by design.
 
-Why not diffusers' own cache hooks: they need the block classes registered in
+The field's caches (diffusers' FirstBlockCache, TaylorSeer and MagCache: library.py; cache-dit's
+DBCache: cachedit.py) install under the same root hook name, so `reset_step_cache`,
+`step_cache_stats` and `remove_step_cache` serve every kind.
+
+Why these hooks do not use diffusers' block registry: they need the block classes registered in
 `TransformerBlockRegistry`, and HiDream's blocks do not fit its contract: each double block gets
 `initial text + llama[k]` and returns the text stream with `llama[k]` still appended (the model
 slices it off), and each single block gets the stream with another `llama[k]` appended, so a
@@ -41,6 +45,7 @@ from diffusers.hooks import HookRegistry, ModelHook
 
 from hidream_ui.pipeline.speed.settings import CacheSpec, parse_cache
 
+OWN_KINDS = ("interval", "first-block")  # these hooks; the other kinds live in library.py / cachedit.py
 _ROOT, _HEAD, _MIDDLE, _TAIL = (f"hidream_ui_step_cache_{part}" for part in ("root", "head", "middle", "tail"))
 
 
@@ -75,7 +80,8 @@ class StepCacheState:
     residual: Any = None  # what the skipped blocks add to head_state
     head_residual: Any = None  # first-block mode: the first block's residual at the last full call
 
-    def reset(self) -> None:
+    def reset(self, calls: int | None = None) -> None:
+        """Drops the cached tensors (`calls`, the next stage's length, is for MagCache: unused here)."""
         self.signature = None
         self.calls_since_reset = 0
         self.compute = True
@@ -214,6 +220,17 @@ def _blocks(transformer):
     return doubles, singles
 
 
+def _library_module(spec: CacheSpec):
+    """The module that installs a library cache (lazy: diffusers' cache hooks, or cache-dit)."""
+    if spec.kind == "dbcache":
+        from hidream_ui.pipeline.speed import cachedit
+
+        return cachedit
+    from hidream_ui.pipeline.speed import library
+
+    return library
+
+
 def _state(transformer) -> StepCacheState | None:
     registry = getattr(transformer, "_diffusers_hook", None)
     hook = registry.get_hook(_ROOT) if registry is not None else None
@@ -221,7 +238,11 @@ def _state(transformer) -> StepCacheState | None:
 
 
 def remove_step_cache(transformer) -> None:
-    if _state(transformer) is None:
+    state = _state(transformer)
+    if state is None:
+        return
+    if state.spec.kind not in OWN_KINDS:  # a library cache: it knows its hooks
+        _library_module(state.spec).uninstall(transformer, state)
         return
     doubles, singles = _blocks(transformer)
     for module, name in [(transformer, _ROOT), (doubles[0], _HEAD), (singles[-1], _TAIL)] + \
@@ -237,6 +258,9 @@ def apply_step_cache(transformer, spec: CacheSpec | str) -> CacheSpec:
         return spec
     remove_step_cache(transformer)
     if not spec.active:
+        return spec
+    if spec.kind not in OWN_KINDS:
+        _library_module(spec).install(transformer, spec)
         return spec
     doubles, singles = _blocks(transformer)
     state = StepCacheState(spec)
@@ -256,12 +280,13 @@ def step_cache_spec(transformer) -> CacheSpec:
     return state.spec if state is not None else CacheSpec()
 
 
-def reset_step_cache(transformer, *, stats: bool = False) -> None:
-    """Drops the cached tensors (refine switch, new edit); with `stats` also zeroes the counters.
-    A no-op without a cache."""
+def reset_step_cache(transformer, *, stats: bool = False, calls: int | None = None) -> None:
+    """Drops the cached tensors (refine switch, new edit); with `stats` also zeroes the counters;
+    `calls`: how many transformer calls the stage that starts makes (MagCache spreads its ratios over
+    them). A no-op without a cache."""
     state = _state(transformer)
     if state is not None:
-        state.reset()
+        state.reset(calls)
         if stats:
             state.stats = CacheStats()
 

@@ -19,7 +19,13 @@ from urllib.parse import urlsplit
 from hidream_ui.device.backends import DTYPE_SPECS, DeviceError
 from hidream_ui.device.detect import parse_device_spec
 from hidream_ui.device.pool_spec import PoolSpecError, check_devices, check_placement, split_devices, split_placement
-from hidream_ui.model.plans import MEMORY_CHOICES, WEIGHT_CHOICES, MemoryOptionError, validate_memory_options
+from hidream_ui.model.plans import (
+    MEMORY_CHOICES,
+    PLAN_SPECS,
+    WEIGHT_CHOICES,
+    MemoryOptionError,
+    validate_memory_options,
+)
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME, PROFILES
 from hidream_ui.pipeline.attention.registry import strategy_names
 from hidream_ui.pipeline.speed.settings import (
@@ -381,7 +387,9 @@ def validate(config: AppConfig) -> AppConfig:
     _validate_devices(config)
     try:
         config = validate_memory_options(config)
-        check_speed(config.moe, config.compile, config.cache)
+        check_speed(config.moe, config.compile, config.cache,
+                    transformer_offloaded=config.memory in PLAN_SPECS and PLAN_SPECS[config.memory].transformer
+                    != "resident")
     except (MemoryOptionError, SpeedSettingError) as exc:
         raise ConfigError(str(exc)) from None
     return config

@@ -222,6 +222,17 @@ def test_dbcache_skips_after_its_warmup_and_is_removed_without_a_trace(engine, t
 
 
 @pytest.mark.skipif(not _has_cache_dit(), reason="cache-dit is an optional extra (pip install 'hidream_ui[cache-dit]')")
+def test_dbcache_with_compile_or_an_offloading_plan_is_refused_at_start():
+    with pytest.raises(ConfigError, match="cache=dbcache:0.1 cannot run with compile='blocks'"):
+        from_args(["--cache", "dbcache:0.1", "--compile", "blocks"], environ={})
+    for plan in ("blocks", "sequential"):
+        with pytest.raises(ConfigError, match="memory plan that offloads the transformer"):
+            from_args(["--cache", "dbcache:0.1", "--memory", plan], environ={})
+    assert from_args(["--cache", "dbcache:0.1", "--memory", "full"], environ={}).cache == "dbcache:0.1"
+    assert from_args(["--cache", "fbcache:0.1", "--memory", "blocks"], environ={}).cache == "fbcache:0.1"
+
+
+@pytest.mark.skipif(not _has_cache_dit(), reason="cache-dit is an optional extra (pip install 'hidream_ui[cache-dit]')")
 def test_dbcache_is_refused_where_it_would_drop_hooks(engine, transformer):
     registry = HookRegistry.check_if_exists_or_initialize(transformer)
     registry.register_hook(ModelHook(), "hidream_ui_compile_guard")

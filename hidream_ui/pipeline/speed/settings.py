@@ -98,8 +98,9 @@ class SpeedSettingError(ValueError):
     (config.validate turns it into a ConfigError)."""
 
 
-def check_speed(moe: str, compile_mode: str, cache: str) -> None:
-    """Checks --moe / --compile / --cache; raises SpeedSettingError naming the value."""
+def check_speed(moe: str, compile_mode: str, cache: str, transformer_offloaded: bool = False) -> None:
+    """Checks --moe / --compile / --cache (`transformer_offloaded`: the --memory plan streams the
+    transformer's blocks); raises SpeedSettingError naming the value."""
     if moe not in MOE_CHOICES:
         raise SpeedSettingError(f"moe={moe!r} is not one of: {', '.join(MOE_CHOICES)}")
     if compile_mode not in COMPILE_CHOICES:
@@ -114,3 +115,11 @@ def check_speed(moe: str, compile_mode: str, cache: str) -> None:
     reason = cache_unavailable(spec)
     if reason:
         raise SpeedSettingError(reason)
+    # cache-dit replaces the forwards that carry these hooks (pipeline/speed/cachedit.py); an `auto`
+    # plan that ends up offloading is refused at the first edit instead, with the same reason.
+    if spec.kind == "dbcache" and compile_mode == "blocks":
+        raise SpeedSettingError(f"cache={spec} cannot run with compile='blocks': cache-dit replaces the "
+                                "transformer's forward, which would drop the compile guard hook")
+    if spec.kind == "dbcache" and transformer_offloaded:
+        raise SpeedSettingError(f"cache={spec} cannot run with a memory plan that offloads the transformer: "
+                                "cache-dit replaces the blocks' forwards, which would drop the offloading hooks")

@@ -272,5 +272,5 @@ def test_library_caches_compose_with_the_lora_and_the_offloading_plan(lora_engin
 @pytest.mark.skipif(not _has_cache_dit(), reason="cache-dit is an optional extra (pip install 'hidream_ui[cache-dit]')")
 def test_dbcache_is_refused_with_an_offloading_plan(lora_engines):
     request = EditRequest(image=random_picture(4, (64, 64)), params=edit_params(steps=2, cache="dbcache:0.1"))
-    with pytest.raises(Exception, match="memory plan that offloads the transformer"):
+    with pytest.raises(ValueError, match="cache=dbcache cannot run with a memory plan that offloads the transformer"):
         lora_engines["blocks"].edit(request, save=False)

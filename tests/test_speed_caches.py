@@ -274,3 +274,22 @@ def test_dbcache_is_refused_with_an_offloading_plan(lora_engines):
     request = EditRequest(image=random_picture(4, (64, 64)), params=edit_params(steps=2, cache="dbcache:0.1"))
     with pytest.raises(ValueError, match="cache=dbcache cannot run with a memory plan that offloads the transformer"):
         lora_engines["blocks"].edit(request, save=False)
+
+
+@pytest.mark.skipif(not _has_cache_dit(), reason="cache-dit is an optional extra (pip install 'hidream_ui[cache-dit]')")
+def test_cache_dit_logs_never_reach_stdout(capsys):
+    """`edit` prints its JSON summary on stdout; cache-dit's own log handler writes to stdout."""
+    import logging
+
+    from hidream_ui.pipeline.speed.cachedit import import_cache_dit
+
+    import_cache_dit()
+    logger = logging.getLogger("CACHE_DIT")
+    old = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("probe from the test")
+    finally:
+        logger.setLevel(old)
+    captured = capsys.readouterr()
+    assert "probe from the test" not in captured.out and "probe from the test" in captured.err

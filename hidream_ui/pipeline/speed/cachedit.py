@@ -45,6 +45,16 @@ def import_cache_dit():
         import cache_dit
     except ImportError as exc:
         raise CacheDitMissing(f"cache=dbcache needs the optional package cache-dit ({exc}): {CACHE_DIT_HINT}") from exc
+    # cache-dit's log handler writes to stdout, where `edit` prints its JSON summary: moved to stderr
+    # (its level follows CACHE_DIT_LOG_LEVEL, which the quiet CLI sets to error).
+    import logging
+    import sys
+
+    from cache_dit import logger as cache_dit_logger
+
+    handler = getattr(cache_dit_logger, "_default_handler", None)  # its console handler (a file one is apart)
+    if isinstance(handler, logging.StreamHandler) and handler.stream is not sys.stderr:
+        handler.setStream(sys.stderr)
     return cache_dit
 
 

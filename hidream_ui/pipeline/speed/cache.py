@@ -43,27 +43,13 @@ from typing import Any
 
 from diffusers.hooks import HookRegistry, ModelHook
 
+from hidream_ui.pipeline.speed.cache_state import ROOT_HOOK as _ROOT
+from hidream_ui.pipeline.speed.cache_state import CacheStats
+from hidream_ui.pipeline.speed.cache_state import call_signature as _signature
 from hidream_ui.pipeline.speed.settings import CacheSpec, parse_cache
 
 OWN_KINDS = ("interval", "first-block")  # these hooks; the other kinds live in library.py / cachedit.py
-_ROOT, _HEAD, _MIDDLE, _TAIL = (f"hidream_ui_step_cache_{part}" for part in ("root", "head", "middle", "tail"))
-
-
-@dataclass
-class CacheStats:
-    calls: int = 0
-    full_calls: int = 0
-    blocks_run: int = 0
-    blocks_skipped: int = 0
-
-    @property
-    def skipped_fraction(self) -> float:
-        total = self.blocks_run + self.blocks_skipped
-        return self.blocks_skipped / total if total else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "full_calls": self.full_calls, "blocks_run": self.blocks_run,
-                "blocks_skipped": self.blocks_skipped, "skipped_fraction": round(self.skipped_fraction, 4)}
+_HEAD, _MIDDLE, _TAIL = (f"hidream_ui_step_cache_{part}" for part in ("head", "middle", "tail"))
 
 
 @dataclass
@@ -86,17 +72,6 @@ class StepCacheState:
         self.calls_since_reset = 0
         self.compute = True
         self.head_state = self.residual = self.head_residual = None
-
-
-def _signature(kwargs: dict) -> tuple:
-    def key(t):
-        return None if t is None else (tuple(t.shape), t.dtype, t.device, t.data_ptr())
-
-    hidden = kwargs.get("hidden_states")
-    return (None if hidden is None else (tuple(hidden.shape), hidden.dtype),
-            key(kwargs.get("encoder_hidden_states_t5")), key(kwargs.get("encoder_hidden_states_llama3")),
-            key(kwargs.get("pooled_embeds")),
-            None if kwargs.get("hidden_states_masks") is None else tuple(kwargs["hidden_states_masks"].shape))
 
 
 class _StateHook(ModelHook):

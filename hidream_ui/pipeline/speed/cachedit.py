@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hidream_ui.pipeline.speed.cache import _ROOT, CacheStats, _signature
+from hidream_ui.pipeline.speed.cache_state import ROOT_HOOK as _ROOT
+from hidream_ui.pipeline.speed.cache_state import CacheStats
+from hidream_ui.pipeline.speed.cache_state import call_signature as _signature
 from hidream_ui.pipeline.speed.settings import CACHE_DIT_HINT, CacheSpec
 
 FN_BLOCKS, BN_BLOCKS, WARMUP_CALLS, TAYLORSEER_ORDER = 1, 0, 3, 1

@@ -51,7 +51,9 @@ from diffusers.hooks.mag_cache import (
 from diffusers.hooks.taylorseer_cache import _TAYLORSEER_CACHE_HOOK, TaylorSeerCacheConfig, apply_taylorseer_cache
 from diffusers.models.transformers.transformer_hidream_image import HiDreamBlock, HiDreamImageTransformerBlock
 
-from hidream_ui.pipeline.speed.cache import _ROOT, CacheStats, _signature
+from hidream_ui.pipeline.speed.cache_state import ROOT_HOOK as _ROOT
+from hidream_ui.pipeline.speed.cache_state import CacheStats
+from hidream_ui.pipeline.speed.cache_state import call_signature as _signature
 from hidream_ui.pipeline.speed.settings import CacheSpec
 
 LIBRARY_KINDS = ("fbcache", "taylorseer", "magcache")

@@ -88,7 +88,7 @@ def no_cache_dit(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake_import)
 
 
-def test_dbcache_without_cache_dit_says_how_to_install_it(no_cache_dit):
+def test_dbcache_without_cache_dit_says_how_to_install_it(no_cache_dit, tmp_path):
     hint = r"pip install 'hidream_ui\[cache-dit\]'"
     with pytest.raises(ConfigError, match="needs the optional package cache-dit.*" + hint):
         from_args(["--cache", "dbcache:0.1"], environ={})
@@ -99,6 +99,10 @@ def test_dbcache_without_cache_dit_says_how_to_install_it(no_cache_dit):
     with pytest.raises(CacheDitMissing, match=hint):
         import_cache_dit()
     assert parse_cache("dbcache:0.1").kind == "dbcache"  # the grammar stays: only its use is refused
+    from hidream_ui.engine.errors import EngineError
+
+    with pytest.raises(EngineError, match="cache-dit"):  # the Speed setting / /set_speed
+        EditEngine(AppConfig(device="cpu", output_dir=tmp_path)).set_speed("dbcache:0.1")
 
 
 # ------------------------------------------------------------------ on the tiny model

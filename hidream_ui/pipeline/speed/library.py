@@ -101,7 +101,9 @@ class _FBCHead(_BlockMetadata, FBCHeadBlockHook):
         previous = self.state_manager.get_state().head_block_residual
         if previous is None or previous.shape != hidden_states_residual.shape:
             return True
-        change = (hidden_states_residual - previous).abs().flatten(1).mean(1) / previous.abs().flatten(1).mean(1)
+        # The floor keeps an all-zero previous residual from making 0/0 = nan, which compares False (a skip).
+        scale = previous.abs().flatten(1).mean(1).clamp_min(torch.finfo(previous.dtype).tiny)
+        change = (hidden_states_residual - previous).abs().flatten(1).mean(1) / scale
         return bool(change.max() > self.threshold)
 
 

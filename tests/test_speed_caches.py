@@ -274,6 +274,18 @@ def test_library_caches_compose_with_the_lora_and_the_offloading_plan(lora_engin
 
 
 @pytest.mark.skipif(not _has_cache_dit(), reason="cache-dit is an optional extra (pip install 'hidream_ui[cache-dit]')")
+def test_dbcache_runs_with_the_lora_and_leaves_it_exact_afterwards(lora_engines):
+    engine = lora_engines["full"]
+    request = lambda cache: EditRequest(image=random_picture(4, (64, 64)),  # noqa: E731
+                                        params=edit_params(steps=STEPS, seed=3, cache=cache))
+    exact = engine.edit(request("none"), save=False)
+    cached = engine.edit(request("dbcache:10"), save=False)
+    assert cached.info.speed["skipped_fraction"] > 0
+    assert cached.image.tobytes() != exact.image.tobytes()
+    assert engine.edit(request("none"), save=False).image.tobytes() == exact.image.tobytes()
+
+
+@pytest.mark.skipif(not _has_cache_dit(), reason="cache-dit is an optional extra (pip install 'hidream_ui[cache-dit]')")
 def test_dbcache_is_refused_with_an_offloading_plan(lora_engines):
     request = EditRequest(image=random_picture(4, (64, 64)), params=edit_params(steps=2, cache="dbcache:0.1"))
     with pytest.raises(ValueError, match="cache=dbcache cannot run with a memory plan that offloads the transformer"):

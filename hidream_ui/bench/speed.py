@@ -7,9 +7,10 @@ Three measurements, side by side in one run on the same inputs (README "Speed mo
 2. compile: eager vs `--compile blocks` (both with the sync-free MoE, which graph capture needs;
    the exact default is listed too): first-call time (trace + compile + run), steady time per
    call, max relative difference; the speedup is against the exact default (eager, diffusers' MoE);
-3. step caching: a 28-step edit denoise with `none`, `interval:2`, `interval:3`,
-   `first-block:0.05`: wall time of the denoise, time inside the transformer, fraction of block
-   evaluations skipped, relative L2 of the final latent vs `none`. Default on the `deep` profile
+3. step caching: a 28-step edit denoise with `none` and every mode of CACHE_MODES (our own hooks
+   and the field's: diffusers' FirstBlockCache / TaylorSeer / MagCache, cache-dit's DBCache): wall time
+   of the denoise, time inside the transformer and its speedup vs `none` (the exact default), fraction
+   of block evaluations skipped, relative L2 of the final latent vs `none`. Default on the `deep` profile
    (the release's 16 + 32 blocks; the bench profile has 2, where nothing can be skipped).
 
 On random weights the latent deviation says nothing about visual quality: judge a cache mode on
@@ -29,7 +30,10 @@ from hidream_ui.model import loading  # loading.load_model looked up per call: t
 from hidream_ui.model.tiny.profiles import PROFILES
 from hidream_ui.pipeline.attention.registry import apply
 
-CACHE_MODES = ("none", "interval:2", "interval:3", "first-block:0.05")
+# Our own hooks, then the field's (docs/speed.md "The field's caches"); `dbcache` needs the optional
+# cache-dit and is reported as skipped (with the reason) without it.
+CACHE_MODES = ("none", "interval:2", "interval:3", "first-block:0.05", "fbcache:0.1", "taylorseer:2", "taylorseer:3",
+               "magcache:0.06", "magcache:0.2", "dbcache:0.08")
 
 
 def _load(profile: str, dtype: str):
@@ -166,6 +170,7 @@ def _cache_section(model, steps: int, size: int) -> dict:
     from hidream_ui.pipeline.speed.cache import (
         apply_step_cache,  # lazy: torch and diffusers, loaded only when this benchmark runs
     )
+    from hidream_ui.pipeline.speed.settings import cache_unavailable, parse_cache
 
     pipe, transformer = model.pipeline, model.pipeline.transformer
     inside = [0.0]
@@ -190,6 +195,10 @@ def _cache_section(model, steps: int, size: int) -> dict:
     rows, exact = {}, None
     try:
         for mode in ("none",) + CACHE_MODES:  # the first "none" run is a warm-up, not reported
+            reason = cache_unavailable(parse_cache(mode))
+            if reason:
+                rows[mode] = {"skipped": reason}
+                continue
             apply_step_cache(transformer, mode)
             inside[0] = 0.0
             t0 = time.perf_counter()
@@ -210,7 +219,8 @@ def _cache_section(model, steps: int, size: int) -> dict:
         apply_step_cache(transformer, "none")
     base = rows["none"]["transformer_seconds"]
     for row in rows.values():
-        row["transformer_speedup"] = round(base / row["transformer_seconds"], 3)
+        if "skipped" not in row:
+            row["transformer_speedup"] = round(base / row["transformer_seconds"], 3)
     blocks = len(transformer.double_stream_blocks) + len(transformer.single_stream_blocks)
     return {"steps": steps, "blocks": blocks, "edit_size": f"{size}x{size}", "modes": rows}
 
@@ -274,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({c['steady_speedup_vs_exact']}x); max rel diff {c['max_relative_diff_vs_exact']:.2g}")
     k = report["cache"]
     for mode, row in k["modes"].items():
+        if "skipped" in row:
+            print(f"cache {mode:>17}: skipped ({row['skipped']})")
+            continue
         print(f"cache {mode:>17} ({k['steps']} steps, {k['blocks']} blocks): "
               f"transformer {row['transformer_seconds']} s "
               f"({row['transformer_speedup']}x), skipped {row['skipped_fraction']:.1%}, "

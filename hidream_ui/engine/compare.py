@@ -85,7 +85,7 @@ AXES = MappingProxyType({axis.name: axis for axis in (
     Axis("refine", "refine strength", "refine_strength", "float"),
     Axis("attention", "attention", None, "attention"),
     Axis("resolution", "working resolution", "working_resolution", "resolution"),
-    Axis("speed", "speed", "cache", "cache"),  # step cache: exact, fast, faster, interval:K, first-block:T
+    Axis("speed", "speed", "cache", "cache"),  # step cache: a preset or any --cache value (settings.CACHE_GRAMMAR)
 )})
 _ALIASES = MappingProxyType({axis.field: axis.name for axis in AXES.values() if axis.field})
 
@@ -172,8 +172,8 @@ def value_words(axis: str | Axis, text: Any, values: Sequence[Any]) -> tuple[str
 def _example(axis: Axis) -> str:
     return {"seed": "1, 2, 3", "guidance": "2, 3.5, 5 or 1.5:4.5:1", "image_guidance": "1, 1.5, 2",
             "steps": "10, 20, 28", "refine": "0:0.6:0.2", "attention": "sdpa, math",
-            "resolution": "draft, auto, 768", "speed": "exact, fast, faster or none, interval:2, first-block:0.05",
-            }[axis.name]
+            "resolution": "draft, auto, 768",
+            "speed": "exact, fast, faster or none, interval:2, taylorseer:2, fbcache:0.1"}[axis.name]
 
 
 def _number(field: str, token: str) -> float:

@@ -48,7 +48,7 @@ AXIS_HINTS = MappingProxyType({
     "refine": "0:0.6:0.2",
     "attention": "sdpa, math, chunked",
     "resolution": "draft, auto, 768",
-    "speed": "exact, fast, faster  or  none, interval:2, first-block:0.05",
+    "speed": "exact, fast, faster  or  none, interval:2, taylorseer:2, fbcache:0.1",
 })
 
 

@@ -98,7 +98,10 @@ class _Vocabularies:
     t5_pieces: tuple[tuple[str, float], ...]  # sentencepiece pieces (no sentinels), ids 0..n-1
 
     @staticmethod
-    def build() -> _Vocabularies:
+    def build(extra_words: Sequence[str] = ()) -> _Vocabularies:
+        """The vocabularies; ``extra_words`` get whole-word tokens after the shared ones (a profile's own
+        words: the trained model's world). No extra words: the same vocabularies as ever."""
+        words = _WORDS + tuple(dict.fromkeys(w for w in extra_words if w not in _WORDS))
         table = _byte_table()
         alphabet = list(table.values())
 
@@ -106,14 +109,14 @@ class _Vocabularies:
             return [table[b] for b in text.encode("utf-8")]
 
         llama_vocab = {symbol: i for i, symbol in enumerate(alphabet)}
-        llama_words = [as_bytes(w) for w in _WORDS if len(w) > 1]
-        llama_words += [as_bytes(" " + w) for w in _WORDS]
-        llama_words += [as_bytes(" " + w.capitalize()) for w in _WORDS] + [as_bytes(w.capitalize()) for w in _WORDS]
+        llama_words = [as_bytes(w) for w in words if len(w) > 1]
+        llama_words += [as_bytes(" " + w) for w in words]
+        llama_words += [as_bytes(" " + w.capitalize()) for w in words] + [as_bytes(w.capitalize()) for w in words]
         llama_merges = _chain_merges(llama_words, llama_vocab)
 
         clip_vocab = {symbol: i for i, symbol in enumerate(alphabet)}
         clip_vocab.update({symbol + "</w>": 256 + i for i, symbol in enumerate(alphabet)})
-        clip_words = [as_bytes(w)[:-1] + [as_bytes(w)[-1] + "</w>"] for w in _WORDS if len(w) > 1]
+        clip_words = [as_bytes(w)[:-1] + [as_bytes(w)[-1] + "</w>"] for w in words if len(w) > 1]
         clip_merges = _chain_merges(clip_words, clip_vocab)
         # The real CLIP vocabulary ends with these two; the legacy pooling (config eos_token_id == 2) takes the
         # hidden state at argmax(input_ids), which is the end-of-text token only if it has the largest id.
@@ -123,8 +126,8 @@ class _Vocabularies:
         chars = [chr(c) for c in range(33, 127)]
         pieces: list[tuple[str, float]] = [(_T5_PAD, 0.0), (_T5_EOS, 0.0), (_T5_UNK, 0.0), (_SPM_SPACE, -4.0)]
         # Whole words beat their letters (higher log-probability), so common words are single tokens.
-        pieces += [(_SPM_SPACE + w, -5.0 - 0.01 * i) for i, w in enumerate(_WORDS)]
-        pieces += [(_SPM_SPACE + w.capitalize(), -6.0 - 0.01 * i) for i, w in enumerate(_WORDS)]
+        pieces += [(_SPM_SPACE + w, -5.0 - 0.01 * i) for i, w in enumerate(words)]
+        pieces += [(_SPM_SPACE + w.capitalize(), -6.0 - 0.01 * i) for i, w in enumerate(words)]
         pieces += [(c, -10.0 - 0.01 * i) for i, c in enumerate(chars)]
         pieces += [(_SPM_SPACE + c, -10.5 - 0.01 * i) for i, c in enumerate(chars)]
         # sentencepiece rejects duplicate pieces ("▁a" is both a word and a spaced letter): keep the first.

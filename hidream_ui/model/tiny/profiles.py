@@ -163,7 +163,9 @@ PROFILES: Mapping[str, TinyProfile] = MappingProxyType(
             vae_layers_per_block=1,
             vae_norm_num_groups=2,
             text_tokens=16,
-            extra_words=("circle", "square", "triangle"),
+            # world.WORDS (not imported: profiles stay free of the world); tests/test_tiny_trained.py checks it.
+            extra_words=("make", "the", "remove", "background", "circle", "square", "triangle", "red", "green",
+                         "blue", "yellow", "purple", "orange", "white", "black", "gray"),
             weights_asset="tiny_trained",
         ),
         # HiDream's real block count at a small width: what step caching's speed-up depends on (bench speed).

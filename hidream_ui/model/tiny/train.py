@@ -167,6 +167,12 @@ def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, 
     }
 
 
+def torch_threads(count: int) -> None:
+    import torch
+
+    torch.set_num_threads(count)
+
+
 def _versions() -> dict:
     import diffusers
     import transformers
@@ -411,6 +417,69 @@ def _set_lr(optimizer, peak: float, step: int, total: int, warmup: int) -> None:
         group["lr"] = lr
 
 
+# ------------------------------------------------------------------------------------------------ decoder
+
+
+def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: float = 5e-4, batch: int = 8,
+                     log: Callable[[str], None] = print, log_every: int = 50) -> dict:
+    """More training for the VAE's decoder alone, on the weights in `source` (an asset folder); written to
+    `out` with every other tensor as it was. The encoder, hence every latent the transformer learned, is
+    untouched, so this runs after (or beside) the transformer phase and only sharpens the decoded pixels."""
+    import torch
+    from diffusers import AutoencoderKL
+    from safetensors.torch import load_file
+
+    from hidream_ui.model.tiny.build import build_tiny
+
+    torch.manual_seed(seed)
+    source, out = Path(source), Path(out)
+    tensors = load_file(str(source / trained.WEIGHTS_FILE))
+    meta = trained.read_meta(source)
+    scratch = Path(tempfile.mkdtemp(prefix="train-tiny-decoder-"))
+    try:
+        base = build_tiny(scratch / "base", PROFILE, 0, trained_weights=False)
+        config = dict(AutoencoderKL.load_config(base / I1_DIR / "vae"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    vae = AutoencoderKL.from_config(config).float()
+    vae.load_state_dict({k[len("vae/"):]: v.float() for k, v in tensors.items() if k.startswith("vae/")})
+    vae.requires_grad_(False)
+    decoder = [vae.decoder] + ([vae.post_quant_conv] if vae.post_quant_conv is not None else [])
+    params = [p for module in decoder for p in module.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed + 11)
+    seeds = _Seeds(seed + 11)
+    started = time.perf_counter()
+    loss_value = float("nan")
+    for step in range(steps):
+        _set_lr(optimizer, lr, step, steps, min(50, steps))
+        images = []
+        while len(images) < batch:
+            case = world.make_case(seeds.next())
+            images += [case.source, case.target]
+        x = _pixels(images[:batch], torch)
+        with torch.no_grad():
+            z = vae.encode(x).latent_dist.mode()
+        noisy = z + 0.05 * z.std() * torch.randn(z.shape, generator=generator)
+        loss = torch.nn.functional.mse_loss(vae.decode(noisy).sample, x)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        loss_value = float(loss.detach())
+        if step % log_every == 0 or step == steps - 1:
+            log(f"decoder step {step + 1}/{steps} loss {loss_value:.5f} psnr "
+                f"{10 * math.log10(4.0 / max(loss_value, 1e-12)):.1f} dB ({time.perf_counter() - started:.0f} s)")
+    tensors.update({f"vae/{k}": v for k, v in vae.state_dict().items()})
+    meta = {**meta, "decoder_finetune": {"from": meta.get("command"), "steps": steps, "seed": seed, "lr": lr,
+                                         "final_loss": round(loss_value, 6),
+                                         "seconds": round(time.perf_counter() - started, 1)}}
+    trained.write_asset(out, tensors, meta)
+    return meta
+
+
 # ------------------------------------------------------------------------------------------------ evaluation
 
 
@@ -426,6 +495,7 @@ def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, **ca
     from hidream_ui.model.loading import load_model
     from hidream_ui.model.tiny.build import build_tiny
 
+    torch.set_num_threads(1)  # one edit at a time on a shared machine: more threads only wait for each other
     scratch = Path(tempfile.mkdtemp(prefix="train-tiny-eval-"))
     try:
         root = build_tiny(scratch / "model", PROFILE, 0, trained_weights=False)
@@ -479,6 +549,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads (1: deterministic)")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
                         help="also write OUT every K transformer steps (default 0: only at the end)")
+    parser.add_argument("--decoder-from", type=Path, metavar="DIR",
+                        help="instead of training: fine-tune the VAE decoder of the weights in DIR for "
+                        "--decoder-steps and write OUT (the encoder, hence the transformer's latents, unchanged)")
+    parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="then score N held-out cases through the loader and pipeline (default 0: none)")
     args = parser.parse_args(argv)
@@ -490,7 +564,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = TrainSettings(steps=args.steps, vae_steps=args.vae_steps, seed=args.seed, pool=args.pool,
                              threads=args.threads, checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
-    train(args.out, settings, log=lambda line: print(line, flush=True))
+    if args.decoder_from is not None:
+        torch_threads(args.threads)
+        finetune_decoder(args.decoder_from, args.out, args.decoder_steps, seed=args.seed,
+                         log=lambda line: print(line, flush=True))
+    else:
+        train(args.out, settings, log=lambda line: print(line, flush=True))
     if args.eval:
         evaluate(args.out, args.eval, log=lambda line: print(line, flush=True))
     return 0

@@ -133,4 +133,5 @@ def write_asset(folder: Path, tensors: Mapping[str, "torch.Tensor"], meta: Mappi
     folder.mkdir(parents=True, exist_ok=True)
     save_file({key: tensors[key].detach().to("cpu", torch.bfloat16).contiguous() for key in sorted(tensors)},
               str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    os.chmod(folder / WEIGHTS_FILE, _default_file_mode(folder))  # safetensors leaves 0o600
     _write_json(folder / META_FILE, dict(meta))

@@ -249,7 +249,7 @@ def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         optimizer.step()
-        loss_value = float(loss)
+        loss_value = float(loss.detach())
         if step % settings.log_every == 0 or step == settings.vae_steps - 1:
             psnr = 10 * math.log10(4.0 / max(float(torch.nn.functional.mse_loss(y, x)), 1e-12))
             log(f"vae step {step + 1}/{settings.vae_steps} loss {loss_value:.5f} psnr {psnr:.1f} dB "
@@ -389,7 +389,7 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
         with torch.no_grad():
             for e, p in zip(ema.parameters(), model.parameters()):
                 e.lerp_(p, 1 - decay)
-        loss_value = float(loss)
+        loss_value = float(loss.detach())
         running = loss_value if running is None else 0.98 * running + 0.02 * loss_value
         if step % settings.log_every == 0 or step == settings.steps - 1:
             elapsed = time.perf_counter() - started

@@ -1,4 +1,4 @@
-"""`python -m hidream_ui <command>`: app, edit, batch, doctor, plan, acceptance, bench, make-tiny.
+"""`python -m hidream_ui <command>`: app, edit, batch, doctor, plan, acceptance, bench, make-tiny, train-tiny.
 
 Each command's module is imported only when that command runs, so `--help` is instant.
 """
@@ -24,6 +24,8 @@ COMMANDS = {
     "bench": ("hidream_ui.bench", f"benchmarks: {' | '.join(KINDS)} (print JSON with --json)"),
     "make-tiny": ("hidream_ui.model.tiny.build",
                   "build the offline random-weight HiDream checkpoint in the upstream layout"),
+    "train-tiny": ("hidream_ui.model.tiny.train",
+                   "train the `trained` tiny model on the synthetic shapes world (CPU) and write its weights"),
 }
 
 

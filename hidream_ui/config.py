@@ -146,8 +146,8 @@ _MODEL_OPTIONS = [
     ("--e1", ("HIDREAM_E1",), "e1", "HiDream-E1-1 (or HiDream-E1-Full for --variant e1-full): folder or hub id"),
     ("--variant", ("HIDREAM_VARIANT",), "variant", f"model variant: {' | '.join(VARIANTS)} (default e1.1)"),
     ("--tiny-profile", ("HIDREAM_TINY_PROFILE",), "tiny_profile",
-     "offline random-weight model used when no weights are configured: " + " | ".join(TINY_PROFILES)
-     + f" ({FULL_PROFILE_NAME}: release size, in memory)"),
+     "offline model used when no weights are configured: " + " | ".join(TINY_PROFILES)
+     + f" (random weights except trained: trained on the shapes world; {FULL_PROFILE_NAME}: release size, in memory)"),
     ("--device", ("HIDREAM_DEVICE", "PREFERRED_DEVICE"), "device", "auto | npu | npu:N | cuda | cuda:N | cpu"),
     ("--dtype", ("HIDREAM_DTYPE",), "dtype", "auto | bf16 | fp16 | fp32 (auto probes the device)"),
     ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),

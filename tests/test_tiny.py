@@ -185,7 +185,7 @@ def test_profile_geometry_satisfies_hidream_constraints(name, tiny_dir):
     assert config["text_emb_dim"] == clip_l["projection_dim"] + clip_g["projection_dim"]
     assert clip_l["hidden_size"] != clip_g["hidden_size"]
     assert min(clip_l["max_position_embeddings"], clip_g["max_position_embeddings"]) >= 218
-    expected_seq = {"tiny": 64, "bench": 4096, "deep": 256}[name]
+    expected_seq = {"tiny": 64, "bench": 4096, "deep": 256, "trained": 64}[name]
     assert profile.max_seq == expected_seq
     assert config["max_resolution"][0] * config["max_resolution"][1] // config["patch_size"] ** 2 == expected_seq
     if name == "bench":

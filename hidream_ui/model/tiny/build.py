@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hidream_ui.model.fp8 import read_tensors, weight_files
 from hidream_ui.model.layout import E1_FULL_DIR, E1_FULL_FILE, E11_DIR, I1_DIR, LLAMA_DIR
+from hidream_ui.model.tiny import trained
 from hidream_ui.model.tiny.files import _default_file_mode, _tree_bytes, _write_json
 from hidream_ui.model.tiny.parts import (
     _scheduler_config,
@@ -69,12 +70,15 @@ def is_tiny_checkpoint(path: str | os.PathLike[str]) -> bool:
     return read_marker(path) is not None
 
 
-def build_tiny(out_dir: str | os.PathLike[str], profile: str = "tiny", seed: int = 0) -> Path:
+def build_tiny(out_dir: str | os.PathLike[str], profile: str = "tiny", seed: int = 0, *,
+               trained_weights: bool = True) -> Path:
     """Build the tiny checkpoint for ``profile``/``seed`` into ``out_dir`` and return ``out_dir``.
 
     The tree is written into a temporary sibling folder and renamed into place, so ``out_dir`` is either absent,
     the previous content, or the complete new build, never half written. An existing non-empty ``out_dir`` is only
     replaced if it is itself a tiny build (it carries the marker file); anything else raises ``FileExistsError``.
+    A profile with trained weights (``trained``) gets them unless ``trained_weights`` is False (what
+    `train-tiny` starts from: the same tree with random weights).
     """
     spec = _resolve_profile(profile)
     seed = _check_seed(seed)
@@ -82,7 +86,7 @@ def build_tiny(out_dir: str | os.PathLike[str], profile: str = "tiny", seed: int
     _refuse_foreign_folder(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
 
-    staging = _build_in_staging(out_dir, spec, seed)
+    staging = _build_in_staging(out_dir, spec, seed, trained_weights=trained_weights)
     try:
         _refuse_foreign_folder(out_dir)  # again: something may have appeared while we were building
         if out_dir.exists() and not any(out_dir.iterdir()):
@@ -109,7 +113,10 @@ def tiny_path(profile: str = "tiny", seed: int = 0, cache_root: str | os.PathLik
     """Where `ensure_tiny` keeps the build for ``profile``/``seed`` (built or not)."""
     spec = _resolve_profile(profile)
     root = Path(cache_root).expanduser() if cache_root is not None else default_cache_root()
-    return root.absolute() / f"tiny-{spec.name}-seed{_check_seed(seed)}-v{FORMAT_VERSION}"
+    name = f"tiny-{spec.name}-seed{_check_seed(seed)}-v{FORMAT_VERSION}"
+    if spec.weights_asset:  # new weights in the repository, new cache entry
+        name += "-" + trained.asset_digest(trained.asset_dir(spec.weights_asset))
+    return root.absolute() / name
 
 
 def ensure_tiny(
@@ -225,36 +232,41 @@ def _refuse_unexpected_cache_entry(target: Path, expected: TinyMarker) -> None:
         )
 
 
-def _build_in_staging(final_path: Path, spec: TinyProfile, seed: int) -> Path:
+def _build_in_staging(final_path: Path, spec: TinyProfile, seed: int, trained_weights: bool = True) -> Path:
     """Build the whole tree into a fresh hidden sibling of ``final_path`` and return that folder."""
     final_path.parent.mkdir(parents=True, exist_ok=True)
     staging = final_path.with_name(f".{final_path.name}.building-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     staging.mkdir()
     try:
-        _build_tree(staging, spec, seed)
+        if trained_weights:
+            _build_tree(staging, spec, seed)
+        else:  # only train-tiny asks for this (the three-argument call is the one tests stand in for)
+            _build_tree(staging, spec, seed, trained_weights=False)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return staging
 
 
-def _build_tree(root: Path, spec: TinyProfile, seed: int) -> None:
+def _build_tree(root: Path, spec: TinyProfile, seed: int, trained_weights: bool = True) -> None:
     """Write every component of one build into ``root`` (an empty folder); the marker goes last."""
     started = time.perf_counter()
-    vocab = _Vocabularies.build()
-    _write_llama(root / LLAMA_DIR, vocab, seed)
+    vocab = _Vocabularies.build(spec.extra_words)
+    _write_llama(root / LLAMA_DIR, vocab, seed, max_length=spec.text_tokens)
     i1 = root / I1_DIR
     _write_model_index(i1)
     _write_json(i1 / "scheduler" / "scheduler_config.json", _scheduler_config())
     _write_clip(i1 / "text_encoder", i1 / "tokenizer", vocab, seed, big=False)
     _write_clip(i1 / "text_encoder_2", i1 / "tokenizer_2", vocab, seed, big=True)
-    _write_t5(i1 / "text_encoder_3", i1 / "tokenizer_3", vocab, seed)
-    _write_vae(i1 / "vae", seed)
+    _write_t5(i1 / "text_encoder_3", i1 / "tokenizer_3", vocab, seed, max_length=spec.text_tokens)
+    _write_vae(i1 / "vae", seed, spec)
     _write_transformer(i1 / "transformer", spec, seed, stream="i1/transformer")
     _write_transformer(root / E11_DIR / "transformer", spec, seed, stream="e1_1/transformer")
     _write_e1_full(root / E1_FULL_DIR / E1_FULL_FILE, spec, seed)
     if spec.name == "tiny":  # two more copies of the transformer: cheap here, ~2.9 GB for the bench profile
         _write_single_files(root / SINGLE_FILE_DIR, root / E11_DIR / "transformer")
+    if spec.weights_asset and trained_weights:
+        trained.overlay(root, trained.asset_dir(spec.weights_asset))
     marker = {
         "builder": "hidream_ui.tiny",
         "format_version": FORMAT_VERSION,

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 # Llama-3.1-8B-Instruct
 
 
-def _write_llama(folder: Path, vocab: _Vocabularies, seed: int) -> None:
+def _write_llama(folder: Path, vocab: _Vocabularies, seed: int, max_length: int | None = None) -> None:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
     from tokenizers.models import BPE
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -129,7 +129,7 @@ def _write_llama(folder: Path, vocab: _Vocabularies, seed: int) -> None:
             "clean_up_tokenization_spaces": True,
             "eos_token": _LLAMA_EOS,
             "model_input_names": ["input_ids", "attention_mask"],
-            "model_max_length": 131072,
+            "model_max_length": max_length or 131072,
             "tokenizer_class": "PreTrainedTokenizerFast",
         },
     )
@@ -273,7 +273,8 @@ def _write_clip(model_folder: Path, tokenizer_folder: Path, vocab: _Vocabularies
     )
 
 
-def _write_t5(model_folder: Path, tokenizer_folder: Path, vocab: _Vocabularies, seed: int) -> None:
+def _write_t5(model_folder: Path, tokenizer_folder: Path, vocab: _Vocabularies, seed: int,
+              max_length: int | None = None) -> None:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import Unigram
     from transformers import T5Config, T5EncoderModel
@@ -342,7 +343,7 @@ def _write_t5(model_folder: Path, tokenizer_folder: Path, vocab: _Vocabularies, 
             "eos_token": _T5_EOS,
             "extra_ids": _TEXT.t5_extra_ids,
             "legacy": True,
-            "model_max_length": 512,
+            "model_max_length": max_length or 512,
             "pad_token": _T5_PAD,
             "sp_model_kwargs": {},
             "tokenizer_class": "T5Tokenizer",
@@ -360,23 +361,24 @@ def _write_t5(model_folder: Path, tokenizer_folder: Path, vocab: _Vocabularies, 
     )
 
 
-def _vae_config() -> dict[str, Any]:
+def _vae_config(spec: TinyProfile | None = None) -> dict[str, Any]:
     diffusers_version, _ = _library_versions()
-    blocks = len(_TEXT.vae_block_out_channels)
+    channels = (spec.vae_block_out_channels if spec is not None else None) or _TEXT.vae_block_out_channels
+    blocks = len(channels)
     return {
         "_class_name": "AutoencoderKL",
         "_diffusers_version": diffusers_version,
         "act_fn": "silu",
-        "block_out_channels": list(_TEXT.vae_block_out_channels),
+        "block_out_channels": list(channels),
         "down_block_types": ["DownEncoderBlock2D"] * blocks,
         "force_upcast": True,
         "in_channels": 3,
         "latent_channels": 16,
         "latents_mean": None,
         "latents_std": None,
-        "layers_per_block": 2,
+        "layers_per_block": spec.vae_layers_per_block if spec is not None else 2,
         "mid_block_add_attention": True,
-        "norm_num_groups": _TEXT.vae_norm_num_groups,
+        "norm_num_groups": (spec.vae_norm_num_groups if spec is not None else None) or _TEXT.vae_norm_num_groups,
         "out_channels": 3,
         "sample_size": 1024,
         # Flux's VAE, which HiDream uses: latents are (z - shift) * scale.
@@ -388,10 +390,10 @@ def _vae_config() -> dict[str, Any]:
     }
 
 
-def _write_vae(folder: Path, seed: int) -> None:
+def _write_vae(folder: Path, seed: int, spec: TinyProfile | None = None) -> None:
     from diffusers import AutoencoderKL
 
-    config = _vae_config()
+    config = _vae_config(spec)
     _write_json(folder / "config.json", config)
     model = _on_meta(lambda: AutoencoderKL(**{k: v for k, v in config.items() if not k.startswith("_")}))
     # bf16 like the released Flux VAE; from_pretrained(torch_dtype=...) casts on load.

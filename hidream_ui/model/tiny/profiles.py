@@ -46,6 +46,19 @@ class TinyProfile:
     latent_channels: int = 16
     num_routed_experts: int = 4
     num_activated_experts: int = 2
+    # The VAE (None: the shared tiny VAE of _TextGeometry, two resnets per level).
+    vae_block_out_channels: tuple[int, ...] | None = None
+    vae_layers_per_block: int = 2
+    # GroupNorm groups of the VAE (None: the shared tiny value). Two channels per group normalise a flat map to
+    # +-1 and lose its level: a VAE that must reproduce flat colours needs several channels per group.
+    vae_norm_num_groups: int | None = None
+    # Tokens T5 and Llama pad every prompt to (their tokenizers' model_max_length; None: the released
+    # tokenizers' values). The trained model's instructions are at most 6 tokens: 16 keeps its attention short.
+    text_tokens: int | None = None
+    # Extra whole-word tokens for every tokenizer (the trained model's world words).
+    extra_words: tuple[str, ...] = ()
+    # Trained weights in the repository (relative to assets/): the build overlays them on the random ones.
+    weights_asset: str | None = None
 
     @property
     def inner_dim(self) -> int:
@@ -133,6 +146,27 @@ PROFILES: Mapping[str, TinyProfile] = MappingProxyType(
             max_resolution=(128, 128),
             llama_layers=(2, 3),
             transformer_shards=4,
+        ),
+        # Trained on the synthetic world of world.py (`train-tiny`): weights ship in assets/tiny_trained/.
+        "trained": TinyProfile(
+            name="trained",
+            description="trained on the synthetic shapes world (recolour, remove, background); 128x128",
+            num_layers=2,
+            num_single_layers=2,
+            num_attention_heads=2,
+            attention_head_dim=32,
+            axes_dims_rope=(16, 8, 8),
+            max_resolution=(16, 16),
+            llama_layers=(0, 1, 2, 3),
+            transformer_shards=1,
+            vae_block_out_channels=(16, 32, 32, 32),
+            vae_layers_per_block=1,
+            vae_norm_num_groups=2,
+            text_tokens=16,
+            # world.WORDS (not imported: profiles stay free of the world); tests/test_tiny_trained.py checks it.
+            extra_words=("make", "the", "remove", "background", "circle", "square", "triangle", "red", "green",
+                         "blue", "yellow", "purple", "orange", "white", "black", "gray"),
+            weights_asset="tiny_trained",
         ),
         # HiDream's real block count at a small width: what step caching's speed-up depends on (bench speed).
         "deep": TinyProfile(

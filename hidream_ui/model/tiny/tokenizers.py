@@ -89,6 +89,38 @@ def _chain_merges(words: Sequence[Sequence[str]], vocab: dict[str, int]) -> list
     return merges
 
 
+def _bpe(symbols: Sequence[str], ranks: Mapping[tuple[str, str], int]) -> list[str]:
+    """CLIP's BPE: merge the best-ranked adjacent pair (all its occurrences) until none has a rank."""
+    parts = list(symbols)
+    while len(parts) > 1:
+        rank, pair = min((ranks.get(p, len(ranks)), p) for p in zip(parts, parts[1:]))
+        if rank == len(ranks):
+            break
+        merged, i = [], 0
+        while i < len(parts):
+            if i + 1 < len(parts) and (parts[i], parts[i + 1]) == pair:
+                merged.append(parts[i] + parts[i + 1])
+                i += 2
+            else:
+                merged.append(parts[i])
+                i += 1
+        parts = merged
+    return parts
+
+
+def _merge_until_whole(symbols: list[str], merges: list[tuple[str, str]], vocab: dict[str, int]) -> None:
+    """Append merges until BPE turns ``symbols`` into one token. Chain merges alone do not ensure it (BPE applies
+    merges by rank: "green"'s g+r loses to "remove"'s r+e). Appended merges rank last, so they only act where no
+    earlier merge does: every word that was one token stays one."""
+    for _ in range(len(symbols)):
+        parts = _bpe(symbols, {pair: rank for rank, pair in enumerate(merges)})
+        if len(parts) == 1:
+            return
+        merges.append((parts[0], parts[1]))
+        vocab.setdefault(parts[0] + parts[1], len(vocab))
+    raise RuntimeError(f"could not make {''.join(symbols)!r} one CLIP token")
+
+
 @dataclass(frozen=True)
 class _Vocabularies:
     llama_vocab: Mapping[str, int]
@@ -98,7 +130,10 @@ class _Vocabularies:
     t5_pieces: tuple[tuple[str, float], ...]  # sentencepiece pieces (no sentinels), ids 0..n-1
 
     @staticmethod
-    def build() -> _Vocabularies:
+    def build(extra_words: Sequence[str] = ()) -> _Vocabularies:
+        """The vocabularies; ``extra_words`` (a profile's own: the trained model's world) are made whole-word
+        tokens for sure (see _merge_until_whole). No extra words: the same vocabularies as ever."""
+        words = _WORDS + tuple(dict.fromkeys(w for w in extra_words if w not in _WORDS))
         table = _byte_table()
         alphabet = list(table.values())
 
@@ -106,15 +141,17 @@ class _Vocabularies:
             return [table[b] for b in text.encode("utf-8")]
 
         llama_vocab = {symbol: i for i, symbol in enumerate(alphabet)}
-        llama_words = [as_bytes(w) for w in _WORDS if len(w) > 1]
-        llama_words += [as_bytes(" " + w) for w in _WORDS]
-        llama_words += [as_bytes(" " + w.capitalize()) for w in _WORDS] + [as_bytes(w.capitalize()) for w in _WORDS]
+        llama_words = [as_bytes(w) for w in words if len(w) > 1]
+        llama_words += [as_bytes(" " + w) for w in words]
+        llama_words += [as_bytes(" " + w.capitalize()) for w in words] + [as_bytes(w.capitalize()) for w in words]
         llama_merges = _chain_merges(llama_words, llama_vocab)
 
         clip_vocab = {symbol: i for i, symbol in enumerate(alphabet)}
         clip_vocab.update({symbol + "</w>": 256 + i for i, symbol in enumerate(alphabet)})
-        clip_words = [as_bytes(w)[:-1] + [as_bytes(w)[-1] + "</w>"] for w in _WORDS if len(w) > 1]
+        clip_words = [as_bytes(w)[:-1] + [as_bytes(w)[-1] + "</w>"] for w in words if len(w) > 1]
         clip_merges = _chain_merges(clip_words, clip_vocab)
+        for word in dict.fromkeys(extra_words):
+            _merge_until_whole(as_bytes(word)[:-1] + [as_bytes(word)[-1] + "</w>"], clip_merges, clip_vocab)
         # The real CLIP vocabulary ends with these two; the legacy pooling (config eos_token_id == 2) takes the
         # hidden state at argmax(input_ids), which is the end-of-text token only if it has the largest id.
         clip_vocab[_CLIP_BOS] = len(clip_vocab)
@@ -123,8 +160,8 @@ class _Vocabularies:
         chars = [chr(c) for c in range(33, 127)]
         pieces: list[tuple[str, float]] = [(_T5_PAD, 0.0), (_T5_EOS, 0.0), (_T5_UNK, 0.0), (_SPM_SPACE, -4.0)]
         # Whole words beat their letters (higher log-probability), so common words are single tokens.
-        pieces += [(_SPM_SPACE + w, -5.0 - 0.01 * i) for i, w in enumerate(_WORDS)]
-        pieces += [(_SPM_SPACE + w.capitalize(), -6.0 - 0.01 * i) for i, w in enumerate(_WORDS)]
+        pieces += [(_SPM_SPACE + w, -5.0 - 0.01 * i) for i, w in enumerate(words)]
+        pieces += [(_SPM_SPACE + w.capitalize(), -6.0 - 0.01 * i) for i, w in enumerate(words)]
         pieces += [(c, -10.0 - 0.01 * i) for i, c in enumerate(chars)]
         pieces += [(_SPM_SPACE + c, -10.5 - 0.01 * i) for i, c in enumerate(chars)]
         # sentencepiece rejects duplicate pieces ("▁a" is both a word and a spaced letter): keep the first.

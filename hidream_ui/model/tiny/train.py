@@ -1,0 +1,579 @@
+"""`train-tiny OUT [--steps N] [--seed S]`: trains the `trained` tiny profile on the synthetic world.
+
+Data comes from world.py on the fly (training seeds only, below HELD_OUT_SEED_START). Two phases:
+
+1. The VAE learns to reconstruct world images (pixel MSE, latents kept near unit size); its latent shift and
+   scale are then measured so latents enter the transformer about N(0, 1), like the release's.
+2. The E1 transformer learns exactly the two calls the pipeline makes (pipeline/edit_pipeline.py):
+   - edit stage: input ``cat([x_t, source], width)`` (16 x 32 latent), instruction text; its output's left
+     half is read. Condition dropout: the source replaced by zeros (the pipeline's unconditional branch is
+     ``zeros`` + the instruction under CLIP CFG norm) and the text replaced by the negative prompt (the
+     image-conditioned branch), so E1.1's three-way guidance has something to combine;
+   - refine stage: input ``x_t`` alone (16 x 16), the target prompt (E1.1: the instruction itself) or the
+     negative prompt, at the low noise levels the refine share of the schedule covers.
+   Flow matching as the scheduler reads it (UniPC, flow_prediction, flow sigmas): ``x_t = (1 - s) x_0 + s e``
+   at timestep ``1000 s``; the scheduler wants ``e - x_0`` and the pipeline negates the transformer's output,
+   so the transformer is trained towards ``x_0 - e``. Noise levels are drawn through the schedule's shift 3.
+
+The text encoders keep the random weights of the build (seed S): the transformer learns to read them. The
+embeddings of every prompt the world has are computed once with the pipeline's own `encode_text`.
+
+Deterministic for a seed on one machine (one thread by default; the RNGs are all seeded generators).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from hidream_ui.model.layout import E11_DIR, I1_DIR, LLAMA_DIR
+from hidream_ui.model.tiny import trained, world
+from hidream_ui.model.tiny.profiles import PROFILES
+
+PROFILE = "trained"
+FLOW_SHIFT = 3.0  # the scheduler's flow_shift (parts._scheduler_config)
+# Highest refine-stage noise level trained: at 4 steps with refine strength 0.3 the refine stage starts at 0.75.
+REFINE_MAX_SIGMA = 0.8
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 4500  # transformer steps
+    vae_steps: int = 1000
+    seed: int = 0
+    batch: int = 12  # edit-stage samples per step
+    refine_batch: int = 4  # refine-stage samples per step
+    vae_batch: int = 8
+    lr: float = 6e-4
+    vae_lr: float = 2e-3
+    warmup: int = 100
+    image_drop: float = 0.1
+    text_drop: float = 0.1
+    pool: int = 1024  # latent pairs kept; `fresh` of them replaced by new cases every step
+    fresh: int = 2
+    ema: float = 0.999
+    threads: int = 1
+    log_every: int = 50
+    checkpoint_every: int = 0  # also write OUT every this many transformer steps (0: only at the end)
+
+
+@dataclass
+class TrainReport:
+    out: Path
+    seconds: float
+    vae_loss: float
+    loss: float
+    meta: dict = field(default_factory=dict)
+
+
+def _sigma(u):
+    """The scheduler's shifted noise level for a uniform draw (flow_shift 3: most steps at high noise)."""
+    return FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
+
+
+def world_prompts() -> list[str]:
+    """Every instruction the world can give, in a fixed order (index = prompt id)."""
+    edits = [world.Edit("recolour", s, c) for s in world.SHAPES for c in world.COLOURS]
+    edits += [world.Edit("remove", s, "") for s in world.SHAPES]
+    edits += [world.Edit("background", "background", b) for b in world.BACKGROUNDS]
+    return [e.instruction for e in edits]
+
+
+def _pixels(images, torch):
+    """uint8 (N, 128, 128, 3) -> float (N, 3, 128, 128) in [-1, 1], as the pipeline's image processor makes."""
+    array = np.stack(images).astype(np.float32) / 127.5 - 1.0
+    return torch.from_numpy(array).permute(0, 3, 1, 2).contiguous()
+
+
+class _Seeds:
+    """Training case seeds: a seeded stream below HELD_OUT_SEED_START (never an evaluation case)."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng([seed, 22])
+
+    def next(self) -> int:
+        return int(self.rng.integers(0, world.HELD_OUT_SEED_START))
+
+
+def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print) -> TrainReport:
+    import torch
+
+    from hidream_ui.model.tiny.build import build_tiny
+
+    started = time.perf_counter()
+    torch.set_num_threads(settings.threads)
+    out = Path(out)
+    spec = PROFILES[PROFILE]
+    scratch = Path(tempfile.mkdtemp(prefix="train-tiny-"))
+    try:
+        base = build_tiny(scratch / "base", PROFILE, settings.seed, trained_weights=False)
+        log(f"train-tiny: random {PROFILE} build (seed {settings.seed}) in {time.perf_counter() - started:.1f} s")
+        prompts = world_prompts()
+        negative = _negative_prompt()
+        embeds = _prompt_embeddings(base, [*prompts, negative])
+        seeds = _Seeds(settings.seed)
+
+        vae, vae_loss = _train_vae(base, settings, seeds, log)
+        shift, scale = _latent_stats(vae, seeds, torch)
+        log(f"train-tiny: VAE latents shift {shift:.4f} scale {scale:.4f}")
+
+        text_parts = {k: v for k, v in trained.part_tensors(base).items()
+                      if k.split("/")[0] not in ("vae", "transformer")}
+
+        def save(ema, loss: float, step: int) -> dict:
+            tensors = dict(text_parts)
+            tensors.update({f"vae/{k}": v for k, v in vae.state_dict().items()})
+            tensors.update({f"transformer/{k}": v for k, v in ema.state_dict().items()})
+            meta = _meta(settings, shift, scale, vae_loss, loss, time.perf_counter() - started, step)
+            trained.write_asset(out, tensors, meta)
+            return meta
+
+        transformer, ema, loss = _train_transformer(spec, vae, shift, scale, embeds, len(prompts), settings,
+                                                    seeds, prompts, log, save)
+        meta = save(ema, loss, settings.steps)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    size = sum(p.stat().st_size for p in out.iterdir())
+    log(f"train-tiny: wrote {out} ({size / 1e6:.2f} MB) in {seconds:.0f} s")
+    return TrainReport(out=out, seconds=seconds, vae_loss=vae_loss, loss=loss, meta=meta)
+
+
+def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, loss: float, seconds: float,
+          step: int) -> dict:
+    import torch
+
+    return {
+        "profile": PROFILE,
+        "vae": {"scaling_factor": round(scale, 6), "shift_factor": round(shift, 6)},
+        "command": f"python -m hidream_ui train-tiny OUT --steps {settings.steps} --vae-steps {settings.vae_steps} "
+                   f"--seed {settings.seed}",
+        "settings": {k: getattr(settings, k) for k in TrainSettings.__dataclass_fields__},
+        "transformer_steps_done": step,
+        "final_vae_loss": round(vae_loss, 6),
+        "final_loss": round(loss, 6),
+        "train_seconds": round(seconds, 1),
+        "versions": {"torch": torch.__version__, **_versions()},
+    }
+
+
+def torch_threads(count: int) -> None:
+    import torch
+
+    torch.set_num_threads(count)
+
+
+def _versions() -> dict:
+    import diffusers
+    import transformers
+
+    return {"diffusers": diffusers.__version__, "transformers": transformers.__version__}
+
+
+def _negative_prompt() -> str:
+    from hidream_ui.edits import EditSettings
+
+    return EditSettings().negative_prompt
+
+
+def _load_pipeline(root: Path, transformer=None):
+    """The editing pipeline of a tiny build in fp32 on the CPU (what `auto` picks there), text encoders on it."""
+    import torch
+    from transformers import AutoTokenizer, LlamaModel
+
+    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
+
+    tokenizer_4 = AutoTokenizer.from_pretrained(root / LLAMA_DIR, local_files_only=True)
+    text_encoder_4 = LlamaModel.from_pretrained(root / LLAMA_DIR, dtype=torch.float32, local_files_only=True)
+    extra = {"transformer": transformer} if transformer is not None else {}
+    pipeline = HiDreamEditPipeline.from_pretrained(root / I1_DIR, tokenizer_4=tokenizer_4,
+                                                   text_encoder_4=text_encoder_4, dtype=torch.float32,
+                                                   local_files_only=True, **extra)
+    pipeline.compute_device = "cpu"
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def _prompt_embeddings(base: Path, texts: list[str]):
+    """Stacked embeddings of `texts` (t5 (N, L, D), llama (layers, N, L, D), pooled (N, D)), by the
+    pipeline's own encode_text on the build's text encoders."""
+    import torch
+    from diffusers import HiDreamImageTransformer2DModel
+
+    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
+
+    transformer = HiDreamImageTransformer2DModel.from_pretrained(base / E11_DIR, subfolder="transformer",
+                                                                 dtype=torch.float32, local_files_only=True)
+    pipeline = _load_pipeline(base, transformer)
+    with torch.no_grad():
+        return PromptEmbeds.cat([pipeline.encode_text(t) for t in texts])
+
+
+# ------------------------------------------------------------------------------------------------ VAE
+
+
+def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
+    import torch
+    from diffusers import AutoencoderKL
+
+    config = dict(AutoencoderKL.load_config(base / I1_DIR / "vae"))
+    torch.manual_seed(settings.seed)
+    vae = AutoencoderKL.from_config(config).float().train()
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=settings.vae_lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(settings.seed + 1)
+    loss_value = float("nan")
+    started = time.perf_counter()
+    for step in range(settings.vae_steps):
+        _set_lr(optimizer, settings.vae_lr, step, settings.vae_steps, settings.warmup)
+        images = []
+        while len(images) < settings.vae_batch:
+            case = world.make_case(seeds.next())
+            images += [case.source, case.target]
+        x = _pixels(images[: settings.vae_batch], torch)
+        z = vae.encode(x).latent_dist.mode()
+        # Small latent noise: the decoder must also read the transformer's slightly-off latents.
+        noisy = z + 0.05 * z.detach().std() * torch.randn(z.shape, generator=generator)
+        y = vae.decode(noisy).sample
+        loss = torch.nn.functional.mse_loss(y, x) + 1e-4 * z.pow(2).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        optimizer.step()
+        loss_value = float(loss.detach())
+        if step % settings.log_every == 0 or step == settings.vae_steps - 1:
+            psnr = 10 * math.log10(4.0 / max(float(torch.nn.functional.mse_loss(y, x)), 1e-12))
+            log(f"vae step {step + 1}/{settings.vae_steps} loss {loss_value:.5f} psnr {psnr:.1f} dB "
+                f"({time.perf_counter() - started:.0f} s)")
+    return vae.eval().requires_grad_(False), loss_value
+
+
+def _latent_stats(vae, seeds: _Seeds, torch) -> tuple[float, float]:
+    images = []
+    while len(images) < 64:
+        case = world.make_case(seeds.next())
+        images += [case.source, case.target]
+    with torch.no_grad():
+        z = vae.encode(_pixels(images, torch)).latent_dist.mode()
+    shift = float(z.mean())
+    return shift, 1.0 / max(float(z.std()), 1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ transformer
+
+
+class _Pool:
+    """Latent pairs (source, target) and prompt ids of training cases; a few replaced by fresh cases each step."""
+
+    def __init__(self, size: int, encode, seeds: _Seeds, prompt_ids: dict[str, int], torch):
+        self.encode, self.seeds, self.prompt_ids, self.torch = encode, seeds, prompt_ids, torch
+        cases = [world.make_case(seeds.next()) for _ in range(size)]
+        sources, targets = [], []
+        for start in range(0, size, 32):  # encoded in chunks: one image at a time is slow, all at once is big
+            chunk = cases[start:start + 32]
+            sources.append(encode(_pixels([c.source for c in chunk], torch)))
+            targets.append(encode(_pixels([c.target for c in chunk], torch)))
+        self.source, self.target = torch.cat(sources), torch.cat(targets)
+        self.prompt = torch.tensor([prompt_ids[c.instruction] for c in cases])
+        self.rng = np.random.default_rng(seeds.next())
+
+    def _case(self):
+        case = world.make_case(self.seeds.next())
+        latents = self.encode(_pixels([case.source, case.target], self.torch))
+        return latents[:1], latents[1:], self.prompt_ids[case.instruction]
+
+    def refresh(self, count: int) -> None:
+        for slot in self.rng.integers(0, len(self.prompt), size=count):
+            source, target, prompt = self._case()
+            self.source[slot], self.target[slot], self.prompt[slot] = source[0], target[0], prompt
+
+    def sample(self, count: int):
+        index = self.torch.from_numpy(self.rng.integers(0, len(self.prompt), size=count))
+        return self.source[index], self.target[index], self.prompt[index]
+
+
+def make_transformer(spec, seed: int):
+    """A fresh transformer of the profile (diffusers' init, adaLN and output layers zeroed so every block
+    starts as the identity), with the max_seq the loader sets for E1.1 (the H x 2W edit input)."""
+    import torch
+    from diffusers import HiDreamImageTransformer2DModel
+
+    torch.manual_seed(seed)
+    model = HiDreamImageTransformer2DModel.from_config(spec.transformer_config()).float()
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and ("adaLN_modulation" in name or name.startswith("final_layer")):
+                module.weight.zero_()
+                if module.bias is not None:
+                    module.bias.zero_()
+    model.max_seq = 2 * spec.max_seq
+    return model
+
+
+def training_mode(model) -> None:
+    """Top level in eval mode (its forward then unpatchifies like inference), the MoE layers in train mode
+    (their inference path routes under no_grad, so routed experts would get no gradient)."""
+    model.eval()
+    for module in model.modules():
+        if type(module).__name__ in ("MOEFeedForwardSwiGLU", "MoEGate"):
+            module.train()
+
+
+def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, seeds, prompts, log, save):
+    import torch
+
+    def encode(pixels):
+        with torch.no_grad():
+            return (vae.encode(pixels).latent_dist.mode() - shift) * scale
+
+    model = make_transformer(spec, settings.seed + 2)
+    training_mode(model)
+    ema = copy.deepcopy(model).requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    generator = torch.Generator().manual_seed(settings.seed + 3)
+    t0 = time.perf_counter()
+    pool = _Pool(settings.pool, encode, seeds, {p: i for i, p in enumerate(prompts)}, torch)
+    log(f"train-tiny: {settings.pool} training cases encoded in {time.perf_counter() - t0:.0f} s")
+    negative = n_prompts  # index of the negative prompt in `embeds`
+    width = spec.max_resolution[1]  # latent width of one image
+
+    def forward(hidden, sigma, prompt_ids):
+        return model(hidden_states=hidden, timesteps=sigma * 1000, encoder_hidden_states_t5=embeds.t5[prompt_ids],
+                     encoder_hidden_states_llama3=embeds.llama[:, prompt_ids], pooled_embeds=embeds.pooled[prompt_ids],
+                     return_dict=False)[0]
+
+    def rand(n):
+        return torch.rand(n, generator=generator)
+
+    started = time.perf_counter()
+    running = None
+    loss_value = float("nan")
+    for step in range(settings.steps):
+        _set_lr(optimizer, settings.lr, step, settings.steps, settings.warmup)
+        pool.refresh(settings.fresh)
+        # Edit stage: [x_t | source] with the instruction; dropout gives the unconditional / image-only branches.
+        source, target, prompt = pool.sample(settings.batch)
+        sigma = _sigma(rand(settings.batch))
+        noise = torch.randn(target.shape, generator=generator)
+        s = sigma.view(-1, 1, 1, 1)
+        x_t = (1 - s) * target + s * noise
+        source = source * (rand(settings.batch) >= settings.image_drop).float().view(-1, 1, 1, 1)
+        prompt = torch.where(rand(settings.batch) < settings.text_drop, torch.full_like(prompt, negative), prompt)
+        out = forward(torch.cat([x_t, source], dim=-1), sigma, prompt)[..., :width]
+        loss = torch.nn.functional.mse_loss(out, target - noise)
+        if settings.refine_batch:
+            # Refine stage: x_t alone, low noise, the target prompt (E1.1: the instruction) or the negative one.
+            _, target, prompt = pool.sample(settings.refine_batch)
+            sigma = _sigma(rand(settings.refine_batch) * _unshift(REFINE_MAX_SIGMA))
+            noise = torch.randn(target.shape, generator=generator)
+            s = sigma.view(-1, 1, 1, 1)
+            prompt = torch.where(rand(settings.refine_batch) < settings.text_drop,
+                                 torch.full_like(prompt, negative), prompt)
+            out = forward((1 - s) * target + s * noise, sigma, prompt)
+            share = settings.refine_batch / (settings.batch + settings.refine_batch)
+            loss = (1 - share) * loss + share * torch.nn.functional.mse_loss(out, target - noise)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        decay = min(settings.ema, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 1 - decay)
+        loss_value = float(loss.detach())
+        running = loss_value if running is None else 0.98 * running + 0.02 * loss_value
+        if step % settings.log_every == 0 or step == settings.steps - 1:
+            elapsed = time.perf_counter() - started
+            log(f"step {step + 1}/{settings.steps} loss {loss_value:.4f} (avg {running:.4f}) "
+                f"lr {optimizer.param_groups[0]['lr']:.2e} ({elapsed:.0f} s, {elapsed / (step + 1):.2f} s/step)")
+        if settings.checkpoint_every and (step + 1) % settings.checkpoint_every == 0 and step + 1 < settings.steps:
+            save(ema, running, step + 1)
+            log(f"train-tiny: checkpoint after {step + 1} steps")
+    return model, ema, running if running is not None else loss_value
+
+
+def _unshift(sigma: float) -> float:
+    """The uniform draw whose shifted noise level is `sigma` (inverse of _sigma)."""
+    return sigma / (FLOW_SHIFT - (FLOW_SHIFT - 1) * sigma)
+
+
+def _set_lr(optimizer, peak: float, step: int, total: int, warmup: int) -> None:
+    """Linear warm-up, then cosine down to a tenth of the peak."""
+    if step < warmup:
+        lr = peak * (step + 1) / warmup
+    else:
+        progress = (step - warmup) / max(1, total - warmup)
+        lr = peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+# ------------------------------------------------------------------------------------------------ decoder
+
+
+def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: float = 5e-4, batch: int = 8,
+                     log: Callable[[str], None] = print, log_every: int = 50) -> dict:
+    """More training for the VAE's decoder alone, on the weights in `source` (an asset folder); written to
+    `out` with every other tensor as it was. The encoder, hence every latent the transformer learned, is
+    untouched, so this runs after (or beside) the transformer phase and only sharpens the decoded pixels."""
+    import torch
+    from diffusers import AutoencoderKL
+    from safetensors.torch import load_file
+
+    from hidream_ui.model.tiny.build import build_tiny
+
+    torch.manual_seed(seed)
+    source, out = Path(source), Path(out)
+    tensors = load_file(str(source / trained.WEIGHTS_FILE))
+    meta = trained.read_meta(source)
+    scratch = Path(tempfile.mkdtemp(prefix="train-tiny-decoder-"))
+    try:
+        base = build_tiny(scratch / "base", PROFILE, 0, trained_weights=False)
+        config = dict(AutoencoderKL.load_config(base / I1_DIR / "vae"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    vae = AutoencoderKL.from_config(config).float()
+    vae.load_state_dict({k[len("vae/"):]: v.float() for k, v in tensors.items() if k.startswith("vae/")})
+    vae.requires_grad_(False)
+    decoder = [vae.decoder] + ([vae.post_quant_conv] if vae.post_quant_conv is not None else [])
+    params = [p for module in decoder for p in module.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed + 11)
+    seeds = _Seeds(seed + 11)
+    started = time.perf_counter()
+    loss_value = float("nan")
+    for step in range(steps):
+        _set_lr(optimizer, lr, step, steps, min(50, steps))
+        images = []
+        while len(images) < batch:
+            case = world.make_case(seeds.next())
+            images += [case.source, case.target]
+        x = _pixels(images[:batch], torch)
+        with torch.no_grad():
+            z = vae.encode(x).latent_dist.mode()
+        noisy = z + 0.05 * z.std() * torch.randn(z.shape, generator=generator)
+        loss = torch.nn.functional.mse_loss(vae.decode(noisy).sample, x)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        loss_value = float(loss.detach())
+        if step % log_every == 0 or step == steps - 1:
+            log(f"decoder step {step + 1}/{steps} loss {loss_value:.5f} psnr "
+                f"{10 * math.log10(4.0 / max(loss_value, 1e-12)):.1f} dB ({time.perf_counter() - started:.0f} s)")
+    tensors.update({f"vae/{k}": v for k, v in vae.state_dict().items()})
+    meta = {**meta, "decoder_finetune": {"from": meta.get("command"), "steps": steps, "seed": seed, "lr": lr,
+                                         "final_loss": round(loss_value, 6),
+                                         "seconds": round(time.perf_counter() - started, 1)}}
+    trained.write_asset(out, tensors, meta)
+    return meta
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+
+def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, **call) -> dict:
+    """Held-out success through the real loader and pipeline: `weights` (an asset folder) laid over a fresh
+    build, loaded by `load_model` (fp32 on the CPU), one edit per case with the default E1.1 settings at the
+    world's 128 x 128 (the model's `auto` working size), scored by world.score."""
+    import torch
+    from PIL import Image
+
+    from hidream_ui.config import AppConfig
+    from hidream_ui.device.detect import resolve_device
+    from hidream_ui.model.loading import load_model
+    from hidream_ui.model.tiny.build import build_tiny
+
+    torch.set_num_threads(1)  # one edit at a time on a shared machine: more threads only wait for each other
+    scratch = Path(tempfile.mkdtemp(prefix="train-tiny-eval-"))
+    try:
+        root = build_tiny(scratch / "model", PROFILE, 0, trained_weights=False)
+        trained.overlay(root, Path(weights))
+        loaded = load_model(AppConfig(model_dir=root), resolve_device("cpu"), torch.float32)
+        pipeline = loaded.pipeline
+        scores = []
+        started = time.perf_counter()
+        for case in world.held_out_cases(cases):
+            image = pipeline(Image.fromarray(case.source), case.instruction,
+                             generator=torch.Generator().manual_seed(case.seed % (2**31)), **call).images[0]
+            scores.append(world.score(case, image))
+        seconds = (time.perf_counter() - started) / max(1, cases)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary = summarize(scores)
+    summary["seconds_per_edit"] = round(seconds, 3)
+    log(f"held-out ({cases} cases): " + ", ".join(f"{k} {v}" for k, v in summary.items() if k != "psnr_db"))
+    return summary
+
+
+def summarize(scores: list[dict]) -> dict:
+    result: dict = {"cases": len(scores), "success": _rate(scores)}
+    for kind in world.EDIT_KINDS:
+        result[kind] = _rate([s for s in scores if s["kind"] == kind])
+    finite = [min(s["untouched_psnr_db"], 99.0) for s in scores]
+    result["untouched_psnr_median_db"] = round(float(np.median(finite)), 2) if finite else None
+    result["colour_ok"] = round(sum(s["colour_ok"] for s in scores) / max(1, len(scores)), 3)
+    return result
+
+
+def _rate(scores: list[dict]) -> float | None:
+    return round(sum(s["success"] for s in scores) / len(scores), 3) if scores else None
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = TrainSettings()
+    parser = argparse.ArgumentParser(
+        prog="python -m hidream_ui train-tiny",
+        description="Train the `trained` tiny HiDream-E1 on the synthetic shapes world (CPU) and write its "
+        "weights (weights.safetensors + trained.json, the layout of assets/tiny_trained/) into OUT.",
+    )
+    parser.add_argument("out", type=Path, metavar="OUT", help="output folder (created; files in it are replaced)")
+    parser.add_argument("--steps", type=int, default=defaults.steps, help=f"transformer steps ({defaults.steps})")
+    parser.add_argument("--vae-steps", type=int, default=defaults.vae_steps, help=f"VAE steps ({defaults.vae_steps})")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the data, init and noise (0)")
+    parser.add_argument("--pool", type=int, default=defaults.pool, help=f"latent pairs kept ({defaults.pool})")
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads (1: deterministic)")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                        help="also write OUT every K transformer steps (default 0: only at the end)")
+    parser.add_argument("--decoder-from", type=Path, metavar="DIR",
+                        help="instead of training: fine-tune the VAE decoder of the weights in DIR for "
+                        "--decoder-steps and write OUT (the encoder, hence the transformer's latents, unchanged)")
+    parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
+    parser.add_argument("--eval", type=int, default=0, metavar="N",
+                        help="then score N held-out cases through the loader and pipeline (default 0: none)")
+    args = parser.parse_args(argv)
+    for name in ("steps", "vae_steps", "pool", "threads"):
+        if getattr(args, name) < (0 if name in ("steps", "vae_steps") else 1):
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
+    settings = TrainSettings(steps=args.steps, vae_steps=args.vae_steps, seed=args.seed, pool=args.pool,
+                             threads=args.threads, checkpoint_every=max(0, args.checkpoint_every),
+                             log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
+    if args.decoder_from is not None:
+        torch_threads(args.threads)
+        finetune_decoder(args.decoder_from, args.out, args.decoder_steps, seed=args.seed,
+                         log=lambda line: print(line, flush=True))
+    else:
+        train(args.out, settings, log=lambda line: print(line, flush=True))
+    if args.eval:
+        evaluate(args.out, args.eval, log=lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""The `trained` tiny profile: its tokenizers know the world's words, `train-tiny` runs and is deterministic,
+and the shipped weights (assets/tiny_trained/) materialise into a normal tiny build that loads through the
+usual path. CI never trains fully: a few steps prove the loop, the shipped weights prove the result."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from hidream_ui.model import layout
+from hidream_ui.model.tiny import trained, world
+from hidream_ui.model.tiny.build import build_tiny, ensure_tiny, read_marker, tiny_path
+from hidream_ui.model.tiny.profiles import PROFILES
+
+ASSET = trained.asset_dir(PROFILES["trained"].weights_asset)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def random_trained(tmp_path_factory) -> Path:
+    """The trained profile's tree with random weights (what train-tiny starts from)."""
+    return build_tiny(tmp_path_factory.mktemp("random_trained") / "model", "trained", 0, trained_weights=False)
+
+
+def test_profile_words_are_the_world_words():
+    assert set(PROFILES["trained"].extra_words) == set(world.WORDS)
+
+
+def test_every_world_word_is_one_known_token_in_every_tokenizer(random_trained):
+    from transformers import AutoTokenizer, CLIPTokenizer
+
+    i1 = random_trained / layout.I1_DIR
+    llama = AutoTokenizer.from_pretrained(random_trained / layout.LLAMA_DIR, local_files_only=True)
+    clip = CLIPTokenizer.from_pretrained(i1 / "tokenizer", local_files_only=True)
+    t5 = AutoTokenizer.from_pretrained(i1 / "tokenizer_3", local_files_only=True)
+    for word in world.WORDS:
+        # Llama: the word after a space (as inside an instruction) and at the start.
+        for text in (" " + word, word):
+            ids = llama(text, add_special_tokens=False).input_ids
+            assert len(ids) == 1, (text, llama.convert_ids_to_tokens(ids))
+        ids = clip(word, add_special_tokens=False).input_ids
+        assert len(ids) == 1 and ids[0] != clip.unk_token_id, (word, clip.convert_ids_to_tokens(ids))
+        ids = t5(word, add_special_tokens=False).input_ids
+        assert len(ids) == 1 and ids[0] != t5.unk_token_id, (word, t5.convert_ids_to_tokens(ids))
+    # The whole instruction fits the short prompt length the profile pads to.
+    longest = max(world.held_out_cases(50), key=lambda c: len(c.instruction)).instruction
+    assert len(llama(longest).input_ids) <= PROFILES["trained"].text_tokens
+    assert t5.model_max_length == llama.model_max_length == PROFILES["trained"].text_tokens
+
+
+def test_random_tiny_profile_keeps_its_vocabulary(tiny_dir):
+    """The extra words are the trained profile's own: the random `tiny` build's bytes do not change."""
+    from transformers import CLIPTokenizer
+
+    clip = CLIPTokenizer.from_pretrained(tiny_dir / layout.I1_DIR / "tokenizer", local_files_only=True)
+    assert len(clip("triangle", add_special_tokens=False).input_ids) > 1
+
+
+def _train(out: Path, *extra: str) -> None:
+    from hidream_ui.model.tiny.train import main
+
+    assert main([str(out), "--steps", "2", "--vae-steps", "2", "--pool", "4", *extra]) == 0
+
+
+def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_path, one_thread, random_trained,
+                                                                         capsys):
+    import torch
+    from PIL import Image
+
+    from hidream_ui.config import AppConfig
+    from hidream_ui.device.detect import resolve_device
+    from hidream_ui.model.loading import load_model
+
+    _train(tmp_path / "a")
+    printed = capsys.readouterr().out
+    assert "vae step 2/2 loss" in printed and "step 2/2 loss" in printed
+    _train(tmp_path / "b")
+    _train(tmp_path / "c", "--seed", "1")
+    weights = {name: (tmp_path / name / trained.WEIGHTS_FILE).read_bytes() for name in "abc"}
+    assert weights["a"] == weights["b"]
+    assert weights["a"] != weights["c"]
+    meta = json.loads((tmp_path / "a" / trained.META_FILE).read_text())
+    assert meta["settings"]["steps"] == 2 and meta["transformer_steps_done"] == 2
+    assert set(meta["vae"]) == {"scaling_factor", "shift_factor"}
+
+    # Decoder fine-tuning changes the decoder only: the encoder (the transformer's latents) stays as it was.
+    from safetensors.torch import load_file
+
+    from hidream_ui.model.tiny.train import main
+
+    assert main([str(tmp_path / "d"), "--decoder-from", str(tmp_path / "a"), "--decoder-steps", "1"]) == 0
+    before, after = (load_file(str(tmp_path / n / trained.WEIGHTS_FILE)) for n in "ad")
+    assert before.keys() == after.keys()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith("vae/decoder.") for k in changed)
+
+    # The written weights lay over the profile's build and load with the app's loader.
+    root = build_tiny(tmp_path / "model", "trained", 0, trained_weights=False)
+    trained.overlay(root, tmp_path / "a")
+    loaded = load_model(AppConfig(model_dir=root), resolve_device("cpu"), torch.float32)
+    case = world.make_case(world.HELD_OUT_SEED_START)
+    image = loaded.pipeline(Image.fromarray(case.source), case.instruction, num_inference_steps=2,
+                            generator=torch.Generator().manual_seed(0)).images[0]
+    assert image.size == (world.SIZE, world.SIZE)
+
+
+def test_overlay_refuses_weights_that_do_not_fit(tmp_path, random_trained):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    _asset = tmp_path / "asset"
+    shutil.copytree(ASSET, _asset)
+    tensors = load_file(str(_asset / trained.WEIGHTS_FILE))
+    dropped = sorted(k for k in tensors if k.startswith("transformer/"))[0]
+    del tensors[dropped]
+    save_file(tensors, str(_asset / trained.WEIGHTS_FILE))
+    copy = tmp_path / "model"
+    shutil.copytree(random_trained, copy)
+    with pytest.raises(KeyError, match=dropped.split("/", 1)[1]):
+        trained.overlay(copy, _asset)
+
+
+def test_shipped_weights_are_small_bf16_and_cover_every_part():
+    from safetensors import safe_open
+
+    files = sorted(p for p in ASSET.iterdir() if p.is_file())
+    assert sum(p.stat().st_size for p in files) <= 8 * 1024 * 1024
+    with safe_open(str(ASSET / trained.WEIGHTS_FILE), framework="pt") as handle:
+        keys = list(handle.keys())
+        assert all(str(handle.get_slice(k).get_dtype()) == "BF16" for k in keys)
+    assert {k.split("/")[0] for k in keys} == {"llama", "clip_l", "clip_g", "t5", "vae", "transformer"}
+
+
+def test_ensure_tiny_materialises_the_shipped_weights(tmp_path, offline_hub):
+    import torch
+    from safetensors.torch import load_file
+
+    root = ensure_tiny("trained", 0, cache_root=tmp_path)
+    assert root == tiny_path("trained", 0, cache_root=tmp_path)
+    assert trained.asset_digest(ASSET) in root.name  # new weights, new cache entry
+    assert read_marker(root).profile == "trained"
+    shipped = load_file(str(ASSET / trained.WEIGHTS_FILE))
+    for relative in (f"{layout.E11_DIR}/transformer", f"{layout.I1_DIR}/transformer", f"{layout.I1_DIR}/vae"):
+        part = trained.PART_FOLDERS[relative]
+        for path in (root / relative).glob("*.safetensors"):
+            for key, value in load_file(str(path)).items():
+                assert torch.equal(value, shipped[f"{part}/{key}"]), (path, key)
+    vae = json.loads((root / layout.I1_DIR / "vae" / "config.json").read_text())
+    meta = trained.read_meta(ASSET)
+    assert (vae["scaling_factor"], vae["shift_factor"]) == (meta["vae"]["scaling_factor"],
+                                                            meta["vae"]["shift_factor"])
+    lora = load_file(str(root / layout.E1_FULL_DIR / layout.E1_FULL_FILE))
+    assert all(not v.any() for k, v in lora.items() if ".lora_B." in k)  # E1-Full runs the same trained model
+    digest = hashlib.sha256((root / layout.E11_DIR / "transformer" / "diffusion_pytorch_model.safetensors")
+                            .read_bytes()).hexdigest()
+    assert ensure_tiny("trained", 0, cache_root=tmp_path) == root  # cached: not rebuilt
+    assert hashlib.sha256((root / layout.E11_DIR / "transformer" / "diffusion_pytorch_model.safetensors")
+                          .read_bytes()).hexdigest() == digest
+
+
+@pytest.fixture
+def offline_hub(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -5,6 +5,7 @@ A job is `work(emit)`: it takes the engine call that does the work, the job's ca
 typed event stream, `JobEvent(kind, payload)`:
 
     step     StepInfo           a denoising step finished (edit, batch, compare)
+    preview  Preview            a live preview every K steps of an edit (--preview-every; never saved)
     rewrite  (done, count)      instructions rewritten so far (batch with rewriting)
     item     BatchItem          a batch item finished, failed or was refused
     cell     (CompareCell, EditResult)   a comparison cell finished
@@ -32,7 +33,7 @@ from hidream_ui.engine.jobs import CancelToken
 
 T = TypeVar("T")
 
-EVENT_KINDS = ("step", "rewrite", "item", "cell", "done")
+EVENT_KINDS = ("step", "preview", "rewrite", "item", "cell", "done")
 ABANDONED = "the client went away"
 
 

@@ -123,7 +123,7 @@ def test_the_handlers_take_the_forms_fields_in_their_order():
     assert _parameters(BatchTab.run) == ["files", "instructions", "mode", *SHARED_FORM, "seed", "seed_policy",
                                          "batch_size", "rewrite"]
     assert _parameters(CompareTab.run) == ["image", "instruction", "axis_x", "values_x", "axis_y", "values_y",
-                                           *SHARED_FORM, "seed"]
+                                           *SHARED_FORM, "seed", "mask"]
 
 
 @pytest.fixture(scope="module")

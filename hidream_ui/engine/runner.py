@@ -14,11 +14,11 @@ typed event stream, `JobEvent(kind, payload)`:
 Two ways to run one:
 * `run_job`: in the calling thread, events to a callback (the CLI and callers without a UI).
 * `stream_job`: in one thread of its own, events yielded as they happen (the Edit tab streams its
-  live previews, the Batch and Compare tabs their partial results). A sync generator is advanced by whichever gradio worker thread is
-  free, so the computing thread must be one of its own: on an NPU the device is bound to the thread
-  that computes. When the consumer stops early (the browser went away), the job's token is
-  cancelled and the thread ends after its current step; the engine lock keeps the next job from
-  overlapping it. Nothing is left running past the job's next step.
+  live previews, the Batch and Compare tabs their partial results). A sync generator is advanced
+  by whichever gradio worker thread is free, so the computing thread must be one of its own: on an
+  NPU the device is bound to the thread that computes. When the consumer stops early (the browser
+  went away), the job's token is cancelled and the thread ends after its current step; the engine
+  lock keeps the next job from overlapping it. Nothing is left running past the job's next step.
 """
 
 from __future__ import annotations

@@ -27,4 +27,4 @@ ALL_LANES = (DEVICE_GROUP, REWRITER_GROUP, SETTINGS_FILE_GROUP, CONTROL_GROUP)
 # Inputs added at the end of an event after clients were written against it, by api_name: a raw REST
 # client that posts the older, shorter `data` list gets None for them (gradio itself refuses a short
 # list). gradio_client fills them in from the API info by itself.
-LATE_INPUTS = {"edit": ("mask",), "edit_rewritten": ("mask",)}
+LATE_INPUTS = {"edit": ("mask",), "edit_rewritten": ("mask",), "compare": ("mask",)}

@@ -191,14 +191,7 @@ class Handlers:
                               mask=mask)
 
     def _region(self, mask) -> Any:
-        """The validated EditMask of an optional mask upload (None: none). Through the same gate and
-        decoder as the source: only a file gradio stored for this app is opened."""
-        if mask is None:
-            return None
-        from hidream_ui.imaging import open_mask
-
-        source, name = self.services.gate.path(mask, "mask")
-        return validated_mask(open_mask(source, max_pixels=self.services.config.max_pixels, name=name), name)
+        return open_region(self.services, mask)
 
     def _edit(self, image, params: EditParams, *, service, record: RewriteResult | None, request, progress,
               mask=None):
@@ -550,6 +543,17 @@ class Handlers:
         params = load_settings(path)
         gr.Info(f"Loaded the settings from {name or 'the PNG'} (seed {params.seed}).")
         return (*form_values(params), gr.Tabs(selected="edit"))
+
+
+def open_region(services: AppServices, mask) -> Any:
+    """The validated EditMask of an optional mask upload (None: none), for /edit and /compare. Through
+    the same gate and decoder as a source image: only a file gradio stored for this app is opened."""
+    if mask is None:
+        return None
+    from hidream_ui.imaging import open_mask
+
+    source, name = services.gate.path(mask, "mask")
+    return validated_mask(open_mask(source, max_pixels=services.config.max_pixels, name=name), name)
 
 
 PREVIEW_SIDE = 512  # longest side a live preview is shown at (it is computed at 1/8 of the working size)

@@ -185,7 +185,6 @@ class EditEngine:
                 try:
                     self._apply_attention_at_load()
                     self._apply_speed_at_load()
-                    self._fit_previewer()
                 except BaseException:
                     # Never leave a half-configured model behind: the next load() would return it as is.
                     self._model = None
@@ -237,20 +236,24 @@ class EditEngine:
 
         self._speed.at_load(pipe.transformer, self.device.type, warm_up)
 
-    def _fit_previewer(self) -> None:
-        """Fits the live preview's map to this model's VAE, once per load (with --preview-every 0: never)."""
+    def _preview_map(self):
+        """The live preview's latent -> RGB map, fitted to this model's VAE on the first edit that asks
+        for previews (one batched VAE encode, under the engine lock) and kept with the loaded model;
+        None with --preview-every 0. Callers that never show previews (the CLI, batches) never fit it."""
         if self.config.preview_every <= 0:
-            return
-        from hidream_ui.pipeline.previews import fit_latent_rgb
+            return None
+        if self._previewer is None:
+            from hidream_ui.pipeline.previews import fit_latent_rgb
 
-        started = time.perf_counter()
-        self._previewer = fit_latent_rgb(self._model.pipeline).to(self._model.device.torch_device)
-        logger.info("live preview map fitted in %.2f s (RMS error %.3f)", time.perf_counter() - started,
-                    self._previewer.residual)
+            started = time.perf_counter()
+            self._previewer = fit_latent_rgb(self.model.pipeline).to(self.model.device.torch_device)
+            logger.info("live preview map fitted in %.2f s (RMS error %.3f)", time.perf_counter() - started,
+                        self._previewer.residual)
+        return self._previewer
 
     @property
     def previewer(self):
-        """The fitted latent -> RGB map (None before the load, or with --preview-every 0)."""
+        """The fitted latent -> RGB map (None until an edit asked for previews, or with --preview-every 0)."""
         return self._previewer
 
     # ------------------------------------------------------------------ attention
@@ -391,7 +394,8 @@ class EditEngine:
                     working_masks = [None if p.mask is None else
                                      to_working_size(mask_at(p.mask.image, r.image.size), plan).convert("L")
                                      for r, p, (_, plan) in zip(requests, params_list, working)]
-                every = self.config.preview_every if on_preview is not None and self._previewer is not None else 0
+                previewer = self._preview_map() if on_preview is not None else None
+                every = self.config.preview_every if previewer is not None else 0
                 text_seconds = [0.0]
 
                 def embeds(text: str):
@@ -423,7 +427,7 @@ class EditEngine:
                         on_step(StepInfo(step=done, total=total, stage=stage, elapsed=elapsed, eta=eta))
                     if every and done % every == 0 and done < total and "x0" in tensors:
                         # The first image's picture (an edit has one); read only, the latents are untouched.
-                        on_preview(Preview(step=done, total=total, image=self._previewer.image(tensors["x0"][0])))
+                        on_preview(Preview(step=done, total=total, image=previewer.image(tensors["x0"][0])))
                     if token.cancelled:  # the pipeline stops before the next step
                         pipeline._interrupt = True
                     return tensors

@@ -2,8 +2,9 @@
 
 Decoding with the VAE every few steps would cost about as much as a step on the real model, so
 the preview is a linear map (16 latent channels -> RGB, plus a bias) fitted once per loaded model
-to that model's own VAE: a few synthetic pictures (colour fields, gradients, blocks) are encoded
-and each latent cell is matched, by least squares, with the mean colour of the pixels it covers.
+(on the first edit that shows previews) to that model's own VAE: a few synthetic pictures (colour
+fields, gradients, blocks) are encoded and each latent cell is matched, by least squares, with the
+mean colour of the pixels it covers.
 A preview is then one small matrix product on the device at the latent's resolution (1/8 of the
 image's side) and one copy of a few KB to the host.
 
@@ -21,7 +22,7 @@ from PIL import Image
 
 __all__ = ["LatentToRGB", "fit_latent_rgb", "fit_pictures"]
 
-FIT_SIDE = 256  # pixels per side of the fitting pictures (any multiple of 16 works)
+FIT_SIDE = 128  # pixels per side of the fitting pictures (any multiple of 16 works): 256 latent cells each
 FIT_PICTURES = 6
 
 

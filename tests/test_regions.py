@@ -232,3 +232,26 @@ def test_the_preview_map_inverts_a_linear_vae():
     expected = np.asarray(picture.resize(shown.shape[1::-1], Image.Resampling.BOX), dtype=np.int16)
     assert shown.shape == (picture.height // 8, picture.width // 8, 3)
     assert np.abs(shown - expected).max() <= 2
+
+
+def test_an_image_editor_value_gives_its_painted_layers_as_the_mask(tmp_path):
+    """The handlers take a brush (gr.ImageEditor's value, painted layers) as well as an uploaded file."""
+    from hidream_ui.ui.handlers import open_region
+
+    class Gate:  # the app's upload gate hands back the stored path (tests of the gate: test_hardening2_*)
+        def path(self, value, field):
+            assert field == "mask"
+            return value["path"], value.get("orig_name")
+
+    services = SimpleNamespace(gate=Gate(), config=AppConfig())
+    painted, empty = tmp_path / "layer.png", tmp_path / "empty.png"
+    layer = Image.new("RGBA", SIZE, (0, 0, 0, 0))
+    layer.paste((255, 255, 255, 255), (0, 0, SIZE[0] // 2, SIZE[1]))
+    layer.save(painted)
+    Image.new("RGBA", SIZE, (0, 0, 0, 0)).save(empty)
+    value = {"background": {"path": str(tmp_path / "bg.png")}, "layers": [{"path": str(empty)}, {"path": str(painted)}],
+             "composite": None}
+    mask = open_region(services, value)
+    assert np.array_equal(np.asarray(mask.image), np.asarray(left_half()))
+    assert open_region(services, {**value, "layers": [{"path": str(empty)}]}) is None  # nothing painted: no mask
+    assert open_region(services, {"path": str(painted), "orig_name": "layer.png"}).name == "layer.png"  # a file

@@ -236,7 +236,7 @@ class EditEngine:
 
         self._speed.at_load(pipe.transformer, self.device.type, warm_up)
 
-    def _preview_map(self):
+    def preview_map(self):
         """The live preview's latent -> RGB map, fitted to this model's VAE on the first edit that asks
         for previews (one batched VAE encode, under the engine lock) and kept with the loaded model;
         None with --preview-every 0. Callers that never show previews (the CLI, batches) never fit it."""
@@ -394,7 +394,7 @@ class EditEngine:
                     working_masks = [None if p.mask is None else
                                      to_working_size(mask_at(p.mask.image, r.image.size), plan).convert("L")
                                      for r, p, (_, plan) in zip(requests, params_list, working)]
-                previewer = self._preview_map() if on_preview is not None else None
+                previewer = self.preview_map() if on_preview is not None else None
                 every = self.config.preview_every if previewer is not None else 0
                 text_seconds = [0.0]
 
@@ -425,8 +425,9 @@ class EditEngine:
                     token.step = done
                     if on_step is not None:
                         on_step(StepInfo(step=done, total=total, stage=stage, elapsed=elapsed, eta=eta))
-                    if every and done % every == 0 and done < total and "x0" in tensors:
+                    if every and done % every == 0 and done < total and "x0" in tensors and not token.cancelled:
                         # The first image's picture (an edit has one); read only, the latents are untouched.
+                        # None once cancelled: the edit ends with this step, nobody waits for a picture.
                         on_preview(Preview(step=done, total=total, image=previewer.image(tensors["x0"][0])))
                     if token.cancelled:  # the pipeline stops before the next step
                         pipeline._interrupt = True

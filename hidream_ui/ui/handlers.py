@@ -205,6 +205,10 @@ class Handlers:
         EditRequest(image=picture, params=params, source_name=name).validated()  # before any work
 
         with self.services.job("edit", request) as job:
+            # A first answer at once (nothing changes): gradio keeps a generator it can close only after
+            # its first answer, and a Stop during a first call that never returned could leave this one
+            # parked at a later yield, its job never ending (the Compare tab starts the same way).
+            yield gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
             load_seconds = 0.0
             if service is not None and needs_rewrite(params.instruction):
                 if service.uses_device:
@@ -236,7 +240,9 @@ class Handlers:
                     eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
                     progress((info.step, info.total), desc=f"{info.stage} step {info.step}/{info.total}{eta}",
                              unit="steps")
-                elif event.kind == "preview":
+                elif event.kind == "preview" and not job.token.cancelled:
+                    # Never a yield once stopped: gradio drops a cancelled generator where it stands, and one
+                    # left at a yield would never end its job (the token's edit ends within the step).
                     shot: Preview = event.payload
                     size = preview_size(picture.size)
                     before = before or picture.resize(size, Image.Resampling.BILINEAR)
@@ -546,14 +552,30 @@ class Handlers:
 
 
 def open_region(services: AppServices, mask) -> Any:
-    """The validated EditMask of an optional mask upload (None: none), for /edit and /compare. Through
-    the same gate and decoder as a source image: only a file gradio stored for this app is opened."""
-    if mask is None:
-        return None
+    """The validated EditMask of an optional mask (None: none), for /edit and /compare: an uploaded
+    file, or a `gr.ImageEditor` value (its painted layers, ``preprocess=False``; nothing painted: no
+    mask), so a brush on the source can replace the upload widget without touching this. Through
+    the same gate and decoder as a source image: only files gradio stored for this app are opened."""
+    from PIL import ImageChops
+
     from hidream_ui.imaging import open_mask
 
-    source, name = services.gate.path(mask, "mask")
-    return validated_mask(open_mask(source, max_pixels=services.config.max_pixels, name=name), name)
+    def opened(value) -> tuple[Any, str | None]:
+        source, name = services.gate.path(value, "mask")
+        return open_mask(source, max_pixels=services.config.max_pixels, name=name), name
+
+    if mask is None:
+        return None
+    if isinstance(mask, Mapping) and "layers" in mask and "path" not in mask:  # an ImageEditor's value
+        planes = [opened(layer)[0] for layer in mask.get("layers") or () if layer]
+        if not planes or all(plane.getbbox() is None for plane in planes):
+            return None
+        union = planes[0]
+        for plane in planes[1:]:
+            union = ImageChops.lighter(union, plane.resize(union.size))
+        return validated_mask(union, "painted")
+    plane, name = opened(mask)
+    return validated_mask(plane, name)
 
 
 PREVIEW_SIDE = 512  # longest side a live preview is shown at (it is computed at 1/8 of the working size)

@@ -353,11 +353,10 @@ def test_edit_streams_live_previews_before_its_result(client):
                         working_resolution="draft", api_name="/edit")
     final = job.result()
     outputs = job.outputs()
-    assert len(outputs) == 4  # "started" (no change), previews after steps 4 and 8, then the result
-    assert all(value == {"__type__": "update"} for value in outputs[0])
-    previews = [Path(pair[1]) for pair, *_ in outputs[1:-1]]
+    assert len(outputs) == 3  # previews after steps 4 and 8, then the result
+    previews = [Path(pair[1]) for pair, *_ in outputs[:-1]]
     assert all(path.is_file() for path in previews) and final == outputs[-1]
     first, second = (Image.open(path).convert("RGB") for path in previews)
     assert first.tobytes() != second.tobytes()  # the preview changes as it denoises
     # A preview leaves the other outputs as they are (no saved file, no seed yet): it is never saved.
-    assert final[1] is not None and all(value == {"__type__": "update"} for value in outputs[1][1:])
+    assert final[1] is not None and all(value == {"__type__": "update"} for value in outputs[0][1:])

@@ -4,6 +4,7 @@ engine; results -> widget updates. Imports gradio at the top: only the UI import
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import logging
@@ -204,11 +205,12 @@ class Handlers:
         digest = file_sha256(source) if isinstance(source, (str, Path)) else None
         EditRequest(image=picture, params=params, source_name=name).validated()  # before any work
 
-        with self.services.job("edit", request) as job:
-            # A first answer at once (nothing changes): gradio keeps a generator it can close only after
-            # its first answer, and a Stop during a first call that never returned could leave this one
-            # parked at a later yield, its job never ending (the Compare tab starts the same way).
-            yield gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
+        # The job (its cancel token, what Stop and /cancel find) ends with its work, in the edit's own
+        # thread, not with this generator: gradio drops a stopped generator wherever it stands, and one
+        # left at a preview's yield is never resumed (its `finally` would run only when collected).
+        job_scope = contextlib.ExitStack()
+        job = job_scope.enter_context(self.services.job("edit", request))
+        try:
             load_seconds = 0.0
             if service is not None and needs_rewrite(params.instruction):
                 if service.uses_device:
@@ -230,8 +232,11 @@ class Handlers:
             # live previews as they come; progress is reported from here. A Stop pressed while the model
             # loaded has already set the token: the engine then refuses to start.
             def work(emit):
-                return self.engine.edit(edit_request, lambda info: emit("step", info), cancel=job.token,
-                                        on_preview=lambda shot: emit("preview", shot))
+                try:
+                    return self.engine.edit(edit_request, lambda info: emit("step", info), cancel=job.token,
+                                            on_preview=lambda shot: emit("preview", shot))
+                finally:
+                    job_scope.close()
 
             result, before = None, None
             for event in stream_job(work, job.token, name="hidream-edit"):
@@ -240,9 +245,7 @@ class Handlers:
                     eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
                     progress((info.step, info.total), desc=f"{info.stage} step {info.step}/{info.total}{eta}",
                              unit="steps")
-                elif event.kind == "preview" and not job.token.cancelled:
-                    # Never a yield once stopped: gradio drops a cancelled generator where it stands, and one
-                    # left at a yield would never end its job (the token's edit ends within the step).
+                elif event.kind == "preview" and not job.token.cancelled:  # a stopped edit shows no more
                     shot: Preview = event.payload
                     size = preview_size(picture.size)
                     before = before or picture.resize(size, Image.Resampling.BILINEAR)
@@ -250,6 +253,8 @@ class Handlers:
                            gr.update(), gr.update(), gr.update(), gr.update())
                 elif event.kind == "done":
                     result = event.payload
+        finally:
+            job_scope.close()  # a second close is a no-op
         self.services.results.add(result.saved_png)
 
         metadata = result.saved_metadata or result.metadata()  # built once, when it was saved

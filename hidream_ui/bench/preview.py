@@ -45,7 +45,7 @@ def measure(profile: str, steps: int, every: int, side: int, repeats: int) -> di
     engine = pool.primary
     rng = np.random.default_rng(0)
     source = Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
-    params = EditParams("make it blue", seed=1, num_inference_steps=steps, working_resolution=str(side)).validated()
+    params = EditParams("make it blue", seed=1, num_inference_steps=steps, working_resolution="auto").validated()
     request = EditRequest(source, params)
 
     started = time.perf_counter()
@@ -55,23 +55,25 @@ def measure(profile: str, steps: int, every: int, side: int, repeats: int) -> di
     def edit(on_preview=None):
         return pool.edit(request, save=False, on_preview=on_preview)
 
-    edit()  # warm-up (allocator, kernels, text-encoder cache)
+    working = edit().working_size  # warm-up (allocator, kernels, text-encoder cache); "auto": the model's size
     plain = [edit().timings.per_step for _ in range(repeats)]
     shots: list = []
     shown = [edit(shots.append).timings.per_step for _ in range(repeats)]
     per_step = statistics.median(plain)
 
     channels = engine.model.pipeline.transformer.config.in_channels
-    latent_side = side // engine.model.pipeline.vae_scale_factor
-    here = torch.randn(channels, latent_side, latent_side)
+    scale = engine.model.pipeline.vae_scale_factor
+    latent = (channels, working[1] // scale, working[0] // scale)
+    here = torch.randn(*latent)
     release = torch.randn(channels, 128, 128)
     preview_here = _time(lambda: previewer.image(here), repeats * 5)
     preview_release = _time(lambda: previewer.image(release), repeats * 5)
     return {
         "profile": profile,
         "device": engine.device.torch_device,
-        "working_size": f"{side}x{side}",
-        "latent": [channels, latent_side, latent_side],
+        "source_size": f"{side}x{side}",
+        "working_size": f"{working[0]}x{working[1]}",
+        "latent": list(latent),
         "steps": steps,
         "every": every,
         "previews_per_edit": len(shots) // repeats,
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="tiny", choices=("tiny", "bench"))
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--every", type=int, default=4, help="preview every K steps (default 4, the app's)")
-    parser.add_argument("--size", type=int, default=256, help="working side in pixels (multiple of 16)")
+    parser.add_argument("--size", type=int, default=512, help="side of the square source (edited at the model's size)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

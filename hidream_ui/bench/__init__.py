@@ -21,7 +21,7 @@ KINDS = {
     "memory": ("hidream_ui.bench.memory", "every memory plan and storage: peaks, speed, error vs full, prediction"),
     "speed": ("hidream_ui.bench.speed", "sync-free MoE, --compile blocks, step caching: time, syncs, deviation"),
     "abuse": ("hidream_ui.bench.abuse", "issue 19's attacks on a local app: RSS, cache, /status, honest client"),
-    "preview": ("hidream_ui.bench.preview", "a live preview's cost next to a denoising step (fit, per preview, %)"),
+    "preview": ("hidream_ui.bench.preview", "a live preview's cost next to a denoising step (fit, per preview)"),
 }
 
 

@@ -172,10 +172,11 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
     rewrite_outputs = [tab.rewritten, tab.rewrite_details, tab.rewrite_note]
     # preprocess=False: the handler opens the upload itself and can say what is wrong with a damaged
-    # file (gradio's own decode error is a developer message).
+    # file (gradio's own decode error is a developer message). The progress sits on the summary: the
+    # slider shows the live previews meanwhile (gradio's progress overlay would hide them).
     edit_event = tab.edit_button.click(
         handlers.edit, inputs=[tab.image, *tab.inputs, tab.rewrite, tab.mask], outputs=tab.outputs, api_name="edit",
-        concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False, show_progress_on=[tab.result_slider])
+        concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False, show_progress_on=[tab.summary])
     on_edit(edit_event).then(handlers.show_rewrite, [tab.last_entry], rewrite_outputs, **private)
 
     # Rewriting: "Rewrite" shows the prompt (editable) before any edit; "Edit with this" edits with
@@ -192,7 +193,7 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     edit_rewritten_event = tab.edit_rewritten_button.click(
         handlers.edit_rewritten, inputs=[tab.image, tab.rewritten, tab.rewrite_details, *tab.inputs[1:], tab.mask],
         outputs=tab.outputs, api_name="edit_rewritten", concurrency_id=DEVICE_GROUP, concurrency_limit=lane,
-        preprocess=False, show_progress_on=[tab.result_slider])
+        preprocess=False, show_progress_on=[tab.summary])
     on_edit(edit_rewritten_event)
     # A rewrite belongs to one image and one instruction: a new one clears it. In the browser only
     # (`js`, no handler): `.input` fires on every keystroke.

@@ -41,6 +41,9 @@ REWRITERS = ("auto", "off", "local", "openai")
 REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
 # A live preview every 4 steps: 7 pictures in a 28-step edit; each costs a few per cent of one step.
 PREVIEW_EVERY_DEFAULT = 4
+# At most this many previews per edit (a long edit spaces them out): each one the browser gets is a file
+# in Gradio's cache, counted against --cache-max-files and the client's quota like any result copy.
+PREVIEWS_MAX = 8
 
 
 class ConfigError(ValueError):

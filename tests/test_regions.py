@@ -255,3 +255,12 @@ def test_an_image_editor_value_gives_its_painted_layers_as_the_mask(tmp_path):
     assert np.array_equal(np.asarray(mask.image), np.asarray(left_half()))
     assert open_region(services, {**value, "layers": [{"path": str(empty)}]}) is None  # nothing painted: no mask
     assert open_region(services, {"path": str(painted), "orig_name": "layer.png"}).name == "layer.png"  # a file
+
+
+def test_a_long_edit_spaces_its_previews_out(tmp_path, tiny_cache):
+    from hidream_ui.config import PREVIEWS_MAX
+
+    eng = EditEngine(AppConfig(device="cpu", output_dir=tmp_path, preview_every=1))
+    shots = []
+    eng.edit(EditRequest(source_picture(), edit_params(steps=24, seed=1)), save=False, on_preview=shots.append)
+    assert PREVIEWS_MAX == 8 and [shot.step for shot in shots] == [3, 6, 9, 12, 15, 18, 21]  # every 24/8 steps

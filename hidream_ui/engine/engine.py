@@ -343,7 +343,8 @@ class EditEngine:
 
         `cancel` is the job's token: once set, the edit stops after the current step, raises
         EditCancelled and saves nothing. `on_preview` gets a live `Preview` every
-        `config.preview_every` steps (none when that is 0); previews never change the result.
+        `config.preview_every` steps, at most PREVIEWS_MAX per edit (none when that is 0); previews
+        never change the result.
         """
         token = cancel or CancelToken()
         results = self._run([request], on_step, token=token, on_preview=on_preview)
@@ -395,7 +396,11 @@ class EditEngine:
                                      to_working_size(mask_at(p.mask.image, r.image.size), plan).convert("L")
                                      for r, p, (_, plan) in zip(requests, params_list, working)]
                 previewer = self.preview_map() if on_preview is not None else None
-                every = self.config.preview_every if previewer is not None else 0
+                every = 0
+                if previewer is not None:  # every K steps, at most PREVIEWS_MAX per edit
+                    from hidream_ui.config import PREVIEWS_MAX
+
+                    every = max(self.config.preview_every, -(-total // PREVIEWS_MAX))
                 text_seconds = [0.0]
 
                 def embeds(text: str):

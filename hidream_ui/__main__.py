@@ -1,4 +1,4 @@
-"""`python -m hidream_ui <command>`: app, edit, doctor, plan, acceptance, bench, make-tiny.
+"""`python -m hidream_ui <command>`: app, edit, batch, doctor, plan, acceptance, bench, make-tiny.
 
 Each command's module is imported only when that command runs, so `--help` is instant.
 """
@@ -14,6 +14,8 @@ from hidream_ui.cli.commands import dispatch
 COMMANDS = {
     "app": ("hidream_ui.cli.app", "run the Gradio app (same flags as `python app.py`)"),
     "edit": ("hidream_ui.cli.edit", "edit one image from the command line; prints a JSON summary"),
+    "batch": ("hidream_ui.cli.batch",
+              "edit a JSONL manifest of images x instructions, resumable; locally or on Ray (--ray)"),
     "doctor": ("hidream_ui.cli.doctor",
                "report versions, devices, dtypes and model paths; non-zero if the model cannot load"),
     "plan": ("hidream_ui.cli.plan", "predict every memory plan's device peak before loading; mark the one auto picks"),

@@ -19,7 +19,13 @@ from urllib.parse import urlsplit
 from hidream_ui.device.backends import DTYPE_SPECS, DeviceError
 from hidream_ui.device.detect import parse_device_spec
 from hidream_ui.device.pool_spec import PoolSpecError, check_devices, check_placement, split_devices, split_placement
-from hidream_ui.model.plans import MEMORY_CHOICES, WEIGHT_CHOICES, MemoryOptionError, validate_memory_options
+from hidream_ui.model.plans import (
+    MEMORY_CHOICES,
+    PLAN_SPECS,
+    WEIGHT_CHOICES,
+    MemoryOptionError,
+    validate_memory_options,
+)
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME, PROFILES
 from hidream_ui.pipeline.attention.registry import strategy_names
 from hidream_ui.pipeline.speed.settings import (
@@ -177,7 +183,8 @@ _MODEL_OPTIONS = [
      " | ".join(COMPILE_CHOICES) + " (blocks: torch.compile / torchair on the repeated transformer blocks; eager "
      "if it fails)"),
     ("--cache", ("HIDREAM_CACHE",), "cache",
-     "default step cache of edits: none | interval:K | first-block:T (or " + " | ".join(SPEED_PRESETS) + ")"),
+     "default step cache of edits: none | interval:K | first-block:T | fbcache:T | taylorseer:N | magcache:T | "
+     "dbcache:T (or " + " | ".join(SPEED_PRESETS) + "; docs/speed.md)"),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
     ("--retention", ("HIDREAM_RETENTION",), "retention", "keep at most this many results in --output-dir"),
     ("--preview-every", ("HIDREAM_PREVIEW_EVERY",), "preview_every",
@@ -393,7 +400,9 @@ def validate(config: AppConfig) -> AppConfig:
     _validate_devices(config)
     try:
         config = validate_memory_options(config)
-        check_speed(config.moe, config.compile, config.cache)
+        check_speed(config.moe, config.compile, config.cache,
+                    transformer_offloaded=config.memory in PLAN_SPECS and PLAN_SPECS[config.memory].transformer
+                    != "resident")
     except (MemoryOptionError, SpeedSettingError) as exc:
         raise ConfigError(str(exc)) from None
     return config

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from PIL import Image
 
 from hidream_ui.config import VARIANTS
-from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
+from hidream_ui.pipeline.speed.settings import CACHE_GRAMMAR, cache_unavailable, parse_cache
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.rewrite.prompt import RewriteResult
@@ -382,7 +382,7 @@ class EditSettings:
     clip_cfg_norm: bool = FIELD_SPECS["clip_cfg_norm"].default
     working_resolution: str = FIELD_SPECS["working_resolution"].default  # "auto", "draft", or a side such as "768"
     collapse_padding: bool = FIELD_SPECS["collapse_padding"].default  # False runs the padded tokens as upstream
-    # Step cache: "default" (the app's --cache), none, interval:K, first-block:T, or a preset.
+    # Step cache: "default" (the app's --cache), a --cache spec (pipeline.speed.settings.CACHE_GRAMMAR), or a preset.
     cache: str = FIELD_SPECS["cache"].default
 
     def validated(self) -> "EditSettings":
@@ -425,10 +425,13 @@ def _as_cache(value: object) -> str:
     if text in ("", "default"):
         return "default"
     try:
-        return str(parse_cache(text))
+        spec = parse_cache(text)
     except ValueError:
-        raise RequestError("cache", value, "default, none, interval:K, first-block:T or one of "
-                           + ", ".join(SPEED_PRESETS)) from None
+        raise RequestError("cache", value, "default, " + CACHE_GRAMMAR) from None
+    reason = cache_unavailable(spec)
+    if reason:
+        raise RequestError("cache", value, reason)
+    return str(spec)
 
 
 def validated_seed(value: object) -> int:

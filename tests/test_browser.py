@@ -104,11 +104,12 @@ def test_edit_in_the_browser(app, page):
     page.mouse.move(0, 0)  # no hover highlight in the screenshot
     page.screenshot(path=str(ARTIFACTS / "edit_tab_after.png"), full_page=True)
 
-    # The result also landed in this session's history, with its settings.
+    # The result also landed in this browser's history, with its settings in words.
     page.get_by_role("tab", name="History").click()
-    sync_api.expect(page.locator("#hui-gallery img")).to_have_count(1)
-    page.locator("#hui-gallery img").first.click()
-    sync_api.expect(page.locator("#hui-selected-params")).to_contain_text(EXAMPLE_INSTRUCTION)
+    card = page.locator("#hui-history .hui-h-card")
+    sync_api.expect(card).to_have_count(1)
+    sync_api.expect(card).to_contain_text(EXAMPLE_INSTRUCTION)
+    sync_api.expect(card).to_contain_text(f"steps 2 · refine 0.3 · resolution auto · seed {seed_text.group(1)}")
 
 
 def test_batch_in_the_browser(app, page, tmp_path):

@@ -582,8 +582,13 @@ def test_the_kiosk_page_shows_the_engine_controls_to_the_operator_only(kiosk, br
         page.goto(kiosk["url"])
         # The panel leaves "connecting…" only when the page-load event (which decides the controls) answered.
         sync_api.expect(page.locator("#hui-status-panel .hui-state")).to_be_visible(timeout=60_000)
-        for elem in ("#hui-attention", "#hui-speed", "#hui-load-model"):
+        for elem in ("#hui-attention", "#hui-speed", "#hui-load-model", "#hui-status-details"):
             sync_api.expect(page.locator(elem)).to_be_hidden()
+        # A visitor's card: the device, the queue and their place in it.
+        card = page.locator("#hui-visitor-card")
+        sync_api.expect(card).to_contain_text(kiosk["engine"].status().device_name)
+        sync_api.expect(card).to_contain_text("waiting")
+        sync_api.expect(card).to_contain_text("You")
     with new_page(browser) as page:
         page.goto(kiosk["url"] + "operator")
         page.get_by_label("Name").fill(OPERATOR[0])
@@ -592,5 +597,10 @@ def test_the_kiosk_page_shows_the_engine_controls_to_the_operator_only(kiosk, br
         page.get_by_role("link", name="Open the app").click()
         # The operator's page load labels the attention dropdown ("auto → ..."): shown, and filled.
         sync_api.expect(page.locator("#hui-attention input")).to_have_value(re.compile("[→—]"), timeout=60_000)
-        for elem in ("#hui-speed", "#hui-load-model"):
-            sync_api.expect(page.locator(elem)).to_be_visible()
+        sync_api.expect(page.locator("#hui-speed")).to_be_visible()
+        # "Load model" shows while there is a model to load (an earlier test may have loaded it).
+        load = page.locator("#hui-load-model")
+        sync_api.expect(load).to_be_hidden() if kiosk["engine"].loaded else sync_api.expect(load).to_be_visible()
+        # The operator gets the whole panel, visitors the small card.
+        sync_api.expect(page.locator("#hui-status-details")).to_be_visible()
+        sync_api.expect(page.locator("#hui-visitor-card")).to_be_hidden()

@@ -193,7 +193,9 @@ def test_full_plan_installs_no_hooks(reference, tiny_cache, tmp_path):
     assert engine.model.plan.requested == "auto" and engine.model.plan.name == "full"
     from hidream_ui.ui.status_panel import render_status
 
-    assert "Memory plan" in render_status(engine.status()) and "full · bf16 (auto)" in render_status(engine.status())
+    panel = render_status(engine.status())  # plain words, agreeing with "Computes in" (issue 21)
+    assert "Memory plan" in panel
+    assert f"everything resident on the device (chosen to fit) · weights in {engine.status().dtype}" in panel
     assert engine.status().to_dict()["memory_plan"]["name"] == "full"
 
 

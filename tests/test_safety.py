@@ -200,17 +200,24 @@ def test_an_unpaired_surrogate_is_a_clear_request_error(field):
     assert info.value.field == field
 
 
-def test_history_shows_a_placeholder_for_results_retention_deleted(tmp_path):
-    from hidream_ui.ui.handlers import Handlers
+def test_history_keeps_the_settings_of_results_retention_deleted(tmp_path):
+    from hidream_ui.server.files import ServedResults
+    from hidream_ui.ui.history_entries import check_entries, new_entry, render_entries
 
-    kept = tmp_path / "kept.png"
-    Image.new("RGB", (8, 8)).save(kept)
-    history = [{"png": str(tmp_path / "pruned.png"), "summary": "old"}, {"png": str(kept), "summary": "new"}]
-    items = Handlers.gallery_items(history)
-    assert len(items) == 2  # indexes still match the history entries
-    placeholder, caption = items[0]
-    assert isinstance(placeholder, Image.Image) and caption.startswith("[deleted by retention]")
-    assert items[1] == (str(kept), "new")
+    served = ServedResults()
+    kept, pruned = tmp_path / "kept.png", tmp_path / "pruned.png"
+    for path in (kept, pruned):
+        Image.new("RGB", (8, 8)).save(path)
+    served.add(kept, pruned)
+    picture = Image.new("RGB", (8, 8))
+    entries = [new_entry(png=str(path), ticket=served.ticket(str(path)), params={"instruction": name, "seed": 5},
+                         before=picture, after=picture) for path, name in ((pruned, "old"), (kept, "new"))]
+    pruned.unlink()  # retention
+    checked = check_entries(entries, served.stored)
+    assert [entry.params.instruction for entry in checked] == ["old", "new"]  # indexes still match
+    assert (checked[0].available, checked[0].png) == (False, None)
+    assert (checked[1].available, checked[1].png) == (True, str(kept))
+    assert render_entries(checked).count("no longer on this server") == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwardSwiGLU
 from helpers import edit_params, random_picture
 
@@ -15,7 +16,7 @@ from hidream_ui.edits import EditRequest, RequestError
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.pool import EnginePool
 from hidream_ui.pipeline.speed.cache import apply_step_cache, reset_step_cache, step_cache_stats
-from hidream_ui.pipeline.speed.moe import apply_moe, moe_mode, moe_modules
+from hidream_ui.pipeline.speed.moe import HOOK_NAME, apply_moe, grouped_state, moe_mode, moe_modules
 from hidream_ui.pipeline.speed.settings import CacheSpec, parse_cache
 from hidream_ui.pipeline.speed.syncs import count_host_syncs
 
@@ -75,6 +76,93 @@ def test_sync_free_moe_on_the_real_gate_and_back_to_diffusers_bit_for_bit():
     assert torch.equal(again, exact)
     with pytest.raises(ValueError, match="moe='fast'"):
         apply_moe(holder, "fast")
+
+
+def _hook(moe):
+    return moe._diffusers_hook.get_hook(HOOK_NAME)
+
+
+def _relative(got, expected) -> float:
+    return ((got - expected).abs().max() / expected.abs().max()).item()
+
+
+def test_sync_free_moe_runs_grouped_on_views_of_one_buffer_per_weight_kind():
+    moe = _moe(seed=4)
+    holder = torch.nn.Sequential(moe)
+    x = torch.randn(2, 33, 32, generator=torch.Generator().manual_seed(2))
+    before = {kind: [getattr(e, kind).weight.detach().clone() for e in moe.experts] for kind in ("w1", "w3", "w2")}
+    with torch.no_grad():
+        expected = moe(x)
+        apply_moe(holder, "sync-free")
+        got, syncs = count_host_syncs(moe, x)
+    assert syncs.total == 0
+    assert _relative(got, expected) <= 1e-6
+    assert grouped_state(holder) == {"grouped_calls": 1, "dense_calls": 0, "dense_reasons": []}
+    for kind, values in before.items():
+        weights = [getattr(e, kind).weight for e in moe.experts]
+        # One storage per kind (the stacked buffer), each expert a view at its own offset, values unchanged.
+        assert len({w.untyped_storage().data_ptr() for w in weights}) == 1
+        assert len({w.data_ptr() for w in weights}) == len(weights)
+        assert all(torch.equal(w, v) for w, v in zip(weights, values))
+
+
+def test_grouped_moe_follows_a_weight_swap_and_finds_its_views_again():
+    moe = _moe(seed=6)
+    holder = torch.nn.Sequential(moe)
+    x = torch.randn(1, 40, 32, generator=torch.Generator().manual_seed(3))
+    apply_moe(holder, "sync-free")
+    params = [getattr(e, kind).weight for e in moe.experts for kind in ("w1", "w3", "w2")]
+    other = [torch.randn_like(p) for p in params]
+
+    def swap():  # what WeightSwap.use does on a device with room: exchange the storages
+        for i, p in enumerate(params):
+            other[i], p.data = p.data, other[i]
+
+    with torch.no_grad():
+        first = moe(x)
+        swap()
+        swapped = moe(x)
+        apply_moe(holder, "diffusers")
+        swapped_reference = moe(x)
+        apply_moe(holder, "sync-free")
+        swap()
+        back = moe(x)
+    experts = _hook(moe).experts
+    assert _relative(swapped, swapped_reference) <= 1e-6
+    assert not torch.allclose(swapped, first)
+    assert torch.equal(back, first)
+    assert len(experts.stacks) == 2 and experts.misses_in_a_row == 0 and experts.dense_reason is None
+    assert grouped_state(holder)["dense_calls"] == 0
+
+
+def test_grouped_moe_goes_dense_with_its_reason_when_weights_move_or_linears_are_hooked():
+    moe = _moe(seed=7)
+    holder = torch.nn.Sequential(moe)
+    x = torch.randn(1, 24, 32, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = moe(x)
+        apply_moe(holder, "sync-free")
+        for _ in range(3):  # what group offloading does at every onload: new storage for every weight
+            for expert in moe.experts:
+                for kind in ("w1", "w3", "w2"):
+                    weight = getattr(expert, kind).weight
+                    weight.data = weight.data.clone()
+            got = moe(x)
+    assert _relative(got, expected) <= 1e-6
+    state = grouped_state(holder)
+    assert state["dense_calls"] >= 1
+    assert state["dense_reasons"] == ["the expert weights move between calls (offloading)"]
+
+    hooked = _moe(seed=8)
+    HookRegistry.check_if_exists_or_initialize(hooked.experts[1].w3).register_hook(ModelHook(), "a_lora_or_cast")
+    holder = torch.nn.Sequential(hooked)
+    with torch.no_grad():
+        expected = hooked(x)
+        apply_moe(holder, "sync-free")
+        got = hooked(x)
+    assert _relative(got, expected) <= 1e-6
+    assert grouped_state(holder) == {"grouped_calls": 0, "dense_calls": 1, "dense_reasons": [
+        "an expert linear is wrapped or hooked (LoRA, fp8 casting or offloading)"]}
 
 
 def test_host_sync_counter_sees_reads_and_data_dependent_shapes():
@@ -343,3 +431,22 @@ def test_a_failing_speed_setup_leaves_no_half_configured_model(tiny_cache, tmp_p
     with pytest.raises(RuntimeError, match="speed setup broke"):
         engine.load()
     assert not engine.loaded
+
+
+def test_bench_speed_reports_the_grouped_moe_side_by_side(tiny_cache):
+    from hidream_ui.bench import speed
+
+    report = speed.run(profile="tiny", cache_profile="tiny", size=32, cache_size=32, steps=2, repeats=2,
+                       compile_=False)
+    moe = report["moe"]
+    assert len(moe["diffusers"]["runs"]) == len(moe["sync-free"]["runs"]) == 2
+    assert moe["sync-free"]["host_syncs_per_call"] == 0 and moe["sync-free"]["moe_host_syncs_per_call"] == 0
+    grouped = moe["sync-free"]["grouped"]
+    # warm-up + 2 runs, per MoE block; the blocks' own sync counting adds one call each
+    assert grouped["grouped_calls"] == 4 * moe["moe_blocks"] and grouped["dense_calls"] == 0
+    assert moe["max_relative_diff"] <= 1e-5
+    assert moe["speedup"] == round(moe["diffusers"]["seconds_per_call"] / moe["sync-free"]["seconds_per_call"], 3)
+    assert report["compile"] is None and set(report["cache"]["modes"]) == set(speed.CACHE_MODES)
+    assert {"fbcache:0.1", "taylorseer:2", "magcache:0.06", "dbcache:0.08"} <= set(speed.CACHE_MODES)
+    for mode, row in report["cache"]["modes"].items():  # dbcache is skipped (with why) only without cache-dit
+        assert ("transformer_speedup" in row) != ("skipped" in row), mode

@@ -1,14 +1,16 @@
 """`python -m hidream_ui bench speed [--profile bench] [--cache-profile deep] [--json] ...`.
 
 Three measurements, side by side in one run on the same inputs (README "Speed modes"):
-1. MoE: diffusers' forward vs the sync-free one: time per transformer call, host syncs per call
-   (all, and those of the MoE blocks), max relative difference;
+1. MoE: diffusers' forward vs the sync-free one (grouped GEMMs): time per transformer call (runs
+   alternating between the two), host syncs per call (all, and those of the MoE blocks), max relative
+   difference, and how many MoE calls ran grouped vs dense (with the reason);
 2. compile: eager vs `--compile blocks` (both with the sync-free MoE, which graph capture needs;
    the exact default is listed too): first-call time (trace + compile + run), steady time per
-   call, max relative difference;
-3. step caching: a 28-step edit denoise with `none`, `interval:2`, `interval:3`,
-   `first-block:0.05`: wall time of the denoise, time inside the transformer, fraction of block
-   evaluations skipped, relative L2 of the final latent vs `none`. Default on the `deep` profile
+   call, max relative difference; the speedup is against the exact default (eager, diffusers' MoE);
+3. step caching: a 28-step edit denoise with `none` and every mode of CACHE_MODES (our own hooks
+   and the field's: diffusers' FirstBlockCache / TaylorSeer / MagCache, cache-dit's DBCache): wall time
+   of the denoise, time inside the transformer and its speedup vs `none` (the exact default), fraction
+   of block evaluations skipped, relative L2 of the final latent vs `none`. Default on the `deep` profile
    (the release's 16 + 32 blocks; the bench profile has 2, where nothing can be skipped).
 
 On random weights the latent deviation says nothing about visual quality: judge a cache mode on
@@ -28,7 +30,10 @@ from hidream_ui.model import loading  # loading.load_model looked up per call: t
 from hidream_ui.model.tiny.profiles import PROFILES
 from hidream_ui.pipeline.attention.registry import apply
 
-CACHE_MODES = ("none", "interval:2", "interval:3", "first-block:0.05")
+# Our own hooks, then the field's (docs/speed.md "The field's caches"); `dbcache` needs the optional
+# cache-dit and is reported as skipped (with the reason) without it.
+CACHE_MODES = ("none", "interval:2", "interval:3", "first-block:0.05", "fbcache:0.1", "taylorseer:2", "taylorseer:3",
+               "magcache:0.06", "magcache:0.2", "dbcache:0.08")
 
 
 def _load(profile: str, dtype: str):
@@ -79,6 +84,7 @@ def _moe_section(model, size: int, repeats: int) -> dict:
 
     from hidream_ui.pipeline.speed.moe import (  # lazy: torch and diffusers, loaded only when this benchmark runs
         apply_moe,
+        grouped_state,
         moe_modules,
     )
     from hidream_ui.pipeline.speed.syncs import (
@@ -88,23 +94,32 @@ def _moe_section(model, size: int, repeats: int) -> dict:
     pipe, transformer = model.pipeline, model.pipeline.transformer
     hidden, t, text = _edit_inputs(model, size)
     blocks = len(moe_modules(transformer))
+    modes = ("diffusers", "sync-free")
     rows = {}
     with torch.no_grad():
-        for mode in ("diffusers", "sync-free"):
+        for mode in modes:
             apply_moe(transformer, mode)
             out, syncs = count_host_syncs(pipe.predict, hidden, t, text)  # also the warm-up
-            seconds, runs, _ = _timed(lambda: pipe.predict(hidden, t, text), repeats)
             moe_syncs = 0
             for module in moe_modules(transformer):  # the MoE blocks' own syncs, one block at a time
                 x = torch.randn(3, 16, module.gate.gating_dim, dtype=model.dtype)
                 moe_syncs += count_host_syncs(module, x)[1].total
-            rows[mode] = {"seconds_per_call": round(seconds, 4), "runs": [round(r, 4) for r in runs],
-                          "host_syncs_per_call": syncs.total, "host_syncs_by_kind": dict(syncs.by_kind),
+            rows[mode] = {"runs": [], "host_syncs_per_call": syncs.total, "host_syncs_by_kind": dict(syncs.by_kind),
                           "moe_host_syncs_per_call": moe_syncs, "out": out}
+        # Runs alternate between the modes, so a load change on a shared machine hits both alike.
+        for _ in range(repeats):
+            for mode in modes:
+                apply_moe(transformer, mode)
+                t0 = time.perf_counter()
+                pipe.predict(hidden, t, text)
+                rows[mode]["runs"].append(round(time.perf_counter() - t0, 4))
+        grouped = grouped_state(transformer)
     apply_moe(transformer, "diffusers")
     diff = _relative(rows["sync-free"]["out"], rows["diffusers"]["out"])
     for row in rows.values():
         row.pop("out")
+        row["seconds_per_call"] = round(statistics.median(row["runs"]), 4)
+    rows["sync-free"]["grouped"] = grouped
     return {"moe_blocks": blocks, "image_tokens": hidden.shape[-2] * hidden.shape[-1] // 4, "batch": 3, **rows,
             "speedup": round(rows["diffusers"]["seconds_per_call"] / rows["sync-free"]["seconds_per_call"], 3),
             "max_relative_diff": diff}
@@ -143,7 +158,6 @@ def _compile_section(model, size: int, repeats: int) -> dict:
     uncompile_blocks(transformer)
     apply_moe(transformer, "diffusers")
     return {**rows,
-            "steady_speedup_vs_eager_sync_free": round(rows["eager_sync_free"]["seconds_per_call"] / seconds, 3),
             "steady_speedup_vs_exact": round(rows["eager_exact"]["seconds_per_call"] / seconds, 3),
             "max_relative_diff_vs_eager": _relative(compiled, eager),
             "max_relative_diff_vs_exact": _relative(compiled, exact)}
@@ -156,6 +170,7 @@ def _cache_section(model, steps: int, size: int) -> dict:
     from hidream_ui.pipeline.speed.cache import (
         apply_step_cache,  # lazy: torch and diffusers, loaded only when this benchmark runs
     )
+    from hidream_ui.pipeline.speed.settings import cache_unavailable, parse_cache
 
     pipe, transformer = model.pipeline, model.pipeline.transformer
     inside = [0.0]
@@ -180,6 +195,10 @@ def _cache_section(model, steps: int, size: int) -> dict:
     rows, exact = {}, None
     try:
         for mode in ("none",) + CACHE_MODES:  # the first "none" run is a warm-up, not reported
+            reason = cache_unavailable(parse_cache(mode))
+            if reason:
+                rows[mode] = {"skipped": reason}
+                continue
             apply_step_cache(transformer, mode)
             inside[0] = 0.0
             t0 = time.perf_counter()
@@ -200,7 +219,8 @@ def _cache_section(model, steps: int, size: int) -> dict:
         apply_step_cache(transformer, "none")
     base = rows["none"]["transformer_seconds"]
     for row in rows.values():
-        row["transformer_speedup"] = round(base / row["transformer_seconds"], 3)
+        if "skipped" not in row:
+            row["transformer_speedup"] = round(base / row["transformer_seconds"], 3)
     blocks = len(transformer.double_stream_blocks) + len(transformer.single_stream_blocks)
     return {"steps": steps, "blocks": blocks, "edit_size": f"{size}x{size}", "modes": rows}
 
@@ -251,17 +271,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
         return 0
     m = report["moe"]
-    print(f"MoE ({report['profile']}): diffusers {m['diffusers']['seconds_per_call']:.3f} s/call, "
+    grouped_calls = m["sync-free"]["grouped"]["grouped_calls"]
+    print(f"MoE ({report['profile']}, {grouped_calls} grouped MoE calls): "
+          f"diffusers {m['diffusers']['seconds_per_call']:.3f} s/call, "
           f"{m['diffusers']['host_syncs_per_call']} host syncs ({m['diffusers']['moe_host_syncs_per_call']} in MoE) vs "
           f"sync-free {m['sync-free']['seconds_per_call']:.3f} s/call, {m['sync-free']['host_syncs_per_call']} "
           f"({m['sync-free']['moe_host_syncs_per_call']} in MoE); max rel diff {m['max_relative_diff']:.2g}")
     c = report["compile"]
     if c:
         print(f"compile: first call {c['compiled']['first_call_seconds']} s, steady {c['compiled']['seconds_per_call']}"
-              f" s/call vs eager {c['eager_sync_free']['seconds_per_call']} s/call "
-              f"({c['steady_speedup_vs_eager_sync_free']}x); max rel diff {c['max_relative_diff_vs_eager']:.2g}")
+              f" s/call vs exact eager {c['eager_exact']['seconds_per_call']} s/call "
+              f"({c['steady_speedup_vs_exact']}x); max rel diff {c['max_relative_diff_vs_exact']:.2g}")
     k = report["cache"]
     for mode, row in k["modes"].items():
+        if "skipped" in row:
+            print(f"cache {mode:>17}: skipped ({row['skipped']})")
+            continue
         print(f"cache {mode:>17} ({k['steps']} steps, {k['blocks']} blocks): "
               f"transformer {row['transformer_seconds']} s "
               f"({row['transformer_speedup']}x), skipped {row['skipped_fraction']:.1%}, "

@@ -22,6 +22,7 @@ QUIET_ENVIRONMENT: Mapping[str, str] = {
     "TRANSFORMERS_VERBOSITY": "error",
     "DIFFUSERS_VERBOSITY": "error",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "CACHE_DIT_LOG_LEVEL": "error",  # the optional cache-dit (`--cache dbcache:T`) logs every setup at INFO
 }
 # Loggers that report every HTTP request of gradio's own start-up checks at INFO.
 CHATTY_LOGGERS = ("httpx", "httpcore")
@@ -29,7 +30,8 @@ CHATTY_LOGGERS = ("httpx", "httpcore")
 
 def add_verbose_argument(parser) -> None:
     parser.add_argument("--verbose", action="store_true",
-                        help="show the libraries' own logs and progress bars (transformers, diffusers, the hub, httpx)")
+                        help="show the libraries' own logs and progress bars (transformers, diffusers, the hub, httpx, "
+                             "cache-dit)")
 
 
 def quiet_libraries(verbose: bool, environ: MutableMapping[str, str] | None = None) -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "run_compare",
     "grid_layout",
     "render_grid",
+    "value_words",
     "format_value",
     "cell_caption",
 ]
@@ -85,7 +86,7 @@ AXES = MappingProxyType({axis.name: axis for axis in (
     Axis("refine", "refine strength", "refine_strength", "float"),
     Axis("attention", "attention", None, "attention"),
     Axis("resolution", "working resolution", "working_resolution", "resolution"),
-    Axis("speed", "speed", "cache", "cache"),  # step cache: exact, fast, faster, interval:K, first-block:T
+    Axis("speed", "speed", "cache", "cache"),  # step cache: a preset or any --cache value (settings.CACHE_GRAMMAR)
 )})
 _ALIASES = MappingProxyType({axis.field: axis.name for axis in AXES.values() if axis.field})
 
@@ -128,8 +129,7 @@ def parse_axis_values(axis: str | Axis, text: str | Sequence[Any], *,
     axis = get_axis(axis)
     field = f"{axis.name} values"
     if isinstance(text, str):
-        # "1.5 : 4.5" -> "1.5:4.5", so ranges survive the split on spaces.
-        tokens = [t for t in re.split(r"[,;\s]+", re.sub(r"\s*:\s*", ":", text.strip())) if t]
+        tokens = _tokens(text)
     elif text is None:
         tokens = []
     else:
@@ -153,11 +153,28 @@ def parse_axis_values(axis: str | Axis, text: str | Sequence[Any], *,
     return values
 
 
+def _tokens(text: str) -> list[str]:
+    # "1.5 : 4.5" -> "1.5:4.5", so ranges survive the split on spaces.
+    return [t for t in re.split(r"[,;\s]+", re.sub(r"\s*:\s*", ":", text.strip())) if t]
+
+
+def value_words(axis: str | Axis, text: Any, values: Sequence[Any]) -> tuple[str, ...]:
+    """How the user wrote each value ("exact, fast, faster" rather than "none, interval:2,
+    interval:3"): their own words when the text lists the values one by one, else the values as
+    `format_value` writes them (a range "0:0.6:0.2" has no word per value)."""
+    axis = get_axis(axis)
+    tokens = _tokens(text) if isinstance(text, str) else []
+    ranges = axis.kind != "cache" and any(":" in token for token in tokens)
+    if len(tokens) == len(values) and not ranges:
+        return tuple(tokens)
+    return tuple(format_value(axis, value) for value in values)
+
+
 def _example(axis: Axis) -> str:
     return {"seed": "1, 2, 3", "guidance": "2, 3.5, 5 or 1.5:4.5:1", "image_guidance": "1, 1.5, 2",
             "steps": "10, 20, 28", "refine": "0:0.6:0.2", "attention": "sdpa, math",
-            "resolution": "draft, auto, 768", "speed": "exact, fast, faster or none, interval:2, first-block:0.05",
-            }[axis.name]
+            "resolution": "draft, auto, 768",
+            "speed": "exact, fast, faster or none, interval:2, taylorseer:2, fbcache:0.1"}[axis.name]
 
 
 def _number(field: str, token: str) -> float:
@@ -251,6 +268,15 @@ class ComparePlan:
     axis_y: Axis | None
     values_y: tuple
     cells: tuple[CompareCell, ...]
+    # The values as the user wrote them (`value_words`): the grid's headers and the captions.
+    words_x: tuple[str, ...] = ()
+    words_y: tuple[str, ...] = ()
+
+    def word_x(self, value: Any) -> str:
+        return self.words_x[self.values_x.index(value)] if self.words_x else format_value(self.axis_x, value)
+
+    def word_y(self, value: Any) -> str:
+        return self.words_y[self.values_y.index(value)] if self.words_y else format_value(self.axis_y, value)
 
     @property
     def rows(self) -> int:
@@ -293,7 +319,9 @@ def plan_compare(params: EditParams, axis_x: str | Axis, values_x, axis_y: str |
             cell_params = dataclasses.replace(shared, **changes).validated()
             cells.append(CompareCell(index=len(cells), row=row, col=col, x=x_value, y=y_value,
                                      params=cell_params, attention=attention))
-    return ComparePlan(axis_x=x, values_x=xs, axis_y=y, values_y=ys if y is not None else (), cells=tuple(cells))
+    return ComparePlan(axis_x=x, values_x=xs, axis_y=y, values_y=ys if y is not None else (), cells=tuple(cells),
+                       words_x=value_words(x, values_x, xs),
+                       words_y=value_words(y, values_y, ys) if y is not None else ())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,9 +363,9 @@ class CompareResult:
 
 def cell_caption(plan: ComparePlan, cell: CompareCell) -> str:
     """"guidance scale 3.5 · steps 20" for a cell."""
-    text = f"{plan.axis_x.label} {format_value(plan.axis_x, cell.x)}"
+    text = f"{plan.axis_x.label} {plan.word_x(cell.x)}"
     if plan.axis_y is not None:
-        text += f" · {plan.axis_y.label} {format_value(plan.axis_y, cell.y)}"
+        text += f" · {plan.axis_y.label} {plan.word_y(cell.y)}"
     return text
 
 
@@ -440,6 +468,7 @@ class GridLayout:
     header_band: tuple[int, int, int, int]  # box holding the column values
     label_band: tuple[int, int, int, int] | None  # box holding the row values (None: one axis)
     cell_boxes: tuple[tuple[int, int, int, int], ...]  # row-major
+    source_box: tuple[int, int, int, int] | None = None  # the source image, left of the first row
 
 
 def _font(size: int):
@@ -469,7 +498,7 @@ def _fit(font, text: str, width: int) -> str:
 
 def _row_labels(result: CompareResult) -> list[str]:
     plan = result.plan
-    return [format_value(plan.axis_y, v) for v in plan.values_y] if plan.axis_y is not None else []
+    return [plan.word_y(v) for v in plan.values_y] if plan.axis_y is not None else []
 
 
 def _title(result: CompareResult) -> str:
@@ -480,8 +509,9 @@ def _title(result: CompareResult) -> str:
     return text
 
 
-def grid_layout(result: CompareResult, *, cell_side: int = 256) -> GridLayout:
-    """Where everything goes on the grid image; `render_grid` draws exactly this."""
+def grid_layout(result: CompareResult, *, cell_side: int = 256, source: bool = False) -> GridLayout:
+    """Where everything goes on the grid image; `render_grid` draws exactly this. `source`: a
+    column for the source image before the cells (headed "source")."""
     if cell_side < 16:
         raise ValueError(f"cell_side must be at least 16 px (got {cell_side})")
     width, height = result.source_image.size
@@ -496,6 +526,9 @@ def grid_layout(result: CompareResult, *, cell_side: int = 256) -> GridLayout:
     # The row labels fit in at most a cell's width; longer ones are cut when drawn.
     label_w = min(label_w, cell_w)
     left = pad + label_w
+    source_x = left
+    if source:
+        left += cell_w + 2 * pad  # a wider gap sets the source apart from the cells
     top = pad + line + line  # title line, then the column values
     gap = pad
     boxes = []
@@ -509,24 +542,33 @@ def grid_layout(result: CompareResult, *, cell_side: int = 256) -> GridLayout:
     total_h = top + result.rows * (cell_h + gap)
     header = (left, pad + line, left + result.cols * (cell_w + gap) - gap, top - pad // 2)
     band = (pad, top, pad + label_w, top + result.rows * (cell_h + gap) - gap) if labels else None
+    source_box = (source_x, top, source_x + cell_w, top + cell_h) if source else None
     return GridLayout(size=(total_w, total_h), cell_size=(cell_w, cell_h), font_size=font_size,
-                      title_xy=(pad, pad), header_band=header, label_band=band, cell_boxes=tuple(boxes))
+                      title_xy=(pad, pad), header_band=header, label_band=band, cell_boxes=tuple(boxes),
+                      source_box=source_box)
 
 
-def render_grid(result: CompareResult, *, cell_side: int = 256) -> Image.Image:
-    """The labelled grid: axis names on top, column values above the columns, row values to the
-    left of the rows, each cell's image scaled to `cell_side` on its long side. Cells that did not
+def render_grid(result: CompareResult, *, cell_side: int = 256, source: bool = False) -> Image.Image:
+    """The labelled grid: axis names on top, column values (as the user wrote them) above the
+    columns, row values to the left of the rows, each cell's image scaled to `cell_side` on its
+    long side; with `source`, the source image in a column of its own first. Cells that did not
     run (a cancelled comparison) are grey boxes marked "not run"."""
-    layout = grid_layout(result, cell_side=cell_side)
+    layout = grid_layout(result, cell_side=cell_side, source=source)
     font = _font(layout.font_size)
     canvas = Image.new("RGB", layout.size, BACKGROUND)
     draw = ImageDraw.Draw(canvas)
     _place(draw, font, _title(result), (layout.title_xy[0], layout.title_xy[1], layout.size[0], None), "left")
     cell_w, cell_h = layout.cell_size
     plan = result.plan
+    if layout.source_box is not None:
+        x0, y0, x1, _ = layout.source_box
+        _place(draw, font, _fit(font, "source", cell_w), (x0, layout.header_band[1], x1, layout.header_band[3]),
+               "center")
+        thumb = result.source_image.convert("RGB").resize((cell_w, cell_h), Image.Resampling.LANCZOS)
+        canvas.paste(thumb, (x0, y0))
     for col, value in enumerate(plan.values_x):
         x0, _, x1, _ = layout.cell_boxes[col]
-        text = _fit(font, format_value(plan.axis_x, value), cell_w)
+        text = _fit(font, plan.word_x(value), cell_w)
         _place(draw, font, text, (x0, layout.header_band[1], x1, layout.header_band[3]), "center")
     if layout.label_band is not None:
         band_x0, _, band_x1, _ = layout.label_band

@@ -271,12 +271,15 @@ class EditEngine:
         """Sets the step cache of the next edits whose settings say "default" (the UI's Speed setting:
         exact, fast, faster, or a `--cache` spec); returns the canonical spec. Raises EngineError
         naming the value. An edit that is running keeps the mode it started with."""
-        from hidream_ui.pipeline.speed.settings import parse_cache
+        from hidream_ui.pipeline.speed.settings import cache_unavailable, parse_cache
 
         try:
             spec = parse_cache(name if isinstance(name, str) else repr(name), "speed")
         except ValueError as exc:
             raise EngineError(str(exc)) from None
+        reason = cache_unavailable(spec)  # e.g. dbcache without the optional cache-dit
+        if reason:
+            raise EngineError(reason)
         self._speed.cache = str(spec)
         return self._speed.cache
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-__all__ = ["CancelToken", "Job", "JobRegistry", "Preview", "PreviewFn", "StepInfo", "StepFn"]
+__all__ = ["CancelToken", "Job", "JobProgress", "JobRegistry", "Preview", "PreviewFn", "StepInfo", "StepFn"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,17 @@ class Preview:
 
 
 PreviewFn = Callable[[Preview], None]
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """A job's progress as its bar shows it: the fraction done (0..1, steps within the current item
+    included) and the bar's text; `step` / `total`: the denoising steps of the current edit."""
+
+    fraction: float
+    text: str
+    step: int | None = None
+    total: int | None = None
 
 
 MAX_EARLY_CANCELS = 256  # cancels remembered for events that had not started yet
@@ -106,6 +117,9 @@ class Job:
     event_id: str | None
     token: CancelToken
     started: float = field(default_factory=time.monotonic)
+    # What the job's progress bar shows now: set by the handler that moves the bar, read by the
+    # system panel, so the two never disagree (one source).
+    progress: "JobProgress | None" = None
 
 
 class JobRegistry:

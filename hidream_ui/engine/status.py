@@ -82,6 +82,7 @@ class DeviceRow:
     telemetry: DeviceTelemetry | None  # what the device reports (npu-smi / NVML / psutil)
     error: str | None = None
     attention: str | None = None  # the strategy this engine runs (engines of a pool may differ)
+    node: str | None = None  # the machine it runs on (a Ray replica's node address); None: this process's
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,8 @@ class EngineStatus:
     rewriter: RewriterStatus | None = None
     # One row per engine/device (engine/pool.py); a single engine gives one row.
     devices: list[DeviceRow] = field(default_factory=list)
+    # With --ray: the cluster's totals (address, nodes, resources, available, replicas); None locally.
+    cluster: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The `/status` JSON."""

@@ -262,15 +262,16 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         width_latent = latents.shape[-1]
 
         stage("edit")
-        # Step cache (if one is installed): nothing cached may cross edits or the refine switch.
-        reset_step_cache(self.transformer, stats=True)
+        # Step cache (if one is installed): nothing cached may cross edits or the refine switch; `calls`
+        # is each stage's number of transformer calls (MagCache spreads its per-step ratios over them).
+        reset_step_cache(self.transformer, stats=True, calls=switch or num_inference_steps)
         try:
             for i, t in enumerate(timesteps):
                 if self.interrupt:
                     raise EditInterrupted(f"cancelled after {i} of {num_inference_steps} steps")
                 if i == switch:
                     stage("refine")
-                    reset_step_cache(self.transformer)
+                    reset_step_cache(self.transformer, calls=num_inference_steps - switch)
                 if i < switch:
                     copies = 3 if do_cfg else 1
                     hidden = torch.cat([torch.cat([latents] * copies), edit_image], dim=-1)

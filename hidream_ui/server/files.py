@@ -18,8 +18,11 @@ cache that does not grow without bound.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -94,6 +97,20 @@ class ServedResults:
         self._results: list[str] = []
         self._lock = threading.Lock()
         self.allowed: list[str] = list(self._fixed)
+        # Signs the result paths handed to a browser (its History lives in the browser's own storage,
+        # which the browser can rewrite): a path comes back usable only with this process's signature.
+        self._key = secrets.token_bytes(32)
+
+    def ticket(self, path: str | os.PathLike) -> str:
+        """A signature of `path` by this server (a History entry carries it beside the path)."""
+        return hmac.new(self._key, os.fspath(path).encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+    def stored(self, path: Any, ticket: Any) -> bool:
+        """True when `path` is a result this server wrote, still serves, and signed `ticket` for:
+        a path a browser sends back (History's "edit again") is used only then."""
+        if not isinstance(path, str) or not isinstance(ticket, str):
+            return False
+        return hmac.compare_digest(self.ticket(path), ticket) and path in self._results and os.path.isfile(path)
 
     def add(self, *paths: str | os.PathLike | None) -> None:
         with self._lock:

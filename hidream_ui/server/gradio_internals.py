@@ -130,6 +130,18 @@ def queue_figures(demo: Any, concurrency_id: str) -> dict[str, int] | None:
     return {"waiting": len(group.queue), "running": int(group.current_concurrency)}
 
 
+def queue_position(demo: Any, session_hash: str | None, concurrency_id: str) -> int | None:
+    """1-based place of `session_hash`'s first waiting event in the `concurrency_id` group's queue
+    (None: nothing of that session waits there, or the queue is unreadable)."""
+    if not session_hash:
+        return None
+    group = (getattr(_queue(demo), "event_queue_per_concurrency_id", None) or {}).get(concurrency_id)
+    for place, event in enumerate(list(getattr(group, "queue", None) or []), start=1):
+        if getattr(event, "session_hash", None) == session_hash and getattr(event, "alive", True):
+            return place
+    return None
+
+
 def session_jobs(demo: Any, session_hash: str, concurrency_id: str) -> int:
     """Events of `session_hash` in the `concurrency_id` group, waiting or running."""
     count = 0

@@ -15,6 +15,7 @@ Imports gradio at the top: only the UI imports this module.
 
 from __future__ import annotations
 
+import html
 import logging
 import shutil
 import tempfile
@@ -51,9 +52,15 @@ from hidream_ui.engine.protocol import Engine
 from hidream_ui.engine.runner import stream_job
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
+    SETTINGS_FILE_CONCURRENCY,
+    SETTINGS_FILE_GROUP,
+    USER_ERRORS,
+    disable_js,
     format_seconds,
     guarded,
     md,
+    move_bar,
+    people_message,
     settings_widgets,
 )
 from hidream_ui.ui.services import AppServices
@@ -89,9 +96,30 @@ def _batch_size(value: Any) -> int | None:
 
 
 def item_caption(item) -> str:
+    """The instruction and the seed (the /batch_edit gallery's captions: API clients read them);
+    the gallery shows them whole, and the Sources strip shows the images they came from."""
     if item.original_instruction is not None:  # rewritten: the user's line reads better; the PNG has the prompt
         return f"{item.original_instruction} (rewritten) · seed {item.seed}"
     return f"{item.instruction} · seed {item.seed}"
+
+
+def grouping_line(result: BatchResult) -> str:
+    """How the items shared transformer calls, per working size, in counts that add up to the
+    items ("144×96: 3 items in 1 call of up to 8")."""
+    per_call = (result.stats or {}).get("batch_sizes") or {}
+    counts: dict[str, int] = {}
+    for item in result.items:
+        if item.result is not None:
+            size = "x".join(map(str, item.result.working_size))
+            counts[size] = counts.get(size, 0) + 1
+    parts = []
+    for size, count in counts.items():
+        limit = int(per_call.get(size) or 1)
+        calls = -(-count // limit)
+        shown = size.replace("x", "×")
+        parts.append(f"{shown}: {count} item{'s' if count != 1 else ''} in {calls} call{'s' if calls != 1 else ''}"
+                     + (f" of up to {limit}" if limit > 1 else ""))
+    return "; ".join(parts)
 
 
 class BatchRun:
@@ -138,9 +166,9 @@ class BatchRun:
             if "text_encoder_calls" in stats:
                 line += (f" · text encoder runs {stats['text_encoder_calls']}, "
                          f"transformer steps {stats.get('transformer_calls', 0)}")
-            sizes = stats.get("batch_sizes") or {}
-            if sizes:
-                line += " · batch size " + ", ".join(f"{n} at {size}" for size, n in sizes.items())
+            grouping = grouping_line(result)
+            if grouping:
+                line += f"\n\nShared transformer calls by working size: {grouping}"
         text = line
         if self.errors:
             text += "\n\n**Errors**\n\n" + "\n".join(
@@ -231,7 +259,7 @@ class BatchTab:
 
             run = BatchRun(total, plan.rejected)
             yield [], run.report(), None  # clears the previous run's zip
-            progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
+            move_bar(progress, job, 0.0, "Loading the model" if not self.engine.loaded else "Starting")
 
             result: BatchResult | None = None
 
@@ -247,23 +275,52 @@ class BatchTab:
                 if kind == "rewrite":
                     done, count = payload
                     run.step_text = f"rewriting instruction {done + 1}/{count}"
-                    progress((done, count), desc=run.step_text, unit="instructions")
+                    move_bar(progress, job, done / max(1, count), run.step_text)
                 elif kind == "step":
                     info: StepInfo = payload
                     run.first_step = run.first_step or time.perf_counter()
                     run.step_text = f"{info.stage} step {info.step}/{info.total}"
-                    progress((run.done, total), desc=f"{run.done}/{total} items · {run.step_text}", unit="items")
+                    # The steps of the items in flight count: the bar moves before the first item ends.
+                    move_bar(progress, job, (run.done + info.step / max(1, info.total)) / max(1, total),
+                             f"{run.done}/{total} items · {run.step_text}", step=info.step, total=info.total)
                 elif kind == "item":
                     if payload.result is not None:
                         self.services.results.add(payload.result.saved_png)
                     run.add(payload)
-                    progress((run.done, total), desc=f"{run.done}/{total} items", unit="items")
+                    move_bar(progress, job, run.done / max(1, total), f"{run.done}/{total} items")
                     yield list(run.gallery), run.report(), gr.update()
                 elif kind == "done":
                     result = payload
         archive = write_batch_zip(result, self._zip_path())
         # Plain values (not gr.update) on the last yield: that is what API clients receive.
         yield list(run.gallery), run.report(result), str(archive)
+
+    def preview_sources(self, files):
+        """The uploads as thumbnails ("Sources"), checked on arrival: a file that is not an image is
+        left out and named in a warning; a .zip is opened only by the run (its images are listed
+        there). Returns the gallery's items."""
+        values = files if isinstance(files, (list, tuple)) else ([files] if files else [])
+        items, refused, archives = [], [], 0
+        for value in values:
+            try:
+                path, name = self.services.gate.path(value, "files")
+            except RequestError as exc:
+                refused.append(str(exc))
+                continue
+            if str(name or path).lower().endswith(".zip"):
+                archives += 1
+                continue
+            try:
+                self.engine.open_image(path, name=name)
+            except USER_ERRORS as exc:
+                refused.append(people_message(exc))
+                continue
+            items.append((path, name))
+        if refused:
+            gr.Warning(html.escape(" ".join(refused), quote=False), title="Not an image")
+        if archives:
+            gr.Info(f"{archives} .zip file(s): their images are read when the batch runs.")
+        return items
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops this session's batch after the current step; finished items are kept."""
@@ -294,6 +351,7 @@ class BatchHandles:
     gallery: gr.Gallery
     report: gr.Markdown
     download: gr.DownloadButton
+    runs: tuple = ()  # (button, event) the page watches (system_panel.watch_run)
 
     @property
     def resolution_dropdown(self):
@@ -328,29 +386,40 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
                 with gr.Row():
                     run_button = gr.Button("Run batch", variant="primary", elem_id="hui-batch-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-batch-stop")
-                with gr.Accordion("Settings (shared by every item)", open=False):
-                    settings = settings_widgets(defaults)
-                    with gr.Row():
-                        seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
-                                         info="-1: random")
-                        seed_policy = gr.Radio(list(SEED_POLICY_CHOICES), value="fixed", label="Seed per item")
-                    batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_BATCH_SIZE,
-                                           label="Items per transformer call", info="0 = from free memory")
             with gr.Column():
-                gallery = gr.Gallery(label="Results", columns=4, height=420, object_fit="contain", interactive=False,
-                                     elem_id="hui-batch-gallery")
+                sources = gr.Gallery(label="Sources", value=[], columns=6, height=120, object_fit="contain",
+                                     interactive=False, allow_preview=False, elem_id="hui-batch-sources")
+                # No label on the results: it sat on top of the first thumbnail.
+                gallery = gr.Gallery(label="Results", show_label=False, columns=2, height=420, object_fit="contain",
+                                     interactive=False, elem_id="hui-batch-gallery")
                 report = gr.Markdown(elem_id="hui-batch-report")
                 download = gr.DownloadButton("Download results (.zip)", value=None, elem_id="hui-batch-zip")
+        # Below the results, not between the Run button and them (on a phone the results come first).
+        with gr.Accordion("Settings (shared by every item)", open=False):
+            settings = settings_widgets(defaults)
+            with gr.Row():
+                seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
+                                 info="-1: random")
+                seed_policy = gr.Radio(list(SEED_POLICY_CHOICES), value="fixed", label="Seed per item")
+            batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_BATCH_SIZE,
+                                   label="Items per transformer call", info="0 = from free memory")
         # The order of /batch_edit's inputs (BatchTab.run's parameters).
         inputs = [files, instructions, mode, *settings.values(), seed, seed_policy, batch_size, rewrite]
-        run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download], api_name="batch_edit",
-                         concurrency_id=DEVICE_GROUP, concurrency_limit=engine.size, preprocess=False,
-                         show_progress_on=[gallery])
+        run_button.click(None, None, None, js=disable_js(run_button.elem_id), queue=False,
+                         show_progress="hidden", api_visibility="private")
+        run_event = run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download],
+                                     api_name="batch_edit", concurrency_id=DEVICE_GROUP,
+                                     concurrency_limit=engine.size, preprocess=False, show_progress_on=[gallery])
+        # The uploads' thumbnails: it decodes a client's files, so it is queued on the small lane.
+        files.change(handlers.preview_sources, [files], [sources], concurrency_id=SETTINGS_FILE_GROUP,
+                     concurrency_limit=SETTINGS_FILE_CONCURRENCY, show_progress="hidden", api_visibility="private",
+                     preprocess=False)
         # Stop never queues (it must get through while the batch holds the device group) and does
         # not cancel the event: the run ends by itself after the current step and keeps its items.
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
     return BatchHandles(handlers=handlers, inputs=tuple(inputs), settings=settings, run_button=run_button,
-                        stop_button=stop_button, gallery=gallery, report=report, download=download)
+                        stop_button=stop_button, gallery=gallery, report=report, download=download,
+                        runs=((run_button, run_event),))
 
 
 __all__ = ["build_batch_tab", "BatchTab", "BatchHandles", "BatchRun"]

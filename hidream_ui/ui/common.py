@@ -26,6 +26,7 @@ from hidream_ui.edits import (
 )
 from hidream_ui.edits import form_values as form_values  # re-exported: the History tab's round trip
 from hidream_ui.engine.errors import EditCancelled, EngineError
+from hidream_ui.engine.jobs import JobProgress
 from hidream_ui.imaging import ImageError, UnreadableImage
 from hidream_ui.outputs import MetadataError
 from hidream_ui.rewrite.prompt import RewriteError
@@ -108,6 +109,38 @@ def people_message(exc: Exception) -> str:
     if isinstance(exc, UnreadableImage):  # a readable image over a limit keeps its own message
         return f"This file is not an image we can read. {exc}"
     return str(exc)
+
+
+def disable_js(elem_id: str) -> str:
+    """Browser-side: the run's button is unavailable the moment it is clicked (the server's own
+    `interactive=False`, `Handlers.run_started`, can take a while to arrive on a busy machine, and a
+    second click would queue a second run). Register it before the run's event: a click's
+    listeners start in order."""
+    return f"() => {{ const b = document.querySelector('#{elem_id}'); if (b) b.disabled = true; }}"
+
+
+def enable_js(elem_id: str) -> str:
+    """Browser-side: the run's button is back (after `disable_js`; the server's update alone would
+    not undo a change it never made)."""
+    return f"() => {{ const b = document.querySelector('#{elem_id}'); if (b) b.disabled = false; }}"
+
+
+def stopped_message(step: int | None, total: int | None, what: str = "steps") -> str:
+    """What Stop shows: a neutral fact, not an error ("Stopped after 3 of 28 steps")."""
+    if not step:
+        return "Stopped before the first step. Nothing was saved."
+    return f"Stopped after {step} of {total} {what}. Nothing was saved." if total else f"Stopped after {step} {what}."
+
+
+def move_bar(progress, job, fraction: float, text: str, *, step: int | None = None, total: int | None = None) -> None:
+    """Moves a run's progress bar and tells the system panel the same (`Job.progress`): one source,
+    so the panel never lags the bar nor outlives it. `fraction` counts the steps within the current
+    item, so a batch bar moves before its first item ends."""
+    fraction = max(0.0, min(1.0, float(fraction)))
+    if job is not None:
+        job.progress = JobProgress(fraction=fraction, text=text, step=step, total=total)
+    if progress is not None:
+        progress(fraction, desc=text)
 
 
 def guarded(what: str) -> Callable[[Callable], Callable]:
@@ -199,17 +232,6 @@ def summarise_result(result, load_seconds: float = 0.0) -> str:
         f"{timings.per_step:.2f} s/step){load}{rewritten} · saved `{name}` (settings in its metadata)"
     )
 
-
-def deleted_placeholder():
-    """The History thumbnail of a result that retention deleted (instead of a broken image)."""
-    from PIL import Image, ImageDraw
-
-    image = Image.new("RGB", (256, 256), (236, 236, 236))
-    draw = ImageDraw.Draw(image)
-    for y, line in ((104, "deleted by"), (128, "retention")):
-        width = draw.textlength(line)
-        draw.text(((256 - width) / 2, y), line, fill=(90, 90, 90))
-    return image
 
 # ---------------------------------------------------------------------------------------------
 # Shared by the Batch and Compare tabs

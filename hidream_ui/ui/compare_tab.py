@@ -28,8 +28,10 @@ from hidream_ui.engine.protocol import Engine
 from hidream_ui.engine.runner import stream_job
 from hidream_ui.ui.common import (
     DEVICE_GROUP,
+    disable_js,
     format_seconds,
     guarded,
+    move_bar,
     settings_widgets,
 )
 from hidream_ui.ui.handlers import open_region
@@ -48,7 +50,7 @@ AXIS_HINTS = MappingProxyType({
     "refine": "0:0.6:0.2",
     "attention": "sdpa, math, chunked",
     "resolution": "draft, auto, 768",
-    "speed": "exact, fast, faster  or  none, interval:2, first-block:0.05",
+    "speed": "exact, fast, faster  or  none, interval:2, taylorseer:2, fbcache:0.1",
 })
 
 
@@ -102,15 +104,16 @@ class CompareTab:
                 text += f" · {state['step']}"
             return text
 
-        yield render_grid(partial()), [], report(), []
+        yield render_grid(partial(), source=True), [], report(), []
 
-        progress(0.0, desc="Loading the model" if not self.engine.loaded else "Starting")
         result: CompareResult | None = None
         with self.services.job("compare", request) as job:
+            move_bar(progress, job, 0.0, "Loading the model" if not self.engine.loaded else "Starting")
 
             def work(emit):
-                return run_compare(self.engine, picture, params, plan.axis_x, plan.values_x,
-                                   plan.axis_y, plan.values_y if plan.axis_y is not None else None,
+                # The values as typed (not the parsed ones): the result's plan keeps the user's words.
+                return run_compare(self.engine, picture, params, plan.axis_x, values_x,
+                                   plan.axis_y, values_y if plan.axis_y is not None else None,
                                    on_cell=lambda cell, result: emit("cell", (cell, result)),
                                    on_step=lambda info: emit("step", info), source_name=name, cancel=job.token)
 
@@ -119,18 +122,21 @@ class CompareTab:
                 if kind == "step":
                     info: StepInfo = payload
                     state["step"] = f"cell {len(cells) + 1}: {info.stage} step {info.step}/{info.total}"
-                    progress((len(cells), total), desc=state["step"], unit="cells")
+                    # The running cell's steps count: the bar moves before the first cell ends.
+                    move_bar(progress, job, (len(cells) + info.step / max(1, info.total)) / max(1, total),
+                             f"{len(cells)}/{total} cells · {state['step']}", step=info.step, total=info.total)
                 elif kind == "cell":
                     cell, cell_result = payload
                     self.services.results.add(cell_result.saved_png)
                     cells.append(cell_result)
                     shown = str(cell_result.saved_png) if cell_result.saved_png else cell_result.image
                     gallery.append((shown, cell_caption(plan, cell)))
-                    progress((len(cells), total), desc=f"{len(cells)}/{total} cells", unit="cells")
-                    yield render_grid(partial()), list(gallery), report(), list(gallery)
+                    move_bar(progress, job, len(cells) / max(1, total), f"{len(cells)}/{total} cells")
+                    yield render_grid(partial(), source=True), list(gallery), report(), list(gallery)
                 elif kind == "done":
                     result = payload
-        yield (render_grid(result), list(gallery), report(done=True, cancelled=result.cancelled), list(gallery))
+        yield (render_grid(result, source=True), list(gallery), report(done=True, cancelled=result.cancelled),
+               list(gallery))
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops this session's comparison after the current step; finished cells are kept."""
@@ -187,6 +193,7 @@ class CompareHandles:
     cells: gr.Gallery
     report: gr.Markdown
     slider: gr.ImageSlider
+    runs: tuple = ()  # (button, event) the page watches (system_panel.watch_run)
 
     @property
     def resolution_dropdown(self):
@@ -217,13 +224,6 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
                 with gr.Row():
                     run_button = gr.Button("Compare", variant="primary", elem_id="hui-compare-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-compare-stop")
-                with gr.Accordion("Shared settings", open=False):
-                    settings = settings_widgets(defaults)
-                    seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
-                                     info="-1: one random seed for the whole grid")
-                    mask = gr.Image(label="Region mask (optional): white = may change, black = keep",
-                                    sources=["upload", "clipboard"], type="filepath", image_mode=None, height=160,
-                                    elem_id="hui-compare-mask")
             with gr.Column():
                 # No label: it would sit on top of the axis names drawn in the image's top-left corner.
                 grid = gr.Image(label="Grid", show_label=False, type="pil", format="png", interactive=False,
@@ -232,18 +232,28 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
                 # interactive=False: it is read by the slider pickers, which would otherwise make it an upload box.
                 cells = gr.Gallery(label="Cells", columns=4, height=260, object_fit="contain", interactive=False,
                                    elem_id="hui-compare-cells")
-                with gr.Row():
-                    pick_a = gr.Dropdown(label="Left", choices=[], interactive=True)
-                    pick_b = gr.Dropdown(label="Right", choices=[], interactive=True)
+                # One above the other: side by side, a phone cut their captions to a few letters.
+                pick_a = gr.Dropdown(label="Left", choices=[], interactive=True, elem_id="hui-compare-left")
+                pick_b = gr.Dropdown(label="Right", choices=[], interactive=True, elem_id="hui-compare-right")
                 slider = gr.ImageSlider(label="Two cells side by side", type="filepath", interactive=False,
                                         height=380, elem_id="hui-compare-slider")
 
+        # Below the results, not between the Run button and them (on a phone the results come first).
+        with gr.Accordion("Shared settings", open=False):
+            settings = settings_widgets(defaults)
+            seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
+                             info="-1: one random seed for the whole grid")
+            mask = gr.Image(label="Region mask (optional): white = may change, black = keep",
+                            sources=["upload", "clipboard"], type="filepath", image_mode=None, height=160,
+                            elem_id="hui-compare-mask")
         for axis, values in ((axis_x, values_x), (axis_y, values_y)):
             axis.change(handlers.hint, [axis], [values], queue=False, show_progress="hidden",
                         api_visibility="private")
         # The order of /compare's inputs (CompareTab.run's parameters).
         inputs = [image, instruction, axis_x, values_x, axis_y, values_y, *settings.values(), seed, mask]
         cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers
+        run_button.click(None, None, None, js=disable_js(run_button.elem_id), queue=False,
+                         show_progress="hidden", api_visibility="private")
         event = run_button.click(handlers.run, inputs=inputs, outputs=[grid, cells, report, cell_files],
                                  api_name="compare",
                                  concurrency_id=DEVICE_GROUP, concurrency_limit=engine.size, preprocess=False,
@@ -255,7 +265,8 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
                          api_visibility="private")
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
     return CompareHandles(handlers=handlers, inputs=tuple(inputs), settings=settings, run_button=run_button,
-                          stop_button=stop_button, grid=grid, cells=cells, report=report, slider=slider)
+                          stop_button=stop_button, grid=grid, cells=cells, report=report, slider=slider,
+                          runs=((run_button, event),))
 
 
 __all__ = ["build_compare_tab", "CompareTab", "CompareHandles", "AXIS_CHOICES", "AXIS_HINTS", "NO_AXIS"]

@@ -23,6 +23,9 @@ from hidream_ui.ui.common import (
     DEVICE_GROUP,
     REWRITER_CONCURRENCY,
     REWRITER_GROUP,
+    SETTINGS_FILE_CONCURRENCY,
+    SETTINGS_FILE_GROUP,
+    disable_js,
     example_instruction,
     instruction_placeholder,
     variant_hint,
@@ -35,6 +38,16 @@ logger = logging.getLogger(__name__)
 
 # The values of the rewritten prompt box, the rewriter's answer and its note once a rewrite is stale.
 CLEAR_REWRITE_JS = "() => ['', null, '']"
+# Brings an element into view unless it already is (the page is long on a phone).
+# Once now and once after the re-render the click causes (the progress overlay, a disabled button).
+_SCROLL_TO = ("(() => {{ const show = () => {{ const el = document.querySelector('{selector}'); if (!el) return; "
+              "const r = el.getBoundingClientRect(); "
+              "if (r.top < 0 || r.top > window.innerHeight - {margin}) "
+              "el.scrollIntoView({{behavior: 'instant', block: '{block}'}}); }}; show(); setTimeout(show, 300); }})()")
+# On Edit: the result area (where the progress bar runs), its top at the top of the screen.
+SHOW_RESULT_JS = "() => { " + _SCROLL_TO.format(selector="#hui-result", margin=200, block="start") + "; }"
+# After an example or "Edit the result": the source image and the instruction.
+SHOW_FORM_JS = "() => { " + _SCROLL_TO.format(selector="#hui-source", margin=200, block="start") + "; }"
 
 
 def rewrite_info(rewriter, variant: str) -> str:
@@ -85,8 +98,10 @@ class EditTabHandles:
     result_details: gr.Row
     seed_used: gr.Number
     saved_png: gr.DownloadButton
-    summary: gr.Markdown
+    summary: gr.Markdown  # the result's summary, or what happened instead ("Stopped after 3 of 28 steps")
     last_entry: gr.State  # the finished edit's History entry
+    edit_result_button: gr.Button  # "Edit the result": the result becomes the next source
+    examples: Any = None  # the gr.Examples (None without the bundled assets)
 
     @property
     def inputs(self) -> list[Any]:
@@ -98,16 +113,22 @@ class EditTabHandles:
 
 
 def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
-    """Adds the Edit tab (call inside `gr.Tabs()`); widgets only, `wire_edit_tab` connects them."""
+    """Adds the Edit tab (call inside `gr.Tabs()`); widgets only, `wire_edit_tab` connects them.
+
+    Layout: the source, the instruction and Edit / Stop on the left, the result area (progress,
+    before/after, "Edit the result", seed, download, summary) on the right; the settings below both.
+    On a phone the columns stack, so the result comes right after the Edit button (not below the
+    settings), and pressing Edit scrolls it into view (EDIT_CLICK_JS).
+    """
     variant = config.variant
     defaults = EditParams.defaults_for(variant)
     value = defaults.to_dict()
     form: dict[str, Any] = {}
-    with gr.Tab("Edit", id="edit"):
+    with gr.Tab("Edit", id="edit", elem_id="hui-edit-tab"):
         with gr.Row(equal_height=False):
-            with gr.Column():
+            with gr.Column(min_width=300):
                 image = gr.Image(label="Source image", sources=["upload", "clipboard", "webcam"], type="filepath",
-                                 image_mode=None, height=340, elem_id="hui-source")
+                                 image_mode=None, height=300, elem_id="hui-source")
                 form["instruction"] = widget("instruction", "", lines=2, placeholder=instruction_placeholder(variant),
                                              elem_id="hui-instruction")
                 # On by default for E1-Full, the variant trained on the long two-part prompts
@@ -115,68 +136,86 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
                 rewrite = gr.Checkbox(value=rewriter is not None and variant == "e1-full",
                                       visible=rewriter is not None, label="Rewrite instruction",
                                       info=rewrite_info(rewriter, variant), elem_id="hui-rewrite-on")
-                gr.Markdown(variant_hint(variant))
-                form["negative_prompt"] = widget("negative_prompt", value["negative_prompt"])
-                with gr.Row():
-                    edit_button = gr.Button("Edit", variant="primary", elem_id="hui-edit")
-                    stop_button = gr.Button("Stop", variant="stop", elem_id="hui-stop")
-                with gr.Accordion("Rewritten instruction", open=True, visible=rewriter is not None,
-                                  elem_id="hui-rewrite-box"):
-                    rewritten = gr.Textbox(label="Prompt the edit uses (editable)", lines=3, elem_id="hui-rewritten")
-                    rewrite_note = gr.Markdown(elem_id="hui-rewrite-note")
-                    with gr.Row():
-                        rewrite_button = gr.Button("Rewrite", size="sm", elem_id="hui-rewrite")
-                        edit_rewritten_button = gr.Button("Edit with this", size="sm", elem_id="hui-edit-rewritten")
-                    rewrite_details = gr.JSON(label="Rewriter's answer", open=False, elem_id="hui-rewrite-details")
-                with gr.Accordion("Advanced settings", open=False):
-                    for name in ("guidance_scale", "image_guidance_scale", "num_inference_steps", "refine_strength",
-                                 "clip_cfg_norm", "working_resolution"):
-                        form[name] = widget(name, value[name])
-                    with gr.Row():
-                        form["seed"] = widget("seed", value["seed"])
-                        form["randomize_seed"] = widget("randomize_seed", FIELD_SPECS["randomize_seed"].default)
-                    form["collapse_padding"] = widget("collapse_padding", value["collapse_padding"])
-                    # Region edits (an upload; a brush on the source is the integrator's to add).
-                    mask = gr.Image(label="Region mask (optional): white = may change, black = keep",
-                                    sources=["upload", "clipboard"], type="filepath", image_mode=None, height=160,
-                                    elem_id="hui-mask")
-            with gr.Column():
+                with gr.Row(elem_id="hui-edit-actions"):
+                    edit_button = gr.Button("Edit", variant="primary", min_width=100, elem_id="hui-edit")
+                    stop_button = gr.Button("Stop", variant="stop", min_width=100, elem_id="hui-stop")
+                gr.Markdown(variant_hint(variant), elem_classes=["hui-hint"])
+            # The result area: the progress bar, the before/after slider (and, from the pipeline,
+            # the live previews) all show here, beside the button on a wide screen, right under it
+            # on a phone.
+            with gr.Column(min_width=300, elem_id="hui-result-area"):
                 result_slider = gr.ImageSlider(label="Before / after", type="pil", format="png", interactive=False,
-                                               max_height=460, elem_id="hui-result")
+                                               max_height=420, elem_id="hui-result")
+                summary = gr.Markdown(elem_id="hui-summary")
                 # Hidden until the first result: an empty Number would read "0".
                 with gr.Row(equal_height=True, visible=False) as result_details:
-                    seed_used = gr.Number(value=None, label="Seed used", interactive=False, precision=0,
-                                          placeholder="shown after the edit", elem_id="hui-seed-used")
+                    edit_result_button = gr.Button("Edit the result", variant="secondary",
+                                                   elem_id="hui-edit-result")
                     # The saved file, not the slider's re-encoded copy: it carries the settings (PNG
                     # text chunk) that the History tab can read back.
-                    saved_png = gr.DownloadButton("Download PNG (with settings)", value=None, variant="secondary",
+                    saved_png = gr.DownloadButton("Download PNG", value=None, variant="secondary",
                                                   elem_id="hui-saved")
-                summary = gr.Markdown(label="Summary", elem_id="hui-summary")
+                    seed_used = gr.Number(value=None, label="Seed used", interactive=False, precision=0,
+                                          placeholder="shown after the edit", min_width=90, elem_id="hui-seed-used")
+        with gr.Accordion("Rewritten instruction", open=True, visible=rewriter is not None,
+                          elem_id="hui-rewrite-box"):
+            rewritten = gr.Textbox(label="Prompt the edit uses (editable)", lines=3, elem_id="hui-rewritten")
+            rewrite_note = gr.Markdown(elem_id="hui-rewrite-note")
+            with gr.Row():
+                rewrite_button = gr.Button("Rewrite", size="sm", elem_id="hui-rewrite")
+                edit_rewritten_button = gr.Button("Edit with this", size="sm", elem_id="hui-edit-rewritten")
+            rewrite_details = gr.JSON(label="Rewriter's answer", open=False, elem_id="hui-rewrite-details")
+        with gr.Accordion("Advanced settings", open=False, elem_id="hui-advanced"):
+            form["negative_prompt"] = widget("negative_prompt", value["negative_prompt"])
+            with gr.Row():
+                for name in ("guidance_scale", "image_guidance_scale", "num_inference_steps", "refine_strength"):
+                    form[name] = widget(name, value[name], min_width=240)
+            with gr.Row():
+                form["working_resolution"] = widget("working_resolution", value["working_resolution"],
+                                                    min_width=240)
+                form["seed"] = widget("seed", value["seed"], min_width=160)
+                form["randomize_seed"] = widget("randomize_seed", FIELD_SPECS["randomize_seed"].default,
+                                                min_width=160)
+            with gr.Row():
+                form["clip_cfg_norm"] = widget("clip_cfg_norm", value["clip_cfg_norm"])
+                form["collapse_padding"] = widget("collapse_padding", value["collapse_padding"])
+            # Region edits (an upload; a brush on the source, gr.ImageEditor, is the integrator's to add:
+            # the handler takes its value as it is).
+            mask = gr.Image(label="Region mask (optional): white = may change, black = keep",
+                            sources=["upload", "clipboard"], type="filepath", image_mode=None, height=160,
+                            elem_id="hui-mask")
         examples = load_examples(variant)
+        example_set = None
         if examples:
-            gr.Examples(examples=examples, inputs=[image, form["instruction"]], cache_examples=False,
-                        examples_per_page=len(examples), label="Examples (CC0, see assets/)")
+            example_set = gr.Examples(examples=examples, inputs=[image, form["instruction"]], cache_examples=False,
+                                      examples_per_page=len(examples), label="Examples (CC0, see assets/)")
         last_entry = gr.State(None)
     return EditTabHandles(image=image, form=form, mask=mask, rewrite=rewrite, edit_button=edit_button,
                           stop_button=stop_button,
                           rewritten=rewritten, rewrite_note=rewrite_note, rewrite_button=rewrite_button,
                           edit_rewritten_button=edit_rewritten_button, rewrite_details=rewrite_details,
                           result_slider=result_slider, result_details=result_details, seed_used=seed_used,
-                          saved_png=saved_png, summary=summary, last_entry=last_entry)
+                          saved_png=saved_png, summary=summary, last_entry=last_entry,
+                          edit_result_button=edit_result_button, examples=example_set)
 
 
-def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -> None:
+def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -> list[tuple[gr.Button, Any]]:
     """The tab's events. `lane`: device jobs at once (one per engine); `on_edit(event)` chains what a
-    finished edit updates elsewhere (the History tab)."""
+    finished edit updates elsewhere (the History tab). Returns (button, event) for each run the
+    page should watch (`system_panel.watch_run`: the button is unavailable while it runs)."""
     instruction = tab.form["instruction"]
     private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
     rewrite_outputs = [tab.rewritten, tab.rewrite_details, tab.rewrite_note]
+    # The progress and the result come into view when an edit starts (in the browser only). First
+    # of the click's listeners: the browser runs them in order, and the others wait for the server.
+    for button in (tab.edit_button, tab.edit_rewritten_button):
+        button.click(None, None, None, js=SHOW_RESULT_JS, **private)
+        button.click(None, None, None, js=disable_js(button.elem_id), **private)
     # preprocess=False: the handler opens the upload itself and can say what is wrong with a damaged
-    # file (gradio's own decode error is a developer message). The progress sits on the summary: the
-    # slider shows the live previews meanwhile (gradio's progress overlay would hide them).
+    # file (gradio's own decode error is a developer message).
     edit_event = tab.edit_button.click(
         handlers.edit, inputs=[tab.image, *tab.inputs, tab.rewrite, tab.mask], outputs=tab.outputs, api_name="edit",
-        concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False, show_progress_on=[tab.summary])
+        concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False, show_progress_on=[tab.result_slider])
     on_edit(edit_event).then(handlers.show_rewrite, [tab.last_entry], rewrite_outputs, **private)
 
     # Rewriting: "Rewrite" shows the prompt (editable) before any edit; "Edit with this" edits with
@@ -193,15 +232,30 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     edit_rewritten_event = tab.edit_rewritten_button.click(
         handlers.edit_rewritten, inputs=[tab.image, tab.rewritten, tab.rewrite_details, *tab.inputs[1:], tab.mask],
         outputs=tab.outputs, api_name="edit_rewritten", concurrency_id=DEVICE_GROUP, concurrency_limit=lane,
-        preprocess=False, show_progress_on=[tab.summary])
+        preprocess=False, show_progress_on=[tab.result_slider])
     on_edit(edit_rewritten_event)
+    if tab.examples is not None:  # an example picked far down the page: back to the form it filled
+        tab.examples.dataset.click(None, None, None, js=SHOW_FORM_JS, **private)
     # A rewrite belongs to one image and one instruction: a new one clears it. In the browser only
     # (`js`, no handler): `.input` fires on every keystroke.
     for trigger in (instruction.input, tab.image.change):
         trigger(None, None, rewrite_outputs, js=CLEAR_REWRITE_JS, **private)
-    # Stop never queues: it must get through while the edit holds the device group.
-    tab.stop_button.click(handlers.stop, None, None, cancels=[edit_event, edit_rewritten_event, rewrite_event],
+    # An error belongs to the form it refused: any change to the form dismisses it (in the browser,
+    # layout.APP_JS: gradio's own input/change events did not reach a js-only listener here).
+    # An upload is checked when it arrives (a text file renamed .png is refused now, not at Edit).
+    # It decodes a client's file: queued on the small settings-file lane, like the PNG reader.
+    tab.image.upload(handlers.check_source, [tab.image], [tab.image, tab.summary],
+                     concurrency_id=SETTINGS_FILE_GROUP, concurrency_limit=SETTINGS_FILE_CONCURRENCY,
+                     show_progress="hidden", api_visibility="private", preprocess=False)
+    # The edit loop: the result becomes the source; the instruction box keeps its text to be changed.
+    tab.edit_result_button.click(handlers.edit_result, [tab.last_entry], [tab.image, tab.summary], **private)
+    tab.edit_result_button.click(None, None, None, js=SHOW_FORM_JS, **private)
+    # Stop never queues: it must get through while the edit holds the device group. Its answer
+    # ("Stopped after k of N steps") replaces the summary: a stop is not an error.
+    tab.stop_button.click(handlers.stop, None, [tab.summary], cancels=[edit_event, edit_rewritten_event, rewrite_event],
                           **private)
+    return [(tab.edit_button, edit_event), (tab.edit_rewritten_button, edit_rewritten_event)]
 
 
-__all__ = ["EditTabHandles", "build_edit_tab", "wire_edit_tab", "load_examples", "rewrite_info", "CLEAR_REWRITE_JS"]
+__all__ = ["EditTabHandles", "build_edit_tab", "wire_edit_tab", "load_examples", "rewrite_info", "CLEAR_REWRITE_JS",
+           "SHOW_RESULT_JS", "SHOW_FORM_JS"]

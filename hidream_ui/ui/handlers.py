@@ -24,7 +24,7 @@ from hidream_ui.edits import (
     validated_flag,
     validated_mask,
 )
-from hidream_ui.engine.errors import EngineError
+from hidream_ui.engine.errors import EditCancelled, EngineError
 from hidream_ui.engine.jobs import Preview, StepInfo
 from hidream_ui.engine.pool import ALL_ENGINES, shared_sampler
 from hidream_ui.engine.protocol import Engine
@@ -39,15 +39,19 @@ from hidream_ui.server.operator import may_change_engine, refusal
 from hidream_ui.ui.common import (
     ADD_BOTH,
     DEVICE_GROUP,
+    USER_ERRORS,
     WORKING_RESOLUTIONS,
-    deleted_placeholder,
     form_values,
     gr_error,
     guarded,
+    move_bar,
+    people_message,
+    stopped_message,
     summarise_result,
 )
-from hidream_ui.ui.services import AppServices, redact_paths
-from hidream_ui.ui.status_panel import attention_label, render_status
+from hidream_ui.ui.history_entries import added, check_entries, new_entry, picker_choices, render_entries
+from hidream_ui.ui.services import STOPPED_BY_USER, AppServices, redact_paths
+from hidream_ui.ui.status_panel import attention_label, render_state, render_status, render_visitor_card
 
 logger = logging.getLogger(__name__)
 
@@ -229,8 +233,9 @@ class Handlers:
             progress(0.0, desc="Encoding the instruction")
 
             # The edit runs in a thread of its own (stream_job) so that this generator can hand out the
-            # live previews as they come; progress is reported from here. A Stop pressed while the model
-            # loaded has already set the token: the engine then refuses to start.
+            # live previews as they come, into the result area (`EditTabHandles.result_slider`); progress
+            # is reported from here. A Stop pressed while the model loaded has already set the token:
+            # the engine then refuses to start.
             def work(emit):
                 try:
                     return self.engine.edit(edit_request, lambda info: emit("step", info), cancel=job.token,
@@ -239,29 +244,45 @@ class Handlers:
                     job_scope.close()
 
             result, before = None, None
-            for event in stream_job(work, job.token, name="hidream-edit"):
-                if event.kind == "step":
-                    info: StepInfo = event.payload
-                    eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
-                    progress((info.step, info.total), desc=f"{info.stage} step {info.step}/{info.total}{eta}",
-                             unit="steps")
-                elif event.kind == "preview" and not job.token.cancelled:  # a stopped edit shows no more
-                    shot: Preview = event.payload
-                    size = preview_size(picture.size)
-                    before = before or picture.resize(size, Image.Resampling.BILINEAR)
-                    yield ((before, shot.image.resize(size, Image.Resampling.BILINEAR)),
-                           gr.update(), gr.update(), gr.update(), gr.update())
-                elif event.kind == "done":
-                    result = event.payload
+            try:
+                for event in stream_job(work, job.token, name="hidream-edit"):
+                    if event.kind == "step":
+                        info: StepInfo = event.payload
+                        eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
+                        move_bar(progress, job, info.step / max(1, info.total),
+                                 f"{info.stage} step {info.step}/{info.total}{eta}", step=info.step, total=info.total)
+                    elif event.kind == "preview" and not job.token.cancelled:  # a stopped edit shows no more
+                        shot: Preview = event.payload
+                        size = preview_size(picture.size)
+                        before = before or picture.resize(size, Image.Resampling.BILINEAR)
+                        yield ((before, shot.image.resize(size, Image.Resampling.BILINEAR)),
+                               gr.update(), gr.update(), gr.update(), gr.update())
+                    elif event.kind == "done":
+                        result = event.payload
+            except EditCancelled:
+                if job.token.reason != STOPPED_BY_USER:
+                    raise  # /cancel, a client's Job.cancel(): the API's contract is an error
+                # The browser's Stop: a neutral note where the result would have been, no error.
+                total = job.progress.total if job.progress is not None else params.num_inference_steps
+                message = stopped_message(job.token.step, total)
+                gr.Info(message, title="Stopped")
+                yield gr.update(), gr.update(), gr.update(), message, None
+                return
         finally:
             job_scope.close()  # a second close is a no-op
         self.services.results.add(result.saved_png)
 
         metadata = result.saved_metadata or result.metadata()  # built once, when it was saved
+        png = str(result.saved_png) if result.saved_png else None
         entry = {
-            "png": str(result.saved_png) if result.saved_png else None,
+            "png": png,
             "summary": summary_line(metadata),
             "metadata": metadata,
+            # What this browser's History keeps of it (history_entries: thumbnails, signed path).
+            "history": new_entry(png=png, ticket=self.services.results.ticket(png) if png else None,
+                                 params=metadata.get("params") or result.params.to_dict(),
+                                 before=result.source_image, after=result.image,
+                                 seconds=round(result.timings.total, 2), parent=metadata.get("parent")),
         }
         yield ((result.source_image, result.image),
                str(result.saved_png) if result.saved_png else None,
@@ -327,10 +348,41 @@ class Handlers:
         answer = {key: value for key, value in record.items() if key not in ("prompt", "edited")}
         return entry["metadata"]["params"]["instruction"], answer, self.rewrite_note(answer)
 
-    def stop(self, request: gr.Request = None) -> None:
-        """Stops the caller's running edit after its current step (never another user's)."""
-        if self.services.cancel(request, kind="edit"):
-            logger.info("edit cancelled by its user")
+    def stop(self, request: gr.Request = None):
+        """Stops the caller's running edit after its current step (never another user's); returns
+        the summary's new text, "Stopped after k of N steps" (unchanged when nothing ran)."""
+        session = getattr(request, "session_hash", None)
+        running = [job for job in self.services.jobs.running(session) if job.kind == "edit"] if session else []
+        if not self.services.cancel(request, kind="edit") or not running:
+            return gr.update()
+        logger.info("edit cancelled by its user")
+        job = running[0]
+        return stopped_message(job.token.cancelled_at_step, job.progress.total if job.progress else None)
+
+    def check_source(self, image):
+        """An upload, checked when it arrives: a file that is not an image (a text file renamed .png)
+        is refused now, with what to do, and the slot is emptied (no broken sliver until Edit).
+        Returns (the image slot, the summary)."""
+        if image is None:
+            return gr.update(), gr.update()
+        try:
+            source, name = self.services.gate.path(image, "image")
+            self.engine.open_image(source, name=name)
+        except USER_ERRORS as exc:
+            message = people_message(exc)
+            logger.info("upload refused: %s", exc)
+            gr.Warning(html.escape(redact_paths(message), quote=False), title="Not an image")
+            return None, html.escape(redact_paths(message), quote=False)
+        return gr.update(), ""
+
+    def edit_result(self, entry: dict | None):
+        """"Edit the result": the last result becomes the source (the instruction box keeps its text
+        for the next step). Only a result this server stored and still serves."""
+        png = (entry or {}).get("png")
+        if not png or png not in self.services.results or not Path(png).is_file():
+            gr.Warning("That result is no longer on the server; edit the source again.", title="Result gone")
+            return gr.update(), gr.update()
+        return png, "The result is the source now: change the instruction and press Edit."
 
     def cancel(self, request: gr.Request) -> str:
         """Stops the caller's own running jobs (edit, batch or comparison) after their current step.
@@ -400,12 +452,50 @@ class Handlers:
         except Exception:  # noqa: BLE001 - a broken plot must not spam error toasts
             logger.warning("telemetry plot failed", exc_info=True)
             rows = []
-        return pd.DataFrame(rows, columns=list(PLOT_COLUMNS))
+        # Numeric columns even when there are no rows: an empty frame's columns are "object", the plot
+        # then takes both axes for categories and keeps them (a stack of labels instead of an axis).
+        return pd.DataFrame(rows, columns=list(PLOT_COLUMNS)).astype({"seconds": float, "percent": float})
+
+    def live_progress(self) -> list[str]:
+        """What the progress bars of the running jobs show now (the same `Job.progress` they are
+        drawn from), oldest job first."""
+        jobs = sorted(self.services.jobs.running(), key=lambda job: job.started)
+        return [job.progress.text for job in jobs if job.progress is not None]
+
+    def status_state(self) -> str:
+        """HTML for the panel's state line: the running jobs' own progress text, else the engine's
+        state (loading, idle, ...). Never raises: a timer calls it."""
+        try:
+            return render_state(self.engine_status(), self.live_progress())
+        except Exception as exc:  # noqa: BLE001 - a broken panel must not spam error toasts
+            logger.warning("status line failed: %s", exc, exc_info=True)
+            return ('<div class="hui-status"><div class="hui-state hui-state-error">'
+                    f"status unavailable: {html.escape(str(exc))}</div></div>")
+
+    def run_started(self):
+        """A run (edit, batch, comparison) was clicked: the panel's state line follows it closely
+        (the fast timer). The button itself is disabled in the browser (common.disable_js): an
+        answer from here may arrive after the run's end on a busy machine and would undo it."""
+        return gr.Timer(active=True)
+
+    def follow_run(self, request: gr.Request = None):
+        """The fast timer's tick: the state line, and the timer stays on only while this page has a
+        run waiting or running (it turns itself off, whichever answer came last)."""
+        session = getattr(request, "session_hash", None)
+        demo = self.services.demo
+        busy = bool(session and demo is not None and gradio_internals.session_jobs(demo, session, DEVICE_GROUP))
+        return self.status_state(), gr.Timer(active=busy)
+
+    def run_finished(self):
+        """A run ended (done, failed or stopped): the fast timer off, and the panel redrawn at once
+        (no "editing 42/60" left over after the result); "Load model" goes once a run loaded it."""
+        return (gr.Timer(active=False), self.status_state(), self.status_panel(),
+                gr.update(visible=not self.engine.loaded))
 
     def status_panel(self) -> str:
         """HTML for the system panel. Never raises: the timer calls it every 2 s."""
         try:
-            return render_status(self.engine_status())
+            return render_status(self.engine_status(), with_state=False)
         except Exception as exc:  # noqa: BLE001 - a broken panel must not spam error toasts
             logger.warning("status panel failed: %s", exc, exc_info=True)
             return ('<div class="hui-status"><div class="hui-state hui-state-error">'
@@ -413,7 +503,8 @@ class Handlers:
 
     # ------------------------------------------------------------------ attention
     def attention_choices(self) -> list[tuple[str, str]]:
-        """(label, name) for every strategy; unavailable ones say why."""
+        """(label, name) for every strategy this device can run (the others are listed apart, with
+        their reason: `unavailable_attention`)."""
         try:
             statuses = self.engine.attention_choices()
         except EngineError as exc:
@@ -421,17 +512,52 @@ class Handlers:
             return [(f"{current} — device unavailable: {exc}", current)]
         choices = []
         for s in statuses:
+            if not s.available:
+                continue
             label = attention_label(s.name, s.description, s.available, s.reason)
-            if s.name == "auto" and s.available:
+            if s.name == "auto":
                 label = f"auto → {self.engine.auto_attention()} (best available here)"
             choices.append((label, s.name))
         return choices
 
+    def unavailable_attention(self) -> str:
+        """Markdown: the strategies this device cannot run, each with its reason (not offered in the
+        dropdown, so nobody picks one to be refused)."""
+        try:
+            statuses = [s for s in self.engine.attention_choices() if not s.available]
+        except EngineError:
+            return ""
+        if not statuses:
+            return ""
+        lines = "\n".join(f"- {html.escape(s.name)}: {html.escape(s.reason or 'not available here')}"
+                          for s in statuses)
+        return f"<details><summary>Not available here ({len(statuses)})</summary>\n\n{lines}\n</details>"
+
+    def load_button_update(self):
+        """"Load model" shows only while there is a model to load."""
+        return gr.update(visible=not self.engine.loaded)
+
+    def visitor_card(self, request: gr.Request = None) -> str:
+        """With --kiosk, what a visitor sees of the system: the device, the queue and their place in
+        it. Never raises: the timer calls it."""
+        try:
+            status = self.engine.status()
+            queue = self._queue() or {}
+            demo = self.services.demo
+            position = (gradio_internals.queue_position(demo, getattr(request, "session_hash", None), DEVICE_GROUP)
+                        if demo is not None else None)
+            return render_visitor_card(status, queue, position)
+        except Exception as exc:  # noqa: BLE001 - a broken card must not spam error toasts
+            logger.warning("visitor card failed: %s", exc, exc_info=True)
+            return '<div class="hui-status"><div class="hui-note">status unavailable</div></div>'
+
     def page_load(self, request: gr.Request = None):
         """Fills the attention dropdown (needs torch, so not at start-up), the panel, and the
-        working resolutions the configured model can take; shows the engine-wide controls to whoever
-        may use them (everyone, or with --kiosk the operator only)."""
-        controls = gr.update(visible=may_change_engine(self.services.config, request))
+        working resolutions the configured model can take; shows the engine-wide controls (and the
+        full panel) to whoever may use them (everyone, or with --kiosk the operator only; visitors
+        get the small card)."""
+        operator = may_change_engine(self.services.config, request)
+        controls = gr.update(visible=operator)
         choices = []
         try:
             choices = self.attention_choices()
@@ -440,7 +566,12 @@ class Handlers:
         current = self.engine.status().attention or "auto"
         if current not in {value for _, value in choices}:
             choices.append((current, current))
-        return gr.update(choices=choices, value=current), self.status_panel(), self.resolution_choices(), controls
+        kiosk = bool(getattr(self.services.config, "kiosk", False))
+        card = self.visitor_card(request) if kiosk and not operator else ""
+        return (gr.update(choices=choices, value=current), self.status_state(), self.status_panel(),
+                self.resolution_choices(), controls, self.unavailable_attention(), self.load_button_update(),
+                gr.update(visible=operator), gr.update(visible=operator), gr.update(value=card,
+                                                                                    visible=kiosk and not operator))
 
     def resolution_choices(self):
         """A dropdown update offering only working resolutions the model can take."""
@@ -502,47 +633,57 @@ class Handlers:
         return gr.update(value=resolved), f"The attention switch applies to {where}."
 
     # ------------------------------------------------------------------ history
+    # The History lives in the browser (gr.BrowserState: it survives a reload, and holds only that
+    # browser's results). What comes back from it is checked (history_entries.check_entries); the
+    # checked list is kept server-side for the session (a gr.State) and the buttons act on it.
+    def _history_view(self, stored: Any):
+        checked = check_entries(stored, self.services.results.stored)
+        choices = picker_choices(checked)
+        picker = gr.update(choices=choices, value=choices[0][1] if choices else None)
+        return checked, render_entries(checked), picker
+
+    def add_history(self, stored: Any, entry: dict | None):
+        """A finished edit: its entry goes first in this browser's History. Returns (the browser's
+        list, the checked list, the cards, the picker, the result's buttons row)."""
+        history = added(stored, (entry or {}).get("history"))
+        # The result's buttons and seed show with a result (a stopped edit has none).
+        return (history, *self._history_view(history), gr.Row(visible=True) if entry else gr.update())
+
+    def refresh_history(self, stored: Any):
+        """The History as this browser stored it (page load, tab opened): checked, then drawn."""
+        return self._history_view(stored)
+
+    def clear_history(self):
+        """Forgets this browser's History (the result files stay on the server until retention)."""
+        return [], *self._history_view([])
+
     @staticmethod
-    def gallery_items(history: list[dict]) -> list[tuple[Any, str]]:
-        """(image, caption) per History entry, in order. A result that retention deleted keeps its
-        place (and its settings) with a "deleted by retention" thumbnail instead of a broken image."""
-        items = []
-        for entry in history:
-            png = entry.get("png")
-            if not png:
-                continue
-            caption = entry.get("summary", "")[:120]
-            if Path(png).is_file():
-                items.append((png, caption))
-            else:
-                items.append((deleted_placeholder(), f"[deleted by retention] {caption}"))
-        return items
-
-    def add_history(self, history: list[dict] | None, entry: dict | None):
-        history = list(history or [])
-        if entry:
-            history.insert(0, entry)  # newest first, like the gallery reads
-        return history, self.gallery_items(history), gr.Row(visible=True)
-
-    def refresh_history(self, history: list[dict] | None):
-        """Re-reads the gallery when the History tab opens (retention may have run since)."""
-        return self.gallery_items(list(history or []))
-
-    def select_history(self, history: list[dict] | None, evt: gr.SelectData):
-        history = history or []
-        index = evt.index if isinstance(evt.index, int) else None
-        if index is None or not 0 <= index < len(history):
-            return None, None, gr.update(interactive=False)
-        return history[index]["metadata"], index, gr.update(interactive=True)
+    def _picked(checked: list | None, index: Any):
+        try:
+            position = int(index)
+        except (TypeError, ValueError):
+            position = -1
+        if not checked or not 0 <= position < len(checked):
+            raise gr.Error("Pick a result first.", print_exception=False)
+        return checked[position], position
 
     @guarded("loading the settings")
-    def apply_history(self, history: list[dict] | None, index: int | None):
-        history = history or []
-        if index is None or not 0 <= int(index) < len(history):
-            raise gr.Error("Select a result in the gallery first.", print_exception=False)
-        params = EditParams.from_dict(history[int(index)]["metadata"]["params"])
-        gr.Info(f"Loaded the settings of result {int(index) + 1} (seed {params.seed}).")
+    def apply_history(self, checked: list | None, index: Any):
+        """"Load settings": the picked result's settings fill the Edit form."""
+        entry, position = self._picked(checked, index)
+        params = entry.params
+        gr.Info(f"Loaded the settings of result {position + 1} (seed {params.seed}).")
         return (*form_values(params), gr.Tabs(selected="edit"))
+
+    @guarded("opening the result")
+    def edit_again(self, checked: list | None, index: Any):
+        """"Edit again": the picked result becomes the source of the Edit tab, its instruction
+        fills the box. Only a result this server stored for this browser and still serves."""
+        entry, _ = self._picked(checked, index)
+        if not entry.available:
+            raise gr.Error("That result is no longer on this server; “Load settings” still works.",
+                           print_exception=False)
+        return entry.png, entry.params.instruction, gr.Tabs(selected="edit")
 
     @guarded("reading the PNG")
     def settings_from_file(self, file):

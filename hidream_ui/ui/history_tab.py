@@ -1,9 +1,15 @@
-"""The History tab: this session's results, their settings, and the way back into the Edit form.
+"""The History tab: this browser's results, their settings, and the way back into the Edit form.
+
+The entries live in the browser (`gr.BrowserState`): they survive a reload and belong to that
+browser only (another visitor never sees them). What comes back from the browser is checked by
+`history_entries.check_entries` (settings validated, result paths only with this server's
+signature and while it still serves them); the checked list stays server-side in a gr.State and
+"Load settings" / "Edit again" act on it.
 
 `build_history_tab()` adds the tab and returns its `HistoryTabHandles`; `wire_history_tab(...)`
-connects it to the Edit tab (a finished edit is added; "Load these settings" and a PNG's settings
-fill the Edit form, whose widgets are hidream_ui.edits.EDIT_FORM). The handlers are
-`handlers.Handlers`. Imports gradio at the top: only the UI imports this module.
+connects it to the Edit tab (a finished edit is added; "Load settings" and a PNG's settings fill
+the Edit form, whose widgets are hidream_ui.edits.EDIT_FORM; "Edit again" puts the result in the
+source slot). The handlers are `handlers.Handlers`. Imports gradio at the top: only the UI imports it.
 """
 
 from __future__ import annotations
@@ -15,46 +21,65 @@ import gradio as gr
 from hidream_ui.ui.common import SETTINGS_FILE_CONCURRENCY, SETTINGS_FILE_GROUP
 from hidream_ui.ui.edit_tab import EditTabHandles
 from hidream_ui.ui.handlers import Handlers
+from hidream_ui.ui.history_entries import HISTORY_CSS, render_entries
+
+STORAGE_KEY = "hidream-ui-history"  # the browser's localStorage key
 
 
 @dataclass(frozen=True)
 class HistoryTabHandles:
     tab: gr.Tab
-    history: gr.State  # this session's entries, newest first
-    selected_index: gr.State
-    gallery: gr.Gallery
-    selected_params: gr.JSON
+    stored: gr.BrowserState  # this browser's entries (JSON), newest first
+    checked: gr.State  # the same, checked by the server (history_entries.CheckedEntry)
+    cards: gr.HTML
+    picker: gr.Dropdown
     apply_button: gr.Button
+    edit_again_button: gr.Button
+    clear_button: gr.Button
     settings_file: gr.File
 
 
 def build_history_tab() -> HistoryTabHandles:
     """Adds the History tab (call inside `gr.Tabs()`)."""
     with gr.Tab("History", id="history") as tab:
-        gr.Markdown("Results of this session, newest first. Select one to see its settings.")
-        gallery = gr.Gallery(label="Results", columns=5, height=300, object_fit="contain", allow_preview=False,
-                             fit_columns=False, interactive=False, elem_id="hui-gallery")
+        gr.Markdown("Your results in this browser, newest first: they stay after a reload, and nobody else "
+                    "sees them. Pick one to load its settings or to edit it again.")
+        with gr.Row(equal_height=True, elem_id="hui-history-actions"):
+            picker = gr.Dropdown(label="Result", choices=[], value=None, interactive=True, scale=3, min_width=220,
+                                 elem_id="hui-history-picker")
+            apply_button = gr.Button("Load settings", scale=1, min_width=120, elem_id="hui-history-load")
+            edit_again_button = gr.Button("Edit again", variant="primary", scale=1, min_width=120,
+                                          elem_id="hui-history-edit")
+        cards = gr.HTML(render_entries([]), css_template=HISTORY_CSS, elem_id="hui-history")
         with gr.Row():
-            with gr.Column(scale=2):
-                selected_params = gr.JSON(label="Settings of the selected result", elem_id="hui-selected-params")
-            with gr.Column(scale=1):
-                apply_button = gr.Button("Load these settings into the form", interactive=False)
-                settings_file = gr.File(label="…or read the settings of a PNG saved by this app",
-                                        file_types=[".png"], type="filepath", elem_id="hui-settings-file")
-        history = gr.State([])
-        selected_index = gr.State(None)
-    return HistoryTabHandles(tab=tab, history=history, selected_index=selected_index, gallery=gallery,
-                             selected_params=selected_params, apply_button=apply_button, settings_file=settings_file)
+            settings_file = gr.File(label="…or read the settings of a PNG saved by this app",
+                                    file_types=[".png"], type="filepath", height=120, elem_id="hui-settings-file")
+            clear_button = gr.Button("Forget this browser's history", size="sm", variant="secondary",
+                                     elem_id="hui-history-clear")
+        # Rendered by build_demo outside the tabs: a tab's content mounts only once it is opened,
+        # and the storage must be written even if the History tab never was.
+        stored = gr.BrowserState([], storage_key=STORAGE_KEY, render=False)
+        checked = gr.State([])
+    return HistoryTabHandles(tab=tab, stored=stored, checked=checked, cards=cards, picker=picker,
+                             apply_button=apply_button, edit_again_button=edit_again_button,
+                             clear_button=clear_button, settings_file=settings_file)
 
 
-def wire_history_tab(history: HistoryTabHandles, edit: EditTabHandles, tabs: gr.Tabs, handlers: Handlers) -> None:
+def wire_history_tab(history: HistoryTabHandles, edit: EditTabHandles, tabs: gr.Tabs, handlers: Handlers,
+                     demo: gr.Blocks) -> None:
     private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
-    history.tab.select(handlers.refresh_history, [history.history], [history.gallery], **private)
-    history.gallery.select(handlers.select_history, [history.history],
-                           [history.selected_params, history.selected_index, history.apply_button], **private)
+    view = [history.checked, history.cards, history.picker]
+    # On page load (the browser's storage arrives with it) and whenever the tab opens (retention
+    # may have deleted a result since).
+    demo.load(handlers.refresh_history, [history.stored], view, **private)
+    history.tab.select(handlers.refresh_history, [history.stored], view, **private)
     # The form round trip: the settings fill the Edit form's widgets in EDIT_FORM order.
-    history.apply_button.click(handlers.apply_history, [history.history, history.selected_index],
-                               [*edit.inputs, tabs], queue=False, api_visibility="private")
+    history.apply_button.click(handlers.apply_history, [history.checked, history.picker], [*edit.inputs, tabs],
+                               queue=False, api_visibility="private")
+    history.edit_again_button.click(handlers.edit_again, [history.checked, history.picker],
+                                    [edit.image, edit.form["instruction"], tabs], queue=False,
+                                    api_visibility="private")
+    history.clear_button.click(handlers.clear_history, None, [history.stored, *view], **private)
     # It decodes a client's file: queued on a small lane of its own, with the device lane's admission
     # limits (cli/app.py `admission`), never a way around the queue.
     history.settings_file.upload(handlers.settings_from_file, [history.settings_file], [*edit.inputs, tabs],
@@ -66,11 +91,11 @@ def add_to_history(history: HistoryTabHandles, edit: EditTabHandles, handlers: H
     """What a finished edit does to the History tab: `event.success(...)` for an Edit tab event."""
 
     def chain(event):
-        return event.success(handlers.add_history, [history.history, edit.last_entry],
-                             [history.history, history.gallery, edit.result_details],
+        return event.success(handlers.add_history, [history.stored, edit.last_entry],
+                             [history.stored, history.checked, history.cards, history.picker, edit.result_details],
                              queue=False, show_progress="hidden", api_visibility="private")
 
     return chain
 
 
-__all__ = ["HistoryTabHandles", "build_history_tab", "wire_history_tab", "add_to_history"]
+__all__ = ["HistoryTabHandles", "STORAGE_KEY", "build_history_tab", "wire_history_tab", "add_to_history"]

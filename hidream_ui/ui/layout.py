@@ -54,10 +54,11 @@ logger = logging.getLogger(__name__)
 
 
 TINY_BANNER = (
-    "⚠️ **Offline tiny model with random weights: every result is noise.** It exists to try the "
+    "⚠️ **Offline tiny model with random weights: every result is noise.** "
+    '<span class="hui-banner-more">It exists to try the '
     "app, the queue and the device plumbing without the 17B checkpoints. To edit for real, start "
     "`python app.py --model-dir /path/to/models` (a folder holding `Llama-3.1-8B-Instruct/`, "
-    "`HiDream-I1-Full/` and `HiDream-E1-1/` or `HiDream-E1-Full/`), or set `HIDREAM_MODEL_DIR`."
+    "`HiDream-I1-Full/` and `HiDream-E1-1/` or `HiDream-E1-Full/`), or set `HIDREAM_MODEL_DIR`.</span>"
 )
 
 APP_CSS = """
@@ -65,12 +66,46 @@ APP_CSS = """
                    border-radius: 8px; padding: 0.4em 0.9em; }
 #hui-system { position: sticky; top: 0.5em; }
 #hui-attention-note { font-size: 0.85em; min-height: 1.2em; }
+#hui-attention-unavailable { font-size: 0.8em; opacity: 0.85; }
+.hui-hint { font-size: 0.85em; opacity: 0.85; }
+#hui-visitor-card .hui-card { border: 1px solid rgba(127, 127, 127, 0.3); border-radius: 8px; padding: 0.5em; }
+/* Image toolbars (download, full screen) in a row of their own above the picture, not over it:
+   they hid the grid's last column header. */
+#hui-compare-grid .icon-button-wrapper, #hui-compare-slider .icon-button-wrapper {
+  position: static; justify-content: flex-end; }
+/* Gallery captions: one line over the picture, whole (wrapped) while the pointer is on it, and
+   whole in the large view a click opens. */
+#hui-batch-gallery .gallery-item:hover .caption-label, #hui-compare-cells .gallery-item:hover .caption-label {
+  white-space: normal; overflow: visible; text-overflow: clip; max-width: 100%; opacity: 0.95; }
+/* Phones: the banner keeps its one warning line (the how-to is on a wide screen and in README),
+   the title shrinks, so the source image and Edit are on the first screen. */
+@media (max-width: 640px) {
+  #hui-title h2 { font-size: 1.15em; margin: 0; }
+  #hui-tiny-banner { font-size: 0.8em; padding: 0.2em 0.6em; }
+  #hui-tiny-banner .hui-banner-more { display: none; }
+}
+"""
+
+
+# Runs once when the page loads. An error toast belongs to the form it refused: any change the user
+# makes in the Edit tab (typing, a slider, a new upload) dismisses the error toasts still shown, so
+# a stale "Error (2)" never sits beside a form that has changed since.
+APP_JS = """
+() => {
+  const clear = () => document.querySelectorAll('button[data-testid="toast-close"].error')
+    .forEach((button) => button.click());
+  for (const type of ["input", "change"]) {
+    document.addEventListener(type, (event) => {
+      if (event.isTrusted && event.target.closest && event.target.closest("#hui-edit-tab")) clear();
+    }, true);
+  }
+}
 """
 
 
 def launch_options() -> dict[str, Any]:
-    """Theme and CSS: Gradio 6 takes them in `launch()`, not in `gr.Blocks()`."""
-    return {"theme": gr.themes.Soft(), "css": APP_CSS}
+    """Theme, CSS and the page's script: Gradio 6 takes them in `launch()`, not in `gr.Blocks()`."""
+    return {"theme": gr.themes.Soft(), "css": APP_CSS, "js": APP_JS}
 
 
 def new_blocks(config: AppConfig) -> gr.Blocks:
@@ -125,7 +160,7 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
     lane = engine.size  # device jobs at once: one per engine (--devices)
 
     with services.demo as demo:
-        gr.Markdown(f"## HiDream-{config.variant.upper()} instruction-based image editing")
+        gr.Markdown(f"## HiDream-{config.variant.upper()} instruction-based image editing", elem_id="hui-title")
         if config.uses_tiny_model:
             gr.Markdown(TINY_BANNER, elem_id="hui-tiny-banner")
         with gr.Row(equal_height=False):
@@ -136,12 +171,18 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
                     history = build_history_tab()
             with gr.Column(scale=1, min_width=270, elem_id="hui-system"):
                 panel = build_system_panel(engine, handlers, lane)
+        history.stored.render()  # outside the tabs (see build_history_tab)
 
-        wire_edit_tab(edit, handlers, lane, on_edit=add_to_history(history, edit, handlers))
-        wire_history_tab(history, edit, tabs, handlers)
+        runs = wire_edit_tab(edit, handlers, lane, on_edit=add_to_history(history, edit, handlers))
+        runs += [run for tab in extra for run in getattr(tab, "runs", ())]
+        for button, event in runs:  # unavailable while it runs; the panel follows it
+            panel.watch_run(button, event)
+        wire_history_tab(history, edit, tabs, handlers, demo)
         private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
-        demo.load(handlers.page_load, None, [panel.attention, panel.status_panel, edit.form["working_resolution"],
-                                             panel.engine_controls], **private)
+        demo.load(handlers.page_load, None, [panel.attention, panel.status_state, panel.status_panel,
+                                             edit.form["working_resolution"], panel.engine_controls,
+                                             panel.attention_unavailable, panel.load_button, *panel.operator_view,
+                                             panel.visitor_card], **private)
         for dropdown in (getattr(tab, "resolution_dropdown", None) for tab in extra):
             if dropdown is not None:
                 demo.load(handlers.resolution_choices, None, dropdown, **private)
@@ -151,4 +192,4 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
 
 
 __all__ = ["build_demo", "new_blocks", "default_extra_tabs", "launch_options", "load_examples", "TINY_BANNER",
-           "APP_CSS", "ASSETS_DIR"]
+           "APP_CSS", "APP_JS", "ASSETS_DIR"]

@@ -29,6 +29,10 @@ def is_public(config: AppConfig) -> bool:
     """No login (`--auth`, `--auth-file`): anyone who reaches the port is a stranger."""
     return config.auth is None and config.auth_file is None
 
+# Why a tab's Stop button cancelled a job (the default of `AppServices.cancel`): a stop the user
+# asked for in the browser ends neutrally ("Stopped after k of N steps"), not as an error.
+STOPPED_BY_USER = "stopped by its user"
+
 ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets"
 
 # Absolute paths inside messages (POSIX or Windows): shown as their last component to visitors.
@@ -87,7 +91,7 @@ class AppServices:
         with self.jobs.start(kind, session, event_id, alive) as job:
             yield job
 
-    def cancel(self, request: Any, reason: str = "stopped by its user", kind: str | None = None) -> int:
+    def cancel(self, request: Any, reason: str = STOPPED_BY_USER, kind: str | None = None) -> int:
         """Cancels the caller's own jobs (never anyone else's; only those of `kind` when given, so a
         tab's Stop stops that tab's work); returns how many."""
         return self.jobs.cancel(getattr(request, "session_hash", None), reason=reason, kind=kind)
@@ -101,4 +105,4 @@ class AppServices:
         self.cleanups.clear()
 
 
-__all__ = ["AppServices", "ASSETS_DIR", "redact_paths"]
+__all__ = ["AppServices", "ASSETS_DIR", "STOPPED_BY_USER", "redact_paths"]

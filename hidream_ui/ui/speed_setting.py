@@ -43,7 +43,7 @@ class SpeedSetting:
 
     @guarded("setting the speed")
     def set_speed(self, name: str, request: gr.Request = None) -> str:
-        """Step cache of the next edits: exact | fast | faster | none | interval:K | first-block:T -> the spec."""
+        """Step cache of the next edits: exact | fast | faster | any --cache value (CACHE_GRAMMAR) -> the spec."""
         self._check(request)
         return self.engine.set_speed(name)
 

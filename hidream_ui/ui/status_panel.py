@@ -64,23 +64,35 @@ def state_line(status: EngineStatus) -> tuple[str, str]:
     return state, "idle" + ("" if status.loaded else " · model not loaded yet (loads on first edit)")
 
 
-def render_status(status: EngineStatus) -> str:
-    """The system panel's HTML for an engine status (with the queue figures when the UI added them)."""
+def render_state(status: EngineStatus, live: list[str] | None = None) -> str:
+    """The panel's state line. `live`: the running jobs' progress texts, exactly as their bars show
+    them (`Job.progress`); without any, the engine's own state (loading, idle, ...)."""
+    if live:
+        state, text = "editing", live[0] + (f" · and {len(live) - 1} more job(s)" if len(live) > 1 else "")
+    else:
+        state, text = state_line(status)
+    return (f'<div class="hui-status"><div class="hui-state hui-state-{html.escape(state)}">'
+            f'{html.escape(text)}</div></div>')
+
+
+def render_status(status: EngineStatus, with_state: bool = True) -> str:
+    """The system panel's HTML for an engine status (with the queue figures when the UI added them);
+    `with_state=False`: without the state line (the panel draws it apart, `render_state`)."""
     state, text = state_line(status)
-    parts = [f'<div class="hui-status"><div class="hui-state hui-state-{html.escape(state)}">{html.escape(text)}</div>']
+    parts = ['<div class="hui-status">']
+    if with_state:
+        parts.append(f'<div class="hui-state hui-state-{html.escape(state)}">{html.escape(text)}</div>')
     if status.device:
-        parts.append(_kv("Device", status.device_name or "?"))
-        parts.append(_kv("Type", f"{status.device_type} ({status.device})"))
+        parts.append(_kv("Device", f"{status.device_name or '?'} ({status.device})"))
     else:
         parts.append(_kv("Device", "unavailable"))
-    parts.append(_kv("Dtype", status.dtype or "?"))
+    parts.append(_kv("Computes in", status.dtype or "?"))
     source_text = "tiny (random weights)" if status.model_source == "tiny" else (status.model_source or "?")
     parts.append(_kv("Model", f"{(status.variant or '?').upper()} · {source_text}"))
     parts.append(_kv("Attention", attention_line(status)))
     plan = status.memory_plan
     if plan is not None:
-        predicted = "" if plan.predicted_peak is None else f" · predicted peak {format_bytes(plan.predicted_peak)}"
-        parts.append(_kv("Memory plan", plan.label + predicted))
+        parts.append(_kv("Memory plan", plan_line(plan, status.dtype)))
     if status.speed is not None:
         parts.append(_kv("Speed", speed_line(status.speed)))
     if status.queue is not None:
@@ -130,13 +142,29 @@ def attention_line(status: EngineStatus) -> str:
     return status.attention or "?"
 
 
+# The step caches by the names the Speed setting gives them (ui/speed_setting.py).
+CACHE_WORDS = {"none": "exact", "interval:2": "fast", "interval:3": "faster"}
+
+
 def speed_line(speed: dict) -> str:
-    """MoE mode, compile state and the step cache of the next edits, in one line."""
+    """The step cache of the next edits and whether the transformer is compiled, in plain words
+    (the MoE implementation and the cache's spec are in /status)."""
     compiled = speed.get("compile") == "blocks"
-    compile_text = ("compiled " + str(speed.get("compile_backend")) if speed.get("compiled") else
-                    "compile failed: eager" if compiled and speed.get("compile_error") else
-                    "compile pending" if compiled else "eager")
-    return f"cache {speed.get('cache_default')} · MoE {speed.get('moe')} · {compile_text}"
+    compile_text = (f"compiled ({speed.get('compile_backend')})" if speed.get("compiled") else
+                    "compiling failed, runs uncompiled" if compiled and speed.get("compile_error") else
+                    "compiles on the first edit" if compiled else "not compiled")
+    cache = str(speed.get("cache_default"))
+    return f"{CACHE_WORDS.get(cache, cache)} · {compile_text}"
+
+
+def plan_line(plan, dtype: str | None) -> str:
+    """Where the model's parts live, the weights' format and the predicted peak, in words that
+    agree with "Computes in": the plan's "bf16" means "the compute dtype" (not fp8)."""
+    where = plan.spec.description.split(";")[0]
+    weights = "fp8 weights" if plan.weights == "fp8" else f"weights in {dtype or plan.weights}"
+    chosen = " (chosen to fit)" if plan.requested == "auto" else ""
+    peak = "" if plan.predicted_peak is None else f" · needs about {format_bytes(plan.predicted_peak)}"
+    return f"{where}{chosen} · {weights}{peak}"
 
 
 def attention_label(name: str, description: str, available: bool, reason: str) -> str:
@@ -144,3 +172,21 @@ def attention_label(name: str, description: str, available: bool, reason: str) -
         return f"{name} — unavailable: {reason}"
     short = description.split(";")[0].split(":")[0].strip()
     return f"{name} — {short}" if short else name
+
+
+def render_visitor_card(status: EngineStatus, queue: dict, position: int | None) -> str:
+    """With --kiosk, a visitor's view of the system: the device, the queue, and their own place."""
+    waiting, running = int(queue.get("waiting") or 0), int(queue.get("running") or 0)
+    device = status.device_name or status.device or "unavailable"
+    if position is not None:
+        place = f"you are number {position} of {waiting} waiting"
+    elif running:
+        place = "nothing of yours is waiting"
+    else:
+        place = "free: your edit starts at once"
+    parts = ['<div class="hui-status hui-card">',
+             _kv("Device", device),
+             _kv("Queue", f"{waiting} waiting · {running} running"),
+             _kv("You", place),
+             "</div>"]
+    return "".join(parts)

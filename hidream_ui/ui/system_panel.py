@@ -16,35 +16,66 @@ import gradio as gr
 
 from hidream_ui.engine.pool import ALL_ENGINES
 from hidream_ui.engine.protocol import Engine
-from hidream_ui.ui.common import DEVICE_GROUP
+from hidream_ui.ui.common import DEVICE_GROUP, enable_js
 from hidream_ui.ui.handlers import Handlers
 from hidream_ui.ui.speed_setting import build_speed_setting
 from hidream_ui.ui.status_panel import STATUS_CSS
 
 STATUS_SECONDS = 2  # how often the panel and the plot refresh
+FAST_SECONDS = 0.5  # the state line while a run of this page goes
 
 
 @dataclass(frozen=True)
 class SystemPanelHandles:
-    status_panel: gr.HTML
+    status_state: gr.HTML  # the state line: the running jobs' progress, else idle / loading
+    status_panel: gr.HTML  # the details (device, model, memory, devices)
+    visitor_card: gr.HTML  # with --kiosk, what a visitor sees instead: device, queue, their place
     telemetry_plot: gr.LinePlot
     engine_controls: gr.Column  # shown per page (page_load): everyone, or with --kiosk the operator
     attention: gr.Dropdown
     attention_engine: Any  # a Dropdown with several engines, else a State holding "all"
     attention_note: gr.Markdown
+    attention_unavailable: gr.Markdown  # the strategies this device cannot run, and why
     speed: gr.Dropdown
     load_button: gr.Button
     load_message: gr.Markdown
+    fast_timer: gr.Timer  # on while a run of this page goes: the state line follows it closely
+    handlers: Any = None
+
+    @property
+    def operator_view(self) -> list[Any]:
+        """What only the operator's page shows with --kiosk (visitors get the small card)."""
+        return [self.status_panel, self.telemetry_plot]
+
+    def watch_run(self, button: gr.Button, event: Any) -> None:
+        """A long run (edit, batch, comparison) started by `button` (which its tab disables in the
+        browser on click, `common.disable_js`): the button is back when the run ends, however it
+        ends (done, refused, failed or stopped); meanwhile the state line refreshes every
+        FAST_SECONDS, and at the end at once."""
+        private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
+        button.click(self.handlers.run_started, None, [self.fast_timer], **private)
+        # `.then` follows a success and a cancelled event, not an error (gradio 6): `.failure` too.
+        for ended in (event.then, event.failure):
+            ended(None, None, None, js=enable_js(button.elem_id), **private)
+            ended(self.handlers.run_finished, None,
+                  [self.fast_timer, self.status_state, self.status_panel, self.load_button], **private)
 
 
 def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemPanelHandles:
     """Adds the panel (call inside the column it sits in) and wires its events."""
     config = engine.config
     gr.Markdown("### System")
-    status_panel = gr.HTML(value='<div class="hui-status">connecting…</div>', css_template=STATUS_CSS,
-                           elem_id="hui-status-panel")
+    with gr.Column(elem_id="hui-status-panel"):
+        status_state = gr.HTML(value='<div class="hui-status">connecting…</div>', css_template=STATUS_CSS,
+                               elem_id="hui-status-state")
+        visitor_card = gr.HTML(value="", css_template=STATUS_CSS, visible=config.kiosk, elem_id="hui-visitor-card")
+        status_panel = gr.HTML(value="", css_template=STATUS_CSS, visible=not config.kiosk,
+                               elem_id="hui-status-details")
+    # x: seconds relative to now (negative, so "now" sits at the right end), whole seconds on the
+    # ticks ("d": no "-0.100000"); the series names are the legend's own, without a title.
     telemetry_plot = gr.LinePlot(x="seconds", y="percent", color="series", y_lim=[0, 100], height=200,
-                                 x_title="seconds ago", y_title="%", label="Memory and utilisation",
+                                 x_title="time (s, 0 = now)", y_title="%", color_title=" ", x_axis_format="d",
+                                 label="Memory and utilisation", visible=not config.kiosk,
                                  elem_id="hui-telemetry-plot")
     # The engine-wide controls. With --kiosk they are the operator's: hidden in the page config,
     # shown by `page_load` to the operator's browser only (their events refuse everyone else anyway).
@@ -61,22 +92,28 @@ def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemP
         else:
             attention = gr.Dropdown(**attention_options)
             attention_engine = gr.State(ALL_ENGINES)
+        attention_unavailable = gr.Markdown(elem_id="hui-attention-unavailable")
         attention_note = gr.Markdown(elem_id="hui-attention-note")
         speed = build_speed_setting(engine, allowed=handlers.require_operator)  # also /set_speed
         load_button = gr.Button("Load model", size="sm", elem_id="hui-load-model")
         load_message = gr.Markdown(label="Model")
-    panel = SystemPanelHandles(status_panel=status_panel, telemetry_plot=telemetry_plot,
-                               engine_controls=engine_controls, attention=attention,
-                               attention_engine=attention_engine, attention_note=attention_note, speed=speed,
-                               load_button=load_button, load_message=load_message)
-    _wire(panel, handlers, lane)
+    fast_timer = gr.Timer(FAST_SECONDS, active=False)
+    panel = SystemPanelHandles(status_state=status_state, status_panel=status_panel, visitor_card=visitor_card,
+                               telemetry_plot=telemetry_plot, engine_controls=engine_controls, attention=attention,
+                               attention_engine=attention_engine, attention_note=attention_note,
+                               attention_unavailable=attention_unavailable, speed=speed, load_button=load_button,
+                               load_message=load_message, fast_timer=fast_timer, handlers=handlers)
+    _wire(panel, handlers, lane, kiosk=config.kiosk)
     return panel
 
 
-def _wire(panel: SystemPanelHandles, handlers: Handlers, lane: int) -> None:
+def _wire(panel: SystemPanelHandles, handlers: Handlers, lane: int, kiosk: bool = False) -> None:
     private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
-    panel.load_button.click(handlers.load_model, None, panel.load_message, api_name="load_model",
-                            concurrency_id=DEVICE_GROUP, concurrency_limit=lane, show_progress_on=[panel.load_message])
+    load_event = panel.load_button.click(handlers.load_model, None, panel.load_message, api_name="load_model",
+                                         concurrency_id=DEVICE_GROUP, concurrency_limit=lane,
+                                         show_progress_on=[panel.load_message])
+    # "Load model" goes once the model is loaded (by it, or by the first edit: `run_finished`).
+    load_event.then(handlers.load_button_update, None, panel.load_button, **private)
     # Attention: the dropdown's `.select` (user changes only, so setting its value from the server
     # does not trigger it again); the API endpoint is a plain typed function.
     panel.attention.select(handlers.change_attention, [panel.attention, panel.attention_engine],
@@ -91,8 +128,13 @@ def _wire(panel: SystemPanelHandles, handlers: Handlers, lane: int) -> None:
     gr.api(handlers.status, api_name="status", queue=False)
     gr.api(handlers.cancel, api_name="cancel", queue=False)
     timer = gr.Timer(STATUS_SECONDS)
+    timer.tick(handlers.status_state, None, panel.status_state, **private)
     timer.tick(handlers.status_panel, None, panel.status_panel, **private)
     timer.tick(handlers.telemetry_plot, None, panel.telemetry_plot, **private)
+    if kiosk:
+        timer.tick(handlers.visitor_card, None, panel.visitor_card, **private)
+    # Only the state line, and only while this page runs something (`watch_run`): cheap.
+    panel.fast_timer.tick(handlers.follow_run, None, [panel.status_state, panel.fast_timer], **private)
 
 
-__all__ = ["SystemPanelHandles", "build_system_panel", "STATUS_SECONDS"]
+__all__ = ["SystemPanelHandles", "build_system_panel", "STATUS_SECONDS", "FAST_SECONDS"]

@@ -12,7 +12,11 @@ Two modes (`--cache`, README "Speed modes"):
   is skipped and the cached residual of the rest (output of the last block minus output of the
   first) is added. That decision reads one number on the host: one sync per call, by design.
 
-Why not diffusers' own cache hooks: they need the block classes registered in
+The field's caches (diffusers' FirstBlockCache, TaylorSeer and MagCache: library.py; cache-dit's
+DBCache: cachedit.py) install under the same root hook name, so `reset_step_cache`,
+`step_cache_stats` and `remove_step_cache` serve every kind.
+
+Why these hooks do not use diffusers' block registry: they need the block classes registered in
 `TransformerBlockRegistry`, and HiDream's blocks do not fit its contract: each double block gets
 `initial text + llama[k]` and returns the text stream with `llama[k]` still appended (the model
 slices it off), and each single block gets the stream with another `llama[k]` appended, so a
@@ -39,26 +43,13 @@ from typing import Any
 
 from diffusers.hooks import HookRegistry, ModelHook
 
+from hidream_ui.pipeline.speed.cache_state import ROOT_HOOK as _ROOT
+from hidream_ui.pipeline.speed.cache_state import CacheStats
+from hidream_ui.pipeline.speed.cache_state import call_signature as _signature
 from hidream_ui.pipeline.speed.settings import CacheSpec, parse_cache
 
-_ROOT, _HEAD, _MIDDLE, _TAIL = (f"hidream_ui_step_cache_{part}" for part in ("root", "head", "middle", "tail"))
-
-
-@dataclass
-class CacheStats:
-    calls: int = 0
-    full_calls: int = 0
-    blocks_run: int = 0
-    blocks_skipped: int = 0
-
-    @property
-    def skipped_fraction(self) -> float:
-        total = self.blocks_run + self.blocks_skipped
-        return self.blocks_skipped / total if total else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "full_calls": self.full_calls, "blocks_run": self.blocks_run,
-                "blocks_skipped": self.blocks_skipped, "skipped_fraction": round(self.skipped_fraction, 4)}
+OWN_KINDS = ("interval", "first-block")  # these hooks; the other kinds live in library.py / cachedit.py
+_HEAD, _MIDDLE, _TAIL = (f"hidream_ui_step_cache_{part}" for part in ("head", "middle", "tail"))
 
 
 @dataclass
@@ -75,22 +66,12 @@ class StepCacheState:
     residual: Any = None  # what the skipped blocks add to head_state
     head_residual: Any = None  # first-block mode: the first block's residual at the last full call
 
-    def reset(self) -> None:
+    def reset(self, calls: int | None = None) -> None:
+        """Drops the cached tensors (`calls`, the next stage's length, is for MagCache: unused here)."""
         self.signature = None
         self.calls_since_reset = 0
         self.compute = True
         self.head_state = self.residual = self.head_residual = None
-
-
-def _signature(kwargs: dict) -> tuple:
-    def key(t):
-        return None if t is None else (tuple(t.shape), t.dtype, t.device, t.data_ptr())
-
-    hidden = kwargs.get("hidden_states")
-    return (None if hidden is None else (tuple(hidden.shape), hidden.dtype),
-            key(kwargs.get("encoder_hidden_states_t5")), key(kwargs.get("encoder_hidden_states_llama3")),
-            key(kwargs.get("pooled_embeds")),
-            None if kwargs.get("hidden_states_masks") is None else tuple(kwargs["hidden_states_masks"].shape))
 
 
 class _StateHook(ModelHook):
@@ -214,6 +195,17 @@ def _blocks(transformer):
     return doubles, singles
 
 
+def _library_module(spec: CacheSpec):
+    """The module that installs a library cache (lazy: diffusers' cache hooks, or cache-dit)."""
+    if spec.kind == "dbcache":
+        from hidream_ui.pipeline.speed import cachedit
+
+        return cachedit
+    from hidream_ui.pipeline.speed import library
+
+    return library
+
+
 def _state(transformer) -> StepCacheState | None:
     registry = getattr(transformer, "_diffusers_hook", None)
     hook = registry.get_hook(_ROOT) if registry is not None else None
@@ -221,7 +213,11 @@ def _state(transformer) -> StepCacheState | None:
 
 
 def remove_step_cache(transformer) -> None:
-    if _state(transformer) is None:
+    state = _state(transformer)
+    if state is None:
+        return
+    if state.spec.kind not in OWN_KINDS:  # a library cache: it knows its hooks
+        _library_module(state.spec).uninstall(transformer, state)
         return
     doubles, singles = _blocks(transformer)
     for module, name in [(transformer, _ROOT), (doubles[0], _HEAD), (singles[-1], _TAIL)] + \
@@ -237,6 +233,9 @@ def apply_step_cache(transformer, spec: CacheSpec | str) -> CacheSpec:
         return spec
     remove_step_cache(transformer)
     if not spec.active:
+        return spec
+    if spec.kind not in OWN_KINDS:
+        _library_module(spec).install(transformer, spec)
         return spec
     doubles, singles = _blocks(transformer)
     state = StepCacheState(spec)
@@ -256,12 +255,13 @@ def step_cache_spec(transformer) -> CacheSpec:
     return state.spec if state is not None else CacheSpec()
 
 
-def reset_step_cache(transformer, *, stats: bool = False) -> None:
-    """Drops the cached tensors (refine switch, new edit); with `stats` also zeroes the counters.
-    A no-op without a cache."""
+def reset_step_cache(transformer, *, stats: bool = False, calls: int | None = None) -> None:
+    """Drops the cached tensors (refine switch, new edit); with `stats` also zeroes the counters;
+    `calls`: how many transformer calls the stage that starts makes (MagCache spreads its ratios over
+    them). A no-op without a cache."""
     state = _state(transformer)
     if state is not None:
-        state.reset()
+        state.reset(calls)
         if stats:
             state.stats = CacheStats()
 

@@ -15,6 +15,15 @@ INTERVAL_RANGE = (1, 100)
 MOE_CHOICES = ("auto", "diffusers", "sync-free")  # auto: sync-free with --compile blocks, else diffusers
 COMPILE_CHOICES = ("none", "blocks")
 THRESHOLD_RANGE = (0.0, 10.0)  # T must be > 0 (0 would never skip: use none)
+# The step caches by kind: which number each takes ("interval": an integer K/N, "threshold": a float T).
+# `interval`, `first-block`: our own hooks (pipeline/speed/cache.py); `fbcache`, `taylorseer`, `magcache`:
+# diffusers' hooks on HiDream's blocks (pipeline/speed/library.py); `dbcache`: cache-dit's DBCache with
+# its TaylorSeer calibrator (pipeline/speed/cachedit.py, the optional extra `cache-dit`).
+CACHE_KINDS = {"interval": "interval", "first-block": "threshold", "fbcache": "threshold",
+               "taylorseer": "interval", "magcache": "threshold", "dbcache": "threshold"}
+CACHE_GRAMMAR = (f"none, interval:K or taylorseer:N ({INTERVAL_RANGE[0]}..{INTERVAL_RANGE[1]}), "
+                 f"first-block:T, fbcache:T, magcache:T or dbcache:T (0 < T <= {THRESHOLD_RANGE[1]:g}), "
+                 f"or {', '.join(SPEED_PRESETS)}")
 
 
 @dataclass(frozen=True)
@@ -26,10 +35,11 @@ class CacheSpec:
     threshold: float = 0.0
 
     def __str__(self) -> str:
-        if self.kind == "interval":
-            return f"interval:{self.interval}"
-        if self.kind == "first-block":
-            return f"first-block:{self.threshold:g}"
+        number = CACHE_KINDS.get(self.kind)
+        if number == "interval":
+            return f"{self.kind}:{self.interval}"
+        if number == "threshold":
+            return f"{self.kind}:{self.threshold:g}"
         return "none"
 
     @property
@@ -38,28 +48,42 @@ class CacheSpec:
 
 
 def parse_cache(text: object, name: str = "cache") -> CacheSpec:
-    """`none` | `interval:K` | `first-block:T` | a Speed preset (`exact`, `fast`, `faster`).
+    """`none` | `KIND:NUMBER` (CACHE_KINDS, CACHE_GRAMMAR) | a Speed preset (`exact`, `fast`, `faster`).
 
     Raises ValueError naming `name` and the value."""
     raw = str(text).strip().lower()
     raw = SPEED_PRESETS.get(raw, raw)
-    allowed = (f"none, interval:K (K {INTERVAL_RANGE[0]}..{INTERVAL_RANGE[1]}), "
-               f"first-block:T (0 < T <= {THRESHOLD_RANGE[1]:g}), or {', '.join(SPEED_PRESETS)}")
     if raw == "none":
         return CacheSpec()
     kind, sep, value = raw.partition(":")
+    number = CACHE_KINDS.get(kind) if sep else None
     try:
-        if sep and kind == "interval":
+        if number == "interval":
             k = int(value)
             if INTERVAL_RANGE[0] <= k <= INTERVAL_RANGE[1]:
-                return CacheSpec("interval", interval=k)
-        elif sep and kind == "first-block":
+                return CacheSpec(kind, interval=k)
+        elif number == "threshold":
             t = float(value)
-            if THRESHOLD_RANGE[0] < t <= THRESHOLD_RANGE[1]:
-                return CacheSpec("first-block", threshold=t)
+            if THRESHOLD_RANGE[0] < t <= THRESHOLD_RANGE[1]:  # also refuses nan and inf
+                return CacheSpec(kind, threshold=t)
     except ValueError:
         pass
-    raise ValueError(f"{name}={text!r} is not valid: use {allowed}")
+    raise ValueError(f"{name}={text!r} is not valid: use {CACHE_GRAMMAR}")
+
+
+CACHE_DIT_HINT = "pip install 'hidream_ui[cache-dit]' (or -r requirements-cache-dit.txt)"
+
+
+def cache_unavailable(spec: CacheSpec) -> str | None:
+    """Why `spec` cannot run in this environment (None when it can). Looks the optional package up
+    without importing it (config and request validation call this)."""
+    if spec.kind == "dbcache":
+        import importlib.util
+
+        if importlib.util.find_spec("cache_dit") is None:
+            return (f"cache={spec} needs the optional package cache-dit, which is not installed: "
+                    f"{CACHE_DIT_HINT}")
+    return None
 
 
 def effective_moe(moe: str, compile_mode: str) -> str:
@@ -74,8 +98,9 @@ class SpeedSettingError(ValueError):
     (config.validate turns it into a ConfigError)."""
 
 
-def check_speed(moe: str, compile_mode: str, cache: str) -> None:
-    """Checks --moe / --compile / --cache; raises SpeedSettingError naming the value."""
+def check_speed(moe: str, compile_mode: str, cache: str, transformer_offloaded: bool = False) -> None:
+    """Checks --moe / --compile / --cache (`transformer_offloaded`: the --memory plan streams the
+    transformer's blocks); raises SpeedSettingError naming the value."""
     if moe not in MOE_CHOICES:
         raise SpeedSettingError(f"moe={moe!r} is not one of: {', '.join(MOE_CHOICES)}")
     if compile_mode not in COMPILE_CHOICES:
@@ -84,6 +109,17 @@ def check_speed(moe: str, compile_mode: str, cache: str) -> None:
         raise SpeedSettingError("compile='blocks' needs moe 'sync-free' (or 'auto'): diffusers' MoE reads expert "
                                 "counts on the host in every block, which breaks the graph at every block")
     try:
-        parse_cache(cache)
+        spec = parse_cache(cache)
     except ValueError as exc:
         raise SpeedSettingError(str(exc)) from None
+    reason = cache_unavailable(spec)
+    if reason:
+        raise SpeedSettingError(reason)
+    # cache-dit replaces the forwards that carry these hooks (pipeline/speed/cachedit.py); an `auto`
+    # plan that ends up offloading is refused at the first edit instead, with the same reason.
+    if spec.kind == "dbcache" and compile_mode == "blocks":
+        raise SpeedSettingError(f"cache={spec} cannot run with compile='blocks': cache-dit replaces the "
+                                "transformer's forward, which would drop the compile guard hook")
+    if spec.kind == "dbcache" and transformer_offloaded:
+        raise SpeedSettingError(f"cache={spec} cannot run with a memory plan that offloads the transformer: "
+                                "cache-dit replaces the blocks' forwards, which would drop the offloading hooks")

@@ -1,0 +1,609 @@
+"""`RayEngine`: the app's engines as Ray Serve replicas, behind the same `Engine` protocol as the pool.
+
+`--ray ADDRESS` (env `HIDREAM_RAY_ADDRESS`) gives the app a RayEngine instead of an EnginePool; the
+UI, the queue, admission, kiosk, cancel and the runner hold it unchanged (engine/protocol.py).
+
+* Each replica (`EngineReplica`) owns one EditEngine on one device: `num_gpus=1` on CUDA, the `NPU`
+  resource on Ascend, CPUs on CPU (`ray_env.placement`); `--replicas N` of them, or `MIN-MAX` for
+  Serve's autoscaling. Each loads its model in its constructor, so Serve reports a replica ready
+  (and a restarted one back) only once it can edit.
+* `max_ongoing_requests=1`: Serve's router gives a job to a free replica and queues the rest (the
+  app's own queue and admission stay in front of it; the device lane's concurrency is the replica count).
+* Progress: the replica's `edit` is a streaming method; every denoising step comes back as an
+  event, then the result (unsaved: the app saves it, as the pool does, so the replicas need no
+  shared storage and a cancelled job writes nothing).
+* Cancel: the job's token is watched while the stream runs; once set, the Serve request is
+  cancelled, which cancels the replica's generator, which sets the replica-side token: the edit
+  stops after its current step.
+* A replica that dies mid-job: that job fails with a message naming the replica (the work is lost,
+  not retried: it may have been what killed it); a job that could not start on a dead replica is
+  sent once more (Serve routes it to a live one). Serve restarts the replica meanwhile.
+* `/status`: replicas report their row (node, device, state, progress, memory) to a small board
+  actor once a second and at every step; `status()` reads the board (never a replica, which may be
+  busy) and adds the cluster's totals.
+
+Not on Ray yet (EngineError saying so): switching attention at run time (set at start-up with
+`--attention`), the local rewriter (`--rewriter local`; `openai` works), Compare (it pins one engine
+for its cells).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from hidream_ui.config import AppConfig
+from hidream_ui.engine.errors import EditCancelled, EngineError
+from hidream_ui.engine.ray_env import ADDRESS_ENV, connect, disconnect, placement
+from hidream_ui.engine.status import DeviceRow, EngineStatus, Progress, PromptCacheStats
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hidream_ui.edits import EditRequest, EditResult
+    from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
+    from hidream_ui.engine.jobs import CancelToken, StepFn
+
+logger = logging.getLogger(__name__)
+
+APP_PREFIX = "hidream"
+REPORT_INTERVAL = 1.0  # seconds between two status reports of an idle replica
+STALE_AFTER = 5.0  # a replica silent this long is shown as "unreachable" (dead, or being replaced)
+FORGET_AFTER = 30.0  # ... and dropped from /status after this long
+CANCEL_POLL = 0.05  # seconds between two looks at a running job's token
+HEALTH_CHECK_PERIOD = 2.0  # Serve pings each replica this often (a dead one is replaced sooner)
+UNSUPPORTED = "not available with --ray yet: {what} (see docs/cluster.md)"
+
+
+def parse_replicas(text: str | int | None) -> tuple[int, int | None]:
+    """`N` (fixed) or `MIN-MAX` (Serve autoscaling) -> (min or fixed, max or None)."""
+    if text is None:
+        return 0, None
+    value = str(text).strip()
+    try:
+        if "-" in value:
+            low, high = (int(part) for part in value.split("-", 1))
+            if 1 <= low <= high:
+                return low, high
+        elif int(value) >= 1:
+            return int(value), None
+    except ValueError:
+        pass
+    raise EngineError(f"--replicas: got {text!r}; expected a count such as 2, or autoscaling bounds such as 1-4")
+
+
+# ---------------------------------------------------------------------------------------------- board
+
+
+class ReplicaBoard:
+    """A Ray actor: the replicas' last status rows, by replica label (never waits on a replica)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[float, DeviceRow, dict]] = {}
+
+    def report(self, label: str, row: DeviceRow, extra: dict) -> None:
+        self.rows[label] = (time.time(), row, extra)
+
+    def snapshot(self) -> dict[str, tuple[float, DeviceRow, dict]]:
+        return dict(self.rows)
+
+
+# ---------------------------------------------------------------------------------------------- replica
+
+
+def keep_replica_server_on_loopback(node_ip: str) -> bool:
+    """On a loopback-only cluster (`--ray local`, the tests), binds the replica's own gRPC server to
+    127.0.0.1. Ray Serve 2.60 starts an inter-deployment gRPC server in every replica on "[::]:0"
+    (every interface) whatever the node's address (`serve/_private/replica.py` `_on_initialized`),
+    which would open a port to the network from a cluster that is meant to stay on this machine.
+    Serve starts it after the replica's constructor, which calls this. An operator's cluster (a
+    non-loopback node) is left as Ray sets it up. Returns whether the bind was redirected."""
+    import ipaddress
+
+    try:
+        if not ipaddress.ip_address(node_ip).is_loopback:
+            return False
+        from ray.serve._private import replica as serve_replica
+    except (ValueError, ImportError):
+        return False
+    original = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if original is None:  # another Ray version: the ss check in tests/test_ray.py says whether it matters
+        logger.warning("cannot keep the Serve replica's gRPC server on 127.0.0.1 with this Ray version")
+        return False
+    if getattr(original, "hidream_loopback", False):
+        return True
+
+    def bind(server, address):
+        return original(server, "127.0.0.1:0" if address == "[::]:0" else address)
+
+    bind.hidream_loopback = True
+    serve_replica.add_port_to_grpc_server = bind
+    return True
+
+
+
+class EngineReplica:
+    """One engine in a Ray Serve replica (wrapped by `serve.deployment` in `RayEngine.load`)."""
+
+    def __init__(self, config: AppConfig, hide_paths: bool, board: str, namespace: str | None):
+        import ray
+        from ray import serve
+
+        from hidream_ui.engine.engine import EditEngine
+
+        context = serve.get_replica_context()
+        self.node = ray.util.get_node_ip_address()
+        keep_replica_server_on_loopback(self.node)
+        self.label = f"ray:{context.replica_tag}"
+        self.engine = EditEngine(config, hide_paths=hide_paths)
+        self.engine.pool_label = self.label  # saved in every result's metadata (`engine`)
+        self.board = ray.get_actor(board, namespace=namespace)
+        self.jobs = 0
+        self.busy = False
+        self.last_job: dict[str, Any] = {}
+        self._executor = ThreadPoolExecutor(
+            1, thread_name_prefix="hidream-replica")  # one computing thread: the device is bound to it
+        self._stop = threading.Event()
+        self.report()
+        self.engine.load()
+        self.report()
+        threading.Thread(target=self._report_loop, name="hidream-replica-report", daemon=True).start()
+
+    def _report_loop(self) -> None:
+        while not self._stop.wait(REPORT_INTERVAL):
+            self.report()
+
+    def row(self) -> DeviceRow:
+        from hidream_ui.engine.pool import device_row
+
+        row = device_row(self.engine, self.label, busy=self.busy, jobs=self.jobs)
+        return dataclasses.replace(row, node=self.node)
+
+    def report(self) -> None:
+        """Fire and forget: a slow board never slows an edit."""
+        try:
+            status = self.engine.status()
+            self.board.report.remote(self.label, self.row(), {
+                "counters": dict(status.counters), "attention": status.attention, "last_job": dict(self.last_job)})
+        except Exception:  # noqa: BLE001 - a missed report shows as a stale row, never as a failed edit
+            logger.debug("status report failed", exc_info=True)
+
+    async def edit(self, request: "EditRequest", speed: str | None = None):
+        """Streams ("step", StepInfo) per denoising step, then ("done", EditResult without its
+        source image: the caller has it). Cancelled by the caller (Serve cancels this generator):
+        the edit stops after its current step."""
+        from hidream_ui.edits import RequestError
+        from hidream_ui.engine.jobs import CancelToken
+
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        token = CancelToken()
+        put = events.put_nowait
+
+        def on_step(info) -> None:
+            token.step = info.step
+            loop.call_soon_threadsafe(put, ("step", info))
+
+        def work() -> None:
+            try:
+                if speed is not None:
+                    self.engine.set_speed(speed)
+                result = self.engine.edit(request, on_step, save=False, cancel=token)
+                loop.call_soon_threadsafe(put, ("done", dataclasses.replace(result, source_image=None)))
+            except EditCancelled as exc:
+                # Where it really stopped (what the tests and the benchmark read from the board).
+                self.last_job.update(steps_run=token.step, stopped=str(exc))
+                loop.call_soon_threadsafe(put, ("error", exc))
+            except (EngineError, RequestError) as exc:  # user-facing, picklable: raised as is in the app
+                loop.call_soon_threadsafe(put, ("error", exc))
+            except Exception as exc:  # noqa: BLE001 - any other failure may not pickle: its text travels
+                logger.exception("edit failed on %s", self.label)
+                loop.call_soon_threadsafe(put, ("error", EngineError(
+                    f"the edit failed on replica {self.label}: {type(exc).__name__}: {exc}")))
+            finally:  # busy until the computing thread is done, even after the caller went away
+                self.busy = False
+                self.report()
+
+        self.jobs += 1
+        self.busy = True
+        self.last_job = {"started": time.time(), "steps": 0, "cancelled_at_step": None, "state": "running"}
+        self.report()
+        loop.run_in_executor(self._executor, work)
+        finished = False
+        try:
+            yield ("start", self.label)
+            while True:
+                kind, payload = await events.get()
+                if kind == "step":
+                    self.last_job["steps"] = payload.step
+                    self.report()
+                    yield ("step", payload)
+                    continue
+                finished = True
+                self.last_job["state"] = "done" if kind == "done" else f"error: {payload}"
+                yield (kind, payload)
+                return
+        finally:
+            if not finished:  # the caller cancelled (or went away): stop the edit after its step
+                self.last_job.update(state="cancelled", cancelled_at_step=token.step)
+                token.cancel("cancelled by the app")
+
+
+# ---------------------------------------------------------------------------------------------- engine
+
+
+class RayEngine:
+    """The `Engine` protocol over Ray Serve replicas (see the module's docstring)."""
+
+    def __init__(self, config: AppConfig, address: str, replicas: str | int | None = None, *,
+                 hide_paths: bool = False, verbose: bool = False, name: str | None = None):
+        self.config = config
+        self.address = address
+        self.min_replicas, self.max_replicas = parse_replicas(replicas)
+        self._hide_paths = hide_paths
+        self._verbose = verbose
+        self.app_name = name or f"{APP_PREFIX}-{uuid.uuid4().hex[:8]}"
+        self._lock = threading.Lock()
+        self._handle = None
+        self._board = None
+        self._owned = False
+        self._speed: str | None = None
+        # Jobs at once before the cluster is asked (the app sizes its device lane at start-up):
+        # --replicas, else the --devices count, else one until the replicas run.
+        self._size = max(1, self.min_replicas or len([d for d in config.devices if d != "all"]))
+        self._status_cache: tuple[float, dict] | None = None
+        self._jobs = 0
+        self._shadow = None  # an unloaded EditEngine: facts read from the checkpoint's configs
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def size(self) -> int:
+        """Jobs at once: the replica count (the autoscaling maximum when it scales)."""
+        return self.max_replicas or self._size
+
+    @property
+    def loaded(self) -> bool:
+        return self._handle is not None
+
+    @property
+    def hide_paths(self) -> bool:
+        return self._hide_paths
+
+    def load(self, on_progress: Callable[[float, str], None] | None = None):
+        """Connects, deploys the replicas and waits until Serve reports them running (each has
+        loaded its model). Later calls return at once."""
+        if self._handle is not None:
+            return None
+        with self._lock:
+            if self._handle is not None:
+                return None
+            import ray
+            from ray import serve
+
+            from hidream_ui.engine.ray_env import default_replicas
+
+            if on_progress is not None:
+                on_progress(0.0, f"connecting to the Ray cluster at {self.address}")
+            self._owned = connect(self.address, verbose=self._verbose)
+            resources = ray.cluster_resources()
+            where = placement(self.config, resources)
+            if not self.min_replicas:  # one per --devices entry, else one per device of the cluster
+                named = [name for name in self.config.devices if name != "all"]
+                self._size = len(named) or default_replicas(where.kind, resources)
+            namespace = ray.get_runtime_context().namespace
+            board_name = f"{self.app_name}-board"
+            self._board = ray.remote(num_cpus=0)(ReplicaBoard).options(name=board_name).remote()
+            serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy, no port
+            scaling: dict[str, Any] = ({"num_replicas": self._size} if self.max_replicas is None else
+                                       {"autoscaling_config": {"min_replicas": self.min_replicas,
+                                                               "max_replicas": self.max_replicas,
+                                                               "target_ongoing_requests": 1}})
+            deployment = serve.deployment(EngineReplica, name="EngineReplica").options(
+                ray_actor_options=where.options, max_ongoing_requests=1, health_check_period_s=HEALTH_CHECK_PERIOD,
+                **scaling)
+            replica_config = dataclasses.replace(self.config, devices=(), device=where.device)
+            if on_progress is not None:
+                on_progress(0.1, f"starting {self.size} replica(s) on {where.kind}; each loads the model")
+            self._handle = serve.run(deployment.bind(replica_config, self._hide_paths, board_name, namespace),
+                                     name=self.app_name, route_prefix=None)
+            if on_progress is not None:
+                on_progress(1.0, "replicas running")
+        return None
+
+    def shutdown(self) -> None:
+        """Deletes this app's replicas and board; disconnects when this engine connected."""
+        with self._lock:
+            if self._handle is None and self._board is None:
+                return
+            import ray
+            from ray import serve
+
+            try:
+                serve.delete(self.app_name)
+            finally:
+                if self._board is not None:
+                    ray.kill(self._board)
+                self._handle = self._board = None
+                self._status_cache = None
+                if self._owned:
+                    disconnect(serve_too=True)
+                    self._owned = False
+
+    # ------------------------------------------------------------------ jobs
+    def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
+             cancel: "CancelToken | None" = None) -> "EditResult":
+        """One edit on a free replica; progress per step through `on_step`; saved here when `save`."""
+        from hidream_ui.engine.jobs import CancelToken
+        from hidream_ui.results import ResultStore
+
+        token = cancel or CancelToken()
+        request = request.validated()
+        if token.cancelled:
+            raise EditCancelled(f"edit cancelled before it started: {token.reason or 'cancelled'}")
+        self.load()
+        self._jobs += 1
+        for attempt in (1, 2):
+            started: list[str] = []  # the replica's label once it took the job
+            try:
+                result = self._stream(request, on_step, token, started)
+                break
+            except _ReplicaLost as exc:
+                # Lost mid-job: an error (the job may be what killed it). Lost before it started
+                # (routed to a replica that had just died): once more, Serve routes it elsewhere.
+                if started or attempt == 2 or token.cancelled:
+                    raise EngineError(str(exc)) from None
+                logger.warning("retrying a job that could not start: %s", exc)
+        result = dataclasses.replace(result, source_image=request.image)
+        if not save:
+            return result
+        return ResultStore.at(self.config.output_dir, self.config.retention).save([result], token)[0]
+
+    def _stream(self, request, on_step, token, started: list[str]) -> "EditResult":
+        import ray
+
+        response = self._handle.options(stream=True).edit.remote(request, self._speed)
+        done = threading.Event()
+
+        def watch() -> None:  # cancels the Serve request as soon as the token is set
+            while not done.wait(CANCEL_POLL):
+                if token.cancelled:
+                    response.cancel()
+                    return
+
+        watcher = threading.Thread(target=watch, name="hidream-ray-cancel", daemon=True)
+        watcher.start()
+        try:
+            for kind, payload in response:
+                if kind == "start":
+                    started.append(payload)
+                elif kind == "step":
+                    token.step = payload.step
+                    if on_step is not None and not token.cancelled:
+                        on_step(payload)
+                elif kind == "done":
+                    return payload
+                else:
+                    raise payload
+            raise EngineError("the replica ended the job without a result")
+        except EngineError:
+            raise
+        except (ray.exceptions.TaskCancelledError, asyncio.CancelledError, *_cancelled_errors()) as exc:
+            raise EditCancelled(f"edit cancelled: {token.reason or 'cancelled'}") from exc
+        except ray.exceptions.RayError as exc:
+            if token.cancelled:
+                raise EditCancelled(f"edit cancelled: {token.reason or 'cancelled'}") from exc
+            where = f" ({started[0]})" if started else ""
+            raise _ReplicaLost(
+                f"the Ray replica running this job{where} died or became unreachable "
+                f"({type(exc).__name__}); the job was lost, nothing was saved. Ray replaces the replica; "
+                "run the edit again") from exc
+        finally:
+            done.set()
+
+    def run_batch(self, batch: "BatchRequest | BatchPlan", on_item: Callable | None = None,
+                  on_step: "StepFn | None" = None, *, cancel: "CancelToken | None" = None) -> "BatchResult":
+        """A batch as one edit per item over the replicas (`size` at once), each saved here."""
+        from hidream_ui.edits import EditRequest
+        from hidream_ui.engine import batch as batches
+        from hidream_ui.engine.batch import BatchResult, item_params
+        from hidream_ui.engine.jobs import CancelToken
+
+        plan = batches.as_plan(batch, self.open_image, self.config)
+        token = cancel or CancelToken()
+        started = time.perf_counter()
+        lock = threading.Lock()
+
+        def run(item) -> None:
+            if token.cancelled:
+                item.status, item.error = "cancelled", "not started: the batch was cancelled"
+                return
+            t0 = time.perf_counter()
+            try:
+                image = plan.images[item.source_index][1]
+                item.result = self.edit(EditRequest(image=image, params=item_params(plan.settings, item),
+                                                    source_name=item.source_name, rewrite=item.rewrite),
+                                        on_step, cancel=token)
+                item.status, item.seconds = "ok", round(time.perf_counter() - t0, 4)
+            except EditCancelled:
+                item.status, item.error = "cancelled", "cancelled before it finished"
+                return
+            except (EngineError, ValueError) as exc:
+                item.status, item.error = "error", str(exc)
+            if on_item is not None:
+                with lock:
+                    on_item(item)
+
+        pending = [item for item in plan.items if item.status == "pending"]
+        with ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="hidream-ray-batch") as executor:
+            list(executor.map(run, pending))
+        return BatchResult(items=plan.items, rejected=plan.rejected, cancelled=token.cancelled,
+                           seconds=round(time.perf_counter() - started, 4), stats={"batch_sizes": {}})
+
+    def run_exclusive(self, state: str, work: Callable, *, cancel: "CancelToken | None" = None):
+        raise EngineError(UNSUPPORTED.format(what=f"{state} on the app's model (the model lives in the replicas)"))
+
+    @contextmanager
+    def pinned(self, cancel: "CancelToken | None" = None) -> Iterator[Any]:
+        raise EngineError(UNSUPPORTED.format(what="Compare (it holds one engine for all its cells)"))
+        yield  # pragma: no cover - a generator for contextmanager
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def counters(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for _, _, extra in self._board_rows().values():
+            for key, value in extra.get("counters", {}).items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+    @property
+    def open_image(self) -> Callable:
+        import functools
+
+        from hidream_ui.imaging import open_image
+
+        return functools.partial(open_image, max_pixels=self.config.max_pixels)
+
+    @property
+    def model(self):
+        raise EngineError(UNSUPPORTED.format(what="the model object (it lives in the replicas)"))
+
+    def labels(self) -> list[str]:
+        return sorted(self._board_rows())
+
+    def set_attention(self, name: str, engine: str | None = None) -> str:
+        raise EngineError(UNSUPPORTED.format(what="switching attention at run time; start with --attention"))
+
+    def attention_of(self, target: str | None = None) -> str:
+        rows = self._board_rows()
+        extra = rows.get(target) if target else next(iter(rows.values()), None)
+        return (extra[2].get("attention") if extra else None) or self.config.attention
+
+    def attention_choices(self) -> list:
+        raise EngineError(UNSUPPORTED.format(what="attention choices (set with --attention)"))
+
+    def auto_attention(self) -> str:
+        return "?"
+
+    def set_speed(self, name: str) -> str:
+        """The step cache of the next edits on every replica (sent with each job)."""
+        from hidream_ui.pipeline.speed.settings import parse_cache
+
+        try:
+            self._speed = str(parse_cache(name if isinstance(name, str) else repr(name), "speed"))
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        return self._speed
+
+    def _shadow_engine(self):
+        if self._shadow is None:
+            from hidream_ui.engine.engine import EditEngine
+
+            self._shadow = EditEngine(dataclasses.replace(self.config, devices=(), device="cpu"))
+        return self._shadow
+
+    def working_plan(self, source_size, working_resolution):
+        raise EngineError(UNSUPPORTED.format(what="working-size plans on the app's side"))
+
+    def working_resolution_choices(self) -> list[str]:
+        return self._shadow_engine().working_resolution_choices()
+
+    # ------------------------------------------------------------------ status
+    def _board_rows(self, fresh: bool = False) -> dict[str, tuple[float, DeviceRow, dict]]:
+        """The board's rows (cached for half a second: the panel, /status and the plot ask together)."""
+        if self._board is None:
+            return {}
+        now = time.monotonic()
+        if not fresh and self._status_cache is not None and now - self._status_cache[0] < 0.5:
+            return self._status_cache[1]
+        import ray
+
+        try:
+            rows = ray.get(self._board.snapshot.remote(), timeout=2.0)
+        except ray.exceptions.RayError as exc:
+            logger.warning("replica status unavailable: %s", exc)
+            rows = self._status_cache[1] if self._status_cache else {}
+        wall = time.time()
+        live = self._live_replicas()
+        rows = {label: value for label, value in rows.items()
+                if wall - value[0] < FORGET_AFTER and (live is None or label in live)}
+        self._status_cache = (now, rows)
+        return rows
+
+    def _live_replicas(self) -> set[str] | None:
+        """Labels of this app's replica actors that are alive (Serve names them
+        `SERVE_REPLICA::<app>#<deployment>#<id>`): a dead one leaves /status at once, its
+        replacement appears when it starts. None when Ray cannot say (the board's rows then stand)."""
+        import ray
+
+        prefix = f"SERVE_REPLICA::{self.app_name}#"
+        try:
+            actors = ray.util.list_named_actors(all_namespaces=True)
+        except ray.exceptions.RayError as exc:
+            logger.debug("cannot list the replicas: %s", exc)
+            return None
+        return {f"ray:{actor['name'].rsplit('#', 1)[-1]}" for actor in actors if actor["name"].startswith(prefix)}
+
+    def device_rows(self, fresh: bool = False) -> list[DeviceRow]:
+        """One row per replica; a silent one is "unreachable" (dead, or being replaced by Serve)."""
+        wall = time.time()
+        rows = []
+        for _, (seen, row, _extra) in sorted(self._board_rows(fresh).items(), key=lambda entry: entry[0]):
+            if wall - seen > STALE_AFTER:
+                row = dataclasses.replace(row, state="unreachable", busy=False,
+                                          error=f"no report for {wall - seen:.0f} s: dead or being replaced")
+            rows.append(row)
+        return rows
+
+    def cluster_totals(self) -> dict[str, Any]:
+        if self._handle is None:
+            return {"address": self.address, "connected": False}
+        import ray
+
+        total, free = ray.cluster_resources(), ray.available_resources()
+        keys = [key for key in ("CPU", "GPU", "NPU", "memory") if key in total]
+        return {"address": self.address, "connected": True, "nodes": len([n for n in ray.nodes() if n.get("Alive")]),
+                "resources": {key: total[key] for key in keys}, "available": {key: free.get(key, 0) for key in keys},
+                "replicas": len(self._board_rows()), "jobs": self._jobs}
+
+    def status(self) -> EngineStatus:
+        rows = self.device_rows()
+        states = [row.state for row in rows]
+        state = next((s for s in ("editing", "loading", "idle") if s in states), "loading" if not rows else "idle")
+        busiest = next((row for row in rows if row.state == state), None)
+        return EngineStatus(
+            state=state, progress=busiest.progress if busiest else Progress(), loaded=any(r.loaded for r in rows),
+            variant=self.config.variant, model_source="tiny" if self.config.uses_tiny_model else "real",
+            attention=self.attention_of(), attention_note=None, refiner=self.config.refiner,
+            text_encoders=self.config.text_encoders, prompt_cache=PromptCacheStats(0, 0, 0), counters=self.counters,
+            device=f"ray ({self.address})", device_type="ray", devices=rows, cluster=self.cluster_totals())
+
+    def replica_last_jobs(self) -> dict[str, dict]:
+        """Each replica's last job as it reported it (steps run, where it was cancelled): tests, bench."""
+        return {label: extra.get("last_job", {}) for label, (_, _, extra) in self._board_rows().items()}
+
+
+class _ReplicaLost(RuntimeError):
+    pass
+
+
+def _cancelled_errors() -> tuple[type[BaseException], ...]:
+    import concurrent.futures
+
+    from ray.serve.exceptions import RequestCancelledError
+
+    return (RequestCancelledError, concurrent.futures.CancelledError)
+
+
+def address_from(flag: str | None, environ) -> str | None:
+    """`--ray`, else `HIDREAM_RAY_ADDRESS`, else None (the local pool)."""
+    return flag or (environ.get(ADDRESS_ENV, "").strip() or None)
+
+
+__all__ = ["EngineReplica", "RayEngine", "ReplicaBoard", "address_from", "keep_replica_server_on_loopback",
+           "parse_replicas"]

@@ -1,0 +1,221 @@
+"""The editing experience in headless Chromium at a desktop (1440x900) and a phone (390x844) size
+(issue 21): progress in view, a neutral Stop, the edit loop, History that survives a reload and
+stays in its browser, random seeds, batch bars that move with steps.
+
+Every wait waits for a state only the action can produce (a progress bar, "Stopped after", the
+result's own file in the source slot, a History card after a reload, a new seed, a percentage
+above 0 while no item is done). The tiny offline model keeps edits to a second or two; the long
+edits are stopped as soon as they showed what the test needs. Needs Debian's /usr/bin/chromium.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from helpers import wait_for
+from playwright import sync_api
+from test_browser import CHROMIUM, CHROMIUM_ARGS, open_app, set_number
+
+from hidream_ui.ui.history_tab import STORAGE_KEY
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+VIEWPORTS = {"desktop": {"width": 1440, "height": 900}, "phone": {"width": 390, "height": 844}}
+EXAMPLE = "Make the mug blue with white polka dots"  # assets/examples.json, last entry
+
+
+@pytest.fixture(scope="module")
+def app(launch_app):
+    return launch_app("browser_experience")
+
+
+@pytest.fixture(scope="module")
+def browser(app):
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(params=list(VIEWPORTS))
+def page(request, browser):
+    context = browser.new_context(viewport=VIEWPORTS[request.param])
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.size_name = request.param
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def pick_example(page, steps: int) -> None:
+    """The example's image and instruction in the form, and `steps` steps."""
+    page.get_by_text(EXAMPLE).first.click()
+    sync_api.expect(page.locator("#hui-instruction textarea")).to_have_value(EXAMPLE)
+    sync_api.expect(page.locator("#hui-source img")).to_be_visible()
+    page.locator("#hui-advanced").get_by_text("Advanced settings").click()
+    set_number(page, page.get_by_label("number input for Steps"), steps)
+
+
+def finished_summary(page, previous: str = "") -> str:
+    """Waits for the summary of a finished edit that differs from `previous`; returns it."""
+    summary = page.locator("#hui-summary")
+    sync_api.expect(summary).to_contain_text("Seed", timeout=120_000)
+    if previous:
+        sync_api.expect(summary).not_to_have_text(previous, timeout=120_000)
+        sync_api.expect(summary).to_contain_text("Seed", timeout=120_000)
+    return summary.inner_text()
+
+
+def no_error_toast(page) -> None:
+    errors = page.locator(".toast-title.error, .toast-body.error")
+    assert errors.count() == 0, [t for t in page.locator("[data-testid=toast-body]").all_inner_texts()]
+
+
+def test_progress_is_in_view_within_3_s_of_edit(app, page):
+    open_app(page, app["url"])
+    pick_example(page, 60)
+    page.mouse.wheel(0, 5000)  # down at the examples, where the issue's visitor was
+    page.wait_for_timeout(300)
+    page.locator("#hui-edit").click()
+    # Gradio's progress element over the result area: it exists only while the edit runs.
+    sync_api.expect(page.locator("#hui-result .progress-text")).to_be_in_viewport(timeout=3_000)
+    sync_api.expect(page.locator("#hui-edit")).to_be_disabled()  # Edit is unavailable while it runs
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"edit_running_{page.size_name}.png"))
+    page.locator("#hui-stop").click()
+    sync_api.expect(page.locator("#hui-edit")).to_be_enabled(timeout=60_000)  # and back when it ended
+
+
+def test_stop_leaves_stopped_and_no_error(app, page):
+    jobs = app["demo"].hidream_services.jobs
+    open_app(page, app["url"])
+    pick_example(page, 200)
+    page.locator("#hui-edit").click()
+    # The panel's state line shows the steps the bar shows, from the same source.
+    sync_api.expect(page.locator("#hui-status-state")).to_contain_text(re.compile(r"step [3-9]\d*/200"),
+                                                                      timeout=120_000)
+    page.locator("#hui-stop").click()
+    stopped = re.compile(r"Stopped (after \d+ of 200 steps|before)")
+    sync_api.expect(page.locator("#hui-summary")).to_contain_text(stopped)
+    sync_api.expect(page.locator("#hui-edit")).to_be_enabled(timeout=60_000)
+    # The job itself ends after its current step (the browser's cancel may have landed first).
+    wait_for(lambda: not [job for job in jobs.running() if job.kind == "edit"], "the edit job to end")
+    page.wait_for_timeout(500)  # an error toast, were there one, would be up by now
+    no_error_toast(page)
+    # Nothing of the stopped edit is left on the panel once it ended.
+    sync_api.expect(page.locator("#hui-status-state")).not_to_contain_text("/200", timeout=10_000)
+
+
+def test_edit_the_result_moves_it_into_the_source(app, page):
+    open_app(page, app["url"])
+    pick_example(page, 2)
+    page.locator("#hui-edit").click()
+    summary = finished_summary(page)
+    saved = re.search(r"saved (\S+\.png)", summary).group(1)
+    page.locator("#hui-edit-result").click()
+    # The source slot now shows the saved result (gradio serves its own copy, same file name).
+    sync_api.expect(page.locator("#hui-source img")).to_have_attribute("src", re.compile(re.escape(saved) + "$"))
+    sync_api.expect(page.locator("#hui-instruction textarea")).to_have_value(EXAMPLE)  # kept for the next step
+    sync_api.expect(page.locator("#hui-source")).to_be_in_viewport()
+
+
+def test_history_survives_a_reload_and_stays_in_its_browser(app, page, browser):
+    open_app(page, app["url"])
+    pick_example(page, 2)
+    page.locator("#hui-edit").click()
+    summary = finished_summary(page)
+    seed = re.search(r"Seed (\d+)", summary).group(1)
+    page.get_by_role("tab", name="History").click()
+    sync_api.expect(page.locator("#hui-history .hui-h-card").first).to_contain_text(f"seed {seed}")
+    # The browser writes its storage after the entry arrived: reload once it holds it.
+    page.wait_for_function(f"() => (localStorage.getItem({STORAGE_KEY!r}) || '').length > 1000")
+    page.reload()
+    open_app(page, app["url"])
+    page.get_by_role("tab", name="History").click()
+    card = page.locator("#hui-history .hui-h-card").first
+    sync_api.expect(card).to_contain_text(EXAMPLE)
+    sync_api.expect(card).to_contain_text(f"seed {seed}")
+    sync_api.expect(card.locator("img")).to_have_count(2)  # before and after
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"history_{page.size_name}.png"))
+    # "Edit again" puts that result back into the Edit tab.
+    page.locator("#hui-history-edit").click()
+    sync_api.expect(page.locator("#hui-source img")).to_have_attribute("src", re.compile(r"-s" + seed + r"-\w+\.png$"))
+    # Another browser (a fresh context: its own storage) sees none of it.
+    other = browser.new_context(viewport={"width": 390, "height": 844})
+    try:
+        stranger = other.new_page()
+        open_app(stranger, app["url"])
+        stranger.get_by_role("tab", name="History").click()
+        sync_api.expect(stranger.locator("#hui-history")).to_contain_text("No results yet in this browser")
+        assert stranger.locator("#hui-history .hui-h-card").count() == 0
+    finally:
+        other.close()
+
+
+def test_two_edits_in_a_row_get_different_seeds(app, page):
+    """Random seed is switched on here explicitly; it becomes the default with the pipeline's part
+    of issue 21, and the test holds either way."""
+    open_app(page, app["url"])
+    pick_example(page, 2)
+    page.get_by_label("Random seed").check()
+    page.locator("#hui-edit").click()
+    first = finished_summary(page)
+    sync_api.expect(page.locator("#hui-edit")).to_be_enabled()
+    page.locator("#hui-edit").click()
+    second = finished_summary(page, previous=first)
+    seeds = [re.search(r"Seed (\d+)", text).group(1) for text in (first, second)]
+    assert seeds[0] != seeds[1], seeds
+
+
+def test_a_batch_bar_passes_0_percent_before_the_first_item_ends(app, page, tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "one.png"
+    Image.new("RGB", (96, 64), (200, 40, 40)).save(path)
+    open_app(page, app["url"])
+    page.get_by_role("tab", name="Batch").click()
+    page.locator("#hui-batch-files input[type=file]").set_input_files([str(path)])
+    page.locator("#hui-batch-instructions textarea").fill("make it brighter")
+    page.get_by_text("Settings (shared by every item)").click()
+    set_number(page, page.get_by_label("number input for Steps").locator("visible=true"), 120)
+    page.locator("#hui-batch-run").click()
+    bar = page.locator("#hui-batch-gallery .progress-level-inner")  # the bar's text
+    # "0/1 items · edit step 7/120 - 5.8%": the first item has not ended, the bar has moved.
+    sync_api.expect(bar).to_contain_text(re.compile(r"0/1 items .* (0\.[1-9]|[1-9]\d*(\.\d)?)%"), timeout=120_000)
+    assert page.locator("#hui-batch-gallery img").count() == 0
+    page.locator("#hui-batch-stop").click()
+    sync_api.expect(page.locator("#hui-batch-report")).to_contain_text("Stopped", timeout=60_000)
+    sync_api.expect(page.locator("#hui-batch-run")).to_be_enabled()
+
+
+def test_an_upload_that_is_not_an_image_is_refused_on_arrival(app, page, tmp_path):
+    fake = tmp_path / "notes.png"
+    fake.write_text("shopping list: eggs, milk\n", encoding="utf-8")
+    open_app(page, app["url"])
+    page.locator("#hui-source input[type=file]").set_input_files(str(fake))
+    # Refused at upload (a warning, the slot emptied), not later at Edit.
+    sync_api.expect(page.locator("[data-testid=toast-body]")).to_contain_text("This file is not an image we can read")
+    sync_api.expect(page.locator("#hui-summary")).to_contain_text("not an image we can read")
+    sync_api.expect(page.locator("#hui-source img")).to_have_count(0)
+    no_error_toast(page)
+
+
+def test_a_stale_error_goes_when_the_form_changes(app, page):
+    open_app(page, app["url"])
+    page.get_by_text(EXAMPLE).first.click()
+    sync_api.expect(page.locator("#hui-source img")).to_be_visible()
+    page.locator("#hui-instruction textarea").fill("")
+    page.locator("#hui-edit").click()
+    error = page.locator("[data-testid=toast-body]").filter(has_text="Write an instruction")
+    sync_api.expect(error).to_have_count(1)
+    page.locator("#hui-instruction textarea").fill("Make the mug red")  # the form changed: the error is stale
+    sync_api.expect(error).to_have_count(0)
+    sync_api.expect(page.locator("#hui-edit")).to_be_enabled()

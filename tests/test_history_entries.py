@@ -1,0 +1,84 @@
+"""History entries read back from a browser (issue 21): the browser can rewrite them, so a result
+path counts only with this server's signature and while the server serves it; thumbnails must be
+our small JPEG data URIs; settings are validated like any request."""
+
+from __future__ import annotations
+
+from PIL import Image
+
+from hidream_ui.server.files import ServedResults
+from hidream_ui.ui.history_entries import (
+    MAX_ENTRIES,
+    added,
+    check_entries,
+    new_entry,
+    picker_choices,
+    render_entries,
+)
+
+
+def _served_entry(tmp_path, name="a.png", served=None, **params):
+    served = served or ServedResults()
+    path = tmp_path / name
+    Image.new("RGB", (16, 12), (10, 200, 30)).save(path)
+    served.add(path)
+    picture = Image.new("RGB", (16, 12))
+    entry = new_entry(png=str(path), ticket=served.ticket(str(path)),
+                      params={"instruction": "make it <b>red</b>", "seed": 7, **params}, before=picture, after=picture)
+    return served, entry
+
+
+def test_a_signed_served_result_is_available(tmp_path):
+    served, entry = _served_entry(tmp_path)
+    [checked] = check_entries([entry], served.stored)
+    assert checked.available and checked.png == entry["png"]
+    assert checked.before.startswith("data:image/jpeg;base64,") and checked.params.seed == 7
+    assert "seed 7" in checked.readable_settings() and "steps 28" in checked.readable_settings()
+    html = render_entries([checked])
+    assert "make it &lt;b&gt;red&lt;/b&gt;" in html and "<b>red" not in html  # the instruction is text
+
+
+def test_a_forged_or_foreign_path_is_never_available(tmp_path):
+    served, entry = _served_entry(tmp_path)
+    other_server = ServedResults()  # another process: another key
+    _, foreign = _served_entry(tmp_path, "b.png", served=other_server)
+    secret = tmp_path / "secret.png"
+    Image.new("RGB", (4, 4)).save(secret)
+    forged = [
+        {**entry, "ticket": "0" * 64},  # right path, made-up signature
+        {**entry, "png": str(secret)},  # a file the server never wrote, with another path's signature
+        foreign,  # signed by another server
+        {**entry, "ticket": None},
+    ]
+    checked = check_entries(forged, served.stored)
+    assert len(checked) == 4 and not any(entry.available or entry.png for entry in checked)
+    assert render_entries(checked).count("no longer on this server") == 4
+
+
+def test_a_deleted_result_keeps_its_settings_only(tmp_path):
+    served, entry = _served_entry(tmp_path)
+    (tmp_path / "a.png").unlink()
+    [checked] = check_entries([entry], served.stored)
+    assert not checked.available and checked.params.instruction == "make it <b>red</b>"
+
+
+def test_what_is_not_an_entry_is_left_out_and_bad_thumbnails_dropped(tmp_path):
+    served, entry = _served_entry(tmp_path)
+    hostile = {**entry, "before": 'x" onerror="alert(1)', "after": "data:image/svg+xml;base64,PHN2Zz4="}
+    junk = [None, 3, "text", {"params": {"instruction": ""}}, {"params": {"instruction": "x", "seed": "many"}}]
+    checked = check_entries(junk + [hostile], served.stored)
+    assert len(checked) == 1
+    assert checked[0].before is None and checked[0].after is None
+    assert "onerror" not in render_entries(checked) and "svg" not in render_entries(checked)
+    assert check_entries("not a list", served.stored) == []
+
+
+def test_new_entries_go_first_and_the_list_stays_bounded(tmp_path):
+    _, entry = _served_entry(tmp_path)
+    history = []
+    for seed in range(MAX_ENTRIES + 5):
+        history = added(history, {**entry, "params": {"instruction": f"edit {seed}", "seed": seed}})
+    assert len(history) == MAX_ENTRIES and history[0]["params"]["seed"] == MAX_ENTRIES + 4
+    checked = check_entries(history, lambda *_: False)
+    assert picker_choices(checked)[0] == (f"1. edit {MAX_ENTRIES + 4} · seed {MAX_ENTRIES + 4}", 0)
+    assert added(history, None) == history

@@ -45,6 +45,11 @@ TINY_PROFILES = (*PROFILES, FULL_PROFILE_NAME)
 # Instruction rewriting (README "Instruction rewriting"). "auto": openai when a URL is given, else off.
 REWRITERS = ("auto", "off", "local", "openai")
 REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
+# A live preview every 4 steps: 7 pictures in a 28-step edit; each costs a few per cent of one step.
+PREVIEW_EVERY_DEFAULT = 4
+# At most this many previews per edit (a long edit spaces them out): each one the browser gets is a file
+# in Gradio's cache, counted against --cache-max-files and the client's quota like any result copy.
+PREVIEWS_MAX = 8
 
 
 class ConfigError(ValueError):
@@ -79,6 +84,9 @@ class AppConfig:
     # Outputs.
     output_dir: Path = Path("outputs")
     retention: int = 500
+    # Live preview: a cheap latent -> RGB picture every K denoising steps of an edit (0: none). The one
+    # home of the default (README "Live preview"; pipeline/previews.py measures its cost).
+    preview_every: int = PREVIEW_EVERY_DEFAULT
     # Batch / compare limits, checked before any work starts.
     max_batch_items: int = 64
     max_grid_cells: int = 36
@@ -179,6 +187,8 @@ _MODEL_OPTIONS = [
      "dbcache:T (or " + " | ".join(SPEED_PRESETS) + "; docs/speed.md)"),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
     ("--retention", ("HIDREAM_RETENTION",), "retention", "keep at most this many results in --output-dir"),
+    ("--preview-every", ("HIDREAM_PREVIEW_EVERY",), "preview_every",
+     f"live preview of an edit every K denoising steps; 0 = off (default {PREVIEW_EVERY_DEFAULT})"),
 ]
 
 _SERVER_OPTIONS = [
@@ -233,7 +243,8 @@ _REWRITER_OPTIONS = [
 ]
 
 
-_INT_FIELDS = ("port", "max_queue", "retention", "max_batch_items", "max_grid_cells", "max_upload_mb", "max_pixels",
+_INT_FIELDS = ("port", "max_queue", "retention", "preview_every", "max_batch_items", "max_grid_cells",
+               "max_upload_mb", "max_pixels",
                "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age", "cache_max_mb",
                "client_quota_mb", "client_quota_files", "max_zip_mb", "max_body_kb", "session_idle_expiry")
 
@@ -380,6 +391,8 @@ def validate(config: AppConfig) -> AppConfig:
             raise ConfigError(f"{name}={getattr(config, name)} must be at least 1")
     if config.retention < 0:
         raise ConfigError(f"retention={config.retention} must be 0 (keep everything) or more")
+    if config.preview_every < 0:
+        raise ConfigError(f"preview_every={config.preview_every} must be 0 (no live preview) or a number of steps")
     if config.auth is not None and config.auth_file is not None:
         raise ConfigError("use either --auth or --auth-file, not both")
     _validate_operator(config)

@@ -46,6 +46,8 @@ __all__ = [
     "TARGET_MARKER",
     "RequestError",
     "EditParams",
+    "EditMask",
+    "validated_mask",
     "EditRequest",
     "EditSettings",
     "FieldSpec",
@@ -324,7 +326,8 @@ FIELDS: tuple[FieldSpec, ...] = (
               help="auto | draft | N (side of the working area in pixels, a multiple of 16)"),
     FieldSpec("seed", "seed", 3, "Seed", "", -1, SEED_MAX, settings=False, flag="--seed",
               help="-1 for random (the used seed is printed)"),
-    FieldSpec("randomize_seed", "bool", False, "Random seed", "the seed used is shown with the result",
+    # On: Edit twice gives two different images (the seed used is shown, and saved with the result).
+    FieldSpec("randomize_seed", "bool", True, "Random seed", "the seed used is shown with the result",
               settings=False, why_no_flag="--seed -1"),
     FieldSpec("collapse_padding", "bool", True, "Collapse padding",
               "exact; skips the padded tokens of non-square images", flag="--padded", flag_value=False,
@@ -441,11 +444,72 @@ def validated_flag(name: str, value: object) -> bool:
     return _as_bool(name, value)
 
 
+# A region edit's mask: white = may change, black = keep (grey is split at the middle). Its aspect must
+# be the source's (it is stretched to the source's size): up to this relative difference, for masks
+# painted on a resized copy of the source.
+MASK_ASPECT_TOLERANCE = 0.02
+NO_MASK_AREA = "a mask with some white (the part the edit may change); an all-black mask keeps everything"
+
+
+@dataclass(frozen=True)
+class EditMask:
+    """Where a region edit may change the source (see `validated_mask`, the one way to make one).
+
+    `image` is mode "L" with only 0 (keep) and 255 (may change); `png` its PNG bytes as saved
+    beside the result and `sha256` their hash (what the metadata names). Equal masks are equal by
+    hash: comparing two results' params never compares pixels."""
+
+    image: Image.Image = dataclasses.field(compare=False, repr=False)
+    png: bytes = dataclasses.field(compare=False, repr=False)
+    sha256: str
+    name: str | None = None  # the client's file name, if any (capped like a source name)
+
+    @property
+    def file_name(self) -> str:
+        """The file it is saved as, beside the results (content-addressed: one file per mask)."""
+        return f"mask-{self.sha256[:16]}.png"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file_name, "sha256": self.sha256, "size": list(self.image.size),
+                "name": cap_name(self.name)}
+
+
+def validated_mask(value: object, name: str | None = None) -> "EditMask | None":
+    """The one check of a mask: None (no mask: the whole image may change), an EditMask as it is, or
+    a decoded PIL image (`imaging.open_image` opened it like any upload) binarised to 0 / 255.
+    RequestError("mask", ...) for anything else, or a mask that keeps everything."""
+    import hashlib
+    import io
+
+    if value is None or isinstance(value, EditMask):
+        return value
+    if not isinstance(value, Image.Image):
+        raise RequestError("mask", type(value).__name__, "an image (white = may change, black = keep), or none")
+    grey = value.convert("L")
+    binary = grey.point(lambda v: 255 if v >= 128 else 0)
+    if binary.getbbox() is None:
+        raise RequestError("mask", f"an all-black {binary.width}x{binary.height} image", NO_MASK_AREA)
+    buffer = io.BytesIO()
+    binary.save(buffer, format="PNG", optimize=False)
+    png = buffer.getvalue()
+    return EditMask(image=binary, png=png, sha256=hashlib.sha256(png).hexdigest(), name=cap_name(name))
+
+
+def _check_mask_shape(mask: EditMask, size: tuple[int, int]) -> None:
+    (mw, mh), (w, h) = mask.image.size, size
+    if abs((mw / mh) / (w / h) - 1) > MASK_ASPECT_TOLERANCE:
+        raise RequestError("mask", f"a {mw}x{mh} image",
+                           f"a mask of the source image's shape ({w}x{h}, or a scaled copy of it)")
+
+
 @dataclass(frozen=True, init=False)
 class EditParams:
     """Everything that reproduces an edit except the source image: the instruction, the seed and the
     settings (composition: `params.settings` is an `EditSettings`; its fields read through, e.g.
     `params.guidance_scale`).
+
+    A region edit adds `mask` (an `EditMask`; None: the whole image may change). It is not a
+    setting: `to_dict` (the form, `params` in metadata) leaves it out; the metadata names it apart.
 
     Built as ``EditParams(instruction, seed=..., settings=...)`` or with the settings' fields as
     keywords (``EditParams(instruction="x", guidance_scale=4)``; with `settings` too they replace its
@@ -457,9 +521,10 @@ class EditParams:
     instruction: str
     seed: int
     settings: EditSettings
+    mask: EditMask | None = None
 
     def __init__(self, instruction: str, seed: int = FIELD_SPECS["seed"].default,
-                 settings: EditSettings | None = None, **setting_values: Any):
+                 settings: EditSettings | None = None, mask: EditMask | None = None, **setting_values: Any):
         unknown = set(setting_values) - set(SETTING_NAMES)
         if unknown:
             raise TypeError(f"EditParams got unknown fields {sorted(unknown)}; settings are {SETTING_NAMES}")
@@ -469,6 +534,7 @@ class EditParams:
         object.__setattr__(self, "instruction", instruction)
         object.__setattr__(self, "seed", seed)
         object.__setattr__(self, "settings", base)
+        object.__setattr__(self, "mask", mask)
 
     def validated(self) -> "EditParams":
         """Return a copy with coerced types and a stripped instruction, or raise RequestError. The
@@ -484,7 +550,8 @@ class EditParams:
                 self.instruction,
                 f'a description after "{TARGET_MARKER}" (or remove the marker)',
             )
-        return _mark(EditParams(instruction, validated_seed(self.seed), self.settings.validated()))
+        return _mark(EditParams(instruction, validated_seed(self.seed), self.settings.validated(),
+                                mask=validated_mask(self.mask)))
 
     @property
     def is_validated(self) -> bool:
@@ -499,7 +566,7 @@ class EditParams:
         seed = self.seed if _is_valid(self) else validated_seed(self.seed)
         if seed == -1:
             seed = rng.randint(0, SEED_MAX) if rng is not None else secrets.randbelow(SEED_MAX + 1)
-        resolved = EditParams(self.instruction, seed, self.settings)
+        resolved = EditParams(self.instruction, seed, self.settings, mask=self.mask)
         return _mark(resolved) if _is_valid(self) else resolved
 
     def to_dict(self) -> dict[str, Any]:
@@ -665,12 +732,19 @@ class EditRequest:
     # When the instruction came from the rewriter: its answer, recorded in the result's metadata.
     # `params.instruction` is what the model gets either way (the rewritten, perhaps hand-edited, text).
     rewrite: "RewriteResult | None" = None
+    # sha256 of the source file's bytes when the source came from a file (the result's `parent`,
+    # results.py); None: the result store hashes the decoded pixels instead.
+    source_sha256: str | None = None
 
     def validated(self) -> "EditRequest":
-        """Check the image type and validate the params (image content is checked by imaging)."""
+        """Check the image type and validate the params (image content is checked by imaging); a
+        mask must have the source's shape."""
         if not isinstance(self.image, Image.Image):
             raise RequestError("image", type(self.image).__name__, "a PIL image (use imaging.open_image)")
-        return dataclasses.replace(self, params=self.params.validated())
+        params = self.params.validated()
+        if params.mask is not None:
+            _check_mask_shape(params.mask, self.image.size)
+        return dataclasses.replace(self, params=params)
 
 
 @dataclass(frozen=True)
@@ -728,6 +802,12 @@ class EditResult:
     rewrite: "RewriteResult | None" = None  # the rewriter's answer the instruction came from, if any
     # What `metadata()` returned when the result was saved (results.py): built once, read by the UI.
     saved_metadata: dict[str, Any] | None = None
+    # The image this result was made from: {"file", "sha256", "of"} (results.py `parent_of` defines
+    # it; set by the result store before saving). A source that is an earlier result names that PNG.
+    parent: dict[str, Any] | None = None
+    source_sha256: str | None = None  # from the request (EditRequest.source_sha256)
+    # A region edit: the feather (source pixels) of the pixel composite; the mask is `params.mask`.
+    mask_feather: int | None = None
 
     METADATA_FORMAT = "hidream_ui/1"
 
@@ -749,6 +829,10 @@ class EditResult:
             "timings": self.timings.to_dict(),
             "peak_memory_bytes": self.peak_memory_bytes,
         }
+        if self.parent is not None:
+            core["parent"] = dict(self.parent)
+        if self.params.mask is not None:
+            core["mask"] = {**self.params.mask.to_dict(), "feather": self.mask_feather}
         if self.rewrite is not None:
             composed = self.rewrite.compose(self.info.variant)
             core["rewrite"] = {**self.rewrite.to_dict(), "prompt": composed,

@@ -28,6 +28,7 @@ __all__ = [
     "open_header",
     "sniff_format",
     "open_image",
+    "open_mask",
 ]
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,51 @@ def open_image(
     )
 
 
+def open_mask(
+    src: ImageSource,
+    *,
+    max_pixels: int = 40_000_000,
+    min_side: int = 16,
+    name: str | None = None,
+) -> Image.Image:
+    """Open a region mask: the same sources, formats, limits and checks as :func:`open_image` (one
+    decoder for every upload), but returned as mode "L" with transparency meaning *unpainted*: an
+    image with an alpha channel (a brush layer, a PNG painted on transparency) gives its alpha
+    (opaque = may change), any other its grey level (white = may change, black = keep).
+    `edits.validated_mask` binarises it."""
+    if max_pixels < 1 or min_side < 1:
+        raise ValueError(f"max_pixels and min_side must be >= 1 (got {max_pixels}, {min_side})")
+    label = name or _describe(src)
+    if isinstance(src, (np.ndarray, Image.Image)):
+        image = _array_to_image(src, label) if isinstance(src, np.ndarray) else src
+        if isinstance(src, np.ndarray):
+            _check_size(label, _array_size(src, label), max_pixels, min_side)
+        return _mask_plane(_decoded(image, label, max_pixels, min_side))
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        if len(src) == 0:
+            raise ImageError(f"{label}: the upload is empty (0 bytes)")
+        src = io.BytesIO(bytes(src))
+    if isinstance(src, (str, os.PathLike)):
+        path = Path(src)
+        if not path.is_file():
+            raise ImageError(f"{label}: not an existing file ({path})")
+        with path.open("rb") as fp, open_header(fp, label, max_pixels) as image:
+            return _mask_plane(_decoded(image, label, max_pixels, min_side))
+    if hasattr(src, "read"):
+        with open_header(src, label, max_pixels) as image:
+            return _mask_plane(_decoded(image, label, max_pixels, min_side))
+    raise ImageError(f"{label}: cannot read a mask from a {type(src).__name__}; pass bytes, a file path, "
+                     "a file object, a PIL image or a numpy array")
+
+
+def _mask_plane(image: Image.Image) -> Image.Image:
+    if _has_alpha(image):
+        return image.convert("RGBA").getchannel("A")
+    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        return Image.fromarray(_to_uint8(np.asarray(image))).convert("L")
+    return image.convert("L")
+
+
 def _describe(src: object) -> str:
     if isinstance(src, (str, os.PathLike)):
         return Path(src).name or str(src)
@@ -185,6 +231,17 @@ def sniff_format(prefix: bytes) -> str | None:
 
 
 def _normalise(image: Image.Image, label: str, max_pixels: int, min_side: int) -> Image.Image:
+    rgb = _to_rgb(_decoded(image, label, max_pixels, min_side), label)
+    # The file's own metadata stays behind: PIL keeps a PNG's text chunks in `info` (up to 64 MB,
+    # inflated from a few KB of zTXt) and every copy or convert carries them along, while a batch
+    # holds its decoded images for the whole run. Nothing downstream reads them.
+    rgb.info = {}
+    return rgb
+
+
+def _decoded(image: Image.Image, label: str, max_pixels: int, min_side: int) -> Image.Image:
+    """The size checks (from the header first), the full decode and the EXIF rotation: what every
+    upload goes through, an image or a mask."""
     # Size first, from the header: a 1-bit PNG of 50 KB can claim 400 megapixels.
     _check_size(label, image.size, max_pixels, min_side)
     try:
@@ -202,12 +259,7 @@ def _normalise(image: Image.Image, label: str, max_pixels: int, min_side: int) -
     image = _exif_transpose(image, label)
     # EXIF rotation swaps the sides, so the minimum is checked again on the final orientation.
     _check_size(label, image.size, max_pixels, min_side)
-    rgb = _to_rgb(image, label)
-    # The file's own metadata stays behind: PIL keeps a PNG's text chunks in `info` (up to 64 MB,
-    # inflated from a few KB of zTXt) and every copy or convert carries them along, while a batch
-    # holds its decoded images for the whole run. Nothing downstream reads them.
-    rgb.info = {}
-    return rgb
+    return image
 
 
 def _exif_transpose(image: Image.Image, label: str) -> Image.Image:

@@ -198,6 +198,7 @@ def prune(out_dir: str | os.PathLike, retention: int, *, keep: Path | None = Non
     names = sorted((p for p in out_dir.iterdir() if _NAME_RE.match(p.name) and p.is_file()), reverse=True)
     kept = 0
     deleted: list[Path] = []
+    masks: set[str] = set()  # region-edit masks named by deleted results (results.save_mask)
     for path in names:
         if kept < retention or path == keep:
             kept += 1
@@ -213,8 +214,28 @@ def prune(out_dir: str | os.PathLike, retention: int, *, keep: Path | None = Non
             continue  # another process pruned it first
         deleted.append(path)
         if ours_by_sidecar:
+            masks.update(_mask_names(sidecar))
             sidecar.unlink(missing_ok=True)
+    if masks:  # a mask goes with the last result that names it (several cells of a comparison share one)
+        for path in out_dir.iterdir():
+            if _NAME_RE.match(path.name) and path.is_file():
+                masks.difference_update(_mask_names(path.with_suffix(".json")))
+        for name in masks:
+            (out_dir / name).unlink(missing_ok=True)
     return deleted
+
+
+_MASK_NAME = re.compile(r'"file"\s*:\s*"(mask-[0-9a-f]{16}\.png)"')
+
+
+def _mask_names(sidecar: Path) -> set[str]:
+    """The mask files a sidecar names (its `mask.file`); empty for a missing or unreadable one."""
+    try:
+        with sidecar.open("rb") as fp:
+            text = fp.read(TEXT_READ_MAX).decode("utf-8", "replace")
+    except OSError:
+        return set()
+    return set(_MASK_NAME.findall(text))
 
 
 def _is_ours(path: Path) -> bool:

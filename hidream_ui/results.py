@@ -8,16 +8,26 @@ the device while the previous one is still being written.
 
 The metadata is built once, in `outputs.save_result`, and kept on the saved result
 (`EditResult.saved_metadata`): the UI's History entry and the batch manifest read it there
-instead of building it a second time.
+instead of building it a second time. Two entries are defined here:
+
+* `parent`: the image the result was made from (`parent_of`): its file name and the sha256 of
+  its bytes. "Edit the result" hands the saved PNG back as the source, so the parent of a second
+  edit is the first result's PNG: its sha256 is that file's, whose name carries its first 8 hex
+  digits (`outputs.save_result`), and History can follow the chain.
+* `mask`: a region edit's mask, saved beside the results as `mask-<16 hex of its sha256>.png` (one
+  file per distinct mask: every cell of a masked comparison names the same file).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from hidream_ui.edits import EditResult
+from hidream_ui.edits import EditMask, EditResult, cap_name
 from hidream_ui.engine.errors import EditCancelled
 from hidream_ui.engine.jobs import CancelToken
 from hidream_ui.outputs import save_result
@@ -44,6 +54,9 @@ class ResultStore:
         saved: list[EditResult] = []
         for result in results:
             if not token.cancelled:
+                if result.params.mask is not None:
+                    save_mask(result.params.mask, self.out_dir)
+                result = dataclasses.replace(result, parent=result.parent or parent_of(result))
                 saved.append(save_result(result, self.out_dir, retention=self.retention))
             if token.cancelled:
                 for done in saved:
@@ -54,4 +67,41 @@ class ResultStore:
         return saved
 
 
-__all__ = ["ResultStore"]
+def parent_of(result: EditResult) -> dict[str, Any]:
+    """The `parent` entry of a result's metadata: {"file": the source's name (None when it had none),
+    "sha256": hex digest, "of": what was hashed}. "file": the source file's bytes, as the request
+    brought them (`EditRequest.source_sha256`; an earlier result's PNG is its own file); "pixels":
+    the decoded RGB pixels (width and height as two 4-byte big-endian numbers, then the bytes), for
+    a source handed over as an image (Python callers)."""
+    if result.source_sha256:
+        return {"file": cap_name(result.source_name), "sha256": result.source_sha256, "of": "file"}
+    image = result.source_image.convert("RGB")
+    digest = hashlib.sha256(image.width.to_bytes(4, "big") + image.height.to_bytes(4, "big"))
+    digest.update(image.tobytes())
+    return {"file": cap_name(result.source_name), "sha256": digest.hexdigest(), "of": "pixels"}
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes (a source's, for `parent`), read in pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fp:
+        for piece in iter(lambda: fp.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def save_mask(mask: EditMask, out_dir: Path) -> Path:
+    """Writes the mask beside the results once (content-addressed: an existing file of that name
+    holds the same mask); returns its path. The retention (outputs.prune) deletes it with the
+    last result that names it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / mask.file_name
+    try:
+        with path.open("xb") as fp:
+            fp.write(mask.png)
+    except FileExistsError:
+        pass
+    return path
+
+
+__all__ = ["ResultStore", "file_sha256", "parent_of", "save_mask"]

@@ -118,7 +118,7 @@ def test_set_attention_switches_and_refuses_unavailable(client, app):
     assert resolved != "auto" and statuses[resolved].available
     assert client.predict(api_name="/status")["attention"] == resolved
     # Edits still work after the switches.
-    _, _, seed_used, _ = edit(client, seed=7)
+    _, _, seed_used, _ = edit(client, seed=7, randomize_seed=False)
     assert seed_used == 7
 
 
@@ -198,7 +198,8 @@ def test_history_settings_round_trip(client, app):
     from hidream_ui.ui.common import form_values
     from hidream_ui.ui.handlers import Handlers
 
-    _, saved, seed_used, _ = edit(client, seed=99, guidance_scale=4.5, instruction="Add a rainbow over the sea")
+    _, saved, seed_used, _ = edit(client, seed=99, randomize_seed=False, guidance_scale=4.5,
+                                  instruction="Add a rainbow over the sea")
     # In-process, the PNG's folder is trusted the way the bundled examples are (the app's own event
     # opens only what gradio stored as an upload: see test_hardening2_queue).
     services = AppServices.for_config(app["config"], trusted_roots=[Path(saved).parent])
@@ -300,3 +301,62 @@ def test_a_missing_image_or_instruction_says_what_to_do(client, tmp_path, app):
     unreadable = _refusal(client, image=handle_file(str(text)), instruction="make it red")
     assert "This file is not an image we can read" in unreadable
     assert app["engine"].counters["edits"] == edits  # refused before any work
+
+
+# ---------------------------------------------------------------------------------------------
+# Region edits and live previews (issue 21)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_an_edit_with_a_left_half_mask_keeps_the_right_half(client, tmp_path):
+    import numpy as np
+
+    from hidream_ui.outputs import read_metadata
+
+    rng = np.random.default_rng(7)
+    source = tmp_path / "noise.png"
+    Image.fromarray(rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)).save(source)
+    mask = tmp_path / "left.png"
+    painted = Image.new("L", (128, 96), 0)
+    painted.paste(255, (0, 0, 64, 96))
+    painted.save(mask)
+    (_, after), saved, _, _ = edit(client, image=source, instruction="make it blue", mask=handle_file(str(mask)),
+                                   seed=5, randomize_seed=False, num_inference_steps=4)
+    meta = read_metadata(saved)
+    feather = meta["mask"]["feather"]
+    src = np.asarray(Image.open(source), dtype=np.int16)
+    with Image.open(after) as shown:
+        out = np.asarray(shown.convert("RGB"), dtype=np.int16)
+    assert np.abs(out[:, 64 + feather:] - src[:, 64 + feather:]).max() <= 2
+    assert np.abs(out[:, :64 - feather] - src[:, :64 - feather]).mean() > 10
+    assert meta["mask"]["name"] == "left.png" and meta["parent"]["file"] == "noise.png"
+    # Without the mask the right half changes: the mask is what kept it.
+    (_, free), _, _, _ = edit(client, image=source, instruction="make it blue", seed=5, randomize_seed=False,
+                              num_inference_steps=4)
+    with Image.open(free) as shown:
+        assert np.abs(np.asarray(shown.convert("RGB"), dtype=np.int16)[:, 64 + feather:]
+                      - src[:, 64 + feather:]).mean() > 10
+
+
+def test_a_mask_that_is_not_an_image_is_refused_before_any_work(client, tmp_path, app):
+    text = tmp_path / "mask.png"
+    text.write_text("not a picture")
+    edits = app["engine"].counters["edits"]
+    refused = _refusal(client, image=handle_file(str(EXAMPLE)), instruction="make it red", mask=handle_file(str(text)))
+    assert "not an image we can read" in refused
+    assert app["engine"].counters["edits"] == edits
+
+
+def test_edit_streams_live_previews_before_its_result(client):
+    """/edit's progress carries a (before, preview) pair every --preview-every steps (4 by default)."""
+    job = client.submit(image=handle_file(str(EXAMPLE)), instruction="make it blue", num_inference_steps=9,
+                        working_resolution="draft", api_name="/edit")
+    final = job.result()
+    outputs = job.outputs()
+    assert len(outputs) == 3  # previews after steps 4 and 8, then the result
+    previews = [Path(pair[1]) for pair, *_ in outputs[:-1]]
+    assert all(path.is_file() for path in previews) and final == outputs[-1]
+    first, second = (Image.open(path).convert("RGB") for path in previews)
+    assert first.tobytes() != second.tobytes()  # the preview changes as it denoises
+    # A preview leaves the other outputs as they are (no saved file, no seed yet): it is never saved.
+    assert final[1] is not None and all(value == {"__type__": "update"} for value in outputs[0][1:])

@@ -68,14 +68,16 @@ def test_the_edit_flags_become_params_over_the_variants_defaults():
 # --- composition ----------------------------------------------------------------------------------
 
 
-def test_params_are_instruction_seed_and_settings():
+def test_params_are_instruction_seed_settings_and_an_optional_mask():
     settings = EditSettings(guidance_scale=4.0, working_resolution="draft")
     params = EditParams("x", 1, settings)
     assert params.settings is settings and params.guidance_scale == 4.0 and params.working_resolution == "draft"
     assert EditParams("x", guidance_scale=2).settings == EditSettings(guidance_scale=2)
     assert dataclasses.replace(params, num_inference_steps=9).settings == dataclasses.replace(
         settings, num_inference_steps=9)
-    assert [f.name for f in dataclasses.fields(EditParams)] == ["instruction", "seed", "settings"]
+    # DESIGN.md: EditParams = settings + instruction + seed + optional mask (not a setting: not in to_dict).
+    assert [f.name for f in dataclasses.fields(EditParams)] == ["instruction", "seed", "settings", "mask"]
+    assert params.mask is None
     assert list(params.to_dict()) == [spec.name for spec in FIELDS if spec.name != "randomize_seed"]
     with pytest.raises(TypeError, match="guidance"):
         EditParams("x", guidance=3)
@@ -116,12 +118,12 @@ def test_the_handlers_take_the_forms_fields_in_their_order():
     from hidream_ui.ui.compare_tab import CompareTab
     from hidream_ui.ui.handlers import Handlers
 
-    assert _parameters(Handlers.edit) == ["image", *EDIT_FORM, "rewrite"]
-    assert _parameters(Handlers.edit_rewritten) == ["image", "rewritten", "rewrite", *EDIT_FORM[1:]]
+    assert _parameters(Handlers.edit) == ["image", *EDIT_FORM, "rewrite", "mask"]
+    assert _parameters(Handlers.edit_rewritten) == ["image", "rewritten", "rewrite", *EDIT_FORM[1:], "mask"]
     assert _parameters(BatchTab.run) == ["files", "instructions", "mode", *SHARED_FORM, "seed", "seed_policy",
                                          "batch_size", "rewrite"]
     assert _parameters(CompareTab.run) == ["image", "instruction", "axis_x", "values_x", "axis_y", "values_y",
-                                           *SHARED_FORM, "seed"]
+                                           *SHARED_FORM, "seed", "mask"]
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +151,8 @@ def _check_widgets(widgets, names) -> None:
 
 def test_the_widgets_of_each_api_are_the_fields_in_order(demo):
     edit = _event(demo, "edit").inputs
-    _check_widgets(edit[1:-1], EDIT_FORM)
-    _check_widgets(_event(demo, "edit_rewritten").inputs[3:], EDIT_FORM[1:])
+    _check_widgets(edit[1:-2], EDIT_FORM)
+    _check_widgets(_event(demo, "edit_rewritten").inputs[3:-1], EDIT_FORM[1:])
     _check_widgets(_event(demo, "batch_edit").inputs[3:3 + len(SHARED_FORM)], SHARED_FORM)
     _check_widgets(_event(demo, "compare").inputs[6:6 + len(SHARED_FORM)], SHARED_FORM)
     # The form round trip (History's "Load these settings", a PNG's settings) fills the same widgets.
@@ -158,10 +160,10 @@ def test_the_widgets_of_each_api_are_the_fields_in_order(demo):
                                                                                     "settings_from_file")]
     assert len(loaders) == 2
     for fn in loaders:
-        assert [id(w) for w in fn.outputs[:-1]] == [id(w) for w in edit[1:-1]]
-    # The widgets start at the variant's defaults.
-    defaults = {**EditParams.defaults_for("e1.1").to_dict(), "randomize_seed": False}
-    assert [w.value for w in edit[2:-1]] == [defaults[name] for name in EDIT_FORM[1:]]
+        assert [id(w) for w in fn.outputs[:-1]] == [id(w) for w in edit[1:-2]]
+    # The widgets start at the variant's defaults: a random seed (Edit twice, two different images).
+    defaults = {**EditParams.defaults_for("e1.1").to_dict(), "randomize_seed": True}
+    assert [w.value for w in edit[2:-2]] == [defaults[name] for name in EDIT_FORM[1:]]
 
 
 def test_the_form_round_trip_gives_back_the_params():

@@ -1,4 +1,5 @@
-"""`python -m hidream_ui bench <load|edit|attention|batch|app|soak|pool|memory|speed|abuse|quality|cluster> [--json]`.
+"""`python -m hidream_ui bench <load|edit|attention|batch|app|soak|pool|memory|speed|abuse|quality|cluster|preview>
+[--json]`.
 
 Benchmarks print numbers measured side by side in one run (and ratios between them); they are
 not tests and assert nothing. Each kind lives in its own module, imported only when asked for.
@@ -25,6 +26,7 @@ KINDS = {
                 "held-out synthetic edits under every speed/memory/attention mode: success, PSNR, speedup"),
     "cluster": ("hidream_ui.bench.cluster",
                 "Ray Serve replicas vs the local pool: per-job overhead, 1 vs 2 replicas, replacing a killed one"),
+    "preview": ("hidream_ui.bench.preview", "a live preview's cost next to a denoising step (fit, per preview)"),
 }
 
 

@@ -45,10 +45,10 @@ class TimedEngine(EditEngine):
     records: list[dict]
     clock = threading.Lock()
 
-    def edit(self, request, on_step=None, *, save=True, cancel=None):
+    def edit(self, request, on_step=None, *, save=True, cancel=None, on_preview=None):
         start = time.perf_counter()
         try:
-            return super().edit(request, on_step, save=save, cancel=cancel)
+            return super().edit(request, on_step, save=save, cancel=cancel, on_preview=on_preview)
         finally:
             with TimedEngine.clock:
                 self.records.append({"engine": self.pool_label or self.config.device, "seed": request.params.seed,

@@ -27,7 +27,7 @@ from hidream_ui.config import (
     read_auth_file,
 )
 from hidream_ui.engine.errors import EngineError
-from hidream_ui.server.lanes import ALL_LANES
+from hidream_ui.server.lanes import ALL_LANES, LATE_INPUTS
 
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
@@ -198,7 +198,8 @@ def admission(demo, config: AppConfig) -> bool:
 
     return gradio_internals.admit_jobs(demo, ALL_LANES,
                                        max_waiting=config.max_queue,
-                                       per_session=config.max_jobs_per_client, per_session_message=message)
+                                       per_session=config.max_jobs_per_client, per_session_message=message,
+                                       late_inputs=LATE_INPUTS)
 
 
 def _janitor(demo, folder, config: AppConfig):

@@ -61,15 +61,21 @@ def run_item(engine: "Engine", task: ItemTask, cancel: "CancelToken | None" = No
 
     started = time.perf_counter()
     try:
-        values = dict(task.params)
+        params = EditParams.from_dict(dict(task.params))
         if task.mask is not None:
             if not mask_supported():
                 return ItemOutput(line=task.line, ok=False, error=MASK_UNSUPPORTED)
-            values["mask"] = task.mask
-        params = EditParams.from_dict(values)
+            import dataclasses
+            from pathlib import Path as _Path
+
+            from hidream_ui.edits import validated_mask
+            from hidream_ui.imaging import open_mask
+
+            mask = validated_mask(open_mask(task.mask), _Path(task.mask).name)  # the upload decoder's rules
+            params = dataclasses.replace(params, mask=mask).validated()
         image = engine.open_image(task.image, name=task.image_name)
-        result = engine.edit(EditRequest(image=image, params=params, source_name=task.image_name), save=False,
-                             cancel=cancel)
+        request = EditRequest(image=image, params=params, source_name=task.image_name).validated()
+        result = engine.edit(request, save=False, cancel=cancel)
         metadata = result.metadata()
         metadata["manifest"] = {"line": task.line, "settings_hash": task.settings_hash}
         png = encode_png(result.image, metadata)

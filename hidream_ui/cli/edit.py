@@ -1,4 +1,4 @@
-"""`python -m hidream_ui edit --image IN --instruction TEXT [--out PATH] [parameters]`.
+"""`python -m hidream_ui edit --image IN --instruction TEXT [--mask PATH] [--out PATH] [parameters]`.
 
 Runs one edit through the same engine as the app and prints a JSON summary. With no model
 configured it runs on the offline tiny model (the summary says so: outputs are noise).
@@ -20,6 +20,8 @@ from hidream_ui.edits import add_edit_arguments
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui edit", description=__doc__.splitlines()[0])
     parser.add_argument("--image", required=True, help="source image file")
+    parser.add_argument("--mask", help="region edit: an image of the source's shape, white = may change, black = "
+                                       "keep (with transparency: painted = may change)")
     parser.add_argument("--out", help="also copy the result PNG (with its metadata) to this path")
     add_edit_arguments(parser)  # one flag per field of hidream_ui.edits.FIELDS
     add_model_arguments(parser)
@@ -30,15 +32,22 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     quiet_libraries(args.verbose)  # before torch, transformers and diffusers are imported
-    from hidream_ui.edits import EditRequest, RequestError, params_from_args
+    import dataclasses
+
+    from hidream_ui.edits import EditRequest, RequestError, params_from_args, validated_mask
     from hidream_ui.engine.errors import EngineError
     from hidream_ui.engine.pool import EnginePool
-    from hidream_ui.imaging import ImageError, open_image
+    from hidream_ui.imaging import ImageError, open_image, open_mask
+    from hidream_ui.results import file_sha256
 
     try:
         config = from_namespace(args)
-        request = EditRequest(image=open_image(args.image), params=params_from_args(args, config.variant),
-                              source_name=Path(args.image).name)
+        params = params_from_args(args, config.variant)
+        if args.mask:
+            mask = validated_mask(open_mask(args.mask), Path(args.mask).name)
+            params = dataclasses.replace(params, mask=mask).validated()
+        request = EditRequest(image=open_image(args.image), params=params,
+                              source_name=Path(args.image).name, source_sha256=file_sha256(args.image)).validated()
         # --devices / HIDREAM_DEVICES: one edit runs on the first device (the others are not loaded).
         bar = StepBar("edit")  # stderr: stdout carries only the JSON summary
         try:
@@ -61,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         "source_size": list(result.source_size),
         "timings": result.timings.to_dict(),
         "peak_memory_bytes": result.peak_memory_bytes,
+        "mask": (result.saved_metadata or {}).get("mask"),
+        "parent": (result.saved_metadata or {}).get("parent"),
         **{k: getattr(result.info, k) for k in ("variant", "model_source", "device", "dtype", "attention")},
     }
     if result.info.model_source == "tiny":

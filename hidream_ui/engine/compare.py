@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -383,14 +384,22 @@ def run_compare(engine: "Engine", image, params: EditParams, axis_x: str | Axis,
     axis the strategy is switched per cell through `engine.set_attention` and the one active
     before is restored afterwards, also when a cell fails. The `cancel` token (also checked
     between two cells) ends the run early; the finished cells are kept and `cancelled` is set.
+    A region mask in `params` (`params.mask`) applies to every cell: each keeps the source outside it.
     Other errors propagate (EngineError, OutOfMemory, ...).
     """
     from hidream_ui.engine.errors import EditCancelled
     from hidream_ui.engine.jobs import CancelToken
+    from hidream_ui.results import file_sha256
 
     started = time.perf_counter()
     plan = plan_compare(params, axis_x, values_x, axis_y, values_y, max_cells=engine.config.max_grid_cells)
     picture = engine.open_image(image, name=source_name)  # the app's --max-pixels
+    # Every cell names the same parent: the source file's bytes when it is a file.
+    digest = file_sha256(image) if isinstance(image, (str, os.PathLike)) else None
+    requests = [EditRequest(image=picture, params=cell.params, source_name=source_name, source_sha256=digest)
+                for cell in plan.cells]
+    if requests:
+        requests[0].validated()  # a mask of another shape than the source: refused before any work
     uses_attention = any(axis is not None and axis.kind == "attention" for axis in (plan.axis_x, plan.axis_y))
     if uses_attention:
         _check_attention_available(engine, {cell.attention for cell in plan.cells})
@@ -406,15 +415,14 @@ def run_compare(engine: "Engine", image, params: EditParams, axis_x: str | Axis,
             results: list[EditResult] = []
             cancelled = False
             try:
-                for cell in plan.cells:
+                for cell, request in zip(plan.cells, requests):
                     if token.cancelled:
                         cancelled = True
                         break
                     if cell.attention is not None:
                         engine.set_attention(cell.attention)
                     try:
-                        result = engine.edit(EditRequest(image=picture, params=cell.params, source_name=source_name),
-                                             on_step, save=save, cancel=token)
+                        result = engine.edit(request, on_step, save=save, cancel=token)
                     except EditCancelled:
                         cancelled = True
                         break

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 from hidream_ui.config import AppConfig
 from hidream_ui.edits import WORKING_SIDE_MIN, EditRequest, EditResult, RunInfo, Timings
 from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
-from hidream_ui.engine.jobs import CancelToken, StepFn, StepInfo
+from hidream_ui.engine.jobs import CancelToken, Preview, PreviewFn, StepFn, StepInfo
 from hidream_ui.engine.status import EngineStatus, Progress, PromptCacheStats, WeightSwapStats
 from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.model.loading import ProgressFn
@@ -99,6 +99,8 @@ class EditEngine:
         # Set by an EnginePool (engine/pool.py): which of its engines this is, saved in every result.
         self.pool_label: str | None = None
         self.counters = {"edits": 0, "text_encoder_calls": 0, "transformer_calls": 0}
+        # The live preview's latent -> RGB map, fitted to the loaded model's VAE (pipeline/previews.py).
+        self._previewer = None
         from hidream_ui.pipeline.speed.runtime import SpeedRuntime
 
         self._speed = SpeedRuntime.from_config(config)  # --moe / --compile / --cache (README "Speed modes")
@@ -234,6 +236,26 @@ class EditEngine:
 
         self._speed.at_load(pipe.transformer, self.device.type, warm_up)
 
+    def preview_map(self):
+        """The live preview's latent -> RGB map, fitted to this model's VAE on the first edit that asks
+        for previews (one batched VAE encode, under the engine lock) and kept with the loaded model;
+        None with --preview-every 0. Callers that never show previews (the CLI, batches) never fit it."""
+        if self.config.preview_every <= 0:
+            return None
+        if self._previewer is None:
+            from hidream_ui.pipeline.previews import fit_latent_rgb
+
+            started = time.perf_counter()
+            self._previewer = fit_latent_rgb(self.model.pipeline).to(self.model.device.torch_device)
+            logger.info("live preview map fitted in %.2f s (RMS error %.3f)", time.perf_counter() - started,
+                        self._previewer.residual)
+        return self._previewer
+
+    @property
+    def previewer(self):
+        """The fitted latent -> RGB map (None until an edit asked for previews, or with --preview-every 0)."""
+        return self._previewer
+
     # ------------------------------------------------------------------ attention
     @property
     def attention_request(self) -> str:
@@ -319,18 +341,21 @@ class EditEngine:
         return self._cache.get(key, compute)
 
     def edit(self, request: EditRequest, on_step: StepFn | None = None, *, save: bool = True,
-             cancel: CancelToken | None = None) -> EditResult:
+             cancel: CancelToken | None = None, on_preview: PreviewFn | None = None) -> EditResult:
         """Runs one edit; returns the result (saved with its metadata when `save`).
 
         `cancel` is the job's token: once set, the edit stops after the current step, raises
-        EditCancelled and saves nothing.
+        EditCancelled and saves nothing. `on_preview` gets a live `Preview` every
+        `config.preview_every` steps, at most PREVIEWS_MAX per edit (none when that is 0); previews
+        never change the result.
         """
         token = cancel or CancelToken()
-        results = self._run([request], on_step, token=token)
+        results = self._run([request], on_step, token=token, on_preview=on_preview)
         # Saved here, after `_run` released the device lock: the next job may start meanwhile.
         return self.results.save(results, token)[0] if save else results[0]
 
-    def _run(self, requests: list[EditRequest], on_step: StepFn | None, *, token: CancelToken) -> list[EditResult]:
+    def _run(self, requests: list[EditRequest], on_step: StepFn | None, *, token: CancelToken,
+             on_preview: PreviewFn | None = None) -> list[EditResult]:
         """Edits requests that share parameters other than image/instruction/seed in ONE pipeline call.
         Returns the unsaved results (the caller saves them with `self.results`, outside the lock)."""
         from hidream_ui.device.memory import snapshot
@@ -365,6 +390,20 @@ class EditEngine:
                 sizes = {image.size for image, _ in working}
                 if len(sizes) != 1:
                     raise EngineError(f"one pipeline call needs one working size, got {sorted(sizes)}")
+                # Region edits: each mask at its source's size, then through the source's own working plan.
+                working_masks = None
+                if any(p.mask is not None for p in params_list):
+                    from hidream_ui.pipeline.masks import mask_at
+
+                    working_masks = [None if p.mask is None else
+                                     to_working_size(mask_at(p.mask.image, r.image.size), plan).convert("L")
+                                     for r, p, (_, plan) in zip(requests, params_list, working)]
+                previewer = self.preview_map() if on_preview is not None else None
+                every = 0
+                if previewer is not None:  # every K steps, at most PREVIEWS_MAX per edit
+                    from hidream_ui.config import PREVIEWS_MAX
+
+                    every = max(self.config.preview_every, -(-total // PREVIEWS_MAX))
                 text_seconds = [0.0]
 
                 def embeds(text: str):
@@ -394,6 +433,10 @@ class EditEngine:
                     token.step = done
                     if on_step is not None:
                         on_step(StepInfo(step=done, total=total, stage=stage, elapsed=elapsed, eta=eta))
+                    if every and done % every == 0 and done < total and "x0" in tensors and not token.cancelled:
+                        # The first image's picture (an edit has one); read only, the latents are untouched.
+                        # None once cancelled: the edit ends with this step, nobody waits for a picture.
+                        on_preview(Preview(step=done, total=total, image=previewer.image(tensors["x0"][0])))
                     if token.cancelled:  # the pipeline stops before the next step
                         pipeline._interrupt = True
                     return tensors
@@ -412,9 +455,11 @@ class EditEngine:
                     clip_cfg_norm=first.clip_cfg_norm,
                     collapse_padding=first.collapse_padding,
                     generator=generators,
+                    mask=working_masks,
                     prompt_embeds_fn=embeds,
                     stage_fn=stage_fn,
                     callback_on_step_end=step_end,
+                    callback_on_step_end_tensor_inputs=("latents", "x0") if every else ("latents",),
                 )
                 if token.cancelled:  # during the last step (or the decode): a cancelled edit saves nothing
                     raise EditCancelled(f"edit cancelled: {token.reason or 'cancelled'} after the last step")
@@ -456,11 +501,18 @@ class EditEngine:
             info = dataclasses.replace(self._info(), speed=self._speed.call_info(pipe, cache_spec))
             results = []
             for request, params, (image, _), out in zip(requests, params_list, working, output.images):
+                edited, feather = restore_size(out, request.image.size), None
+                if params.mask is not None:  # outside the mask (beyond the feather) the source's own pixels
+                    from hidream_ui.pipeline.masks import composite, feather_px
+
+                    feather = feather_px(request.image.size, image.size, pipe.vae_scale_factor)
+                    edited = composite(edited, request.image, params.mask.image, feather)
                 results.append(EditResult(
-                    image=restore_size(out, request.image.size), source_image=request.image, params=params,
+                    image=edited, source_image=request.image, params=params,
                     working_size=image.size, source_size=request.image.size, timings=timings,
                     peak_memory_bytes=peak, info=dataclasses.replace(info, batch_size=len(requests)),
                     source_name=request.source_name, rewrite=request.rewrite,
+                    source_sha256=request.source_sha256, mask_feather=feather,
                 ))
             return results
 

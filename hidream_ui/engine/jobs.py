@@ -21,9 +21,9 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["CancelToken", "Job", "JobProgress", "JobRegistry", "StepInfo", "StepFn"]
+__all__ = ["CancelToken", "Job", "JobProgress", "JobRegistry", "Preview", "PreviewFn", "StepInfo", "StepFn"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,19 @@ class StepInfo:
 
 
 StepFn = Callable[[StepInfo], None]
+
+
+@dataclass(frozen=True)
+class Preview:
+    """A live preview of an edit after `step` of `total` steps: a small RGB picture (a PIL image at the
+    latent's resolution, pipeline/previews.py) of what the step predicts. Shown, never saved."""
+
+    step: int
+    total: int
+    image: Any  # PIL.Image.Image (typed loosely: this module imports only the standard library)
+
+
+PreviewFn = Callable[[Preview], None]
 
 
 @dataclass(frozen=True)

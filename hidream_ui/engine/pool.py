@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.telemetry import TelemetrySampler
     from hidream_ui.edits import EditRequest, EditResult
     from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
-    from hidream_ui.engine.jobs import CancelToken, StepFn
+    from hidream_ui.engine.jobs import CancelToken, PreviewFn, StepFn
 
 logger = logging.getLogger(__name__)
 
@@ -318,14 +318,15 @@ class EnginePool:
                 self._load_in_background(retry)
 
     def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
-             cancel: "CancelToken | None" = None) -> "EditResult":
-        """One edit on an idle engine, saved once that engine is free for the next job."""
+             cancel: "CancelToken | None" = None, on_preview: "PreviewFn | None" = None) -> "EditResult":
+        """One edit on an idle engine, saved once that engine is free for the next job (live previews
+        to `on_preview`, see EditEngine.edit)."""
         from hidream_ui.engine.jobs import CancelToken
 
         token = cancel or CancelToken()
         with self.acquire(token) as slot:
             self.start_loading(skip=slot)  # the others load beside this job; this engine loads in it
-            result = slot.engine.edit(request, on_step, save=False, cancel=token)
+            result = slot.engine.edit(request, on_step, save=False, cancel=token, on_preview=on_preview)
         return slot.engine.results.save([result], token)[0] if save else result
 
     def run_exclusive(self, state: str, work, *, cancel: "CancelToken | None" = None):

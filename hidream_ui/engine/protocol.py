@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.edits import EditRequest, EditResult
     from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
     from hidream_ui.engine.engine import EditEngine
-    from hidream_ui.engine.jobs import CancelToken, StepFn
+    from hidream_ui.engine.jobs import CancelToken, PreviewFn, StepFn
     from hidream_ui.engine.status import EngineStatus
     from hidream_ui.model.loading import LoadedModel
 
@@ -48,7 +48,7 @@ class Engine(Protocol):
     def load(self, on_progress: Callable[[float, str], None] | None = None) -> "LoadedModel": ...
 
     def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
-             cancel: "CancelToken | None" = None) -> "EditResult": ...
+             cancel: "CancelToken | None" = None, on_preview: "PreviewFn | None" = None) -> "EditResult": ...
 
     def run_batch(self, batch: "BatchRequest | BatchPlan", on_item: Callable | None = None,
                   on_step: "StepFn | None" = None, *, cancel: "CancelToken | None" = None) -> "BatchResult": ...

@@ -47,7 +47,7 @@ from hidream_ui.engine.status import DeviceRow, EngineStatus, Progress, PromptCa
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.edits import EditRequest, EditResult
     from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
-    from hidream_ui.engine.jobs import CancelToken, StepFn
+    from hidream_ui.engine.jobs import CancelToken, PreviewFn, StepFn
 
 logger = logging.getLogger(__name__)
 
@@ -336,8 +336,10 @@ class RayEngine:
 
     # ------------------------------------------------------------------ jobs
     def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
-             cancel: "CancelToken | None" = None) -> "EditResult":
-        """One edit on a free replica; progress per step through `on_step`; saved here when `save`."""
+             cancel: "CancelToken | None" = None, on_preview: "PreviewFn | None" = None) -> "EditResult":
+        """One edit on a free replica; progress per step through `on_step`; saved here when `save`.
+        `on_preview` is accepted (the Engine protocol) but gets nothing yet: live previews do not
+        cross the replica boundary (a replica's events stream steps only)."""
         from hidream_ui.engine.jobs import CancelToken
         from hidream_ui.results import ResultStore
 

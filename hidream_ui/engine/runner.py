@@ -5,20 +5,20 @@ A job is `work(emit)`: it takes the engine call that does the work, the job's ca
 typed event stream, `JobEvent(kind, payload)`:
 
     step     StepInfo           a denoising step finished (edit, batch, compare)
+    preview  Preview            a live preview every K steps of an edit (--preview-every; never saved)
     rewrite  (done, count)      instructions rewritten so far (batch with rewriting)
     item     BatchItem          a batch item finished, failed or was refused
     cell     (CompareCell, EditResult)   a comparison cell finished
     done     the work's return value: the last event
 
 Two ways to run one:
-* `run_job`: in the calling thread, events to a callback (the Edit tab: gradio tracks the progress
-  of a function from the worker thread it runs in).
-* `stream_job`: in one thread of its own, events yielded as they happen (the Batch and Compare
-  tabs stream partial results). A sync generator is advanced by whichever gradio worker thread is
-  free, so the computing thread must be one of its own: on an NPU the device is bound to the thread
-  that computes. When the consumer stops early (the browser went away), the job's token is
-  cancelled and the thread ends after its current step; the engine lock keeps the next job from
-  overlapping it. Nothing is left running past the job's next step.
+* `run_job`: in the calling thread, events to a callback (the CLI and callers without a UI).
+* `stream_job`: in one thread of its own, events yielded as they happen (the Edit tab streams its
+  live previews, the Batch and Compare tabs their partial results). A sync generator is advanced
+  by whichever gradio worker thread is free, so the computing thread must be one of its own: on an
+  NPU the device is bound to the thread that computes. When the consumer stops early (the browser
+  went away), the job's token is cancelled and the thread ends after its current step; the engine
+  lock keeps the next job from overlapping it. Nothing is left running past the job's next step.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from hidream_ui.engine.jobs import CancelToken
 
 T = TypeVar("T")
 
-EVENT_KINDS = ("step", "rewrite", "item", "cell", "done")
+EVENT_KINDS = ("step", "preview", "rewrite", "item", "cell", "done")
 ABANDONED = "the client went away"
 
 

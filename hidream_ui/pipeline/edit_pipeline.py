@@ -175,6 +175,7 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         output_type: str = "pil",
         collapse_padding: bool = _DEFAULTS.collapse_padding,
         max_sequence_length: int = PROMPT_TOKENS,
+        mask: PIL.Image.Image | Sequence[PIL.Image.Image | None] | None = None,
         prompt_embeds_fn: Callable[[str], PromptEmbeds] | None = None,
         stage_fn: Callable[[str], None] | None = None,
         callback_on_step_end: Callable | None = None,
@@ -186,6 +187,11 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         `prompt_embeds_fn(text)` supplies embeddings (the engine's cache); `stage_fn(stage)` is
         called with "edit" before the first step and "refine" at the switch, to put the transformer
         in that stage's weights; it is called with "edit" again at the end.
+
+        `mask` (one per image, at the working size, white = may change; None: no region) keeps the
+        source outside it at every step (pipeline/masks.py; the pixel composite is the caller's, at
+        the output size). `callback_on_step_end` may ask for "latents", "noise" and "x0" (the clean
+        image the step predicts: what a live preview shows).
         """
         images = [image] if isinstance(image, PIL.Image.Image) else list(image)
         prompts = [prompt] * len(images) if isinstance(prompt, str) else list(prompt)
@@ -202,6 +208,10 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
             raise ValueError(f"working size {width}x{height} must be a multiple of {unit} on both sides")
         if num_inference_steps < 1:
             raise ValueError(f"num_inference_steps={num_inference_steps} must be at least 1")
+        masks = [mask] * len(images) if mask is None or isinstance(mask, PIL.Image.Image) else list(mask)
+        if len(masks) != len(images) or any(m is not None and m.size != (width, height) for m in masks):
+            raise ValueError(f"give one mask (or None) per image at the working size {width}x{height}; got "
+                             f"{[None if m is None else m.size for m in masks]}")
         self._interrupt = False
         device = torch.device(self.compute_device or self._execution_device)
         dtype = self.transformer.dtype
@@ -229,6 +239,12 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         # 3. Starting noise (sampled on the generator's device: CPU by default, see device/runtime.py).
         shape = (count, self.transformer.config.in_channels, source.shape[-2], source.shape[-1])
         latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+        region = None
+        if any(m is not None for m in masks):
+            from hidream_ui.pipeline.masks import keep_outside, latent_mask
+
+            region = latent_mask([m for m in masks for _ in range(repeat)], tuple(latents.shape[-2:]), device, dtype)
+            start_noise = latents  # the same noise at every step (and for the same seed, the same edit)
 
         # 4. Conditioning batches.
         if do_cfg:
@@ -275,10 +291,14 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
                     else:
                         noise = pred
                 latents = self.scheduler.step(noise, t, latents, return_dict=False)[0]
+                if region is not None:
+                    latents = keep_outside(latents, region, source, start_noise, self.scheduler.sigmas[i + 1])
                 if callback_on_step_end is not None:
+                    wanted = tuple(callback_on_step_end_tensor_inputs)
                     names = {"latents": latents, "noise": noise}
-                    outputs = callback_on_step_end(
-                        self, i, t, {k: names[k] for k in callback_on_step_end_tensor_inputs if k in names})
+                    if "x0" in wanted:  # flow matching: x_t = x0 + sigma * v, for the sigma after this step
+                        names["x0"] = latents - self.scheduler.sigmas[i + 1].to(latents.device, latents.dtype) * noise
+                    outputs = callback_on_step_end(self, i, t, {k: names[k] for k in wanted if k in names})
                     latents = (outputs or {}).get("latents", latents)
         finally:
             stage("edit")

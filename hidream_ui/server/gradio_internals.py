@@ -160,7 +160,8 @@ def waiting_jobs(demo: Any, concurrency_id: str) -> int:
 
 
 def admit_jobs(demo: Any, concurrency_id: str | tuple[str, ...], *, max_waiting: int, per_session: int,
-               per_session_message: Callable[[int], str]) -> bool:
+               per_session_message: Callable[[int], str], late_inputs: dict[str, tuple[str, ...]] | None = None
+               ) -> bool:
     """The app's admission policy for the `concurrency_id` group (the device lane; a tuple names
     several lanes, each limited on its own: the rewriter's lane is the other one), enforced
     where gradio itself admits events: the queue's `push`, which the browser, gradio_client and
@@ -173,7 +174,9 @@ def admit_jobs(demo: Any, concurrency_id: str | tuple[str, ...], *, max_waiting:
 
     Events of other groups (``/status``, ``/cancel``) are never refused: the app gives gradio's
     queue no `max_size`, which would count them too and refuse them exactly when the queue is
-    full. Returns False when the queue does not look as expected (nothing is changed then).
+    full. `late_inputs` (api_name -> trailing input names added later, server/lanes.py LATE_INPUTS):
+    a `data` list that lacks only those gets None for them, so raw clients of the older shape still
+    run. Returns False when the queue does not look as expected (nothing is changed then).
     """
     queue = _queue(demo)
     original = getattr(queue, "push", None)
@@ -185,6 +188,7 @@ def admit_jobs(demo: Any, concurrency_id: str | tuple[str, ...], *, max_waiting:
 
     async def push(body, request, username):
         fn = fns.get(getattr(body, "fn_index", None))
+        _pad_late_inputs(body, fn, late_inputs or {})
         lane = getattr(fn, "concurrency_id", None)
         if lane not in lanes:
             return await original(body, request, username)
@@ -203,6 +207,16 @@ def admit_jobs(demo: Any, concurrency_id: str | tuple[str, ...], *, max_waiting:
     push._hidream_admission = True  # type: ignore[attr-defined]
     queue.push = push
     return True
+
+
+def _pad_late_inputs(body: Any, fn: Any, late_inputs: dict[str, tuple[str, ...]]) -> None:
+    late = late_inputs.get(getattr(fn, "api_name", None) or "")
+    data, inputs = getattr(body, "data", None), getattr(fn, "inputs", None)
+    if not late or not isinstance(data, list) or inputs is None:
+        return
+    missing = len(inputs) - len(data)
+    if 0 < missing <= len(late):
+        data.extend([None] * missing)
 
 
 # ---------------------------------------------------------------------------------------------

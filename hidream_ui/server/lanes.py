@@ -23,3 +23,8 @@ CONTROL_GROUP = "control"
 
 # Every lane the app admits jobs on (cli/app.py hands this to gradio_internals.admit_jobs).
 ALL_LANES = (DEVICE_GROUP, REWRITER_GROUP, SETTINGS_FILE_GROUP, CONTROL_GROUP)
+
+# Inputs added at the end of an event after clients were written against it, by api_name: a raw REST
+# client that posts the older, shorter `data` list gets None for them (gradio itself refuses a short
+# list). gradio_client fills them in from the API info by itself.
+LATE_INPUTS = {"edit": ("mask",), "edit_rewritten": ("mask",), "compare": ("mask",)}

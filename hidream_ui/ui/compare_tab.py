@@ -11,6 +11,7 @@ cell updates the grid image and the gallery. Imports gradio at the top: only the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from hidream_ui.ui.common import (
     move_bar,
     settings_widgets,
 )
+from hidream_ui.ui.handlers import open_region
 from hidream_ui.ui.services import AppServices
 
 logger = logging.getLogger(__name__)
@@ -63,11 +65,12 @@ class CompareTab:
     @guarded("the comparison")
     def run(self, image, instruction, axis_x, values_x, axis_y, values_y, negative_prompt, guidance_scale,
             image_guidance_scale, num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed,
-            request: gr.Request = None, progress=gr.Progress()):
+            mask=None, request: gr.Request = None, progress=gr.Progress()):
         """Edits the image once per grid cell (y values are rows, x values columns).
 
         Streams (labelled grid image, gallery of cells, report) as cells finish. Values: comma
-        lists or ranges start:stop[:step]; attention and resolution take names.
+        lists or ranges start:stop[:step]; attention and resolution take names. `mask` (optional,
+        white = may change) limits every cell's edit to that region, as for /edit.
         """
         if image is None:
             raise RequestError("image", None, "an image: upload one")
@@ -75,6 +78,9 @@ class CompareTab:
         params = settings.params(instruction if isinstance(instruction, str) else "", seed_from_form(seed))
         # Resolve a random seed once: every cell of a grid that does not vary the seed shares it.
         params = params.validated().resolve_seed()
+        region = open_region(self.services, mask)
+        if region is not None:
+            params = dataclasses.replace(params, mask=region).validated()
         y_axis = None if axis_y in (None, "", NO_AXIS) else axis_y
         plan = plan_compare(params, axis_x, values_x, y_axis, values_y, max_cells=self.config.max_grid_cells)
         source, name = self.services.gate.path(image, "image")
@@ -237,11 +243,14 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
             settings = settings_widgets(defaults)
             seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
                              info="-1: one random seed for the whole grid")
+            mask = gr.Image(label="Region mask (optional): white = may change, black = keep",
+                            sources=["upload", "clipboard"], type="filepath", image_mode=None, height=160,
+                            elem_id="hui-compare-mask")
         for axis, values in ((axis_x, values_x), (axis_y, values_y)):
             axis.change(handlers.hint, [axis], [values], queue=False, show_progress="hidden",
                         api_visibility="private")
         # The order of /compare's inputs (CompareTab.run's parameters).
-        inputs = [image, instruction, axis_x, values_x, axis_y, values_y, *settings.values(), seed]
+        inputs = [image, instruction, axis_x, values_x, axis_y, values_y, *settings.values(), seed, mask]
         cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers
         run_button.click(None, None, None, js=disable_js(run_button.elem_id), queue=False,
                          show_progress="hidden", api_visibility="private")

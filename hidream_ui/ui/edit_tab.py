@@ -85,6 +85,7 @@ class EditTabHandles:
 
     image: gr.Image
     form: Mapping[str, Any]
+    mask: gr.Image  # optional region mask (white = may change): the last input of /edit and /edit_rewritten
     rewrite: gr.Checkbox
     edit_button: gr.Button
     stop_button: gr.Button
@@ -178,13 +179,19 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
             with gr.Row():
                 form["clip_cfg_norm"] = widget("clip_cfg_norm", value["clip_cfg_norm"])
                 form["collapse_padding"] = widget("collapse_padding", value["collapse_padding"])
+            # Region edits (an upload; a brush on the source, gr.ImageEditor, is the integrator's to add:
+            # the handler takes its value as it is).
+            mask = gr.Image(label="Region mask (optional): white = may change, black = keep",
+                            sources=["upload", "clipboard"], type="filepath", image_mode=None, height=160,
+                            elem_id="hui-mask")
         examples = load_examples(variant)
         example_set = None
         if examples:
             example_set = gr.Examples(examples=examples, inputs=[image, form["instruction"]], cache_examples=False,
                                       examples_per_page=len(examples), label="Examples (CC0, see assets/)")
         last_entry = gr.State(None)
-    return EditTabHandles(image=image, form=form, rewrite=rewrite, edit_button=edit_button, stop_button=stop_button,
+    return EditTabHandles(image=image, form=form, mask=mask, rewrite=rewrite, edit_button=edit_button,
+                          stop_button=stop_button,
                           rewritten=rewritten, rewrite_note=rewrite_note, rewrite_button=rewrite_button,
                           edit_rewritten_button=edit_rewritten_button, rewrite_details=rewrite_details,
                           result_slider=result_slider, result_details=result_details, seed_used=seed_used,
@@ -207,7 +214,7 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     # preprocess=False: the handler opens the upload itself and can say what is wrong with a damaged
     # file (gradio's own decode error is a developer message).
     edit_event = tab.edit_button.click(
-        handlers.edit, inputs=[tab.image, *tab.inputs, tab.rewrite], outputs=tab.outputs, api_name="edit",
+        handlers.edit, inputs=[tab.image, *tab.inputs, tab.rewrite, tab.mask], outputs=tab.outputs, api_name="edit",
         concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False, show_progress_on=[tab.result_slider])
     on_edit(edit_event).then(handlers.show_rewrite, [tab.last_entry], rewrite_outputs, **private)
 
@@ -223,7 +230,7 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     rewrite_event.success(handlers.rewrite_note, [tab.rewrite_details], [tab.rewrite_note], **private)
     rewrite_event.failure(handlers.rewrite_failed, [instruction], rewrite_outputs, **private)
     edit_rewritten_event = tab.edit_rewritten_button.click(
-        handlers.edit_rewritten, inputs=[tab.image, tab.rewritten, tab.rewrite_details, *tab.inputs[1:]],
+        handlers.edit_rewritten, inputs=[tab.image, tab.rewritten, tab.rewrite_details, *tab.inputs[1:], tab.mask],
         outputs=tab.outputs, api_name="edit_rewritten", concurrency_id=DEVICE_GROUP, concurrency_limit=lane,
         preprocess=False, show_progress_on=[tab.result_slider])
     on_edit(edit_rewritten_event)

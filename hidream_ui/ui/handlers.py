@@ -4,6 +4,7 @@ engine; results -> widget updates. Imports gradio at the top: only the UI import
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import html
 import logging
@@ -12,16 +13,25 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import gradio as gr
+from PIL import Image
 
 from hidream_ui.config import AppConfig
-from hidream_ui.edits import EditParams, EditRequest, RequestError, params_from_form, validated_flag
+from hidream_ui.edits import (
+    EditParams,
+    EditRequest,
+    RequestError,
+    params_from_form,
+    validated_flag,
+    validated_mask,
+)
 from hidream_ui.engine.errors import EditCancelled, EngineError
-from hidream_ui.engine.jobs import StepInfo
+from hidream_ui.engine.jobs import Preview, StepInfo
 from hidream_ui.engine.pool import ALL_ENGINES, shared_sampler
 from hidream_ui.engine.protocol import Engine
-from hidream_ui.engine.runner import JobEvent, run_job
+from hidream_ui.engine.runner import stream_job
 from hidream_ui.engine.status import DeviceRow, EngineStatus, QueueFigures
 from hidream_ui.outputs import load_settings, summary_line
+from hidream_ui.results import file_sha256
 from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
 from hidream_ui.rewrite.service import needs_rewrite
 from hidream_ui.server import gradio_internals
@@ -131,6 +141,7 @@ class Handlers:
         randomize_seed,
         collapse_padding,
         rewrite=False,
+        mask=None,
         request: gr.Request = None,
         progress=gr.Progress(),
     ):
@@ -138,9 +149,11 @@ class Handlers:
 
         With `rewrite` the instruction goes through the configured rewriter first (cached per image
         and instruction; an E1-Full prompt already in its two-part format is used as written) and
-        the edit uses its prompt; the metadata records both. Returns (before, after) images, the
-        saved PNG (with the settings in its metadata), the seed used, a one-line summary and this
-        session's history entry.
+        the edit uses its prompt; the metadata records both. `mask` (optional) limits the edit to a
+        region: white = may change, black = keep (transparency: unpainted, i.e. keep). Streams
+        (before, live preview) pairs every --preview-every steps; its last answer is the (before,
+        after) images, the saved PNG (with the settings in its metadata), the seed used, a one-line
+        summary and this session's history entry.
         """
         # Validate everything before loading anything: bad input costs nothing. Both missing: say both.
         if image is None and not str(instruction or "").strip():
@@ -148,7 +161,8 @@ class Handlers:
         # The parameters are the form's fields (EDIT_FORM, tests/test_edit_schema.py checks the names).
         params = params_from_form(locals())
         service = self._rewriter() if validated_flag("rewrite", rewrite) else None
-        return self._edit(image, params, service=service, record=None, request=request, progress=progress)
+        yield from self._edit(image, params, service=service, record=None, request=request, progress=progress,
+                              mask=mask)
 
     @guarded("the edit")
     def edit_rewritten(
@@ -166,24 +180,41 @@ class Handlers:
         seed,
         randomize_seed,
         collapse_padding,
+        mask=None,
         request: gr.Request = None,
         progress=gr.Progress(),
     ):
         """Edits with the rewritten (and perhaps hand-edited) prompt `rewritten`; `rewrite`, the
-        rewriter's answer as `/rewrite` returned it (or null), is recorded beside it in the metadata."""
+        rewriter's answer as `/rewrite` returned it (or null), is recorded beside it in the metadata.
+        `mask` as for `/edit`."""
         if rewritten is None or (isinstance(rewritten, str) and not rewritten.strip()):
             raise RequestError("instruction", rewritten, "a rewritten instruction: press Rewrite first "
                                                          "(or Edit to use your instruction as written)")
         record = RewriteResult.from_dict(_json_value(rewrite)) if _json_value(rewrite) else None
         params = params_from_form({**locals(), "instruction": rewritten})  # EDIT_FORM but the instruction
-        return self._edit(image, params, service=None, record=record, request=request, progress=progress)
+        yield from self._edit(image, params, service=None, record=record, request=request, progress=progress,
+                              mask=mask)
 
-    def _edit(self, image, params: EditParams, *, service, record: RewriteResult | None, request, progress):
+    def _region(self, mask) -> Any:
+        return open_region(self.services, mask)
+
+    def _edit(self, image, params: EditParams, *, service, record: RewriteResult | None, request, progress,
+              mask=None):
         source, name = self.services.gate.path(image, "image")
         picture = self.engine.open_image(source, name=name)
+        region = self._region(mask)
+        if region is not None:
+            params = dataclasses.replace(params, mask=region).validated()
+        # The parent of the result: the source file's own bytes (an earlier result's PNG is its file).
+        digest = file_sha256(source) if isinstance(source, (str, Path)) else None
         EditRequest(image=picture, params=params, source_name=name).validated()  # before any work
 
-        with self.services.job("edit", request) as job:
+        # The job (its cancel token, what Stop and /cancel find) ends with its work, in the edit's own
+        # thread, not with this generator: gradio drops a stopped generator wherever it stands, and one
+        # left at a preview's yield is never resumed (its `finally` would run only when collected).
+        job_scope = contextlib.ExitStack()
+        job = job_scope.enter_context(self.services.job("edit", request))
+        try:
             load_seconds = 0.0
             if service is not None and needs_rewrite(params.instruction):
                 if service.uses_device:
@@ -195,27 +226,39 @@ class Handlers:
                     raise gr_error(f"Rewriting the instruction failed: {exc}. Nothing was edited: uncheck "
                                    "“Rewrite instruction” to edit with your instruction as written.",
                                    title="Rewrite failed") from None
-                params = EditParams.from_dict({**params.to_dict(), "instruction": service.prompt(record)})
-            edit_request = EditRequest(image=picture, params=params, source_name=name, rewrite=record).validated()
+                params = dataclasses.replace(params, instruction=service.prompt(record)).validated()
+            edit_request = EditRequest(image=picture, params=params, source_name=name, rewrite=record,
+                                       source_sha256=digest).validated()
             load_seconds += self._load_with_progress(progress)
             progress(0.0, desc="Encoding the instruction")
 
-            # Every job event of this edit arrives here, in gradio's worker thread; a live preview
-            # (a `preview` event) belongs in the result area (`EditTabHandles.result_slider`,
-            # `#hui-result-area`), where the bar runs and the page scrolls on Edit.
-            def on_event(event: JobEvent) -> None:
-                if event.kind == "step":
-                    info: StepInfo = event.payload
-                    eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
-                    move_bar(progress, job, info.step / max(1, info.total),
-                             f"{info.stage} step {info.step}/{info.total}{eta}", step=info.step, total=info.total)
+            # The edit runs in a thread of its own (stream_job) so that this generator can hand out the
+            # live previews as they come, into the result area (`EditTabHandles.result_slider`); progress
+            # is reported from here. A Stop pressed while the model loaded has already set the token:
+            # the engine then refuses to start.
+            def work(emit):
+                try:
+                    return self.engine.edit(edit_request, lambda info: emit("step", info), cancel=job.token,
+                                            on_preview=lambda shot: emit("preview", shot))
+                finally:
+                    job_scope.close()
 
-            # The job runner in this (gradio's worker) thread: gradio tracks a function's progress
-            # from the thread it runs in. A Stop pressed while the model loaded has already set the
-            # token: the engine then refuses to start instead of running an edit nobody waits for.
+            result, before = None, None
             try:
-                result = run_job(lambda emit: self.engine.edit(edit_request, lambda info: emit("step", info),
-                                                               cancel=job.token), on_event)
+                for event in stream_job(work, job.token, name="hidream-edit"):
+                    if event.kind == "step":
+                        info: StepInfo = event.payload
+                        eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
+                        move_bar(progress, job, info.step / max(1, info.total),
+                                 f"{info.stage} step {info.step}/{info.total}{eta}", step=info.step, total=info.total)
+                    elif event.kind == "preview" and not job.token.cancelled:  # a stopped edit shows no more
+                        shot: Preview = event.payload
+                        size = preview_size(picture.size)
+                        before = before or picture.resize(size, Image.Resampling.BILINEAR)
+                        yield ((before, shot.image.resize(size, Image.Resampling.BILINEAR)),
+                               gr.update(), gr.update(), gr.update(), gr.update())
+                    elif event.kind == "done":
+                        result = event.payload
             except EditCancelled:
                 if job.token.reason != STOPPED_BY_USER:
                     raise  # /cancel, a client's Job.cancel(): the API's contract is an error
@@ -223,7 +266,10 @@ class Handlers:
                 total = job.progress.total if job.progress is not None else params.num_inference_steps
                 message = stopped_message(job.token.step, total)
                 gr.Info(message, title="Stopped")
-                return gr.update(), gr.update(), gr.update(), message, None
+                yield gr.update(), gr.update(), gr.update(), message, None
+                return
+        finally:
+            job_scope.close()  # a second close is a no-op
         self.services.results.add(result.saved_png)
 
         metadata = result.saved_metadata or result.metadata()  # built once, when it was saved
@@ -238,11 +284,11 @@ class Handlers:
                                  before=result.source_image, after=result.image,
                                  seconds=round(result.timings.total, 2), parent=metadata.get("parent")),
         }
-        return ((result.source_image, result.image),
-                str(result.saved_png) if result.saved_png else None,
-                result.params.seed,
-                summarise_result(result, load_seconds),
-                entry)
+        yield ((result.source_image, result.image),
+               str(result.saved_png) if result.saved_png else None,
+               result.params.seed,
+               summarise_result(result, load_seconds),
+               entry)
 
     # ------------------------------------------------------------------ rewrite
     def _rewriter(self):
@@ -649,6 +695,43 @@ class Handlers:
         params = load_settings(path)
         gr.Info(f"Loaded the settings from {name or 'the PNG'} (seed {params.seed}).")
         return (*form_values(params), gr.Tabs(selected="edit"))
+
+
+def open_region(services: AppServices, mask) -> Any:
+    """The validated EditMask of an optional mask (None: none), for /edit and /compare: an uploaded
+    file, or a `gr.ImageEditor` value (its painted layers, ``preprocess=False``; nothing painted: no
+    mask), so a brush on the source can replace the upload widget without touching this. Through
+    the same gate and decoder as a source image: only files gradio stored for this app are opened."""
+    from PIL import ImageChops
+
+    from hidream_ui.imaging import open_mask
+
+    def opened(value) -> tuple[Any, str | None]:
+        source, name = services.gate.path(value, "mask")
+        return open_mask(source, max_pixels=services.config.max_pixels, name=name), name
+
+    if mask is None:
+        return None
+    if isinstance(mask, Mapping) and "layers" in mask and "path" not in mask:  # an ImageEditor's value
+        planes = [opened(layer)[0] for layer in mask.get("layers") or () if layer]
+        if not planes or all(plane.getbbox() is None for plane in planes):
+            return None
+        union = planes[0]
+        for plane in planes[1:]:
+            union = ImageChops.lighter(union, plane.resize(union.size))
+        return validated_mask(union, "painted")
+    plane, name = opened(mask)
+    return validated_mask(plane, name)
+
+
+PREVIEW_SIDE = 512  # longest side a live preview is shown at (it is computed at 1/8 of the working size)
+
+
+def preview_size(source_size: tuple[int, int]) -> tuple[int, int]:
+    """The display size of a live preview: the source's shape, at most PREVIEW_SIDE on its longest side."""
+    width, height = source_size
+    scale = min(1.0, PREVIEW_SIDE / max(width, height))
+    return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 def _json_value(value: Any) -> Any:

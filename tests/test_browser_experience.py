@@ -84,8 +84,9 @@ def test_progress_is_in_view_within_3_s_of_edit(app, page):
     page.mouse.wheel(0, 5000)  # down at the examples, where the visitor was
     page.wait_for_timeout(300)
     page.locator("#hui-edit").click()
-    # Gradio's progress element over the result area: it exists only while the edit runs.
-    sync_api.expect(page.locator("#hui-result .progress-text")).to_be_in_viewport(timeout=3_000)
+    # Gradio's progress element on the summary under the result: it exists only while the edit runs.
+    sync_api.expect(page.locator("#hui-summary .progress-text")).to_be_in_viewport(timeout=3_000)
+    sync_api.expect(page.locator("#hui-result")).to_be_in_viewport()
     sync_api.expect(page.locator("#hui-edit")).to_be_disabled()  # Edit is unavailable while it runs
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"edit_running_{page.size_name}.png"))

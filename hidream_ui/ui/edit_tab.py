@@ -211,11 +211,13 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     for button in (tab.edit_button, tab.edit_rewritten_button):
         button.click(None, None, None, js=SHOW_RESULT_JS, **private)
         button.click(None, None, None, js=disable_js(button.elem_id), **private)
+    # The progress sits on the summary, right under the before/after slider, so the live previews
+    # streamed into the slider stay visible while the edit runs (an overlay on the slider hid them).
     # preprocess=False: the handler opens the upload itself and can say what is wrong with a damaged
     # file (gradio's own decode error is a developer message).
     edit_event = tab.edit_button.click(
         handlers.edit, inputs=[tab.image, *tab.inputs, tab.rewrite, tab.mask], outputs=tab.outputs, api_name="edit",
-        concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False, show_progress_on=[tab.result_slider])
+        concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False, show_progress_on=[tab.summary])
     on_edit(edit_event).then(handlers.show_rewrite, [tab.last_entry], rewrite_outputs, **private)
 
     # Rewriting: "Rewrite" shows the prompt (editable) before any edit; "Edit with this" edits with
@@ -232,7 +234,7 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     edit_rewritten_event = tab.edit_rewritten_button.click(
         handlers.edit_rewritten, inputs=[tab.image, tab.rewritten, tab.rewrite_details, *tab.inputs[1:], tab.mask],
         outputs=tab.outputs, api_name="edit_rewritten", concurrency_id=DEVICE_GROUP, concurrency_limit=lane,
-        preprocess=False, show_progress_on=[tab.result_slider])
+        preprocess=False, show_progress_on=[tab.summary])
     on_edit(edit_rewritten_event)
     if tab.examples is not None:  # an example picked far down the page: back to the form it filled
         tab.examples.dataset.click(None, None, None, js=SHOW_FORM_JS, **private)

@@ -62,6 +62,8 @@ TINY_BANNER = (
 )
 
 APP_CSS = """
+/* The edit's progress shows on the summary (the slider stays free for the live previews): room for it. */
+#hui-summary { min-height: 64px; }
 #hui-tiny-banner { border: 1px solid #f59e0b; background: rgba(245, 158, 11, 0.12);
                    border-radius: 8px; padding: 0.4em 0.9em; }
 #hui-system { position: sticky; top: 0.5em; }

@@ -94,6 +94,30 @@ def test_progress_is_in_view_within_3_s_of_edit(app, page):
     sync_api.expect(page.locator("#hui-edit")).to_be_enabled(timeout=60_000)  # and back when it ended
 
 
+# Records every image the before/after slider shows (a MutationObserver: an edit on the tiny model can
+# stream its previews faster than a test could poll them).
+WATCH_SLIDER_JS = """() => {
+  window.huiShown = [];
+  const note = () => {
+    const srcs = [...document.querySelectorAll('#hui-result img')].map(e => e.src).join(' ');
+    if (srcs && window.huiShown[window.huiShown.length - 1] !== srcs) window.huiShown.push(srcs);
+  };
+  new MutationObserver(note).observe(document.querySelector('#hui-result'),
+                                     {subtree: true, childList: true, attributes: true, attributeFilter: ['src']});
+}"""
+
+
+def test_the_live_preview_changes_during_a_40_step_edit(app, page):
+    open_app(page, app["url"])
+    pick_example(page, 40)
+    page.evaluate(WATCH_SLIDER_JS)
+    page.locator("#hui-edit").click()
+    summary = finished_summary(page)
+    shown = page.evaluate("window.huiShown")
+    # Before the result: at least three different pictures, i.e. the preview changed at least twice.
+    assert len(shown) >= 4, f"the slider showed {len(shown)} pictures in a 40-step edit ({summary!r})"
+
+
 def test_stop_leaves_stopped_and_no_error(app, page):
     jobs = app["demo"].hidream_services.jobs
     open_app(page, app["url"])

@@ -66,10 +66,16 @@ def pick_example(page, steps: int) -> None:
 def finished_summary(page, previous: str = "") -> str:
     """Waits for the summary of a finished edit that differs from `previous`; returns it."""
     summary = page.locator("#hui-summary")
+    # The edit's progress is drawn on the summary: while it runs, the summary holds the progress text
+    # beside the previous result's line, so "differs and names a seed" alone is not the end.
+    progress = page.locator("#hui-summary .progress-text")
     sync_api.expect(summary).to_contain_text("Seed", timeout=120_000)
     if previous:
         sync_api.expect(summary).not_to_have_text(previous, timeout=120_000)
-        sync_api.expect(summary).to_contain_text("Seed", timeout=120_000)
+    sync_api.expect(progress).to_have_count(0, timeout=120_000)
+    if previous:
+        sync_api.expect(summary).not_to_have_text(previous, timeout=120_000)
+    sync_api.expect(summary).to_contain_text("Seed", timeout=120_000)
     return summary.inner_text()
 
 

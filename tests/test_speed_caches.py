@@ -301,11 +301,15 @@ def test_cache_dit_logs_never_reach_stdout(capsys):
 
     import_cache_dit()
     logger = logging.getLogger("CACHE_DIT")
-    old = logger.level
-    logger.setLevel(logging.INFO)
+    # Both levels up for the probe: a quiet CLI run earlier in this process (CACHE_DIT_LOG_LEVEL=error)
+    # may have set the handler's level when cache-dit was first imported.
+    saved = [(obj, obj.level) for obj in (logger, *logger.handlers)]
+    for obj, _ in saved:
+        obj.setLevel(logging.INFO)
     try:
         logger.info("probe from the test")
     finally:
-        logger.setLevel(old)
+        for obj, level in saved:
+            obj.setLevel(level)
     captured = capsys.readouterr()
     assert "probe from the test" not in captured.out and "probe from the test" in captured.err

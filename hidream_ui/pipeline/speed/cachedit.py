@@ -50,14 +50,28 @@ def import_cache_dit():
     # cache-dit's log handler writes to stdout, where `edit` prints its JSON summary: moved to stderr
     # (its level follows CACHE_DIT_LOG_LEVEL, which the quiet CLI sets to error).
     import logging
-    import sys
 
     from cache_dit import logger as cache_dit_logger
 
     handler = getattr(cache_dit_logger, "_default_handler", None)  # its console handler (a file one is apart)
-    if isinstance(handler, logging.StreamHandler) and handler.stream is not sys.stderr:
-        handler.setStream(sys.stderr)
+    if isinstance(handler, logging.StreamHandler) and not isinstance(handler.stream, _CurrentStderr):
+        handler.setStream(_CurrentStderr())
     return cache_dit
+
+
+class _CurrentStderr:
+    """Writes to whatever `sys.stderr` is at the time of writing (not the object it was at import:
+    a replaced stderr, a captured one in tests, must receive the lines too)."""
+
+    def write(self, text: str) -> int:
+        import sys
+
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        import sys
+
+        sys.stderr.flush()
 
 
 def _refusal(transformer) -> str | None:

@@ -9,13 +9,13 @@ both paths write through `write_output` (identical pixels, identical layout).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from hidream_ui.cli.batch_manifest import MASK_UNSUPPORTED, ManifestItem, mask_supported
+from hidream_ui.cli.quiet import LineBar
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.engine.jobs import CancelToken
@@ -115,45 +115,27 @@ def result_row(item: ManifestItem, status: str, output: ItemOutput | None = None
             "timings": output.timings if output is not None else None}
 
 
-class ItemBar:
+class ItemBar(LineBar):
     """One line on stderr for the whole batch: `batch ██████░░░░ 12/40 items · 1 error · 31.0 s · ETA 72 s`.
 
-    Drawn in place on a terminal; written once at the end elsewhere (like `cli.quiet.StepBar`).
     The ETA counts only items run in this process (skipped ones took no time)."""
 
-    WIDTH = 24
-
     def __init__(self, total: int, label: str = "batch", stream: IO[str] | None = None):
+        super().__init__(label, stream)
         self.total = max(0, total)
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.started = time.perf_counter()
         self.done = 0
         self.errors = 0
-        self.last = ""
 
     def render(self) -> str:
         elapsed = time.perf_counter() - self.started
-        filled = min(self.WIDTH, round(self.WIDTH * self.done / max(1, self.total)))
         eta = f" · ETA {elapsed / self.done * (self.total - self.done):.0f} s" if 0 < self.done < self.total else ""
         errors = f" · {self.errors} error{'s' if self.errors != 1 else ''}" if self.errors else ""
-        return (f"{self.label} {'█' * filled}{'░' * (self.WIDTH - filled)} {self.done}/{self.total} items"
-                f"{errors} · {elapsed:.1f} s{eta}")
+        return f"{self.bar(self.done, self.total)} {self.done}/{self.total} items{errors} · {elapsed:.1f} s{eta}"
 
     def advance(self, ok: bool) -> None:
         self.done += 1
         self.errors += 0 if ok else 1
-        self.last = self.render()
-        if self.live:
-            self.stream.write("\r" + self.last)
-            self.stream.flush()
-
-    def close(self) -> None:
-        if not self.last:
-            return
-        self.stream.write(("\r" + self.last + "\n") if self.live else self.last + "\n")
-        self.stream.flush()
+        self.show(self.render())
 
 
 __all__ = ["ItemBar", "ItemOutput", "ItemTask", "output_done", "result_row", "run_item", "write_output"]

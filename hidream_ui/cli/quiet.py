@@ -45,11 +45,9 @@ def quiet_libraries(verbose: bool, environ: MutableMapping[str, str] | None = No
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-class StepBar:
-    """One line on `stream` (stderr) that follows the denoising steps: `edit ██████░░░░ 12/28 steps · 3.1 s`.
-
-    Drawn in place on a terminal; written once at the end elsewhere (a log file or a pipe gets one line
-    instead of a wall of carriage returns)."""
+class LineBar:
+    """One progress line on `stream` (stderr): drawn in place on a terminal; written once at the end
+    elsewhere (a log file or a pipe gets one line instead of a wall of carriage returns)."""
 
     WIDTH = 24
 
@@ -60,16 +58,12 @@ class StepBar:
         self.started = time.perf_counter()
         self.last = ""
 
-    def render(self, step: int, total: int, stage: str = "") -> str:
-        total = max(1, int(total))
-        filled = min(self.WIDTH, round(self.WIDTH * step / total))
-        stage = f" ({stage})" if stage and stage != "edit" else ""
-        return (f"{self.label} {'█' * filled}{'░' * (self.WIDTH - filled)} {step}/{total} steps{stage} · "
-                f"{time.perf_counter() - self.started:.1f} s")
+    def bar(self, done: int, total: int) -> str:
+        filled = min(self.WIDTH, round(self.WIDTH * done / max(1, total)))
+        return f"{self.label} {'█' * filled}{'░' * (self.WIDTH - filled)}"
 
-    def update(self, info) -> None:
-        """`info`: a StepInfo (step, total, stage)."""
-        self.last = self.render(info.step, info.total, info.stage)
+    def show(self, line: str) -> None:
+        self.last = line
         if self.live:
             self.stream.write("\r" + self.last)
             self.stream.flush()
@@ -81,4 +75,14 @@ class StepBar:
         self.stream.flush()
 
 
-__all__ = ["CHATTY_LOGGERS", "QUIET_ENVIRONMENT", "StepBar", "add_verbose_argument", "quiet_libraries"]
+class StepBar(LineBar):
+    """The denoising steps: `edit ██████░░░░ 12/28 steps · 3.1 s`."""
+
+    def render(self, step: int, total: int, stage: str = "") -> str:
+        total = max(1, int(total))
+        stage = f" ({stage})" if stage and stage != "edit" else ""
+        return f"{self.bar(step, total)} {step}/{total} steps{stage} · {time.perf_counter() - self.started:.1f} s"
+
+    def update(self, info) -> None:
+        """`info`: a StepInfo (step, total, stage)."""
+        self.show(self.render(info.step, info.total, info.stage))

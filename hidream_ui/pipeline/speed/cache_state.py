@@ -38,3 +38,23 @@ def call_signature(kwargs: dict) -> tuple:
             key(kwargs.get("encoder_hidden_states_t5")), key(kwargs.get("encoder_hidden_states_llama3")),
             key(kwargs.get("pooled_embeds")),
             None if kwargs.get("hidden_states_masks") is None else tuple(kwargs["hidden_states_masks"].shape))
+
+
+def begin_call(state: Any, args: tuple, kwargs: dict, *, reset_on_first: bool = True) -> None:
+    """A root hook's pre-forward: a call of another shape or text starts the cache afresh (the first
+    call too, unless `reset_on_first`: cache-dit sets its context up before it), then the call is counted.
+    `state` has `signature`, `stats`, `run_at_call_start` and `reset()`."""
+    signature = call_signature({"hidden_states": args[0], **kwargs} if args else kwargs)
+    if signature != state.signature:
+        if reset_on_first or state.signature is not None:
+            state.reset()
+        state.signature = signature
+    state.stats.calls += 1
+    state.run_at_call_start = state.stats.blocks_run
+
+
+def end_call(state: Any) -> None:
+    """A root hook's post-forward: the blocks this call did not run count as skipped."""
+    run = state.stats.blocks_run - state.run_at_call_start
+    state.stats.blocks_skipped += state.blocks - run
+    state.stats.full_calls += run == state.blocks

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hidream_ui.pipeline.speed.cache_state import ROOT_HOOK as _ROOT
-from hidream_ui.pipeline.speed.cache_state import CacheStats
-from hidream_ui.pipeline.speed.cache_state import call_signature as _signature
+from hidream_ui.pipeline.speed.cache_state import CacheStats, begin_call, end_call
 from hidream_ui.pipeline.speed.settings import CACHE_DIT_HINT, CacheSpec
 
 FN_BLOCKS, BN_BLOCKS, WARMUP_CALLS, TAYLORSEER_ORDER = 1, 0, 3, 1
@@ -130,21 +129,11 @@ def _hook_classes():
             self.state = state
 
         def pre_forward(self, module, *args, **kwargs):
-            state = self.state
-            signature = _signature({"hidden_states": args[0], **kwargs} if args else kwargs)
-            if signature != state.signature:
-                if state.signature is not None:  # another call shape mid-stage: start afresh
-                    state.reset()
-                state.signature = signature
-            state.stats.calls += 1
-            state.run_at_call_start = state.stats.blocks_run
+            begin_call(self.state, args, kwargs, reset_on_first=False)
             return args, kwargs
 
         def post_forward(self, module, output):
-            state = self.state
-            run = state.stats.blocks_run - state.run_at_call_start
-            state.stats.blocks_skipped += state.blocks - run
-            state.stats.full_calls += run == state.blocks
+            end_call(self.state)
             return output
 
     class Count(ModelHook):

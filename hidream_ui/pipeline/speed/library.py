@@ -52,8 +52,7 @@ from diffusers.hooks.taylorseer_cache import _TAYLORSEER_CACHE_HOOK, TaylorSeerC
 from diffusers.models.transformers.transformer_hidream_image import HiDreamBlock, HiDreamImageTransformerBlock
 
 from hidream_ui.pipeline.speed.cache_state import ROOT_HOOK as _ROOT
-from hidream_ui.pipeline.speed.cache_state import CacheStats
-from hidream_ui.pipeline.speed.cache_state import call_signature as _signature
+from hidream_ui.pipeline.speed.cache_state import CacheStats, begin_call, end_call
 from hidream_ui.pipeline.speed.settings import CacheSpec
 
 LIBRARY_KINDS = ("fbcache", "taylorseer", "magcache")
@@ -179,21 +178,11 @@ class _Root(ModelHook):
         self.state = state
 
     def pre_forward(self, module, *args, **kwargs):
-        state = self.state
-        signature = _signature({"hidden_states": args[0], **kwargs} if args else kwargs)
-        if signature != state.signature:
-            state.reset()
-            state.signature = signature
-        state.stats.calls += 1
-        state.run_at_call_start = state.stats.blocks_run
+        begin_call(self.state, args, kwargs)
         return args, kwargs
 
     def post_forward(self, module, output):
-        state = self.state
-        run = state.stats.blocks_run - state.run_at_call_start
-        state.stats.blocks_skipped += state.blocks - run
-        if run == state.blocks:
-            state.stats.full_calls += 1
+        end_call(self.state)
         return output
 
 

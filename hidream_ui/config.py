@@ -42,6 +42,10 @@ REFINERS = ("e1", "i1")
 # The offline model's profiles: those model/tiny/profiles.py builds, and `full` (the release's
 # dimensions, random weights made in memory). Read from there: a second list once refused `deep`.
 TINY_PROFILES = (*PROFILES, FULL_PROFILE_NAME)
+# The offline model the app and the CLI open with no weights and no --tiny-profile: the one trained on the
+# shapes world (it edits as asked). AppConfig's own default stays the random `tiny`, the fast one that code
+# building configs directly (tests, benchmarks) gets.
+OFFLINE_DEFAULT_PROFILE = "trained"
 # Instruction rewriting (README "Instruction rewriting"). "auto": openai when a URL is given, else off.
 REWRITERS = ("auto", "off", "local", "openai")
 REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
@@ -135,6 +139,12 @@ class AppConfig:
         return self.model_dir is None and self.i1 is None and self.e1 is None and self.llama is None
 
     @property
+    def uses_trained_tiny_model(self) -> bool:
+        """The offline model is one with trained weights (it edits its world), not random ones."""
+        spec = PROFILES.get(self.tiny_profile)
+        return self.uses_tiny_model and spec is not None and spec.weights_asset is not None
+
+    @property
     def rewriter_backend(self) -> str:
         """"off", "local" or "openai" ("auto" resolved: openai when a URL is configured)."""
         if self.rewriter == "auto":
@@ -155,7 +165,8 @@ _MODEL_OPTIONS = [
     ("--variant", ("HIDREAM_VARIANT",), "variant", f"model variant: {' | '.join(VARIANTS)} (default e1.1)"),
     ("--tiny-profile", ("HIDREAM_TINY_PROFILE",), "tiny_profile",
      "offline model used when no weights are configured: " + " | ".join(TINY_PROFILES)
-     + f" (random weights except trained: trained on the shapes world; {FULL_PROFILE_NAME}: release size, in memory)"),
+     + f" (default {OFFLINE_DEFAULT_PROFILE}: trained on the shapes world; the others have random weights; "
+     f"{FULL_PROFILE_NAME}: release size, in memory)"),
     ("--device", ("HIDREAM_DEVICE", "PREFERRED_DEVICE"), "device", "auto | npu | npu:N | cuda | cuda:N | cpu"),
     ("--dtype", ("HIDREAM_DTYPE",), "dtype", "auto | bf16 | fp16 | fp32 (auto probes the device)"),
     ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),
@@ -288,6 +299,7 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str] | None = N
     for dest in ("share", "mcp"):
         if getattr(ns, dest, None):
             raw[dest] = ("--" + dest, True)
+    raw.setdefault("tiny_profile", ("the default", OFFLINE_DEFAULT_PROFILE))
     if getattr(ns, "kiosk", None):
         raw["kiosk"] = ("--kiosk", True)
     elif environ.get("HIDREAM_KIOSK", "").strip():

@@ -9,6 +9,10 @@ import pytest
 
 from hidream_ui.bench import free_port  # noqa: F401 - test modules import it from here too
 
+# The CLI's offline default is the trained model (config.OFFLINE_DEFAULT_PROFILE); tests run the random
+# `tiny` one, the fast one whose outputs they pin, unless a test names a profile or clears this.
+os.environ.setdefault("HIDREAM_TINY_PROFILE", "tiny")
+
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:

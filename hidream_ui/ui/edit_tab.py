@@ -33,6 +33,7 @@ from hidream_ui.ui.common import (
 )
 from hidream_ui.ui.handlers import Handlers
 from hidream_ui.ui.services import ASSETS_DIR
+from hidream_ui.ui.world_examples import world_examples
 
 logger = logging.getLogger(__name__)
 
@@ -184,11 +185,14 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
             mask = gr.Image(label="Region mask (optional): white = may change, black = keep",
                             sources=["upload", "clipboard"], type="filepath", image_mode=None, height=160,
                             elem_id="hui-mask")
-        examples = load_examples(variant)
+        world = world_examples(config)  # the trained offline model knows only its shapes world
+        examples = world or load_examples(variant)
         example_set = None
         if examples:
+            label = ("Examples from the offline model's world (it knows only these scenes and words)" if world
+                     else "Examples (CC0, see assets/)")
             example_set = gr.Examples(examples=examples, inputs=[image, form["instruction"]], cache_examples=False,
-                                      examples_per_page=len(examples), label="Examples (CC0, see assets/)")
+                                      examples_per_page=len(examples), label=label)
         last_entry = gr.State(None)
     return EditTabHandles(image=image, form=form, mask=mask, rewrite=rewrite, edit_button=edit_button,
                           stop_button=stop_button,

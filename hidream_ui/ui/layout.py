@@ -61,6 +61,27 @@ TINY_BANNER = (
     "`HiDream-I1-Full/` and `HiDream-E1-1/` or `HiDream-E1-Full/`), or set `HIDREAM_MODEL_DIR`.</span>"
 )
 
+def trained_banner() -> str:
+    """The banner of the trained offline model: what it is and the instructions it knows (from its world)."""
+    from hidream_ui.model.tiny import world
+
+    return (
+        "🧪 **Offline demo model: a tiny HiDream-E1 trained here on a world of coloured shapes.** "
+        '<span class="hui-banner-more">It edits 128x128 scenes of circles, squares and triangles and knows three '
+        f"instructions: *make the {{{' / '.join(world.SHAPES)}}} {{{' / '.join(world.COLOURS)}}}*, "
+        f"*remove the {{shape}}*, *make the background {{{' / '.join(world.BACKGROUNDS)}}}*. Photos and other "
+        "words give noise. To edit photos, start `python app.py --model-dir /path/to/models` or set "
+        "`HIDREAM_MODEL_DIR`.</span>"
+    )
+
+
+def offline_banner(config: AppConfig) -> str | None:
+    """The banner over the app: None with real weights; what the offline model can do otherwise."""
+    if not config.uses_tiny_model:
+        return None
+    return trained_banner() if config.uses_trained_tiny_model else TINY_BANNER
+
+
 APP_CSS = """
 /* The edit's progress shows on the summary (the slider stays free for the live previews): room for it. */
 #hui-summary { min-height: 64px; }
@@ -163,8 +184,9 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
 
     with services.demo as demo:
         gr.Markdown(f"## HiDream-{config.variant.upper()} instruction-based image editing", elem_id="hui-title")
-        if config.uses_tiny_model:
-            gr.Markdown(TINY_BANNER, elem_id="hui-tiny-banner")
+        banner = offline_banner(config)
+        if banner:
+            gr.Markdown(banner, elem_id="hui-tiny-banner")
         with gr.Row(equal_height=False):
             with gr.Column(scale=4):
                 with gr.Tabs(selected="edit") as tabs:
@@ -194,4 +216,5 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
 
 
 __all__ = ["build_demo", "new_blocks", "default_extra_tabs", "launch_options", "load_examples", "TINY_BANNER",
+           "offline_banner",
            "APP_CSS", "APP_JS", "ASSETS_DIR"]

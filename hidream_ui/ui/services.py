@@ -21,6 +21,7 @@ from hidream_ui.engine.jobs import Job, JobRegistry
 from hidream_ui.rewrite.service import RewriteService
 from hidream_ui.server import gradio_internals
 from hidream_ui.server.files import ServedResults, UploadGate
+from hidream_ui.ui.world_examples import examples_folder
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,10 @@ class AppServices:
             return demo is not None and gradio_internals.is_app_file(demo, path)
 
         rewriter = RewriteService.for_config(config, engine) if engine is not None else None
-        return cls(config=config, jobs=JobRegistry(), gate=UploadGate(is_stored, roots=[ASSETS_DIR, *trusted_roots]),
-                   results=ServedResults(fixed=[str(ASSETS_DIR)]), demo=demo, cache_folder=cache_folder,
+        # The app's own example folders: the bundled photos, and the world scenes of the trained offline model.
+        examples = [ASSETS_DIR, *([examples_folder()] if config.uses_trained_tiny_model else [])]
+        return cls(config=config, jobs=JobRegistry(), gate=UploadGate(is_stored, roots=[*examples, *trusted_roots]),
+                   results=ServedResults(fixed=[str(root) for root in examples]), demo=demo, cache_folder=cache_folder,
                    rewriter=rewriter, janitor=janitor)
 
     @property

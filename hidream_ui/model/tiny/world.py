@@ -34,6 +34,8 @@ MARGIN_PX = 3
 UNTOUCHED_MIN_PSNR_DB = 22.0
 # Training draws seeds below this; `bench quality` draws from here upward, so no held-out case was seen.
 HELD_OUT_SEED_START = 1_000_000_000
+# The app's offline examples start here: held out from training, and past any `bench quality --cases N`.
+EXAMPLE_SEED_START = HELD_OUT_SEED_START + 500_000_000
 # Every word an instruction can contain (the trained tokenizers must know each of them).
 WORDS = ("make", "the", "remove", "background", *SHAPES, *COLOURS, *BACKGROUNDS)
 
@@ -210,6 +212,19 @@ def make_case(seed: int) -> Case:
 def held_out_cases(n: int, start: int = HELD_OUT_SEED_START) -> list[Case]:
     """``n`` evaluation cases from the held-out seed range."""
     return [make_case(start + i) for i in range(n)]
+
+
+def example_cases(per_kind: int = 2, start: int = EXAMPLE_SEED_START) -> list[Case]:
+    """The first ``per_kind`` cases of each edit kind from ``start`` on (the app's offline examples): every
+    kind shown, none picked by how well a model does on it."""
+    chosen: dict[str, list[Case]] = {kind: [] for kind in EDIT_KINDS}
+    seed = start
+    while any(len(cases) < per_kind for cases in chosen.values()):
+        case = make_case(seed)
+        if len(chosen[case.edit.kind]) < per_kind:
+            chosen[case.edit.kind].append(case)
+        seed += 1
+    return [case for kind in EDIT_KINDS for case in chosen[kind]]
 
 
 def psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:

@@ -139,11 +139,49 @@ def test_every_mode_is_listed_on_cpu(tiny_cache):
     assert "memory:full" not in names  # that is exact's own plan
     assert any(c.name == "attention:flash_attn" for c in unavailable)  # CUDA only: reported, not run
     chosen, why = quality.select(configs, ["cache", "attention:flash_attn"], unavailable)
-    assert [c.name for c in chosen] == ["exact", "interval:2", "interval:3"] + [
-        f"first-block:{t:g}" for t in quality.FIRST_BLOCK_THRESHOLDS]
+    missing = {c.name for c in unavailable}
+    assert [c.name for c in chosen] == ["exact", *(m for m in quality.CACHE_MODES if m not in missing)]
+    for kind in ("interval", "first-block", "fbcache", "taylorseer", "magcache", "dbcache"):  # ours and the field's
+        assert any(m.startswith(kind + ":") for m in quality.CACHE_MODES), kind
     assert list(why) == ["attention:flash_attn"]
     with pytest.raises(ValueError, match="'warp:9'"):
         quality.select(configs, ["warp:9"], unavailable)
+
+
+def test_a_cache_whose_library_is_absent_is_listed_with_its_hint(tiny_cache, monkeypatch):
+    from hidream_ui.device.detect import resolve_device, resolve_dtype
+
+    monkeypatch.setattr(quality, "cache_unavailable", lambda spec: "pip it" if spec.kind == "dbcache" else None)
+    device = resolve_device("cpu")
+    configs, unavailable = quality.all_configurations(device, resolve_dtype("auto", device), "tiny",
+                                                      ["interval:2", "dbcache:0.1"])
+    assert "interval:2" in [c.name for c in configs] and "dbcache:0.1" not in [c.name for c in configs]
+    assert {c.name: why for c, why in unavailable.items()}["dbcache:0.1"] == "pip it"
+
+
+def _row(group: str, success: float, speedup: float | None) -> dict:
+    return {"group": group, "success_rate": success, "transformer_speedup_vs_exact": speedup}
+
+
+def test_presets_are_the_fastest_caches_that_keep_each_rule():
+    report = {"configurations": {
+        "exact": _row("exact", 0.90, 1.0),
+        "interval:2": _row("cache", 0.88, 1.9),   # fast: within 3 points, >= 1.8x
+        "taylorseer:2": _row("cache", 0.875, 2.2),  # fast too, and faster than interval:2
+        "interval:3": _row("cache", 0.85, 2.6),   # faster: within 10 points, >= 2.5x (5 points lost: not fast)
+        "magcache:0.24": _row("cache", 0.70, 4.0),  # too lossy for either
+        "attention:math": _row("attention", 0.90, 3.0),  # not a cache: never a preset
+        "fbcache:0.1": {"group": "cache", "error": "edit failed"},
+    }}
+    chosen = quality.presets(report)
+    assert chosen["fast"]["qualifying"] == ["taylorseer:2", "interval:2"] and chosen["fast"]["best"] == "taylorseer:2"
+    assert chosen["fast"]["meets_rule"] and chosen["fast"]["best_transformer_speedup"] == 2.2
+    assert chosen["faster"]["qualifying"] == ["interval:3"] and chosen["faster"]["best"] == "interval:3"
+    # Nothing fast enough: the best trade-off within the quality part of the rule, marked as missing it.
+    report["configurations"]["interval:3"] = _row("cache", 0.85, 2.4)
+    slow = quality.presets(report)["faster"]
+    assert slow["qualifying"] == [] and slow["best"] == "interval:3" and slow["meets_rule"] is False
+    assert set(slow) >= {"current", "max_success_drop", "min_transformer_speedup", "best_success_rate"}
 
 
 def test_cache_list_takes_any_cache_value():

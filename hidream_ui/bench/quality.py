@@ -44,13 +44,17 @@ from hidream_ui.model.planner import plan_for
 from hidream_ui.model.plans import PLANS
 from hidream_ui.model.tiny import world
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
-from hidream_ui.pipeline.speed.settings import parse_cache
+from hidream_ui.pipeline.speed.settings import MEASURED_CACHES, cache_unavailable, parse_cache
 
 # The trained offline model (issue 22) when this checkout has it, else the random one.
 TRAINED_PROFILE = "trained"
 FIRST_BLOCK_THRESHOLDS = (0.05, 0.1, 0.2)
 # The step caches measured by default (`--caches` replaces the list with any `--cache` values).
-CACHE_MODES = ("interval:2", "interval:3", *(f"first-block:{t:g}" for t in FIRST_BLOCK_THRESHOLDS))
+CACHE_MODES = MEASURED_CACHES
+# Issue 23's rules for the Speed presets, applied to the cache configurations of one run (`presets` key):
+# `fast` = no visible loss, `faster` = a small loss; each the fastest transformer that keeps its rule.
+PRESET_RULES = {"fast": {"max_success_drop": 0.03, "min_transformer_speedup": 1.8},
+                "faster": {"max_success_drop": 0.10, "min_transformer_speedup": 2.5}}
 DEFAULT_CASES = 96
 # Issue 22's "done when" for the trained model, reported beside the figures (a benchmark asserts nothing).
 TARGETS = {"cases_min": 96, "exact_success_rate_min": 0.85, "untouched_psnr_median_min_db": 28.0}
@@ -114,8 +118,13 @@ def all_configurations(device, dtype, profile: str, caches: Iterable[str] = CACH
     from hidream_ui.pipeline.attention.registry import AUTO, list_strategies
 
     configs = [EXACT]
-    configs += [Configuration(spec, "cache", False, cache=spec) for spec in cache_specs(caches)]
     unavailable: dict[Configuration, str] = {}
+    for spec in cache_specs(caches):  # an optional library that is not installed: listed with its hint
+        config, missing = Configuration(spec, "cache", False, cache=spec), cache_unavailable(parse_cache(spec))
+        if missing:
+            unavailable[config] = missing
+        else:
+            configs.append(config)
     rows = plan_for(AppConfig(tiny_profile=profile, device=device.torch_device), device, dtype).rows
     notes = {(r.plan, r.weights): r.note for r in rows}
     candidates = [Configuration("fp8", "weights", False, weights="fp8")]
@@ -423,6 +432,7 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
         "unavailable": unavailable,
     }
     report["targets"] = targets(report)
+    report["presets"] = presets(report)
     if per_case:
         report["per_case"] = per_case_rows
     return report
@@ -442,6 +452,30 @@ def targets(report: dict) -> dict:
     if not report["exact_modes_equal_exact"]:
         missed.append("an exact mode disagreed with exact on some case")
     return {**TARGETS, "met": not missed, "missed": missed}
+
+
+def presets(report: dict) -> dict:
+    """For each Speed preset: what the app uses now (`current`), the cache configurations of this run that keep
+    its rule (`qualifying`, fastest first) and `best`: the fastest of them, or, when none is fast enough, the
+    fastest that keeps the quality part of the rule (`meets_rule` false: the best trade-off reached)."""
+    from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
+
+    configurations = report["configurations"]
+    exact = configurations["exact"]["success_rate"]
+    caches = [(name, r) for name, r in configurations.items() if r["group"] == "cache" and "error" not in r]
+    result = {}
+    for preset, rule in PRESET_RULES.items():
+        kept = [(name, r) for name, r in caches if exact - r["success_rate"] <= rule["max_success_drop"] + 1e-9]
+        kept.sort(key=lambda item: item[1]["transformer_speedup_vs_exact"] or 0.0, reverse=True)
+        qualifying = [name for name, r in kept
+                      if (r["transformer_speedup_vs_exact"] or 0.0) >= rule["min_transformer_speedup"]]
+        best = qualifying[0] if qualifying else (kept[0][0] if kept else None)
+        result[preset] = {**rule, "current": SPEED_PRESETS[preset], "qualifying": qualifying, "best": best,
+                          "meets_rule": bool(qualifying),
+                          "best_success_rate": configurations[best]["success_rate"] if best else None,
+                          "best_transformer_speedup": (configurations[best]["transformer_speedup_vs_exact"]
+                                                       if best else None)}
+    return result
 
 
 def _pct(value: float | None) -> str:
@@ -477,6 +511,16 @@ def format_table(report: dict) -> str:
     if "padded" in report["configurations"] and report["image_tokens"] >= report["max_seq"]:
         lines.append(f"padded: this working size fills the model's {report['max_seq']} tokens, so there is no "
                      "padding to collapse: equal to exact by construction here")
+    for preset, choice in report.get("presets", {}).items():
+        rule = f"success within {choice['max_success_drop']:.0%} of exact, transformer >= " \
+               f"{choice['min_transformer_speedup']:g}x"
+        if choice["best"] is None:
+            lines.append(f"preset {preset} ({rule}): no cache configuration keeps the quality; now {choice['current']}")
+            continue
+        verdict = "meets the rule" if choice["meets_rule"] else "best trade-off, misses the speed-up"
+        lines.append(f"preset {preset} ({rule}): best {choice['best']} ({verdict}: "
+                     f"{_pct(choice['best_success_rate'])}, {_num(choice['best_transformer_speedup'], '.2f')}x); "
+                     f"now {choice['current']}")
     goal = report["targets"]
     lines.append("issue 22 targets: " + ("met" if goal["met"] else "missed: " + "; ".join(goal["missed"])))
     lines.append("PSNR: median untouched-region PSNR in dB (capped at 100); tf: transformer time; =exact: cases with "

@@ -29,11 +29,11 @@ from hidream_ui.device.detect import resolve_device, resolve_dtype
 from hidream_ui.model import loading  # loading.load_model looked up per call: tests replace it
 from hidream_ui.model.tiny.profiles import PROFILES
 from hidream_ui.pipeline.attention.registry import apply
+from hidream_ui.pipeline.speed.settings import MEASURED_CACHES
 
-# Our own hooks, then the field's (docs/speed.md "The field's caches"); `dbcache` needs the optional
-# cache-dit and is reported as skipped (with the reason) without it.
-CACHE_MODES = ("none", "interval:2", "interval:3", "first-block:0.05", "fbcache:0.1", "taylorseer:2", "taylorseer:3",
-               "magcache:0.06", "magcache:0.2", "dbcache:0.08")
+# Our own hooks, then the field's (docs/speed.md "The field's caches"): the list `bench quality` measures too.
+# `dbcache` needs the optional cache-dit and is reported as skipped (with the reason) without it.
+CACHE_MODES = ("none", *MEASURED_CACHES)
 
 
 def _load(profile: str, dtype: str):
@@ -163,7 +163,7 @@ def _compile_section(model, size: int, repeats: int) -> dict:
             "max_relative_diff_vs_exact": _relative(compiled, exact)}
 
 
-def _cache_section(model, steps: int, size: int) -> dict:
+def _cache_section(model, steps: int, size: int, modes: tuple[str, ...] = CACHE_MODES) -> dict:
     import torch
     from PIL import Image
 
@@ -194,7 +194,7 @@ def _cache_section(model, steps: int, size: int) -> dict:
     image = Image.effect_mandelbrot((size, size), (-2.0, -1.5, 1.0, 1.5), 100).convert("RGB")
     rows, exact = {}, None
     try:
-        for mode in ("none",) + CACHE_MODES:  # the first "none" run is a warm-up, not reported
+        for mode in ("none", "none", *(m for m in modes if m != "none")):  # the first "none" is a warm-up
             reason = cache_unavailable(parse_cache(mode))
             if reason:
                 rows[mode] = {"skipped": reason}
@@ -226,7 +226,8 @@ def _cache_section(model, steps: int, size: int) -> dict:
 
 
 def run(profile: str = "bench", cache_profile: str = "deep", size: int = 256, cache_size: int | None = None,
-        steps: int = 28, repeats: int = 3, dtype: str = "fp32", compile_: bool = True) -> dict:
+        steps: int = 28, repeats: int = 3, dtype: str = "fp32", compile_: bool = True,
+        caches: tuple[str, ...] = CACHE_MODES) -> dict:
     import torch
 
     report = {"benchmark": "speed", "device": "cpu", "dtype": dtype, "torch": torch.__version__,
@@ -237,7 +238,7 @@ def run(profile: str = "bench", cache_profile: str = "deep", size: int = 256, ca
     del model
     model = _load(cache_profile, dtype)
     cache_size = cache_size or model.geometry.image_size // 2
-    report["cache"] = _cache_section(model, steps, cache_size)
+    report["cache"] = _cache_section(model, steps, cache_size, caches)
     return report
 
 
@@ -254,8 +255,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the compile section (it takes minutes)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's; 1 avoids thrashing on a "
                                                     "machine other jobs share)")
+    parser.add_argument("--caches", help="comma-separated step caches of the caching section, any `--cache` value "
+                        "(default: the list bench quality measures)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    caches = CACHE_MODES
+    if args.caches:
+        from hidream_ui.bench.quality import cache_specs
+
+        try:
+            caches = ("none", *cache_specs(args.caches.split(",")))
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.threads is not None:
         if args.threads < 1:
             parser.error(f"--threads must be at least 1 (got {args.threads})")
@@ -266,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1 (got {getattr(args, name)})")
     report = run(args.profile, args.cache_profile, args.size, args.cache_size, args.steps, args.repeats,
-                 compile_=not args.no_compile)
+                 compile_=not args.no_compile, caches=caches)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0

@@ -21,6 +21,12 @@ THRESHOLD_RANGE = (0.0, 10.0)  # T must be > 0 (0 would never skip: use none)
 # its TaylorSeer calibrator (pipeline/speed/cachedit.py, the optional extra `cache-dit`).
 CACHE_KINDS = {"interval": "interval", "first-block": "threshold", "fbcache": "threshold",
                "taylorseer": "interval", "magcache": "threshold", "dbcache": "threshold"}
+# The step caches the benchmarks measure by default (`bench quality` on the trained model, `bench speed` on the
+# deep one; `--caches` replaces the list): ours, diffusers' hooks on HiDream's blocks, cache-dit's. One list, so
+# the quality and the speed of each configuration come from the same names.
+MEASURED_CACHES = ("interval:2", "interval:3", "interval:4", "first-block:0.05", "first-block:0.1", "first-block:0.2",
+                   "fbcache:0.05", "fbcache:0.1", "fbcache:0.2", "taylorseer:2", "taylorseer:3", "taylorseer:4",
+                   "magcache:0.06", "magcache:0.12", "magcache:0.24", "dbcache:0.05", "dbcache:0.1", "dbcache:0.2")
 CACHE_GRAMMAR = (f"none, interval:K or taylorseer:N ({INTERVAL_RANGE[0]}..{INTERVAL_RANGE[1]}), "
                  f"first-block:T, fbcache:T, magcache:T or dbcache:T (0 < T <= {THRESHOLD_RANGE[1]:g}), "
                  f"or {', '.join(SPEED_PRESETS)}")

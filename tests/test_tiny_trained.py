@@ -106,6 +106,14 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.startswith("vae/decoder.") for k in changed)
 
+    # --vae-from reuses an earlier run's VAE as it was (and its latent statistics); the transformer trains anew.
+    _train(tmp_path / "e", "--vae-from", str(tmp_path / "a"), "--seed", "1")
+    first, reused = (load_file(str(tmp_path / n / trained.WEIGHTS_FILE)) for n in "ae")
+    assert all(torch.equal(first[k], reused[k]) for k in first if k.startswith("vae/"))
+    assert any(not torch.equal(first[k], reused[k]) for k in first if k.startswith("transformer/"))
+    reused_meta = json.loads((tmp_path / "e" / trained.META_FILE).read_text())
+    assert reused_meta["vae"] == meta["vae"] and "--vae-from" in reused_meta["command"]
+
     # The written weights lay over the profile's build and load with the app's loader.
     root = build_tiny(tmp_path / "model", "trained", 0, trained_weights=False)
     trained.overlay(root, tmp_path / "a")
@@ -174,3 +182,36 @@ def test_ensure_tiny_materialises_the_shipped_weights(tmp_path, offline_hub):
 @pytest.fixture
 def offline_hub(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_the_copy_head_starts_out_looking_at_the_source_token_of_each_target_token():
+    """make_transformer's copy head: from step one, head 0 of the first double block puts most of its
+    attention on the source token at the same place (W patches to the right) for every target token."""
+    import math
+
+    import torch
+    from diffusers.models.transformers.transformer_hidream_image import apply_rope
+
+    from hidream_ui.model.tiny.train import make_transformer
+
+    spec = PROFILES["trained"]
+    model = make_transformer(spec, 2)
+    attention = model.double_stream_blocks[0].block.attn1
+    rows = spec.max_resolution[0] // spec.patch_size
+    columns = spec.max_resolution[1] // spec.patch_size
+    ids = torch.zeros(rows * 2 * columns, 3)
+    ids[:, 1] = torch.arange(rows).repeat_interleave(2 * columns)
+    ids[:, 2] = torch.arange(2 * columns).repeat(rows)
+    with torch.no_grad():
+        hidden = torch.nn.functional.layer_norm(torch.randn(1, len(ids), spec.inner_dim), (spec.inner_dim,))
+        heads, dim = spec.num_attention_heads, spec.attention_head_dim
+        query = attention.q_rms_norm(attention.to_q(hidden)).view(1, -1, heads, dim)
+        key = attention.k_rms_norm(attention.to_k(hidden)).view(1, -1, heads, dim)
+        query, key = apply_rope(query, key, model.pe_embedder(ids[None]))
+        weights = (torch.einsum("bnhd,bmhd->bhnm", query, key)[0, 0] / math.sqrt(dim)).softmax(-1)
+    targets = [r * 2 * columns + c for r in range(rows) for c in range(columns)]
+    on_source = torch.stack([weights[t, t + columns] for t in targets])
+    assert all(int(weights[t].argmax()) == t + columns for t in targets)
+    assert float(on_source.mean()) > 0.9 and float(on_source.min()) > 0.75
+    gate = model.double_stream_blocks[0].block.adaLN_modulation[-1].bias.view(12, -1)[2]
+    assert torch.equal(gate, torch.ones_like(gate))  # the block's attention reaches the stream from step one

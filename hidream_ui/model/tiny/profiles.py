@@ -155,7 +155,10 @@ PROFILES: Mapping[str, TinyProfile] = MappingProxyType(
             num_single_layers=2,
             num_attention_heads=2,
             attention_head_dim=32,
-            axes_dims_rope=(16, 8, 8),
+            # More rotary dims per image axis than the release's 1:2:2 split: with theta 10000 an 8-dim axis has
+            # one usable frequency over 16 columns (offsets 0 and 6 look alike), and the edit must find the
+            # source token 8 columns to the right of each target token to copy it. 12 dims give two.
+            axes_dims_rope=(8, 12, 12),
             max_resolution=(16, 16),
             llama_layers=(0, 1, 2, 3),
             transformer_shards=1,

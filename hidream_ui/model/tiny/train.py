@@ -48,8 +48,8 @@ REFINE_MAX_SIGMA = 0.8
 
 @dataclass(frozen=True)
 class TrainSettings:
-    steps: int = 4500  # transformer steps
-    vae_steps: int = 1000
+    steps: int = 16000  # transformer steps
+    vae_steps: int = 3000
     seed: int = 0
     batch: int = 12  # edit-stage samples per step
     refine_batch: int = 4  # refine-stage samples per step
@@ -105,7 +105,8 @@ class _Seeds:
         return int(self.rng.integers(0, world.HELD_OUT_SEED_START))
 
 
-def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print) -> TrainReport:
+def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print,
+          vae_from: Path | None = None) -> TrainReport:
     import torch
 
     from hidream_ui.model.tiny.build import build_tiny
@@ -123,8 +124,12 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
         embeds = _prompt_embeddings(base, [*prompts, negative])
         seeds = _Seeds(settings.seed)
 
-        vae, vae_loss = _train_vae(base, settings, seeds, log)
-        shift, scale = _latent_stats(vae, seeds, torch)
+        if vae_from is not None:  # the VAE (and its latent statistics) of an earlier run, as it was
+            vae, vae_loss, shift, scale = _load_vae(base, Path(vae_from))
+            log(f"train-tiny: VAE from {vae_from} (its final loss {vae_loss:.5f})")
+        else:
+            vae, vae_loss = _train_vae(base, settings, seeds, log)
+            shift, scale = _latent_stats(vae, seeds, torch)
         log(f"train-tiny: VAE latents shift {shift:.4f} scale {scale:.4f}")
 
         text_parts = {k: v for k, v in trained.part_tensors(base).items()
@@ -134,7 +139,7 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
             tensors = dict(text_parts)
             tensors.update({f"vae/{k}": v for k, v in vae.state_dict().items()})
             tensors.update({f"transformer/{k}": v for k, v in ema.state_dict().items()})
-            meta = _meta(settings, shift, scale, vae_loss, loss, time.perf_counter() - started, step)
+            meta = _meta(settings, shift, scale, vae_loss, loss, time.perf_counter() - started, step, vae_from)
             trained.write_asset(out, tensors, meta)
             return meta
 
@@ -150,14 +155,18 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
 
 
 def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, loss: float, seconds: float,
-          step: int) -> dict:
+          step: int, vae_from: Path | None = None) -> dict:
     import torch
+
+    command = (f"python -m hidream_ui train-tiny OUT --steps {settings.steps} --vae-steps {settings.vae_steps} "
+               f"--seed {settings.seed} --threads {settings.threads}")
+    if vae_from is not None:
+        command = f"{command.replace(' --vae-steps ' + str(settings.vae_steps), '')} --vae-from {vae_from}"
 
     return {
         "profile": PROFILE,
         "vae": {"scaling_factor": round(scale, 6), "shift_factor": round(shift, 6)},
-        "command": f"python -m hidream_ui train-tiny OUT --steps {settings.steps} --vae-steps {settings.vae_steps} "
-                   f"--seed {settings.seed}",
+        "command": command,
         "settings": {k: getattr(settings, k) for k in TrainSettings.__dataclass_fields__},
         "transformer_steps_done": step,
         "final_vae_loss": round(vae_loss, 6),
@@ -251,10 +260,24 @@ def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
         optimizer.step()
         loss_value = float(loss.detach())
         if step % settings.log_every == 0 or step == settings.vae_steps - 1:
-            psnr = 10 * math.log10(4.0 / max(float(torch.nn.functional.mse_loss(y, x)), 1e-12))
+            psnr = 10 * math.log10(4.0 / max(float(torch.nn.functional.mse_loss(y.detach(), x)), 1e-12))
             log(f"vae step {step + 1}/{settings.vae_steps} loss {loss_value:.5f} psnr {psnr:.1f} dB "
                 f"({time.perf_counter() - started:.0f} s)")
     return vae.eval().requires_grad_(False), loss_value
+
+
+def _load_vae(base: Path, source: Path):
+    """(vae, its final loss, latent shift, latent scale) from an asset folder a run wrote."""
+    from diffusers import AutoencoderKL
+    from safetensors.torch import load_file
+
+    meta = trained.read_meta(source)
+    vae = AutoencoderKL.from_config(dict(AutoencoderKL.load_config(base / I1_DIR / "vae"))).float()
+    tensors = load_file(str(source / trained.WEIGHTS_FILE))
+    vae.load_state_dict({k[len("vae/"):]: v.float() for k, v in tensors.items() if k.startswith("vae/")})
+    stats = meta["vae"]
+    return (vae.eval().requires_grad_(False), float(meta.get("final_vae_loss", float("nan"))),
+            float(stats["shift_factor"]), float(stats["scaling_factor"]))
 
 
 def _latent_stats(vae, seeds: _Seeds, torch) -> tuple[float, float]:
@@ -303,7 +326,8 @@ class _Pool:
 
 def make_transformer(spec, seed: int):
     """A fresh transformer of the profile (diffusers' init, adaLN and output layers zeroed so every block
-    starts as the identity), with the max_seq the loader sets for E1.1 (the H x 2W edit input)."""
+    starts as the identity, but for the copy head: `copy_head_init`), with the max_seq the loader sets for
+    E1.1 (the H x 2W edit input)."""
     import torch
     from diffusers import HiDreamImageTransformer2DModel
 
@@ -315,8 +339,57 @@ def make_transformer(spec, seed: int):
                 module.weight.zero_()
                 if module.bias is not None:
                     module.bias.zero_()
+    copy_head_init(model, spec)
     model.max_seq = 2 * spec.max_seq
     return model
+
+
+# The copy head's rotary pairs (index within an image axis: frequencies 1 and 0.215 rad per token with
+# 12 dims per axis), its pair norm before the RMSNorm and the RMSNorm gain: softmax mass ~0.9 on the one key
+# (measured by tests/test_tiny_trained.py), which is what the logits' margin over the neighbours gives.
+COPY_PAIRS = (0, 1)
+COPY_PAIR_NORM = 4.0
+COPY_GAIN = 2.0
+
+
+def copy_head_init(model, spec) -> None:
+    """Head 0 of the first double-stream block starts out attending from every target token to the source
+    token at the same place (8 latent patches to the right in the ``[noisy | source]`` input), and the
+    block's attention gate starts open, so the source reaches the target's stream from step one.
+
+    Why: an edit model copies everything the instruction does not touch, and a transformer finds that
+    position-to-position pattern slowly on its own (the shipped 2000-step model had not: 15 dB PSNR outside
+    the edit). The pattern needs no content, only positions: the head's query and key are constants (their
+    projection biases; weights zero) whose rotary pairs are set so that HiDream's RoPE makes the score peak
+    at a row offset of 0 and a column offset of +W. Training then keeps, sharpens or undoes it like any
+    other weight. Only the initial values change: same classes, same objective."""
+    import torch
+
+    block = model.double_stream_blocks[0].block
+    attention, head_dim = block.attn1, spec.attention_head_dim
+    axes = spec.axes_dims_rope
+    columns = spec.max_resolution[1] // spec.patch_size  # the source token's column offset
+    query = torch.zeros(head_dim)
+    key = torch.zeros(head_dim)
+    for axis, offset in ((1, 0), (2, columns)):  # rows: same row; columns: W to the right
+        start = sum(axes[:axis])
+        for pair in COPY_PAIRS:
+            omega = 10000.0 ** (-2 * pair / axes[axis])
+            dim = start + 2 * pair
+            q = torch.tensor([COPY_PAIR_NORM / math.sqrt(2), COPY_PAIR_NORM / math.sqrt(2)])
+            # RoPE rotates a pair at position p by p * omega; q . R(omega * (d - offset)) q peaks at d = offset.
+            angle = -omega * offset
+            rotation = torch.tensor([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
+            query[dim:dim + 2], key[dim:dim + 2] = q, rotation @ q
+    with torch.no_grad():
+        for linear, bias in ((attention.to_q, query), (attention.to_k, key)):
+            linear.weight[:head_dim].zero_()
+            linear.bias[:head_dim] = bias
+        for norm in (attention.q_rms_norm, attention.k_rms_norm):
+            norm.weight[:head_dim] = COPY_GAIN
+        # adaLN chunks: shift, scale, gate of the image attention first; the gate's bias opens it.
+        dim = block.adaLN_modulation[-1].out_features // 12
+        block.adaLN_modulation[-1].bias[2 * dim:3 * dim] = 1.0
 
 
 def training_mode(model) -> None:
@@ -552,6 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder-from", type=Path, metavar="DIR",
                         help="instead of training: fine-tune the VAE decoder of the weights in DIR for "
                         "--decoder-steps and write OUT (the encoder, hence the transformer's latents, unchanged)")
+    parser.add_argument("--vae-from", type=Path, metavar="DIR",
+                        help="take the VAE (and its latent shift and scale) from the weights in DIR instead of "
+                        "training one (--vae-steps is then ignored)")
     parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="then score N held-out cases through the loader and pipeline (default 0: none)")
@@ -569,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
         finetune_decoder(args.decoder_from, args.out, args.decoder_steps, seed=args.seed,
                          log=lambda line: print(line, flush=True))
     else:
-        train(args.out, settings, log=lambda line: print(line, flush=True))
+        train(args.out, settings, log=lambda line: print(line, flush=True), vae_from=args.vae_from)
     if args.eval:
         evaluate(args.out, args.eval, log=lambda line: print(line, flush=True))
     return 0

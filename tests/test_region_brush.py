@@ -16,7 +16,9 @@ from PIL import Image
 from hidream_ui.edits import EDIT_FORM, EditParams
 from hidream_ui.outputs import read_metadata
 from hidream_ui.ui.handlers import Handlers, open_region
+from hidream_ui.ui.history_entries import added, chains, check_entries, render_entries
 from hidream_ui.ui.region_editor import brush_radius
+from hidream_ui.ui.services import AppServices
 
 SIZE = (128, 96)  # width, height
 
@@ -140,3 +142,19 @@ def test_the_editor_is_the_last_input_of_both_edits_and_has_no_change_listener(a
     # A change or input listener would make the browser send its layers by id (region_editor.py).
     assert (editor["id"], "change") not in triggers and (editor["id"], "input") not in triggers
     assert (source["id"], "change") in triggers
+
+
+def test_two_chained_edits_the_second_names_the_first(app, files, tmp_path):
+    # "Edit the result": the first result's PNG is the next source (in-process its folder is trusted
+    # the way the examples are; in the app it is the cached copy of the PNG the server hands back).
+    first_png = run_edit(Handlers(app["engine"], services=app["demo"].hidream_services), files["noise.png"], None)[1]
+    services = AppServices.for_config(app["config"], trusted_roots=[Path(first_png).parent])
+    handlers = Handlers(app["engine"], services=services)
+    _, png1, _, entry1 = run_edit(handlers, first_png, None, seed=1, steps=2)
+    _, png2, _, entry2 = run_edit(handlers, png1, None, seed=2, steps=2)
+    history = added(added([], entry1["history"]), entry2["history"])
+    checked = check_entries(history, services.results.stored)
+    assert chains(checked)[0].parent == 1
+    cards = render_entries(checked).split('class="hui-h-card"')[1:]
+    assert "edit 2 of a chain of 2 · from result 2: “make it blue”" in cards[0]
+    assert read_metadata(png2)["parent"]["sha256"] == entry1["history"]["sha256"]

@@ -282,7 +282,8 @@ class Handlers:
             "history": new_entry(png=png, ticket=self.services.results.ticket(png) if png else None,
                                  params=metadata.get("params") or result.params.to_dict(),
                                  before=result.source_image, after=result.image,
-                                 seconds=round(result.timings.total, 2), parent=metadata.get("parent")),
+                                 seconds=round(result.timings.total, 2), parent=metadata.get("parent"),
+                                 sha256=file_sha256(png) if png else None),
         }
         yield ((result.source_image, result.image),
                str(result.saved_png) if result.saved_png else None,

@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from hidream_ui.edits import EDIT_FORM, EditParams
+from hidream_ui.edits import EDIT_FORM, EditParams, RequestError
 from hidream_ui.outputs import read_metadata
 from hidream_ui.ui.handlers import Handlers, open_region
 from hidream_ui.ui.history_entries import added, chains, check_entries, render_entries
 from hidream_ui.ui.region_editor import brush_radius
-from hidream_ui.ui.services import AppServices
 
 SIZE = (128, 96)  # width, height
 
@@ -144,16 +143,39 @@ def test_the_editor_is_the_last_input_of_both_edits_and_has_no_change_listener(a
     assert (source["id"], "change") in triggers
 
 
-def test_two_chained_edits_the_second_names_the_first(app, files, tmp_path):
-    # "Edit the result": the first result's PNG is the next source (in-process its folder is trusted
-    # the way the examples are; in the app it is the cached copy of the PNG the server hands back).
-    first_png = run_edit(Handlers(app["engine"], services=app["demo"].hidream_services), files["noise.png"], None)[1]
-    services = AppServices.for_config(app["config"], trusted_roots=[Path(first_png).parent])
-    handlers = Handlers(app["engine"], services=services)
-    _, png1, _, entry1 = run_edit(handlers, first_png, None, seed=1, steps=2)
-    _, png2, _, entry2 = run_edit(handlers, png1, None, seed=2, steps=2)
+def gradio_copy(app, path) -> dict:
+    """What the browser holds after the app sent `path` to it ("Edit the result", "Edit again"):
+    gradio's copy in its cache folder, made by gradio's own function (the one its postprocessing uses)."""
+    from gradio.processing_utils import save_file_to_cache
+
+    copy = save_file_to_cache(str(path), cache_dir=str(app["demo"].hidream_services.cache_folder))
+    return {"path": copy, "orig_name": Path(copy).name, "meta": {"_type": "gradio.FileData"}}
+
+
+def test_a_result_handed_back_as_gradios_copy_is_opened_as_the_apps_own_file(app, handlers, files, tmp_path):
+    png = run_edit(handlers, files["noise.png"], None, steps=2)[1]
+    gate = app["demo"].hidream_services.gate
+    copy = gradio_copy(app, png)
+    assert copy["path"] != png and gate.path(copy, "image") == (png, Path(png).name)
+    # The same name with other bytes in the cache, or the same bytes outside it: refused, never opened.
+    forged = Path(app["demo"].hidream_services.cache_folder) / "forged" / Path(png).name
+    forged.parent.mkdir()
+    Image.new("RGB", SIZE).save(forged)
+    outside = tmp_path / Path(png).name
+    outside.write_bytes(Path(png).read_bytes())
+    for path in (forged, outside):
+        with pytest.raises(RequestError, match="uploaded to this app"):
+            gate.path({"path": str(path)}, "image")
+    # The region editor shows it too (it goes through the same gate).
+    assert handlers.region_background(copy)["value"]["background"] == png
+
+
+def test_two_chained_edits_the_second_names_the_first(app, handlers, files):
+    # "Edit the result" twice: each time the browser hands back gradio's copy of the result.
+    _, png1, _, entry1 = run_edit(handlers, files["noise.png"], None, seed=1, steps=2)
+    _, png2, _, entry2 = run_edit(handlers, gradio_copy(app, png1), None, seed=2, steps=2)
     history = added(added([], entry1["history"]), entry2["history"])
-    checked = check_entries(history, services.results.stored)
+    checked = check_entries(history, app["demo"].hidream_services.results.stored)
     assert chains(checked)[0].parent == 1
     cards = render_entries(checked).split('class="hui-h-card"')[1:]
     assert "edit 2 of a chain of 2 · from result 2: “make it blue”" in cards[0]

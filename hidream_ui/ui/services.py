@@ -71,9 +71,12 @@ class AppServices:
             return demo is not None and gradio_internals.is_app_file(demo, path)
 
         rewriter = RewriteService.for_config(config, engine) if engine is not None else None
-        return cls(config=config, jobs=JobRegistry(), gate=UploadGate(is_stored, roots=[ASSETS_DIR, *trusted_roots]),
-                   results=ServedResults(fixed=[str(ASSETS_DIR)]), demo=demo, cache_folder=cache_folder,
-                   rewriter=rewriter, janitor=janitor)
+        results = ServedResults(fixed=[str(ASSETS_DIR)])
+        # A result sent to the browser comes back as gradio's cached copy ("Edit the result", "Edit again").
+        gate = UploadGate(is_stored, roots=[ASSETS_DIR, *trusted_roots],
+                          result_of=lambda path: results.result_of(path, cache_folder))
+        return cls(config=config, jobs=JobRegistry(), gate=gate, results=results, demo=demo,
+                   cache_folder=cache_folder, rewriter=rewriter, janitor=janitor)
 
     @property
     def public(self) -> bool:

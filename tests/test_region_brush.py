@@ -111,8 +111,9 @@ def test_layers_the_app_did_not_store_or_that_did_not_arrive_are_refused(handler
     # edit the whole image as if nothing had been painted.
     with pytest.raises(gr.Error, match="the region did not arrive"):
         run_edit(handlers, files["noise.png"], {"background": None, "layers": [], "composite": None, "id": "x1"})
-    with pytest.raises(gr.Error, match="layers as a list"):
-        run_edit(handlers, files["noise.png"], {**editor_value(files), "layers": "layer_0.png"})
+    for layers in ("layer_0.png", [files["empty.png"]] * 9):
+        with pytest.raises(gr.Error, match="layers as a list of at most 8"):
+            run_edit(handlers, files["noise.png"], {**editor_value(files), "layers": layers})
 
 
 def test_the_editor_shows_the_source_to_paint_on(handlers, files, tmp_path):

@@ -717,6 +717,7 @@ class Handlers:
         return (*form_values(params), gr.Tabs(selected="edit"))
 
 
+MAX_REGION_LAYERS = 8  # the brush paints one; each is a full-size image to decode
 # An editor value that names its layers only by an id: the browser streamed them to the component
 # (it does when the editor has a .change or .input listener), where only gradio's preprocessing finds them.
 LAYERS_NOT_SENT = ("the painted layers as files (the region did not arrive: paint it again, or send a mask file "
@@ -741,8 +742,9 @@ def open_region(services: AppServices, mask) -> Any:
         return None
     if isinstance(mask, Mapping) and "path" not in mask and ("layers" in mask or "background" in mask):
         layers = mask.get("layers") or []
-        if not isinstance(layers, list):
-            raise RequestError("mask", type(layers).__name__, "layers as a list of image files")
+        if not isinstance(layers, list) or len(layers) > MAX_REGION_LAYERS:
+            what = f"{len(layers)} layers" if isinstance(layers, list) else type(layers).__name__
+            raise RequestError("mask", what, f"layers as a list of at most {MAX_REGION_LAYERS} image files")
         if not layers and mask.get("id"):
             raise RequestError("mask", "an editor value without its layers", LAYERS_NOT_SENT)
         planes = [opened(layer, layer=True)[0] for layer in layers if layer]

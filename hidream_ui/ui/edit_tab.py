@@ -174,7 +174,7 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
         with gr.Accordion("Region (optional): paint where the edit may change", open=False,
                           elem_id="hui-region-box"):
             mask = build_region_editor("hui-mask")
-            with gr.Row(equal_height=True):
+            with gr.Row(equal_height=False):
                 gr.Markdown(REGION_HINT, elem_classes=["hui-hint"])
                 clear_region = gr.Button("Clear the region", size="sm", variant="secondary", min_width=140,
                                          scale=0, elem_id="hui-mask-clear")

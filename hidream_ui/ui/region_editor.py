@@ -68,7 +68,7 @@ def build_region_editor(elem_id: str) -> gr.ImageEditor:
     an input and when it describes the API) is `RegionData`. Not a subclass: gradio writes a .pyi file
     beside the module of every Component subclass when the class is defined. Events that take it as an
     input run with ``preprocess=False`` (gradio's ImageEditor.preprocess expects its own model)."""
-    editor = gr.ImageEditor(label="Paint where the edit may change", show_label=True, sources=[], transforms=(),
+    editor = gr.ImageEditor(label="Paint where the edit may change", show_label=False, sources=[], transforms=(),
                             layers=False, brush=brush(), eraser=eraser(), type="filepath", image_mode="RGBA",
                             format="png", height=360, buttons=[], elem_id=elem_id)
     editor.data_model = RegionData

@@ -125,12 +125,18 @@ def open_mask(
     max_pixels: int = 40_000_000,
     min_side: int = 16,
     name: str | None = None,
+    layer: bool = False,
 ) -> Image.Image:
     """Open a region mask: the same sources, formats, limits and checks as :func:`open_image` (one
-    decoder for every upload), but returned as mode "L" with transparency meaning *unpainted*: an
-    image with an alpha channel (a brush layer, a PNG painted on transparency) gives its alpha
-    (opaque = may change), any other its grey level (white = may change, black = keep).
-    `edits.validated_mask` binarises it."""
+    decoder for every upload), but returned as mode "L" (255 = may change, 0 = keep).
+
+    Strokes on transparency (a brush layer of the app's region editor, a PNG painted on a
+    transparent canvas) count by their ALPHA, never their colour: every painted pixel, however
+    faint or dark its paint, may change; a transparent one is kept, whatever RGB lies under it.
+    An image without transparency (no alpha channel, or one that is opaque everywhere: a black and
+    white mask saved as RGBA) counts by its grey level (white = may change, black = keep).
+    `layer=True` (a brush layer, which has no colours to read): the alpha decides even where the
+    layer is painted all over. `edits.validated_mask` binarises the result at 128."""
     if max_pixels < 1 or min_side < 1:
         raise ValueError(f"max_pixels and min_side must be >= 1 (got {max_pixels}, {min_side})")
     label = name or _describe(src)
@@ -138,7 +144,7 @@ def open_mask(
         image = _array_to_image(src, label) if isinstance(src, np.ndarray) else src
         if isinstance(src, np.ndarray):
             _check_size(label, _array_size(src, label), max_pixels, min_side)
-        return _mask_plane(_decoded(image, label, max_pixels, min_side))
+        return _mask_plane(_decoded(image, label, max_pixels, min_side), layer)
     if isinstance(src, (bytes, bytearray, memoryview)):
         if len(src) == 0:
             raise ImageError(f"{label}: the upload is empty (0 bytes)")
@@ -148,17 +154,20 @@ def open_mask(
         if not path.is_file():
             raise ImageError(f"{label}: not an existing file ({path})")
         with path.open("rb") as fp, open_header(fp, label, max_pixels) as image:
-            return _mask_plane(_decoded(image, label, max_pixels, min_side))
+            return _mask_plane(_decoded(image, label, max_pixels, min_side), layer)
     if hasattr(src, "read"):
         with open_header(src, label, max_pixels) as image:
-            return _mask_plane(_decoded(image, label, max_pixels, min_side))
+            return _mask_plane(_decoded(image, label, max_pixels, min_side), layer)
     raise ImageError(f"{label}: cannot read a mask from a {type(src).__name__}; pass bytes, a file path, "
                      "a file object, a PIL image or a numpy array")
 
 
-def _mask_plane(image: Image.Image) -> Image.Image:
+def _mask_plane(image: Image.Image, layer: bool = False) -> Image.Image:
     if _has_alpha(image):
-        return image.convert("RGBA").getchannel("A")
+        alpha = image.convert("RGBA").getchannel("A")
+        if layer or alpha.getextrema()[0] < 255:  # strokes on transparency: painted at all = may change
+            return alpha.point(lambda a: 255 if a > 0 else 0)
+        image = image.convert("RGB")  # opaque everywhere: its alpha says nothing, its grey level does
     if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
         return Image.fromarray(_to_uint8(np.asarray(image))).convert("L")
     return image.convert("L")

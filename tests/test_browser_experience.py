@@ -251,3 +251,58 @@ def test_a_stale_error_goes_when_the_form_changes(app, page):
     page.locator("#hui-instruction textarea").fill("Make the mug red")  # the form changed: the error is stale
     sync_api.expect(error).to_have_count(0)
     sync_api.expect(page.locator("#hui-edit")).to_be_enabled()
+
+
+def open_region(page) -> None:
+    """Opens the Region box and waits for the editor to show the source it paints on."""
+    page.locator("#hui-region-box").get_by_text("Region (optional)").click()
+    canvas = page.locator("#hui-mask canvas").first
+    sync_api.expect(canvas).to_be_visible()
+    canvas.scroll_into_view_if_needed()
+
+
+def paint_left_half(page) -> None:
+    """Brush strokes over the left half of the source, which the editor shows centred in its canvas
+    (the picture fits the canvas's height: strokes within a fifth of that height left of the centre)."""
+    box = page.locator("#hui-mask canvas").first.bounding_box()
+    cx, cy, side = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2, box["height"]
+    page.mouse.move(cx - 0.2 * side, cy - 0.3 * side)
+    page.mouse.down()
+    for row in range(1, 13):
+        page.mouse.move(cx - (0.2 if row % 2 == 0 else 0.03) * side, cy - 0.3 * side + row * 0.05 * side, steps=8)
+    page.mouse.up()
+
+
+def test_a_painted_stroke_limits_the_edit_to_its_region(app, page):
+    from PIL import Image
+
+    from hidream_ui.outputs import read_metadata
+
+    open_app(page, app["url"])
+    pick_example(page, 2)
+    open_region(page)
+    page.wait_for_timeout(500)  # the background (the source) is drawn into the canvas
+    paint_left_half(page)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"region_painted_{page.size_name}.png"))
+    page.locator("#hui-edit").click()
+    summary = finished_summary(page)
+    assert "region edit" in summary
+    saved = Path(app["config"].output_dir) / re.search(r"saved (\S+\.png)", summary).group(1)
+    mask = read_metadata(saved)["mask"]
+    assert mask["name"] == "painted region" and (saved.parent / mask["file"]).is_file()
+    with Image.open(saved.parent / mask["file"]) as stored:
+        left, top, right, bottom = stored.getbbox()
+        assert right <= stored.width * 0.6  # painted on the left: the right side is kept
+    no_error_toast(page)
+
+
+def test_edit_before_the_image_arrived_shows_no_bare_error(app, page):
+    open_app(page, app["url"])
+    page.locator("#hui-instruction textarea").fill(EXAMPLE)  # an example's text, its image not there yet
+    page.locator("#hui-edit").click()
+    sync_api.expect(page.locator("[data-testid=toast-body]").filter(has_text="Add an image")).to_have_count(1)
+    page.wait_for_timeout(500)  # the refused event's status reaches the summary with the toast
+    sync_api.expect(page.locator("#hui-summary .error")).to_be_hidden()
+    assert "Error" not in page.locator("#hui-summary").inner_text()
+    sync_api.expect(page.locator("#hui-edit")).to_be_enabled()

@@ -10,6 +10,7 @@ from hidream_ui.server.files import ServedResults
 from hidream_ui.ui.history_entries import (
     MAX_ENTRIES,
     added,
+    chains,
     check_entries,
     new_entry,
     picker_choices,
@@ -82,3 +83,43 @@ def test_new_entries_go_first_and_the_list_stays_bounded(tmp_path):
     checked = check_entries(history, lambda *_: False)
     assert picker_choices(checked)[0] == (f"1. edit {MAX_ENTRIES + 4} · seed {MAX_ENTRIES + 4}", 0)
     assert added(history, None) == history
+
+
+def _chained(tmp_path, instructions: list[str], served: ServedResults) -> list[dict]:
+    """One entry per instruction, each made from the previous one's result (newest first)."""
+    history, parent = [], None
+    for index, instruction in enumerate(instructions):
+        _, entry = _served_entry(tmp_path, f"r{index}.png", served=served, instruction=instruction)
+        sha = f"{index + 1:064x}"
+        link = {"file": "x.png", "sha256": parent, "of": "file"} if parent else None
+        entry = {**entry, "sha256": sha, "parent": link}
+        history, parent = added(history, entry), sha
+    return history
+
+
+def test_history_draws_the_chain_an_edit_was_made_in(tmp_path):
+    served = ServedResults()
+    history = _chained(tmp_path, ["make it blue", "add a hat", "make it <i>night</i>"], served)
+    history = added(history, new_entry(png=None, ticket=None, params={"instruction": "alone", "seed": 1},
+                                       before=Image.new("RGB", (8, 8)), after=Image.new("RGB", (8, 8))))
+    checked = check_entries(history, served.stored)  # newest first: alone, night, hat, blue
+    links = chains(checked)
+    assert 0 not in links  # an edit of an upload: no chain
+    assert (links[1].step, links[1].length, links[1].parent) == (3, 3, 2)
+    assert (links[3].step, links[3].length, links[3].parent) == (1, 3, None)
+    cards = render_entries(checked).split('class="hui-h-card"')[1:]
+    assert "chain" not in cards[0]
+    assert "edit 3 of a chain of 3 · from result 3: “add a hat”" in cards[1]
+    assert "edit 2 of a chain of 3 · from result 4: “make it blue”" in cards[2]
+    assert "edit 1 of a chain of 3" in cards[3] and "from result" not in cards[3]
+
+
+def test_a_forged_chain_loops_nowhere_and_names_only_entries_of_this_history(tmp_path):
+    served = ServedResults()
+    first, second = _chained(tmp_path, ["one", "two"], served)[::-1]
+    looped = [{**second}, {**first, "parent": {"sha256": second["sha256"]}}]  # each the other's parent
+    links = chains(check_entries(looped, served.stored))
+    assert {link.length for link in links.values()} == {2}
+    strangers = [{**second, "parent": {"sha256": "f" * 64}}, {**first, "sha256": "not hex", "parent": None}]
+    assert chains(check_entries(strangers, served.stored)) == {}
+    assert "chain" not in render_entries(check_entries(strangers, served.stored))

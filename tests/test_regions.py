@@ -114,6 +114,31 @@ def test_a_painted_layer_counts_its_opaque_pixels_as_the_region():
     assert np.array_equal(np.asarray(mask.image), np.asarray(left_half()))
 
 
+def png_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_strokes_on_transparency_count_by_their_alpha_however_faint_or_dark():
+    # What a brush layer holds: a see-through dark stroke on the left, and under the transparent
+    # right half RGB that reads white (as a canvas may leave it). The alpha decides, not the colour.
+    layer = Image.new("RGBA", SIZE, (255, 255, 255, 0))
+    layer.paste((20, 20, 20, 90), (0, 0, SIZE[0] // 2, SIZE[1]))
+    mask = validated_mask(open_mask(png_bytes(layer)))
+    assert np.array_equal(np.asarray(mask.image), np.asarray(left_half()))
+    # A brush layer painted all over is all region (layer=True: its colour is never read).
+    full = Image.new("RGBA", SIZE, (20, 20, 20, 255))
+    assert np.asarray(open_mask(png_bytes(full), layer=True)).min() == 255
+
+
+def test_an_opaque_rgba_mask_counts_by_its_grey_level():
+    # A black-and-white mask saved as RGBA (opaque everywhere): its alpha says nothing, white = may change.
+    opaque = left_half().convert("RGBA")
+    mask = validated_mask(open_mask(png_bytes(opaque)))
+    assert np.array_equal(np.asarray(mask.image), np.asarray(left_half()))
+
+
 def test_compare_applies_the_mask_to_every_cell(tmp_path, tiny_cache):
     pool = EnginePool.for_config(AppConfig(device="cpu", output_dir=tmp_path, preview_every=0))
     path = tmp_path / "src.png"

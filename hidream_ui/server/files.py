@@ -5,8 +5,9 @@ cache that does not grow without bound.
   file gets our clear per-file message instead of gradio's), which means the handler receives
   whatever path a raw API client writes. The gate opens a path only when gradio stored it for
   this app (an upload through it, or its copy of an example) or when it lies in a folder the app
-  trusts (the bundled examples). Anything else gets one generic message that says nothing about
-  whether the file exists.
+  trusts (the bundled examples), or when it is gradio's cached copy of a result the app serves (a
+  result handed back: "Edit the result", History's "Edit again"; the app then opens its own file).
+  Anything else gets one generic message that says nothing about whether the file exists.
 * `ServedResults`: the results folder is not served as a whole; each result PNG the app wrote is
   allowed individually (and dropped again once retention deleted it).
 * `ClientStorage`: who holds what in gradio's cache. Every upload is charged to the client that
@@ -44,9 +45,12 @@ class UploadGate:
     images, numpy arrays from Python callers) pass through untouched.
     """
 
-    def __init__(self, is_stored: Callable[[str], bool], roots: Iterable[str | os.PathLike] = ()):
+    def __init__(self, is_stored: Callable[[str], bool], roots: Iterable[str | os.PathLike] = (),
+                 result_of: Callable[[str], str | None] | None = None):
         self._is_stored = is_stored
         self._roots = [os.path.realpath(r) for r in roots]
+        # `result_of(path)`: the app's own result file when `path` is gradio's copy of it (else None).
+        self._result_of = result_of
 
     def allows(self, path: str | os.PathLike) -> bool:
         text = os.fspath(path)
@@ -78,8 +82,13 @@ class UploadGate:
         if not isinstance(path, (str, os.PathLike)):
             raise RequestError(field, "upload", NOT_UPLOADED)
         if not self.allows(path):
-            logger.warning("refused a %s path the app did not store", field)
-            raise RequestError(field, cap_name(name) or "upload", NOT_UPLOADED)
+            # A result the app sent to the browser comes back as gradio's cached copy of it (gradio
+            # copies every output into its cache and the browser holds that path): the app's own file.
+            own = self._result_of(os.fspath(path)) if self._result_of is not None else None
+            if own is None:
+                logger.warning("refused a %s path the app did not store", field)
+                raise RequestError(field, cap_name(name) or "upload", NOT_UPLOADED)
+            path = own
         # The name is the client's to choose and goes into the result's metadata: capped here, where
         # it enters the app (EditResult.metadata caps it again for Python callers).
         return path, cap_name(name or Path(path).name)
@@ -121,6 +130,35 @@ class ServedResults:
 
     def __contains__(self, path: object) -> bool:
         return str(path) in self.allowed
+
+    def result_of(self, path: str, cache_folder: str | os.PathLike | None) -> str | None:
+        """The served result whose copy `path` is: a file inside gradio's cache folder with a served
+        result's name and the same bytes (gradio's copy of an output it sent to a browser). None
+        otherwise. Reads `path` only inside `cache_folder`, and only to compare it with the result."""
+        if cache_folder is None:
+            return None
+        real, folder = os.path.realpath(path), os.path.realpath(cache_folder)
+        if not real.startswith(folder + os.sep) or not os.path.isfile(real):
+            return None
+        with self._lock:
+            named = [p for p in self._results if os.path.basename(p) == os.path.basename(real)]
+        for result in named:
+            try:
+                if os.path.getsize(result) == os.path.getsize(real) and _same_bytes(result, real):
+                    return result
+            except OSError:
+                continue
+        return None
+
+
+def _same_bytes(a: str, b: str) -> bool:
+    with open(a, "rb") as first, open(b, "rb") as second:
+        while True:
+            x, y = first.read(1 << 20), second.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
 
 
 class CacheJanitor:

@@ -226,10 +226,11 @@ def summarise_result(result, load_seconds: float = 0.0) -> str:
     load = f" · model load {load_seconds:.1f} s" if load_seconds >= 0.05 else ""
     rewrite = getattr(result, "rewrite", None)
     rewritten = f" · instruction rewritten by {rewrite.backend} ({rewrite.seconds:.1f} s)" if rewrite else ""
+    region = " · region edit: outside it the source is kept" if getattr(params, "mask", None) is not None else ""
     return (
         f"Seed **{params.seed}** · working size {width}×{height} · {params.num_inference_steps} steps · "
         f"{timings.total:.1f} s (denoise {timings.denoise:.1f} s, "
-        f"{timings.per_step:.2f} s/step){load}{rewritten} · saved `{name}` (settings in its metadata)"
+        f"{timings.per_step:.2f} s/step){load}{rewritten}{region} · saved `{name}` (settings in its metadata)"
     )
 
 

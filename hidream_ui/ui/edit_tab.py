@@ -32,11 +32,14 @@ from hidream_ui.ui.common import (
     widget,
 )
 from hidream_ui.ui.handlers import Handlers
+from hidream_ui.ui.region_editor import build_region_editor
 from hidream_ui.ui.services import ASSETS_DIR
 from hidream_ui.ui.world_examples import world_examples
 
 logger = logging.getLogger(__name__)
 
+REGION_HINT = ("Paint over what may change; the rest keeps the source (a soft edge joins them). "
+               "Nothing painted: the whole image may change.")
 # The values of the rewritten prompt box, the rewriter's answer and its note once a rewrite is stale.
 CLEAR_REWRITE_JS = "() => ['', null, '']"
 # Brings an element into view unless it already is (the page is long on a phone).
@@ -86,7 +89,8 @@ class EditTabHandles:
 
     image: gr.Image
     form: Mapping[str, Any]
-    mask: gr.Image  # optional region mask (white = may change): the last input of /edit and /edit_rewritten
+    mask: gr.ImageEditor  # the painted region (from the API also a mask file): /edit's and /edit_rewritten's last input
+    clear_region: gr.Button  # "Clear the region": the source again, nothing painted
     rewrite: gr.Checkbox
     edit_button: gr.Button
     stop_button: gr.Button
@@ -166,6 +170,15 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
                 rewrite_button = gr.Button("Rewrite", size="sm", elem_id="hui-rewrite")
                 edit_rewritten_button = gr.Button("Edit with this", size="sm", elem_id="hui-edit-rewritten")
             rewrite_details = gr.JSON(label="Rewriter's answer", open=False, elem_id="hui-rewrite-details")
+        # Region edits: a brush on the source image (region_editor). Painted = may change, the rest
+        # keeps the source; nothing painted: the whole image may change.
+        with gr.Accordion("Region (optional): paint where the edit may change", open=False,
+                          elem_id="hui-region-box"):
+            mask = build_region_editor("hui-mask")
+            with gr.Row(equal_height=False):
+                gr.Markdown(REGION_HINT, elem_classes=["hui-hint"])
+                clear_region = gr.Button("Clear the region", size="sm", variant="secondary", min_width=140,
+                                         scale=0, elem_id="hui-mask-clear")
         with gr.Accordion("Advanced settings", open=False, elem_id="hui-advanced"):
             form["negative_prompt"] = widget("negative_prompt", value["negative_prompt"])
             with gr.Row():
@@ -180,11 +193,6 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
             with gr.Row():
                 form["clip_cfg_norm"] = widget("clip_cfg_norm", value["clip_cfg_norm"])
                 form["collapse_padding"] = widget("collapse_padding", value["collapse_padding"])
-            # Region edits (an upload; a brush on the source, gr.ImageEditor, is the integrator's to add:
-            # the handler takes its value as it is).
-            mask = gr.Image(label="Region mask (optional): white = may change, black = keep",
-                            sources=["upload", "clipboard"], type="filepath", image_mode=None, height=160,
-                            elem_id="hui-mask")
         world = world_examples(config)  # the trained offline model knows only its shapes world
         examples = world or load_examples(variant)
         example_set = None
@@ -194,8 +202,8 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
             example_set = gr.Examples(examples=examples, inputs=[image, form["instruction"]], cache_examples=False,
                                       examples_per_page=len(examples), label=label)
         last_entry = gr.State(None)
-    return EditTabHandles(image=image, form=form, mask=mask, rewrite=rewrite, edit_button=edit_button,
-                          stop_button=stop_button,
+    return EditTabHandles(image=image, form=form, mask=mask, clear_region=clear_region, rewrite=rewrite,
+                          edit_button=edit_button, stop_button=stop_button,
                           rewritten=rewritten, rewrite_note=rewrite_note, rewrite_button=rewrite_button,
                           edit_rewritten_button=edit_rewritten_button, rewrite_details=rewrite_details,
                           result_slider=result_slider, result_details=result_details, seed_used=seed_used,
@@ -253,6 +261,15 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     tab.image.upload(handlers.check_source, [tab.image], [tab.image, tab.summary],
                      concurrency_id=SETTINGS_FILE_GROUP, concurrency_limit=SETTINGS_FILE_CONCURRENCY,
                      show_progress="hidden", api_visibility="private", preprocess=False)
+    # The region editor shows the source to paint on, whatever put it there (an upload, an example,
+    # "Edit the result", History's "Edit again"); a new source starts with nothing painted. "Clear
+    # the region" (and the editor's own clear) start over on the same source. No .change or .input
+    # listener on the editor itself: with one the browser would send its layers by id, not as files
+    # (region_editor.py). preprocess=False: the gate hands over the stored file, nothing is decoded.
+    region = {"queue": False, "show_progress": "hidden", "api_visibility": "private", "preprocess": False}
+    tab.image.change(handlers.region_background, [tab.image], [tab.mask], **region)
+    tab.clear_region.click(handlers.region_background, [tab.image], [tab.mask], **region)
+    tab.mask.clear(handlers.region_background, [tab.image], [tab.mask], **region)
     # The edit loop: the result becomes the source; the instruction box keeps its text to be changed.
     tab.edit_result_button.click(handlers.edit_result, [tab.last_entry], [tab.image, tab.summary], **private)
     tab.edit_result_button.click(None, None, None, js=SHOW_FORM_JS, **private)

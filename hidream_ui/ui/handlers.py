@@ -282,7 +282,8 @@ class Handlers:
             "history": new_entry(png=png, ticket=self.services.results.ticket(png) if png else None,
                                  params=metadata.get("params") or result.params.to_dict(),
                                  before=result.source_image, after=result.image,
-                                 seconds=round(result.timings.total, 2), parent=metadata.get("parent")),
+                                 seconds=round(result.timings.total, 2), parent=metadata.get("parent"),
+                                 sha256=file_sha256(png) if png else None),
         }
         yield ((result.source_image, result.image),
                str(result.saved_png) if result.saved_png else None,
@@ -374,6 +375,25 @@ class Handlers:
             gr.Warning(html.escape(redact_paths(message), quote=False), title="Not an image")
             return None, html.escape(redact_paths(message), quote=False)
         return gr.update(), ""
+
+    def region_background(self, image):
+        """The region editor for a (new) source: the source as the background to paint on, nothing
+        painted (a region belongs to one image), a brush sized to the picture. No source: empty.
+        Runs on every change of the source (upload, example, "Edit the result", "Edit again") and
+        on "Clear the region"; the file goes through the upload gate and only its header is read."""
+        from hidream_ui.ui.region_editor import brush, eraser
+
+        if image is None:
+            return gr.update(value=None, brush=brush(), eraser=eraser())
+        try:
+            source, name = self.services.gate.path(image, "image")
+            size = source_size(source, name)
+        except (*USER_ERRORS, OSError) as exc:  # check_source tells the user; the editor stays empty
+            logger.info("no region editor for this source: %s", exc)
+            return gr.update(value=None, brush=brush(), eraser=eraser())
+        background = source if isinstance(source, Image.Image) else str(source)
+        return gr.update(value={"background": background, "layers": [], "composite": background},
+                         brush=brush(size), eraser=eraser(size))
 
     def edit_result(self, entry: dict | None):
         """"Edit the result": the last result becomes the source (the instruction box keeps its text
@@ -697,31 +717,55 @@ class Handlers:
         return (*form_values(params), gr.Tabs(selected="edit"))
 
 
+MAX_REGION_LAYERS = 8  # the brush paints one; each is a full-size image to decode
+# An editor value that names its layers only by an id: the browser streamed them to the component
+# (it does when the editor has a .change or .input listener), where only gradio's preprocessing finds them.
+LAYERS_NOT_SENT = ("the painted layers as files (the region did not arrive: paint it again, or send a mask file "
+                   "or {background, layers, composite} with the layers as files)")
+
+
 def open_region(services: AppServices, mask) -> Any:
     """The validated EditMask of an optional mask (None: none), for /edit and /compare: an uploaded
-    file, or a `gr.ImageEditor` value (its painted layers, ``preprocess=False``; nothing painted: no
-    mask), so a brush on the source can replace the upload widget without touching this. Through
-    the same gate and decoder as a source image: only files gradio stored for this app are opened."""
+    file (white = may change, black = keep), or the region editor's value (`region_editor`: its
+    painted layers, ``preprocess=False``; transparent = keep, painted = may change; nothing painted:
+    no mask). Through the same gate and decoder as a source image: only files gradio stored for
+    this app are opened, never a path a client names."""
     from PIL import ImageChops
 
     from hidream_ui.imaging import open_mask
 
-    def opened(value) -> tuple[Any, str | None]:
+    def opened(value, layer: bool = False) -> tuple[Any, str | None]:
         source, name = services.gate.path(value, "mask")
-        return open_mask(source, max_pixels=services.config.max_pixels, name=name), name
+        return open_mask(source, max_pixels=services.config.max_pixels, name=name, layer=layer), name
 
     if mask is None:
         return None
-    if isinstance(mask, Mapping) and "layers" in mask and "path" not in mask:  # an ImageEditor's value
-        planes = [opened(layer)[0] for layer in mask.get("layers") or () if layer]
+    if isinstance(mask, Mapping) and "path" not in mask and ("layers" in mask or "background" in mask):
+        layers = mask.get("layers") or []
+        if not isinstance(layers, list) or len(layers) > MAX_REGION_LAYERS:
+            what = f"{len(layers)} layers" if isinstance(layers, list) else type(layers).__name__
+            raise RequestError("mask", what, f"layers as a list of at most {MAX_REGION_LAYERS} image files")
+        if not layers and mask.get("id"):
+            raise RequestError("mask", "an editor value without its layers", LAYERS_NOT_SENT)
+        planes = [opened(layer, layer=True)[0] for layer in layers if layer]
         if not planes or all(plane.getbbox() is None for plane in planes):
-            return None
+            return None  # nothing painted: the whole image may change, exactly as without a mask
         union = planes[0]
         for plane in planes[1:]:
             union = ImageChops.lighter(union, plane.resize(union.size))
-        return validated_mask(union, "painted")
+        return validated_mask(union, "painted region")
     plane, name = opened(mask)
     return validated_mask(plane, name)
+
+
+def source_size(source: Any, name: str | None = None) -> tuple[int, int]:
+    """The size of a source the gate let through (a stored file: from its header, nothing decoded)."""
+    from hidream_ui.imaging import open_header
+
+    if isinstance(source, Image.Image):
+        return source.size
+    with open(source, "rb") as fp, open_header(fp, name or "image") as picture:
+        return picture.size
 
 
 PREVIEW_SIDE = 512  # longest side a live preview is shown at (it is computed at 1/8 of the working size)

@@ -92,6 +92,9 @@ APP_CSS = """
 #hui-attention-unavailable { font-size: 0.8em; opacity: 0.85; }
 .hui-hint { font-size: 0.85em; opacity: 0.85; }
 #hui-visitor-card .hui-card { border: 1px solid rgba(127, 127, 127, 0.3); border-radius: 8px; padding: 0.5em; }
+/* A refused edit ("Add an image") says what to do in its toast; the summary, where the progress
+   runs, keeps what it showed instead of gradio's bare red "Error" box over it. */
+#hui-summary [data-testid="status-tracker"]:has(> .error) { display: none; }
 /* Image toolbars (download, full screen) in a row of their own above the picture, not over it:
    they hid the grid's last column header. */
 #hui-compare-grid .icon-button-wrapper, #hui-compare-slider .icon-button-wrapper {

@@ -74,9 +74,12 @@ class AppServices:
         rewriter = RewriteService.for_config(config, engine) if engine is not None else None
         # The app's own example folders: the bundled photos, and the world scenes of the trained offline model.
         examples = [ASSETS_DIR, *([examples_folder()] if config.uses_trained_tiny_model else [])]
-        return cls(config=config, jobs=JobRegistry(), gate=UploadGate(is_stored, roots=[*examples, *trusted_roots]),
-                   results=ServedResults(fixed=[str(root) for root in examples]), demo=demo, cache_folder=cache_folder,
-                   rewriter=rewriter, janitor=janitor)
+        results = ServedResults(fixed=[str(root) for root in examples])
+        # A result sent to the browser comes back as gradio's cached copy ("Edit the result", "Edit again").
+        gate = UploadGate(is_stored, roots=[*examples, *trusted_roots],
+                          result_of=lambda path: results.result_of(path, cache_folder))
+        return cls(config=config, jobs=JobRegistry(), gate=gate, results=results, demo=demo,
+                   cache_folder=cache_folder, rewriter=rewriter, janitor=janitor)
 
     @property
     def public(self) -> bool:

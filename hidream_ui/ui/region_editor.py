@@ -1,0 +1,78 @@
+"""The region brush: a `gr.ImageEditor` over the source image where people paint what may change.
+
+Its value is the `mask` input of ``/edit`` and ``/edit_rewritten`` (their last input). The handlers
+read it with ``preprocess=False`` (`handlers.open_region`): the painted layers as files gradio
+stored for this app (transparent = keep, painted = may change). API clients keep sending a plain
+mask file (white = may change, black = keep) in the same place, so the component's data model
+takes either: gradio's own ImageEditor model would validate a plain file into an empty editor
+value (pydantic drops the unknown keys) and the mask would be lost without a word.
+
+Two things keep the painted layers reaching the handler as files:
+* no ``.change`` / ``.input`` listener on the editor: with one, the browser streams its layers to
+  the component's blob store and sends only an id, which only gradio's preprocessing resolves
+  (`handlers.open_region` refuses such a value with what to do rather than edit everywhere);
+* the background is the source image (set by `Handlers.region_background` whenever the source
+  changes): the layers have the source's size, so the mask has its shape.
+
+Imports gradio at the top: only the UI imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import gradio as gr
+from gradio.components.image_editor import EditorData
+from gradio.data_classes import FileData, GradioRootModel
+from pydantic import Field
+
+# One colour, see-through so the picture stays visible under the paint (its alpha is what counts:
+# imaging.open_mask).
+BRUSH_COLOR = ("#e11d48", 0.55)
+BRUSH_SIDE_FRACTION = 24  # brush radius = the source's shorter side / this (a 1024 px photo: 43 px)
+MIN_BRUSH = 3
+DEFAULT_BRUSH = 16  # px radius before a source is known
+
+
+class RegionData(GradioRootModel):
+    """The region the edit may change (optional; null: the whole image may change). Either a mask file (white = may
+    change, black = keep; an image painted on transparency: painted = may change), or a painted region
+    {"background": the source, "layers": [images painted on transparency], "composite": null}: painted = may change,
+    transparent = keep, nothing painted = no mask."""
+
+    # The docstring is what /gradio_api/info and gradio_client show for the parameter. The file is tried
+    # first: an editor value has no `path`, so it never passes for a file.
+    root: Union[FileData, EditorData] = Field(union_mode="left_to_right")
+
+
+def brush_radius(size: tuple[int, int] | None) -> int:
+    """The brush's radius in source pixels: a stroke covers a sensible part of any image."""
+    if not size:
+        return DEFAULT_BRUSH
+    return max(MIN_BRUSH, round(min(size) / BRUSH_SIDE_FRACTION))
+
+
+def brush(size: tuple[int, int] | None = None) -> gr.Brush:
+    return gr.Brush(colors=[BRUSH_COLOR], default_color=BRUSH_COLOR, color_mode="fixed",
+                    default_size=brush_radius(size))
+
+
+def eraser(size: tuple[int, int] | None = None) -> gr.Eraser:
+    return gr.Eraser(default_size=brush_radius(size))
+
+
+def build_region_editor(elem_id: str) -> gr.ImageEditor:
+    """The editor, empty until a source image arrives (`Handlers.region_background` fills it).
+
+    A plain gr.ImageEditor whose data model (an instance attribute, read by gradio when it validates
+    an input and when it describes the API) is `RegionData`. Not a subclass: gradio writes a .pyi file
+    beside the module of every Component subclass when the class is defined. Events that take it as an
+    input run with ``preprocess=False`` (gradio's ImageEditor.preprocess expects its own model)."""
+    editor = gr.ImageEditor(label="Paint where the edit may change", show_label=False, sources=[], transforms=(),
+                            layers=False, brush=brush(), eraser=eraser(), type="filepath", image_mode="RGBA",
+                            format="png", height=360, buttons=[], elem_id=elem_id)
+    editor.data_model = RegionData
+    return editor
+
+
+__all__ = ["BRUSH_COLOR", "RegionData", "brush", "brush_radius", "build_region_editor", "eraser"]

@@ -165,8 +165,10 @@ def launch(
         raise ConfigError("this gradio version's queue cannot be limited (see hidream_ui/server/gradio_internals.py); "
                           "install the gradio version in requirements.txt")
     if config.uses_tiny_model and not quiet:
-        print("Running the offline tiny random-weight model: results are noise. "
-              "Use --model-dir /path/to/models (or HIDREAM_MODEL_DIR) for the real HiDream weights.",
+        what = ("the offline tiny model trained on a world of coloured shapes: it edits only those scenes"
+                if config.uses_trained_tiny_model else
+                f"the offline tiny model with random weights (--tiny-profile {config.tiny_profile}): results are noise")
+        print(f"Running {what}. Use --model-dir /path/to/models (or HIDREAM_MODEL_DIR) for the real HiDream weights.",
               file=sys.stderr)
     _, local_url, _ = demo.launch(
         server_name=config.host,

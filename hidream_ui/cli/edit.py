@@ -1,7 +1,7 @@
 """`python -m hidream_ui edit --image IN --instruction TEXT [--mask PATH] [--out PATH] [parameters]`.
 
 Runs one edit through the same engine as the app and prints a JSON summary. With no model
-configured it runs on the offline tiny model (the summary says so: outputs are noise).
+configured it runs on the offline tiny model (the summary says which and what it can do).
 """
 
 from __future__ import annotations
@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         "parent": (result.saved_metadata or {}).get("parent"),
         **{k: getattr(result.info, k) for k in ("variant", "model_source", "device", "dtype", "attention")},
     }
-    if result.info.model_source == "tiny":
+    if result.info.model_source == "tiny" and not config.uses_trained_tiny_model:
         summary["note"] = "tiny random-weight model: the output is noise; use --model-dir for real weights"
+    elif result.info.model_source == "tiny":
+        summary["note"] = ("offline tiny model trained on a world of coloured shapes: it edits only those scenes; "
+                           "use --model-dir for real weights")
     print(json.dumps(summary, indent=2))
     return 0

@@ -673,6 +673,7 @@ class EditEngine:
             loaded=model is not None,
             variant=self.config.variant,
             model_source=self.model_source,
+            tiny_profile=self.config.tiny_profile if self.config.uses_tiny_model else None,
             attention=self._attention or self._attention_request,
             attention_note=self._attention_note,
             refiner=self.config.refiner,

@@ -581,6 +581,7 @@ class RayEngine:
         return EngineStatus(
             state=state, progress=busiest.progress if busiest else Progress(), loaded=any(r.loaded for r in rows),
             variant=self.config.variant, model_source="tiny" if self.config.uses_tiny_model else "real",
+            tiny_profile=self.config.tiny_profile if self.config.uses_tiny_model else None,
             attention=self.attention_of(), attention_note=None, refiner=self.config.refiner,
             text_encoders=self.config.text_encoders, prompt_cache=PromptCacheStats(0, 0, 0), counters=self.counters,
             device=f"ray ({self.address})", device_type="ray", devices=rows, cluster=self.cluster_totals())

@@ -108,6 +108,8 @@ class EngineStatus:
     device_error: str | None = None
     # Once the model is loaded.
     model_paths: dict[str, Any] | None = None
+    # The offline profile when model_source is "tiny" (`trained` edits its world; the others are random).
+    tiny_profile: str | None = None
     load_seconds: float | None = None
     weight_swap: WeightSwapStats | None = None
     memory_plan: MemoryPlan | None = None  # the plan the model was placed with (model/plans.py)

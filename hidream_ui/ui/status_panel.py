@@ -87,7 +87,10 @@ def render_status(status: EngineStatus, with_state: bool = True) -> str:
     else:
         parts.append(_kv("Device", "unavailable"))
     parts.append(_kv("Computes in", status.dtype or "?"))
-    source_text = "tiny (random weights)" if status.model_source == "tiny" else (status.model_source or "?")
+    source_text = status.model_source or "?"
+    if status.model_source == "tiny":
+        source_text = ("tiny, trained on the shapes world" if status.tiny_profile == "trained" else
+                       f"tiny {status.tiny_profile or ''} (random weights)".replace("  ", " "))
     parts.append(_kv("Model", f"{(status.variant or '?').upper()} · {source_text}"))
     parts.append(_kv("Attention", attention_line(status)))
     plan = status.memory_plan

@@ -255,7 +255,9 @@ def test_split_placement_runs_the_tiny_model_and_gives_the_same_image(tmp_path, 
     for real; a second card is what it cannot show (README "What cannot be tested here")."""
     request = EditRequest(image=random_picture(7), params=edit_params(seed=7, steps=2))
     plain = EditEngine(AppConfig(device="cpu", output_dir=tmp_path)).edit(request, save=False)
-    placed_engine = EditEngine(from_args(["--placement", "transformer=cpu,encoders=cpu,vae=cpu"], environ={})
+    # The tiny profile named: with no environment the CLI's default is the trained model, not AppConfig()'s.
+    argv = ["--placement", "transformer=cpu,encoders=cpu,vae=cpu", "--tiny-profile", "tiny"]
+    placed_engine = EditEngine(from_args(argv, environ={})
                                .replace(output_dir=tmp_path))
     placed = placed_engine.edit(request, save=False)
     pipe = placed_engine.model.pipeline

@@ -39,6 +39,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def set_threads(parser, threads: int | None) -> None:
+    """A benchmark's `--threads N`: torch's intra-op threads (None: torch's default); N < 1 is a usage error."""
+    if threads is None:
+        return
+    if threads < 1:
+        parser.error(f"--threads must be at least 1 (got {threads})")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     return dispatch(KINDS, sys.argv[1:] if argv is None else argv, prog="python -m hidream_ui bench",
                     description="Benchmarks: figures measured side by side in one run (add --json for JSON).",

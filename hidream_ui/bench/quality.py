@@ -34,6 +34,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np  # already loaded by the world (model/tiny/world.py)
 from PIL import Image  # already loaded by the edit schema (edits.py)
 
+from hidream_ui.bench import set_threads
 from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
 from hidream_ui.config import TINY_PROFILES, AppConfig
 from hidream_ui.device.detect import resolve_device, resolve_dtype
@@ -44,7 +45,7 @@ from hidream_ui.model.planner import plan_for
 from hidream_ui.model.plans import PLANS
 from hidream_ui.model.tiny import world
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
-from hidream_ui.pipeline.speed.settings import MEASURED_CACHES, cache_unavailable, parse_cache
+from hidream_ui.pipeline.speed.settings import MEASURED_CACHES, SPEED_PRESETS, cache_unavailable, parse_cache
 
 # The trained offline model (issue 22) when this checkout has it, else the random one.
 TRAINED_PROFILE = "trained"
@@ -458,8 +459,6 @@ def presets(report: dict) -> dict:
     """For each Speed preset: what the app uses now (`current`), the cache configurations of this run that keep
     its rule (`qualifying`, fastest first) and `best`: the fastest of them, or, when none is fast enough, the
     fastest that keeps the quality part of the rule (`meets_rule` false: the best trade-off reached)."""
-    from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
-
     configurations = report["configurations"]
     exact = configurations["exact"]["success_rate"]
     caches = [(name, r) for name, r in configurations.items() if r["group"] == "cache" and "error" not in r]
@@ -567,12 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         edit_base(args.steps, params)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1 (got {args.threads})")
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(parser, args.threads)
 
     def progress(done: int, total: int, text: str) -> None:
         print(f"bench quality: case {done}/{total} ({text})", file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 
+from hidream_ui.bench import set_threads
 from hidream_ui.config import AppConfig
 from hidream_ui.device.detect import resolve_device, resolve_dtype
 from hidream_ui.model import loading  # loading.load_model looked up per call: tests replace it
@@ -267,12 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             caches = ("none", *cache_specs(args.caches.split(",")))
         except ValueError as exc:
             parser.error(str(exc))
-    if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads must be at least 1 (got {args.threads})")
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(parser, args.threads)
     for name in ("size", "steps", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1 (got {getattr(args, name)})")

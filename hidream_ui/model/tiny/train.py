@@ -158,10 +158,9 @@ def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, 
           step: int, vae_from: Path | None = None) -> dict:
     import torch
 
-    command = (f"python -m hidream_ui train-tiny OUT --steps {settings.steps} --vae-steps {settings.vae_steps} "
-               f"--seed {settings.seed} --threads {settings.threads}")
-    if vae_from is not None:
-        command = f"{command.replace(' --vae-steps ' + str(settings.vae_steps), '')} --vae-from {vae_from}"
+    vae = f"--vae-from {vae_from}" if vae_from is not None else f"--vae-steps {settings.vae_steps}"
+    command = (f"python -m hidream_ui train-tiny OUT --steps {settings.steps} {vae} --seed {settings.seed} "
+               f"--threads {settings.threads}")
 
     return {
         "profile": PROFILE,

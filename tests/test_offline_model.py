@@ -3,6 +3,8 @@ it can do, and shows scenes of its world as examples (the random `tiny` stays wh
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -70,3 +72,37 @@ def test_the_upload_gate_accepts_the_world_examples_and_nothing_beside_them(trai
     stranger = tmp_path / "other.png"
     Image.new("RGB", (8, 8)).save(stranger)
     assert not trained_services.gate.allows(stranger)
+
+
+def test_the_banner_quotes_the_held_out_test_recorded_with_the_shipped_weights():
+    from hidream_ui.model.tiny import trained
+    from hidream_ui.model.tiny.profiles import PROFILES
+
+    measured = trained.held_out_success(trained.asset_dir(PROFILES["trained"].weights_asset))
+    assert measured is not None, "assets/tiny_trained/trained.json has no held_out record (train-tiny --eval N)"
+    success, cases = measured
+    assert 0 <= success <= 1 and cases >= 96
+    assert f"{round(100 * success)} % of {cases} held-out edits" in offline_banner(AppConfig(tiny_profile="trained"))
+
+
+def test_held_out_figures_round_trip_through_trained_json(tmp_path):
+    from hidream_ui.model.tiny import trained
+
+    (tmp_path / trained.META_FILE).write_text(json.dumps({"profile": "trained"}))
+    assert trained.held_out_success(tmp_path) is None  # nothing recorded: the banner says no number
+    trained.record_held_out(tmp_path, {"cases": 96, "success": 0.5, "untouched_psnr_median_db": 24.0}, "cmd")
+    meta = json.loads((tmp_path / trained.META_FILE).read_text())
+    assert meta["profile"] == "trained" and meta[trained.HELD_OUT_KEY]["command"] == "cmd"
+    assert trained.held_out_success(tmp_path) == (0.5, 96)
+    assert trained.held_out_success(tmp_path / "missing") is None
+
+
+def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsys):
+    from hidream_ui.model.tiny import train
+
+    with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--eval-only"])
+    assert "--eval-only needs --eval N" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"])
+    assert "no trained weights in" in capsys.readouterr().err

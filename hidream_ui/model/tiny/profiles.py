@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any
 
 # Bump whenever the bytes written for a given (profile, seed) change: ensure_tiny() keys its cache on it.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 MARKER_FILENAME = "hidream_ui_tiny.json"
 # Single-file copies of the E1.1 transformer (for --transformer-file): diffusers keys, and the ComfyUI
@@ -153,7 +153,10 @@ PROFILES: Mapping[str, TinyProfile] = MappingProxyType(
             description="trained on the synthetic shapes world (recolour, remove, background); 128x128",
             num_layers=2,
             num_single_layers=2,
-            num_attention_heads=2,
+            # 96 dims: each token's stream carries its noisy latent patch (2 x 2 x 16 = 64 numbers) and the source
+            # patch the copy heads bring (train.copy_heads); 64 dims could not hold both. Wider would not fit the
+            # 8 MB budget with four MoE blocks: from 97 dims on, the experts' hidden size rounds up to 512.
+            num_attention_heads=3,
             attention_head_dim=32,
             # More rotary dims per image axis than the release's 1:2:2 split: with theta 10000 an 8-dim axis has
             # one usable frequency over 16 columns (offsets 0 and 6 look alike), and the edit must find the

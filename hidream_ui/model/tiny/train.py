@@ -57,6 +57,13 @@ class TrainSettings:
     lr: float = 6e-4
     vae_lr: float = 2e-3
     warmup: int = 100
+    # Share of edit-stage noise levels drawn uniformly instead of through the schedule's shift: shift 3 puts
+    # only 8 % of draws below 0.2, where the last steps decide how exactly the untouched region comes back.
+    uniform_share: float = 0.5
+    # Content drift (see _train_transformer): on this share of the fully conditioned edit samples, the noisy
+    # input's content is pulled towards another case's by `drift` x noise level, the target staying this case's.
+    drift_share: float = 0.5
+    drift: float = 0.5
     image_drop: float = 0.1
     text_drop: float = 0.1
     pool: int = 1024  # latent pairs kept; `fresh` of them replaced by new cases every step
@@ -351,10 +358,18 @@ COPY_PAIR_NORM = 4.0
 COPY_GAIN = 2.0
 
 
+def copy_heads(spec) -> int:
+    """How many heads copy: enough value dims for one latent patch (patch x patch x channels), all but one
+    head of the block at most (the other heads start free for the instruction)."""
+    patch = spec.patch_size * spec.patch_size * spec.latent_channels
+    return max(1, min(-(-patch // spec.attention_head_dim), spec.num_attention_heads - 1))
+
+
 def copy_head_init(model, spec) -> None:
-    """Head 0 of the first double-stream block starts out attending from every target token to the source
-    token at the same place (8 latent patches to the right in the ``[noisy | source]`` input), and the
-    block's attention gate starts open, so the source reaches the target's stream from step one.
+    """The first `copy_heads(spec)` heads of the first double-stream block start out attending from every
+    target token to the source token at the same place (8 latent patches to the right in the
+    ``[noisy | source]`` input), and the block's attention gate starts open, so the source reaches the
+    target's stream from step one.
 
     Why: an edit model copies everything the instruction does not touch, and a transformer finds that
     position-to-position pattern slowly on its own (the shipped 2000-step model had not: 15 dB PSNR outside
@@ -366,6 +381,7 @@ def copy_head_init(model, spec) -> None:
 
     block = model.double_stream_blocks[0].block
     attention, head_dim = block.attn1, spec.attention_head_dim
+    heads = copy_heads(spec) * head_dim  # the copy heads' rows in to_q / to_k
     axes = spec.axes_dims_rope
     columns = spec.max_resolution[1] // spec.patch_size  # the source token's column offset
     query = torch.zeros(head_dim)
@@ -382,10 +398,12 @@ def copy_head_init(model, spec) -> None:
             query[dim:dim + 2], key[dim:dim + 2] = q, rotation @ q
     with torch.no_grad():
         for linear, bias in ((attention.to_q, query), (attention.to_k, key)):
-            linear.weight[:head_dim].zero_()
-            linear.bias[:head_dim] = bias
+            linear.weight[:heads].zero_()
+            linear.bias[:heads] = bias.repeat(heads // head_dim)
+        # HiDream's q/k RMSNorm spans all heads (one RMS over them); its gain is per dimension: raised on
+        # the copy heads' dims only.
         for norm in (attention.q_rms_norm, attention.k_rms_norm):
-            norm.weight[:head_dim] = COPY_GAIN
+            norm.weight[:heads] = COPY_GAIN
         # adaLN chunks: shift, scale, gate of the image attention first; the gate's bias opens it.
         dim = block.adaLN_modulation[-1].out_features // 12
         block.adaLN_modulation[-1].bias[2 * dim:3 * dim] = 1.0
@@ -434,12 +452,24 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
         pool.refresh(settings.fresh)
         # Edit stage: [x_t | source] with the instruction; dropout gives the unconditional / image-only branches.
         source, target, prompt = pool.sample(settings.batch)
-        sigma = _sigma(rand(settings.batch))
+        u = rand(settings.batch)
+        sigma = torch.where(rand(settings.batch) < settings.uniform_share, u, _sigma(u))
         noise = torch.randn(target.shape, generator=generator)
         s = sigma.view(-1, 1, 1, 1)
+        keep_image = rand(settings.batch) >= settings.image_drop
+        keep_text = rand(settings.batch) >= settings.text_drop
+        # Content drift. Sampling feeds the model its own slightly wrong x_t; a model that reads the content
+        # from x_t (a shortcut: in plain training x_t always agrees with the target) carries those errors to
+        # the end, while the right answer given source and instruction does not depend on them. So some
+        # noisy inputs get another case's content mixed in ((1 - s) * target + s * drift * (other - target)
+        # inside the signal), with the regression target still pointing at this case's clean latent: the
+        # extra term is folded into the noise, so x_t + s * (target - noise) stays the clean target.
+        drifted = (rand(settings.batch) < settings.drift_share) & keep_image & keep_text
+        other = target[torch.randperm(settings.batch, generator=generator)]
+        noise = noise + (drifted.float().view(-1, 1, 1, 1) * settings.drift * (1 - s)) * (other - target)
         x_t = (1 - s) * target + s * noise
-        source = source * (rand(settings.batch) >= settings.image_drop).float().view(-1, 1, 1, 1)
-        prompt = torch.where(rand(settings.batch) < settings.text_drop, torch.full_like(prompt, negative), prompt)
+        source = source * keep_image.float().view(-1, 1, 1, 1)
+        prompt = torch.where(keep_text, prompt, torch.full_like(prompt, negative))
         out = forward(torch.cat([x_t, source], dim=-1), sigma, prompt)[..., :width]
         loss = torch.nn.functional.mse_loss(out, target - noise)
         if settings.refine_batch:
@@ -559,6 +589,22 @@ def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, **ca
     """Held-out success through the real loader and pipeline: `weights` (an asset folder) laid over a fresh
     build, loaded by `load_model` (fp32 on the CPU), one edit per case with the default E1.1 settings at the
     world's 128 x 128 (the model's `auto` working size), scored by world.score."""
+    return _evaluate(weights, cases, log, call)
+
+
+def oracle(weights: Path, cases: int, at_steps: list[int], log: Callable[[str], None] = print,
+           **call) -> dict[int, dict]:
+    """Where sampling loses the edit: for each step index k, every held-out edit runs with its latents put,
+    after step k, exactly on the true target's noised point (``(1 - s) x0 + s e`` at the next noise level
+    s); the model samples on from there as usual. k = -1 puts nothing. The sampler is first order (UniPC of
+    order 1 without its corrector, which is Euler for flow matching): a multistep sampler's history would
+    still carry the replaced trajectory. Returns {k: summary}."""
+    return {k: _evaluate(weights, cases, lambda line, k=k: log(f"oracle after step {k}: {line}"), call, k)
+            for k in at_steps}
+
+
+def _evaluate(weights: Path, cases: int, log: Callable[[str], None], call: dict, oracle_step: int | None = None
+              ) -> dict:
     import torch
     from PIL import Image
 
@@ -574,11 +620,19 @@ def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, **ca
         trained.overlay(root, Path(weights))
         loaded = load_model(AppConfig(model_dir=root), resolve_device("cpu"), torch.float32)
         pipeline = loaded.pipeline
+        if oracle_step is not None:
+            from diffusers import UniPCMultistepScheduler
+
+            pipeline.scheduler = UniPCMultistepScheduler.from_config(
+                pipeline.scheduler.config, solver_order=1, disable_corrector=list(range(1000)))
         scores = []
         started = time.perf_counter()
         for case in world.held_out_cases(cases):
+            extra = {}
+            if oracle_step is not None:
+                extra["callback_on_step_end"] = _oracle_callback(pipeline, case, oracle_step, torch)
             image = pipeline(Image.fromarray(case.source), case.instruction,
-                             generator=torch.Generator().manual_seed(case.seed % (2**31)), **call).images[0]
+                             generator=torch.Generator().manual_seed(case.seed % (2**31)), **call, **extra).images[0]
             scores.append(world.score(case, image))
         seconds = (time.perf_counter() - started) / max(1, cases)
     finally:
@@ -587,6 +641,22 @@ def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, **ca
     summary["seconds_per_edit"] = round(seconds, 3)
     log(f"held-out ({cases} cases): " + ", ".join(f"{k} {v}" for k, v in summary.items() if k != "psnr_db"))
     return summary
+
+
+def _oracle_callback(pipeline, case, step: int, torch):
+    vae = pipeline.vae
+    with torch.no_grad():
+        x0 = vae.encode(_pixels([case.target], torch)).latent_dist.mode()
+    x0 = (x0 - vae.config.shift_factor) * vae.config.scaling_factor
+
+    def callback(pipe, i, t, tensors):
+        if i != step:
+            return tensors
+        s = pipe.scheduler.sigmas[i + 1]
+        noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(case.seed % (2**31) + i))
+        return {"latents": (1 - s) * x0 + s * noise}
+
+    return callback
 
 
 def summarize(scores: list[dict]) -> dict:
@@ -629,25 +699,57 @@ def main(argv: list[str] | None = None) -> int:
                         "training one (--vae-steps is then ignored)")
     parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
     parser.add_argument("--eval", type=int, default=0, metavar="N",
-                        help="then score N held-out cases through the loader and pipeline (default 0: none)")
+                        help="then score N held-out cases through the loader and pipeline and record the figures "
+                        "in OUT/trained.json (what the app's banner quotes; default 0: none)")
+    parser.add_argument("--eval-only", action="store_true",
+                        help="do not train: score the weights already in OUT (needs --eval N)")
+    parser.add_argument("--oracle", metavar="K[,K...]",
+                        help="with --eval-only: instead of scoring, show where sampling loses the edits: put "
+                        "each edit on its true target's noised point after step K, sample on (first-order "
+                        "sampler), score; -1 puts nothing (docs/model-weights.md)")
     args = parser.parse_args(argv)
     for name in ("steps", "vae_steps", "pool", "threads"):
         if getattr(args, name) < (0 if name in ("steps", "vae_steps") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.eval < 0:
+        parser.error(f"--eval must be >= 0, got {args.eval}")
+    if args.eval_only and not args.eval:
+        parser.error("--eval-only needs --eval N (how many held-out cases to score)")
+    if args.eval_only and not (args.out / trained.META_FILE).is_file():
+        parser.error(f"--eval-only: no trained weights in {args.out} ({trained.META_FILE} is missing)")
+    oracle_steps = _oracle_steps(parser, args.oracle) if args.oracle is not None else None
+    if oracle_steps is not None and not args.eval_only:
+        parser.error("--oracle needs --eval-only --eval N")
     settings = TrainSettings(steps=args.steps, vae_steps=args.vae_steps, seed=args.seed, pool=args.pool,
                              threads=args.threads, checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
-    if args.decoder_from is not None:
+    if args.eval_only:
+        pass
+    elif args.decoder_from is not None:
         torch_threads(args.threads)
         finetune_decoder(args.decoder_from, args.out, args.decoder_steps, seed=args.seed,
                          log=lambda line: print(line, flush=True))
     else:
         train(args.out, settings, log=lambda line: print(line, flush=True), vae_from=args.vae_from)
-    if args.eval:
-        evaluate(args.out, args.eval, log=lambda line: print(line, flush=True))
+    if oracle_steps is not None:
+        oracle(args.out, args.eval, oracle_steps, log=lambda line: print(line, flush=True))
+    elif args.eval:
+        summary = evaluate(args.out, args.eval, log=lambda line: print(line, flush=True))
+        command = f"python -m hidream_ui train-tiny OUT --eval {args.eval} --eval-only"
+        trained.record_held_out(args.out, summary, command)
     return 0
+
+
+def _oracle_steps(parser, text: str) -> list[int]:
+    try:
+        steps = [int(part) for part in text.split(",")]
+    except ValueError:
+        parser.error(f"--oracle takes step indices like 2,6,10; got {text!r}")
+    if not steps or any(k < -1 for k in steps):
+        parser.error(f"--oracle step indices must be -1 or more; got {text!r}")
+    return steps
 
 
 if __name__ == "__main__":  # pragma: no cover

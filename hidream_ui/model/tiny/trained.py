@@ -66,6 +66,29 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return json.loads((folder / META_FILE).read_text(encoding="utf-8"))
 
 
+# trained.json's record of the last held-out evaluation (`train-tiny --eval N`): what the banner quotes.
+HELD_OUT_KEY = "held_out"
+
+
+def record_held_out(folder: Path, summary: Mapping[str, Any], command: str) -> None:
+    """Writes an evaluation's summary (train.evaluate) into the folder's trained.json, with its command."""
+    meta = read_meta(folder)
+    meta[HELD_OUT_KEY] = {**summary, "command": command}
+    _write_json(folder / META_FILE, meta)
+
+
+def held_out_success(folder: Path) -> tuple[float, int] | None:
+    """(success rate, cases) of the weights' recorded held-out evaluation; None when none was recorded."""
+    try:
+        record = read_meta(folder).get(HELD_OUT_KEY) or {}
+    except (OSError, ValueError):
+        return None
+    success, cases = record.get("success"), record.get("cases")
+    if not isinstance(success, (int, float)) or not isinstance(cases, int) or cases < 1:
+        return None
+    return float(success), cases
+
+
 def overlay(root: Path, folder: Path) -> None:
     """Put the trained tensors of ``folder`` into the tiny build at ``root`` (all of them: a key the build has
     and the asset lacks, or a shape that differs, is an error naming it). E1-Full's LoRA gets zero B matrices

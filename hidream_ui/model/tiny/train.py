@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -589,7 +590,8 @@ def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, **ca
     """Held-out success through the real loader and pipeline: `weights` (an asset folder) laid over a fresh
     build, loaded by `load_model` (fp32 on the CPU), one edit per case with the default E1.1 settings at the
     world's 128 x 128 (the model's `auto` working size), scored by world.score."""
-    return _evaluate(weights, cases, log, call)
+    with _eval_pipeline(weights) as pipeline:
+        return _score(pipeline, cases, log, call)
 
 
 def oracle(weights: Path, cases: int, at_steps: list[int], log: Callable[[str], None] = print,
@@ -598,15 +600,20 @@ def oracle(weights: Path, cases: int, at_steps: list[int], log: Callable[[str], 
     after step k, exactly on the true target's noised point (``(1 - s) x0 + s e`` at the next noise level
     s); the model samples on from there as usual. k = -1 puts nothing. The sampler is first order (UniPC of
     order 1 without its corrector, which is Euler for flow matching): a multistep sampler's history would
-    still carry the replaced trajectory. Returns {k: summary}."""
-    return {k: _evaluate(weights, cases, lambda line, k=k: log(f"oracle after step {k}: {line}"), call, k)
-            for k in at_steps}
+    still carry the replaced trajectory. One load for every k. Returns {k: summary}."""
+    from diffusers import UniPCMultistepScheduler
+
+    with _eval_pipeline(weights) as pipeline:
+        pipeline.scheduler = UniPCMultistepScheduler.from_config(
+            pipeline.scheduler.config, solver_order=1, disable_corrector=list(range(1000)))
+        return {k: _score(pipeline, cases, lambda line, k=k: log(f"oracle after step {k}: {line}"), call, k)
+                for k in at_steps}
 
 
-def _evaluate(weights: Path, cases: int, log: Callable[[str], None], call: dict, oracle_step: int | None = None
-              ) -> dict:
+@contextmanager
+def _eval_pipeline(weights: Path):
+    """The editing pipeline of `weights` laid over a fresh build (a scratch folder, removed afterwards)."""
     import torch
-    from PIL import Image
 
     from hidream_ui.config import AppConfig
     from hidream_ui.device.detect import resolve_device
@@ -618,25 +625,25 @@ def _evaluate(weights: Path, cases: int, log: Callable[[str], None], call: dict,
     try:
         root = build_tiny(scratch / "model", PROFILE, 0, trained_weights=False)
         trained.overlay(root, Path(weights))
-        loaded = load_model(AppConfig(model_dir=root), resolve_device("cpu"), torch.float32)
-        pipeline = loaded.pipeline
-        if oracle_step is not None:
-            from diffusers import UniPCMultistepScheduler
-
-            pipeline.scheduler = UniPCMultistepScheduler.from_config(
-                pipeline.scheduler.config, solver_order=1, disable_corrector=list(range(1000)))
-        scores = []
-        started = time.perf_counter()
-        for case in world.held_out_cases(cases):
-            extra = {}
-            if oracle_step is not None:
-                extra["callback_on_step_end"] = _oracle_callback(pipeline, case, oracle_step, torch)
-            image = pipeline(Image.fromarray(case.source), case.instruction,
-                             generator=torch.Generator().manual_seed(case.seed % (2**31)), **call, **extra).images[0]
-            scores.append(world.score(case, image))
-        seconds = (time.perf_counter() - started) / max(1, cases)
+        yield load_model(AppConfig(model_dir=root), resolve_device("cpu"), torch.float32).pipeline
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _score(pipeline, cases: int, log: Callable[[str], None], call: dict, oracle_step: int | None = None) -> dict:
+    import torch
+    from PIL import Image
+
+    scores = []
+    started = time.perf_counter()
+    for case in world.held_out_cases(cases):
+        extra = {}
+        if oracle_step is not None:
+            extra["callback_on_step_end"] = _oracle_callback(pipeline, case, oracle_step, torch)
+        image = pipeline(Image.fromarray(case.source), case.instruction,
+                         generator=torch.Generator().manual_seed(case.seed % (2**31)), **call, **extra).images[0]
+        scores.append(world.score(case, image))
+    seconds = (time.perf_counter() - started) / max(1, cases)
     summary = summarize(scores)
     summary["seconds_per_edit"] = round(seconds, 3)
     log(f"held-out ({cases} cases): " + ", ".join(f"{k} {v}" for k, v in summary.items() if k != "psnr_db"))
@@ -726,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
                              threads=args.threads, checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
     if args.eval_only:
-        pass
+        pass  # score (or --oracle) the weights already in OUT, below
     elif args.decoder_from is not None:
         torch_threads(args.threads)
         finetune_decoder(args.decoder_from, args.out, args.decoder_steps, seed=args.seed,

@@ -10,6 +10,7 @@ import pytest
 
 from hidream_ui.bench import quality
 from hidream_ui.model.tiny import world
+from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 
 CASES = 2
 STEPS = 3  # enough for interval:2 to skip a call in the edit stage (2 steps run every block)
@@ -185,7 +186,8 @@ def test_presets_are_the_fastest_caches_that_keep_each_rule():
 
 
 def test_cache_list_takes_any_cache_value():
-    assert quality.cache_specs(["fast", "interval:2", "none", "first-block:0.30"]) == ["interval:2", "first-block:0.3"]
+    fast = SPEED_PRESETS["fast"]
+    assert quality.cache_specs(["fast", fast, "none", "first-block:0.30"]) == [fast, "first-block:0.3"]
     with pytest.raises(ValueError, match="'warp:9'"):
         quality.cache_specs(["warp:9"])
 

@@ -26,6 +26,7 @@ from helpers import edit_params, random_picture, wait_for
 from hidream_ui.config import AppConfig, ConfigError, from_args
 from hidream_ui.edits import EditRequest, RequestError
 from hidream_ui.engine.errors import EditCancelled
+from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 from hidream_ui.server import gradio_internals
 from hidream_ui.ui.layout import ASSETS_DIR
 from hidream_ui.ui.services import AppServices
@@ -125,7 +126,7 @@ def test_private_queued_events_are_refused_by_index_too(app):
     """The browser's own events (the attention dropdown, the Speed dropdown, the settings reader)
     have no public name, but `/run/predict` with their index reached them unqueued."""
     with httpx.Client(base_url=app["url"], timeout=60) as http:
-        for name, data in (("change_attention", ["auto", "all"]), ("change_speed", ["interval:3"]),
+        for name, data in (("change_attention", ["auto", "all"]), ("change_speed", [SPEED_PRESETS["faster"]]),
                            ("settings_from_file", [upload(http)])):
             answer = http.post("/gradio_api/run/predict", json={"fn_index": fn_index(http, name), "data": data,
                                                                 "session_hash": "direct"})
@@ -266,7 +267,7 @@ def test_kiosk_visitors_are_refused_over_gradio_client_and_the_raw_queue(kiosk):
     with httpx.Client(base_url=kiosk["url"], timeout=60) as http:
         for api, data in (("set_attention", ["math", "all"]), ("set_speed", ["faster"]), ("load_model", []),
                           # The dropdowns' own events take only their choices (gradio checks that first).
-                          ("change_attention", ["auto", "all"]), ("change_speed", ["interval:3"])):
+                          ("change_attention", ["auto", "all"]), ("change_speed", [SPEED_PRESETS["faster"]])):
             answer = raw_call(http, api, data, session="visitor")
             assert answer["event"] == "error" and "only the operator controls" in answer["text"], (api, answer)
     assert engine.status().speed["cache_default"] == speed and engine.status().attention == attention
@@ -280,8 +281,8 @@ def test_kiosk_visitors_are_refused_over_gradio_client_and_the_raw_queue(kiosk):
 def test_the_operator_changes_the_engine_in_kiosk_mode(kiosk):
     engine = kiosk["engine"]
     with operator_http(kiosk["url"]) as http:
-        assert raw_call(http, "set_speed", ["faster"], session="operator")["data"] == ["interval:3"]
-        assert engine.status().speed["cache_default"] == "interval:3"
+        assert raw_call(http, "set_speed", ["faster"], session="operator")["data"] == [SPEED_PRESETS["faster"]]
+        assert engine.status().speed["cache_default"] == SPEED_PRESETS["faster"]
         assert raw_call(http, "set_attention", ["math", "all"], session="operator")["data"] == ["math"]
         assert engine.status().attention == "math"
         answer = raw_call(http, "change_attention", ["auto", "all"], session="operator")
@@ -351,8 +352,8 @@ def test_with_auth_the_operator_logs_in_on_gradios_login_page(kiosk_with_auth):
     with pytest.raises(AppError, match="only the operator controls"):
         visitor.predict("faster", api_name="/set_speed")
     operator = Client(url, auth=OPERATOR, verbose=False)
-    assert operator.predict("fast", api_name="/set_speed") == "interval:2"
-    assert engine.status().speed["cache_default"] == "interval:2"
+    assert operator.predict("fast", api_name="/set_speed") == SPEED_PRESETS["fast"]
+    assert engine.status().speed["cache_default"] == SPEED_PRESETS["fast"]
 
 
 def test_kiosk_without_an_operator_lets_nobody_change_the_engine():

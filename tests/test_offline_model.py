@@ -104,5 +104,14 @@ def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsy
         train.main([str(tmp_path), "--eval-only"])
     assert "--eval-only needs --eval N" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--init-from", str(tmp_path), "--vae-from", str(tmp_path)])
+    assert "--init-from and --vae-from exclude each other" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--init-from", str(tmp_path / "nothing")])
+    assert "--init-from: no trained weights in" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--lr", "0"])
+    assert "--lr must be in (0, 1], got 0.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         train.main([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"])
     assert "no trained weights in" in capsys.readouterr().err

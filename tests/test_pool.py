@@ -24,6 +24,7 @@ from hidream_ui.edits import EditRequest, EditSettings
 from hidream_ui.engine.batch import BatchRequest, BatchSource
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.pool import EnginePool, engine_labels
+from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 
 
 @pytest.fixture
@@ -158,11 +159,11 @@ def test_the_speed_setting_applies_to_every_engine_and_a_bad_value_to_none(tmp_p
 
     config = AppConfig(devices=("cpu", "cpu"), output_dir=tmp_path)
     pool = EnginePool.for_config(config, cores=2)
-    assert pool.set_speed("fast") == "interval:2"
-    assert [engine.status().speed["cache_default"] for engine in pool.engines] == ["interval:2", "interval:2"]
+    assert pool.set_speed("fast") == SPEED_PRESETS["fast"]
+    assert [engine.status().speed["cache_default"] for engine in pool.engines] == [SPEED_PRESETS["fast"]] * 2
     with pytest.raises(EngineError, match="bogus"):
         pool.set_speed("bogus")
-    assert [engine.status().speed["cache_default"] for engine in pool.engines] == ["interval:2", "interval:2"]
+    assert [engine.status().speed["cache_default"] for engine in pool.engines] == [SPEED_PRESETS["fast"]] * 2
 
 
 def test_status_has_one_row_per_engine_and_the_busiest_state(tmp_path):

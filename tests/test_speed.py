@@ -17,7 +17,7 @@ from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.pool import EnginePool
 from hidream_ui.pipeline.speed.cache import apply_step_cache, reset_step_cache, step_cache_stats
 from hidream_ui.pipeline.speed.moe import HOOK_NAME, apply_moe, grouped_state, moe_mode, moe_modules
-from hidream_ui.pipeline.speed.settings import CacheSpec, parse_cache
+from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, CacheSpec, parse_cache
 from hidream_ui.pipeline.speed.syncs import count_host_syncs
 
 
@@ -180,7 +180,7 @@ def test_host_sync_counter_sees_reads_and_data_dependent_shapes():
 
 @pytest.mark.parametrize("text,spec", [
     ("none", CacheSpec()), ("exact", CacheSpec()), ("interval:2", CacheSpec("interval", interval=2)),
-    (" Interval:3 ", CacheSpec("interval", interval=3)), ("fast", CacheSpec("interval", interval=2)),
+    (" Interval:3 ", CacheSpec("interval", interval=3)), ("fast", parse_cache(SPEED_PRESETS["fast"])),
     ("first-block:0.05", CacheSpec("first-block", threshold=0.05)),
 ])
 def test_cache_grammar(text, spec):
@@ -380,13 +380,15 @@ def test_engine_records_the_cache_mode_and_skipped_fraction(engine, transformer)
     image = random_picture(3, (64, 64))
     exact = engine.edit(EditRequest(image=image, params=edit_params(steps=4, seed=5)), save=False)
     assert exact.info.speed is None and exact.params.cache == "none"
-    fast = engine.edit(EditRequest(image=image, params=edit_params(steps=4, seed=5, cache="fast")))
-    assert fast.params.cache == "interval:2"
-    assert fast.info.speed["cache"] == "interval:2" and fast.info.speed["skipped_fraction"] > 0
+    # 8 steps: enough calls for any preset to skip some (TaylorSeer warms up for 3 calls per stage).
+    fast = engine.edit(EditRequest(image=image, params=edit_params(steps=8, seed=5, cache="fast")))
+    preset = SPEED_PRESETS["fast"]
+    assert fast.params.cache == preset
+    assert fast.info.speed["cache"] == preset and fast.info.speed["skipped_fraction"] > 0
     meta = fast.metadata()
-    assert meta["params"]["cache"] == "interval:2"
+    assert meta["params"]["cache"] == preset
     assert meta["speed"]["skipped_fraction"] == fast.info.speed["skipped_fraction"]
-    assert load_settings(fast.saved_png).cache == "interval:2"
+    assert load_settings(fast.saved_png).cache == preset
     again = engine.edit(EditRequest(image=image, params=edit_params(steps=4, seed=5)), save=False)
     assert again.image.tobytes() == exact.image.tobytes()  # the exact default is untouched afterwards
     assert engine.status().speed["last_cache"] == "none"
@@ -399,7 +401,7 @@ def test_speed_axis_values():
     from hidream_ui.engine.compare import parse_axis_values
 
     assert parse_axis_values("speed", "exact, fast, interval:3, first-block : 0.05") == (
-        "none", "interval:2", "interval:3", "first-block:0.05")
+        "none", SPEED_PRESETS["fast"], "interval:3", "first-block:0.05")
     with pytest.raises(RequestError, match="speed values"):
         parse_axis_values("speed", "exact, warp")
     with pytest.raises(RequestError, match="listed twice"):

@@ -114,6 +114,18 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     reused_meta = json.loads((tmp_path / "e" / trained.META_FILE).read_text())
     assert reused_meta["vae"] == meta["vae"] and "--vae-from" in reused_meta["command"]
 
+    # --init-from fine-tunes: the transformer starts from that run's weights (0 steps: exactly them) and keeps
+    # its VAE; the recorded command says so, with the batch settings that differ from the defaults.
+    _train(tmp_path / "f", "--init-from", str(tmp_path / "e"), "--steps", "0", "--refine-batch", "3")
+    _train(tmp_path / "g", "--init-from", str(tmp_path / "e"), "--seed", "1")
+    start, same, tuned = (load_file(str(tmp_path / n / trained.WEIGHTS_FILE)) for n in "efg")
+    assert all(torch.equal(start[k], same[k]) for k in start)
+    assert all(torch.equal(start[k], tuned[k]) for k in start if k.startswith("vae/"))
+    assert any(not torch.equal(start[k], tuned[k]) for k in start if k.startswith("transformer/"))
+    tuned_meta = json.loads((tmp_path / "f" / trained.META_FILE).read_text())
+    assert f"--init-from {tmp_path / 'e'} --refine-batch 3 " in tuned_meta["command"]
+    assert tuned_meta["settings"]["refine_batch"] == 3
+
     # The written weights lay over the profile's build and load with the app's loader.
     root = build_tiny(tmp_path / "model", "trained", 0, trained_weights=False)
     trained.overlay(root, tmp_path / "a")
@@ -122,6 +134,21 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     image = loaded.pipeline(Image.fromarray(case.source), case.instruction, num_inference_steps=2,
                             generator=torch.Generator().manual_seed(0)).images[0]
     assert image.size == (world.SIZE, world.SIZE)
+
+
+def test_a_recorded_magcache_calibration_lands_where_the_loader_looks(tmp_path, random_trained):
+    import shutil
+
+    from hidream_ui.pipeline.speed import mag_ratios
+
+    asset, root = tmp_path / "asset", tmp_path / "model"
+    shutil.copytree(ASSET, asset)
+    shutil.copytree(random_trained, root)
+    ratios = mag_ratios.MagRatios(edit=(1.0, 0.98, 0.97), refine=(1.0, 0.9), steps=5, refine_strength=0.4, cases=2)
+    trained.record_mag_ratios(asset, ratios.to_json(), "python -m hidream_ui train-tiny OUT --calibrate-magcache 2")
+    assert trained.read_meta(asset)[trained.MAG_RATIOS_KEY]["command"].endswith("--calibrate-magcache 2")
+    trained.overlay(root, asset)
+    assert mag_ratios.read(root / layout.E11_DIR / "transformer") == ratios
 
 
 def test_overlay_refuses_weights_that_do_not_fit(tmp_path, random_trained):
@@ -172,6 +199,10 @@ def test_ensure_tiny_materialises_the_shipped_weights(tmp_path, offline_hub):
                                                             meta["vae"]["shift_factor"])
     lora = load_file(str(root / layout.E1_FULL_DIR / layout.E1_FULL_FILE))
     assert all(not v.any() for k, v in lora.items() if ".lora_B." in k)  # E1-Full runs the same trained model
+    # A MagCache calibration goes with the weights (none shipped: it measured worse than Flux's curve).
+    from hidream_ui.pipeline.speed import mag_ratios
+
+    assert (mag_ratios.read(root / layout.E11_DIR / "transformer") is None) == (trained.MAG_RATIOS_KEY not in meta)
     digest = hashlib.sha256((root / layout.E11_DIR / "transformer" / "diffusion_pytorch_model.safetensors")
                             .read_bytes()).hexdigest()
     assert ensure_tiny("trained", 0, cache_root=tmp_path) == root  # cached: not rebuilt

@@ -207,6 +207,8 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
         if config.refiner == "i1":
             progress(0.5, "loading HiDream-I1-Full transformer weights for the refine stage")
             swap_sets = _differing_tensors(transformer, Path(sources.i1) / "transformer", dtype)
+        elif _is_local(sources.e1) and config.transformer_file is None:
+            _attach_mag_ratios(transformer, Path(sources.e1) / "transformer")
     else:
         transformer = _load_transformer(Path(sources.i1) if _is_local(sources.i1) else sources.i1, dtype, fp8, None)
         plain_originals = _attach_e1_full(transformer, sources.e1, dtype)
@@ -294,6 +296,19 @@ def _load_transformer(root, dtype, fp8: bool, single_file: Path | None):
     folder = root / "transformer"
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     return load_streamed(config, weight_files(single_file or folder), dtype, fp8=True)
+
+
+def _attach_mag_ratios(transformer, folder: Path) -> None:
+    """The checkpoint's MagCache calibration, when its folder has one (pipeline/speed/mag_ratios.py). Only for
+    E1.1 with its own weights in both stages: another refine weight set or file would have other ratios."""
+    from hidream_ui.pipeline.speed import mag_ratios
+
+    try:
+        ratios = mag_ratios.read(folder)
+    except ValueError as error:
+        raise ModelError(str(error)) from error
+    if ratios is not None:
+        setattr(transformer, mag_ratios.ATTRIBUTE, ratios)
 
 
 def _attach_e1_full(transformer, e1_source: str, dtype) -> dict:

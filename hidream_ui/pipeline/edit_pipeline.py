@@ -264,14 +264,15 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         stage("edit")
         # Step cache (if one is installed): nothing cached may cross edits or the refine switch; `calls`
         # is each stage's number of transformer calls (MagCache spreads its per-step ratios over them).
-        reset_step_cache(self.transformer, stats=True, calls=switch or num_inference_steps)
+        reset_step_cache(self.transformer, stats=True, calls=switch or num_inference_steps,
+                         stage="edit" if switch else "refine")
         try:
             for i, t in enumerate(timesteps):
                 if self.interrupt:
                     raise EditInterrupted(f"cancelled after {i} of {num_inference_steps} steps")
                 if i == switch:
                     stage("refine")
-                    reset_step_cache(self.transformer, calls=num_inference_steps - switch)
+                    reset_step_cache(self.transformer, calls=num_inference_steps - switch, stage="refine")
                 if i < switch:
                     copies = 3 if do_cfg else 1
                     hidden = torch.cat([torch.cat([latents] * copies), edit_image], dim=-1)

@@ -6,6 +6,7 @@ import html
 
 from hidream_ui.device.memory import format_bytes
 from hidream_ui.engine.status import EngineStatus
+from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 from hidream_ui.ui.devices_panel import DEVICES_CSS, render_device_rows
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ def attention_line(status: EngineStatus) -> str:
 
 
 # The step caches by the names the Speed setting gives them (ui/speed_setting.py).
-CACHE_WORDS = {"none": "exact", "interval:2": "fast", "interval:3": "faster"}
+CACHE_WORDS = {cache: word for word, cache in SPEED_PRESETS.items()}
 
 
 def speed_line(speed: dict) -> str:

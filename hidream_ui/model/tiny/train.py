@@ -84,6 +84,11 @@ class TrainReport:
     meta: dict = field(default_factory=dict)
 
 
+# TrainSettings fields with a train-tiny flag of their own (--refine-batch ...): the recorded command names
+# those that differ from the defaults.
+CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup")
+
+
 def _sigma(u):
     """The scheduler's shifted noise level for a uniform draw (flow_shift 3: most steps at high noise)."""
     return FLOW_SHIFT * u / (1 + (FLOW_SHIFT - 1) * u)
@@ -114,7 +119,10 @@ class _Seeds:
 
 
 def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print,
-          vae_from: Path | None = None) -> TrainReport:
+          vae_from: Path | None = None, init_from: Path | None = None) -> TrainReport:
+    """Train the VAE (or take it from `vae_from`), then the transformer, and write the asset folder `out`.
+    `init_from`: fine-tune instead: the transformer starts from that run's weights, and its VAE is taken too
+    (the transformer only knows that VAE's latents)."""
     import torch
 
     from hidream_ui.model.tiny.build import build_tiny
@@ -127,11 +135,17 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
     try:
         base = build_tiny(scratch / "base", PROFILE, settings.seed, trained_weights=False)
         log(f"train-tiny: random {PROFILE} build (seed {settings.seed}) in {time.perf_counter() - started:.1f} s")
+        if init_from is not None:
+            # The text encoders are random weights that depend on the build's seed: a fine-tune must keep the
+            # ones its transformer learned to read (the prompt embeddings below and the written asset).
+            trained.overlay(base, Path(init_from))
         prompts = world_prompts()
         negative = _negative_prompt()
         embeds = _prompt_embeddings(base, [*prompts, negative])
         seeds = _Seeds(settings.seed)
 
+        if init_from is not None:
+            vae_from = init_from
         if vae_from is not None:  # the VAE (and its latent statistics) of an earlier run, as it was
             vae, vae_loss, shift, scale = _load_vae(base, Path(vae_from))
             log(f"train-tiny: VAE from {vae_from} (its final loss {vae_loss:.5f})")
@@ -147,12 +161,16 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
             tensors = dict(text_parts)
             tensors.update({f"vae/{k}": v for k, v in vae.state_dict().items()})
             tensors.update({f"transformer/{k}": v for k, v in ema.state_dict().items()})
-            meta = _meta(settings, shift, scale, vae_loss, loss, time.perf_counter() - started, step, vae_from)
+            meta = _meta(settings, shift, scale, vae_loss, loss, time.perf_counter() - started, step, vae_from,
+                         init_from)
             trained.write_asset(out, tensors, meta)
             return meta
 
+        init = _transformer_tensors(Path(init_from)) if init_from is not None else None
+        if init is not None:
+            log(f"train-tiny: transformer from {init_from} (fine-tune)")
         transformer, ema, loss = _train_transformer(spec, vae, shift, scale, embeds, len(prompts), settings,
-                                                    seeds, prompts, log, save)
+                                                    seeds, prompts, log, save, init)
         meta = save(ema, loss, settings.steps)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -163,11 +181,19 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
 
 
 def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, loss: float, seconds: float,
-          step: int, vae_from: Path | None = None) -> dict:
+          step: int, vae_from: Path | None = None, init_from: Path | None = None) -> dict:
     import torch
 
-    vae = f"--vae-from {vae_from}" if vae_from is not None else f"--vae-steps {settings.vae_steps}"
-    command = (f"python -m hidream_ui train-tiny OUT --steps {settings.steps} {vae} --seed {settings.seed} "
+    if init_from is not None:
+        start = f"--init-from {init_from}"
+    elif vae_from is not None:
+        start = f"--vae-from {vae_from}"
+    else:
+        start = f"--vae-steps {settings.vae_steps}"
+    defaults = TrainSettings()
+    knobs = "".join(f" --{name.replace('_', '-')} {getattr(settings, name)}" for name in CLI_KNOBS
+                    if getattr(settings, name) != getattr(defaults, name))
+    command = (f"python -m hidream_ui train-tiny OUT --steps {settings.steps} {start}{knobs} --seed {settings.seed} "
                f"--threads {settings.threads}")
 
     return {
@@ -271,6 +297,16 @@ def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
             log(f"vae step {step + 1}/{settings.vae_steps} loss {loss_value:.5f} psnr {psnr:.1f} dB "
                 f"({time.perf_counter() - started:.0f} s)")
     return vae.eval().requires_grad_(False), loss_value
+
+
+def _transformer_tensors(source: Path) -> dict:
+    """The transformer state dict (fp32) of an asset folder a run wrote."""
+    from safetensors.torch import load_file
+
+    trained.read_meta(source)  # a clear error when `source` is not a run's folder
+    tensors = load_file(str(source / trained.WEIGHTS_FILE))
+    prefix = "transformer/"
+    return {k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def _load_vae(base: Path, source: Path):
@@ -419,7 +455,7 @@ def training_mode(model) -> None:
             module.train()
 
 
-def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, seeds, prompts, log, save):
+def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, seeds, prompts, log, save, init=None):
     import torch
 
     def encode(pixels):
@@ -427,6 +463,8 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
             return (vae.encode(pixels).latent_dist.mode() - shift) * scale
 
     model = make_transformer(spec, settings.seed + 2)
+    if init is not None:
+        model.load_state_dict(init)
     training_mode(model)
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.99))
@@ -610,6 +648,31 @@ def oracle(weights: Path, cases: int, at_steps: list[int], log: Callable[[str], 
                 for k in at_steps}
 
 
+def calibrate_magcache(weights: Path, cases: int, log: Callable[[str], None] = print) -> dict:
+    """MagCache's per-stage ratios of `weights` (pipeline/speed/mag_ratios.py), from `cases` edits of the
+    training seed range (never a held-out case that `bench quality` scores) with the E1.1 defaults."""
+    import torch
+    from PIL import Image
+
+    from hidream_ui.edits import EditSettings
+    from hidream_ui.pipeline.speed import mag_ratios
+
+    defaults = EditSettings()
+    steps, strength = defaults.num_inference_steps, defaults.refine_strength
+
+    def edit(case):
+        return lambda: pipeline(Image.fromarray(case.source), case.instruction, num_inference_steps=steps,
+                                refine_strength=strength, generator=torch.Generator().manual_seed(case.seed))
+
+    with _eval_pipeline(weights) as pipeline:
+        started = time.perf_counter()
+        ratios = mag_ratios.calibrate(pipeline, (edit(world.make_case(seed)) for seed in range(cases)), steps,
+                                      strength)
+    log(f"MagCache calibration ({cases} edits, {time.perf_counter() - started:.0f} s): edit "
+        f"{[round(v, 3) for v in ratios.edit]}, refine {[round(v, 3) for v in ratios.refine]}")
+    return ratios.to_json()
+
+
 @contextmanager
 def _eval_pipeline(weights: Path):
     """The editing pipeline of `weights` laid over a fresh build (a scratch folder, removed afterwards)."""
@@ -704,33 +767,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vae-from", type=Path, metavar="DIR",
                         help="take the VAE (and its latent shift and scale) from the weights in DIR instead of "
                         "training one (--vae-steps is then ignored)")
+    parser.add_argument("--init-from", type=Path, metavar="DIR",
+                        help="fine-tune: start the transformer from the weights in DIR and keep DIR's VAE")
+    parser.add_argument("--batch", type=int, default=defaults.batch,
+                        help=f"edit-stage samples per step ({defaults.batch})")
+    parser.add_argument("--refine-batch", type=int, default=defaults.refine_batch,
+                        help=f"refine-stage samples per step ({defaults.refine_batch}; 0: none)")
+    parser.add_argument("--lr", type=float, default=defaults.lr, help=f"peak learning rate ({defaults.lr:g})")
+    parser.add_argument("--warmup", type=int, default=defaults.warmup,
+                        help=f"learning-rate warm-up steps ({defaults.warmup})")
     parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="then score N held-out cases through the loader and pipeline and record the figures "
                         "in OUT/trained.json (what the app's banner quotes; default 0: none)")
     parser.add_argument("--eval-only", action="store_true",
                         help="do not train: score the weights already in OUT (needs --eval N)")
+    parser.add_argument("--calibrate-magcache", type=int, default=0, metavar="N",
+                        help="then measure MagCache's ratios of the weights in OUT on N training-range edits and "
+                        "record them in OUT/trained.json (what `--cache magcache:T` uses; docs/speed.md)")
     parser.add_argument("--oracle", metavar="K[,K...]",
                         help="with --eval-only: instead of scoring, show where sampling loses the edits: put "
                         "each edit on its true target's noised point after step K, sample on (first-order "
                         "sampler), score; -1 puts nothing (docs/model-weights.md)")
     args = parser.parse_args(argv)
-    for name in ("steps", "vae_steps", "pool", "threads"):
-        if getattr(args, name) < (0 if name in ("steps", "vae_steps") else 1):
+    for name in ("steps", "vae_steps", "pool", "threads", "batch", "refine_batch", "warmup"):
+        if getattr(args, name) < (0 if name in ("steps", "vae_steps", "refine_batch", "warmup") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not (0 < args.lr <= 1):
+        parser.error(f"--lr must be in (0, 1], got {args.lr}")
+    starts = [f"--{name.replace('_', '-')}" for name in ("init_from", "vae_from", "decoder_from")
+              if getattr(args, name) is not None]
+    if len(starts) > 1:
+        parser.error(f"{' and '.join(starts)} exclude each other")
+    if args.init_from is not None and not (args.init_from / trained.META_FILE).is_file():
+        parser.error(f"--init-from: no trained weights in {args.init_from} ({trained.META_FILE} is missing)")
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
     if args.eval < 0:
         parser.error(f"--eval must be >= 0, got {args.eval}")
-    if args.eval_only and not args.eval:
-        parser.error("--eval-only needs --eval N (how many held-out cases to score)")
+    if args.calibrate_magcache < 0:
+        parser.error(f"--calibrate-magcache must be >= 0, got {args.calibrate_magcache}")
+    if args.eval_only and not (args.eval or args.calibrate_magcache):
+        parser.error("--eval-only needs --eval N (how many held-out cases to score) or --calibrate-magcache N")
     if args.eval_only and not (args.out / trained.META_FILE).is_file():
         parser.error(f"--eval-only: no trained weights in {args.out} ({trained.META_FILE} is missing)")
     oracle_steps = _oracle_steps(parser, args.oracle) if args.oracle is not None else None
-    if oracle_steps is not None and not args.eval_only:
+    if oracle_steps is not None and not (args.eval_only and args.eval):
         parser.error("--oracle needs --eval-only --eval N")
     settings = TrainSettings(steps=args.steps, vae_steps=args.vae_steps, seed=args.seed, pool=args.pool,
-                             threads=args.threads, checkpoint_every=max(0, args.checkpoint_every),
+                             threads=args.threads, batch=args.batch, refine_batch=args.refine_batch, lr=args.lr,
+                             warmup=args.warmup, checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
     if args.eval_only:
         pass  # score (or --oracle) the weights already in OUT, below
@@ -739,7 +825,12 @@ def main(argv: list[str] | None = None) -> int:
         finetune_decoder(args.decoder_from, args.out, args.decoder_steps, seed=args.seed,
                          log=lambda line: print(line, flush=True))
     else:
-        train(args.out, settings, log=lambda line: print(line, flush=True), vae_from=args.vae_from)
+        train(args.out, settings, log=lambda line: print(line, flush=True), vae_from=args.vae_from,
+              init_from=args.init_from)
+    if args.calibrate_magcache:
+        ratios = calibrate_magcache(args.out, args.calibrate_magcache, log=lambda line: print(line, flush=True))
+        trained.record_mag_ratios(args.out, ratios, f"python -m hidream_ui train-tiny OUT --eval-only "
+                                  f"--calibrate-magcache {args.calibrate_magcache}")
     if oracle_steps is not None:
         oracle(args.out, args.eval, oracle_steps, log=lambda line: print(line, flush=True))
     elif args.eval:

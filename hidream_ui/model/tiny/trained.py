@@ -89,6 +89,17 @@ def held_out_success(folder: Path) -> tuple[float, int] | None:
     return float(success), cases
 
 
+# trained.json's MagCache calibration of these weights (`train-tiny OUT --calibrate-magcache N`): the build
+# writes it where the loader looks for a checkpoint's ratios (pipeline/speed/mag_ratios.py).
+MAG_RATIOS_KEY = "mag_ratios"
+
+
+def record_mag_ratios(folder: Path, ratios: Mapping[str, Any], command: str) -> None:
+    meta = read_meta(folder)
+    meta[MAG_RATIOS_KEY] = {**ratios, "command": command}
+    _write_json(folder / META_FILE, meta)
+
+
 def overlay(root: Path, folder: Path) -> None:
     """Put the trained tensors of ``folder`` into the tiny build at ``root`` (all of them: a key the build has
     and the asset lacks, or a shape that differs, is an error naming it). E1-Full's LoRA gets zero B matrices
@@ -121,6 +132,11 @@ def overlay(root: Path, folder: Path) -> None:
     config.update({"scaling_factor": float(meta["vae"]["scaling_factor"]),
                    "shift_factor": float(meta["vae"]["shift_factor"])})
     _write_json(vae_config, config)
+    if meta.get(MAG_RATIOS_KEY):
+        from hidream_ui.pipeline.speed import mag_ratios
+
+        ratios = mag_ratios.MagRatios.from_json(meta[MAG_RATIOS_KEY], f"{folder / META_FILE} {MAG_RATIOS_KEY}")
+        mag_ratios.write(root / E11_DIR / "transformer", ratios)
 
 
 def _take(tensors: Mapping[str, "torch.Tensor"], part: str, key: str, like: "torch.Tensor", path: Path):

@@ -66,7 +66,7 @@ class StepCacheState:
     residual: Any = None  # what the skipped blocks add to head_state
     head_residual: Any = None  # first-block mode: the first block's residual at the last full call
 
-    def reset(self, calls: int | None = None) -> None:
+    def reset(self, calls: int | None = None, stage: str | None = None) -> None:
         """Drops the cached tensors (`calls`, the next stage's length, is for MagCache: unused here)."""
         self.signature = None
         self.calls_since_reset = 0
@@ -255,13 +255,14 @@ def step_cache_spec(transformer) -> CacheSpec:
     return state.spec if state is not None else CacheSpec()
 
 
-def reset_step_cache(transformer, *, stats: bool = False, calls: int | None = None) -> None:
+def reset_step_cache(transformer, *, stats: bool = False, calls: int | None = None,
+                     stage: str | None = None) -> None:
     """Drops the cached tensors (refine switch, new edit); with `stats` also zeroes the counters;
-    `calls`: how many transformer calls the stage that starts makes (MagCache spreads its ratios over
-    them). A no-op without a cache."""
+    `calls`: how many transformer calls the stage that starts makes and `stage` which one ("edit",
+    "refine"): MagCache takes that stage's ratios and spreads them over the calls. A no-op without a cache."""
     state = _state(transformer)
     if state is not None:
-        state.reset(calls)
+        state.reset(calls, stage)
         if stats:
             state.stats = CacheStats()
 

@@ -111,7 +111,7 @@ class CacheDitState:
                                  num_inference_steps=self.stage_calls, enable_separate_cfg=False),
                 cd.TaylorSeerCalibratorConfig(taylorseer_order=TAYLORSEER_ORDER))
 
-    def reset(self, calls: int | None = None) -> None:
+    def reset(self, calls: int | None = None, stage: str | None = None) -> None:
         self.signature = None
         if calls is not None:
             self.stage_calls = max(1, calls)

@@ -16,7 +16,8 @@ So the library's hook classes are applied to the block lists directly, with:
 * FirstBlockCache: a tail subclass that stores the image-token residual (the text stream leaves the
   model unused, so its residual is 0), and a per-row decision (see `_FBCHead`);
 * MagCache: an adapter inside the tail that returns only the image tokens (exactly what the model
-  keeps of the last block), and the ratios for each stage's length (see `_mag_config`);
+  keeps of the last block), and the ratios of each stage: the checkpoint's calibration when it has one
+  (mag_ratios.py), else Flux's, spread over the stage's calls (see `_mag_config`);
 * TaylorSeer: diffusers' own "lite" layout (blocks skipped, the output projection extrapolated),
   with HiDream's names: `final_layer` for `proj_out`. `apply_taylorseer_cache` runs as is.
 
@@ -53,6 +54,8 @@ from diffusers.models.transformers.transformer_hidream_image import HiDreamBlock
 
 from hidream_ui.pipeline.speed.cache_state import ROOT_HOOK as _ROOT
 from hidream_ui.pipeline.speed.cache_state import CacheStats, begin_call, end_call
+from hidream_ui.pipeline.speed.mag_ratios import ATTRIBUTE as RATIOS_ATTRIBUTE
+from hidream_ui.pipeline.speed.mag_ratios import MagRatios
 from hidream_ui.pipeline.speed.settings import CacheSpec
 
 LIBRARY_KINDS = ("fbcache", "taylorseer", "magcache")
@@ -130,7 +133,16 @@ class _MagHead(_BlockMetadata, MagCacheHeadHook):
 
 
 class _MagBlock(_BlockMetadata, MagCacheBlockHook):
-    pass
+    """MagCache's block hook; the tail also hands each calibration ratio to the root's state (diffusers
+    keeps a stage's curve only until the stage ends, and prints it)."""
+
+    def __init__(self, manager, is_tail: bool, config: MagCacheConfig, owner: LibraryCacheState):
+        super().__init__(manager, is_tail=is_tail, config=config)
+        self.owner = owner
+
+    def _perform_calibration_step(self, state, current_residual):
+        super()._perform_calibration_step(state, current_residual)
+        self.owner.calibration.setdefault(self.owner.stage or "edit", []).append(state.calibration_ratios[-1])
 
 
 @dataclass
@@ -146,28 +158,60 @@ class LibraryCacheState:
     signature: tuple | None = None
     image_tokens: int = 0
     stage_calls: int = DEFAULT_STAGE_CALLS
+    stage: str | None = None
     run_at_call_start: int = 0
+    ratios: MagRatios | None = None  # the checkpoint's calibration (MagCache), if the loader found one
+    calibrating: bool = False
+    calibration: dict[str, list[float]] = field(default_factory=dict)  # stage -> ratios, while calibrating
 
-    def reset(self, calls: int | None = None) -> None:
-        """Drops every hook's state; `calls`: transformer calls of the stage that starts (MagCache)."""
+    def reset(self, calls: int | None = None, stage: str | None = None) -> None:
+        """Drops every hook's state; `calls`: transformer calls of the stage that starts, `stage`: which
+        one (MagCache's ratios)."""
         self.signature = None
         for manager in self.managers:
             manager.reset()  # also clears its context
             manager.set_context(_CONTEXT)
         if calls is not None:
             self.stage_calls = max(1, calls)
+        if stage is not None:
+            self.stage = stage
         if self.mag_hooks:
-            config = _mag_config(self.spec, self.stage_calls)
+            config = _mag_config(self.spec, self.stage_calls, self.ratios, self.stage, self.calibrating)
             for hook in self.mag_hooks:
                 hook.config = config
 
+    def start_calibration(self) -> None:
+        """MagCache only: the next edits run every block and record each call's ratio per stage."""
+        if not self.mag_hooks:
+            raise ValueError(f"cache={self.spec} cannot calibrate: only magcache has ratios")
+        self.calibrating, self.calibration = True, {}
+        self.reset()
 
-def _mag_config(spec: CacheSpec, calls: int) -> MagCacheConfig:
+    def take_calibration(self) -> dict[str, list[float]]:
+        taken, self.calibration, self.calibrating = self.calibration, {}, False
+        self.reset()
+        return taken
+
+
+def _mag_config(spec: CacheSpec, calls: int, ratios: MagRatios | None = None, stage: str | None = None,
+                calibrating: bool = False) -> MagCacheConfig:
     """MagCache needs per-step magnitude ratios of the model's residual; HiDream has none published.
-    The one set diffusers ships is Flux's (also a flow-matching MMDiT with a shifted schedule), which
-    MagCacheConfig interpolates to the stage's number of calls. A checkpoint-specific calibration
-    would be better: judge it with `bench quality` (docs/speed.md)."""
-    return MagCacheConfig(threshold=spec.threshold, num_inference_steps=calls, mag_ratios=FLUX_MAG_RATIOS.clone())
+    A checkpoint's own calibration (mag_ratios.py) gives one curve per stage; without one, the one set
+    diffusers ships is Flux's (also a flow-matching MMDiT with a shifted schedule). MagCacheConfig
+    interpolates either to the stage's number of calls."""
+    if calibrating:
+        return MagCacheConfig(threshold=spec.threshold, num_inference_steps=calls, calibrate=True)
+    curve = torch.tensor(ratios.for_stage(stage)) if ratios is not None else FLUX_MAG_RATIOS.clone()
+    return MagCacheConfig(threshold=spec.threshold, num_inference_steps=calls, mag_ratios=curve)
+
+
+def calibration_state(transformer) -> LibraryCacheState:
+    """The MagCache state installed on `transformer` (mag_ratios.calibrate drives it)."""
+    registry = getattr(transformer, "_diffusers_hook", None)
+    hook = registry.get_hook(_ROOT) if registry is not None else None
+    if hook is None or not isinstance(hook, _Root) or not hook.state.mag_hooks:
+        raise ValueError("MagCache calibration needs cache=magcache:T installed on the transformer")
+    return hook.state
 
 
 class _Root(ModelHook):
@@ -235,7 +279,7 @@ def install(transformer, spec: CacheSpec) -> LibraryCacheState:
         raise ValueError(f"cache={spec} needs at least one double-stream and one single-stream block "
                          f"(this transformer has {len(doubles)} and {len(singles)})")
     blocks = doubles + singles
-    state = LibraryCacheState(spec, blocks=len(blocks))
+    state = LibraryCacheState(spec, blocks=len(blocks), ratios=getattr(transformer, RATIOS_ATTRIBUTE, None))
     for block in blocks:  # first: innermost
         _register(state, block, _Count(state), _COUNT)
     if spec.kind == "fbcache":
@@ -248,13 +292,13 @@ def install(transformer, spec: CacheSpec) -> LibraryCacheState:
     elif spec.kind == "magcache":
         manager = StateManager(MagCacheState, (), {})
         state.managers.append(manager)
-        config = _mag_config(spec, state.stage_calls)
+        config = _mag_config(spec, state.stage_calls, state.ratios)
         _register(state, blocks[-1], _ImageOnly(state), _IMAGE_ONLY)
         head = _MagHead(manager, config)
         _register(state, blocks[0], head, _HEAD)
         state.mag_hooks.append(head)
         for index, block in enumerate(blocks[1:], start=1):
-            hook = _MagBlock(manager, is_tail=index == len(blocks) - 1, config=config)
+            hook = _MagBlock(manager, is_tail=index == len(blocks) - 1, config=config, owner=state)
             _register(state, block, hook, _TAIL if hook.is_tail else _BLOCK)
             state.mag_hooks.append(hook)
         _register(state, blocks[0], _ImageTokens(state), _TOKENS)  # last: outermost, runs on every call

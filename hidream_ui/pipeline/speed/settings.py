@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The UI's "Speed" setting (and `--cache` accepts these names too).
-SPEED_PRESETS = {"exact": "none", "fast": "interval:2", "faster": "interval:3"}
+# `fast` / `faster`: the fastest measured step caches within issue 23's rules (bench/quality.py PRESET_RULES:
+# success within 3 / 10 points of exact, transformer >= 1.8x / 2.5x) on the trained model, confirmed on the deep
+# profile's 48 blocks (docs/benchmarks.md, docs/speed.md "Which cache the presets are").
+SPEED_PRESETS = {"exact": "none", "fast": "magcache:0.24", "faster": "taylorseer:5"}
 INTERVAL_RANGE = (1, 100)
 # --moe and --compile: their one home (config's flags and help read these).
 MOE_CHOICES = ("auto", "diffusers", "sync-free")  # auto: sync-free with --compile blocks, else diffusers
@@ -25,7 +28,8 @@ CACHE_KINDS = {"interval": "interval", "first-block": "threshold", "fbcache": "t
 # deep one; `--caches` replaces the list): ours, diffusers' hooks on HiDream's blocks, cache-dit's. One list, so
 # the quality and the speed of each configuration come from the same names.
 MEASURED_CACHES = ("interval:2", "interval:3", "interval:4", "first-block:0.05", "first-block:0.1", "first-block:0.2",
-                   "fbcache:0.05", "fbcache:0.1", "fbcache:0.2", "taylorseer:2", "taylorseer:3", "taylorseer:4",
+                   "fbcache:0.05", "fbcache:0.1", "fbcache:0.2",
+                   "taylorseer:2", "taylorseer:3", "taylorseer:4", "taylorseer:5",
                    "magcache:0.06", "magcache:0.12", "magcache:0.24", "dbcache:0.05", "dbcache:0.1", "dbcache:0.2")
 CACHE_GRAMMAR = (f"none, interval:K or taylorseer:N ({INTERVAL_RANGE[0]}..{INTERVAL_RANGE[1]}), "
                  f"first-block:T, fbcache:T, magcache:T or dbcache:T (0 < T <= {THRESHOLD_RANGE[1]:g}), "

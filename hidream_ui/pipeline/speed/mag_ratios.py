@@ -1,0 +1,113 @@
+"""MagCache's magnitude ratios measured on the checkpoint itself, one curve per stage.
+
+MagCache (`magcache:T`) skips a call while the accumulated error of the per-call ratios
+``mean |residual_t| / |residual_t-1|`` (the residual: last block's image output minus the first block's
+input) stays under T. The ratios belong to the checkpoint and its schedule; HiDream has none published, so
+without a calibration the cache uses the one set diffusers ships (Flux's 28 steps, squeezed into each
+stage's calls). A calibration runs real edits with MagCache in diffusers' calibrate mode (nothing skipped),
+collects the ratios of each stage (the edit stage and the refine stage are different forwards: [x_t | source]
+with three guidance branches, then x_t alone with two) and averages them over the edits.
+
+Home of the ratios: ``RATIOS_FILE`` in the E1.1 transformer folder (next to its config.json). The loader
+attaches it to the transformer (``ATTRIBUTE``), where the cache install finds it. `train-tiny OUT --eval-only
+--calibrate-magcache N` records one in the trained tiny model's trained.json; a tiny build writes the file
+from there. (The shipped trained weights carry none: on them it measured worse than Flux's curve, docs/speed.md.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RATIOS_FILE = "hidream_ui_mag_ratios.json"
+ATTRIBUTE = "hidream_ui_mag_ratios"  # on the transformer module: the MagRatios the loader found (or absent)
+STAGES = ("edit", "refine")
+
+
+@dataclass(frozen=True)
+class MagRatios:
+    """Per-stage ratio curves (one value per transformer call of the stage), from `cases` edits of `steps`
+    steps with refine strength `refine_strength`."""
+
+    edit: tuple[float, ...]
+    refine: tuple[float, ...]
+    steps: int
+    refine_strength: float
+    cases: int
+
+    def __post_init__(self):
+        for stage in STAGES:
+            curve = getattr(self, stage)
+            if not curve or any(not (0 < value < 100) for value in curve):
+                raise ValueError(f"MagCache ratios for the {stage} stage must be a non-empty list of positive "
+                                 f"numbers below 100, got {list(curve)[:8]}")
+
+    def for_stage(self, stage: str | None) -> tuple[float, ...]:
+        return self.refine if stage == "refine" else self.edit
+
+    def to_json(self) -> dict[str, Any]:
+        return {"edit": [round(v, 5) for v in self.edit], "refine": [round(v, 5) for v in self.refine],
+                "steps": self.steps, "refine_strength": self.refine_strength, "cases": self.cases}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = "ratios") -> MagRatios:
+        try:
+            return cls(edit=tuple(float(v) for v in data["edit"]), refine=tuple(float(v) for v in data["refine"]),
+                       steps=int(data["steps"]), refine_strength=float(data["refine_strength"]),
+                       cases=int(data["cases"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"{where}: not a MagCache calibration ({error})") from error
+
+
+def read(folder: Path) -> MagRatios | None:
+    """The calibration in `folder` (a transformer folder), or None when it has none."""
+    path = Path(folder) / RATIOS_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: unreadable MagCache calibration ({error})") from error
+    return MagRatios.from_json(data, str(path))
+
+
+def write(folder: Path, ratios: MagRatios) -> Path:
+    path = Path(folder) / RATIOS_FILE
+    path.write_text(json.dumps(ratios.to_json(), indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def calibrate(pipeline, edits: Iterable[Callable[[], Any]], steps: int, refine_strength: float) -> MagRatios:
+    """Runs every edit (a callable that calls `pipeline` once, with `steps` and `refine_strength`) with
+    MagCache calibrating, and averages each stage's ratios over the edits. Leaves no cache installed."""
+    from hidream_ui.pipeline.speed.cache import apply_step_cache, remove_step_cache
+    from hidream_ui.pipeline.speed.library import calibration_state
+
+    transformer = pipeline.transformer
+    apply_step_cache(transformer, "magcache:0.06")  # the threshold is unused while calibrating
+    curves: dict[str, list[list[float]]] = {stage: [] for stage in STAGES}
+    try:
+        state = calibration_state(transformer)
+        for edit in edits:
+            state.start_calibration()
+            # diffusers prints each finished curve ("copy these values"); the average is what we keep.
+            with contextlib.redirect_stdout(io.StringIO()):
+                edit()
+            for stage, curve in state.take_calibration().items():
+                curves[stage].append(curve)
+    finally:
+        remove_step_cache(transformer)
+    if not curves["edit"] or not curves["refine"]:
+        raise ValueError("MagCache calibration needs at least one edit with both stages (refine strength > 0)")
+    return MagRatios(edit=_mean(curves["edit"]), refine=_mean(curves["refine"]), steps=steps,
+                     refine_strength=refine_strength, cases=len(curves["edit"]))
+
+
+def _mean(curves: list[list[float]]) -> tuple[float, ...]:
+    length = min(len(c) for c in curves)
+    return tuple(sum(c[i] for c in curves) / len(curves) for i in range(length))

@@ -15,7 +15,7 @@ from hidream_ui.model import layout
 from hidream_ui.model.loading import load_model
 from hidream_ui.model.sources import ModelError
 from hidream_ui.pipeline.guidance import refine_start_step
-from hidream_ui.pipeline.speed import mag_ratios
+from hidream_ui.pipeline.speed import mag_calibrate, mag_ratios
 from hidream_ui.pipeline.speed.cache import apply_step_cache, step_cache_spec
 from hidream_ui.pipeline.speed.mag_ratios import MagRatios
 
@@ -70,7 +70,7 @@ def _by_hand(pipe, seed=3) -> list[float]:
 def test_calibration_measures_each_stage_by_diffusers_formula_and_changes_nothing(pipe):
     exact = _edit(pipe)
     expected = _by_hand(pipe)
-    ratios = mag_ratios.calibrate(pipe, [lambda: _edit(pipe)] * 2, STEPS, STRENGTH)
+    ratios = mag_calibrate.calibrate(pipe, [lambda: _edit(pipe)] * 2, STEPS, STRENGTH)
     assert (ratios.steps, ratios.refine_strength, ratios.cases) == (STEPS, STRENGTH, 2)
     assert len(ratios.edit) == SWITCH and len(ratios.refine) == STEPS - SWITCH
     assert list(ratios.edit) + list(ratios.refine) == pytest.approx(expected, rel=1e-4)
@@ -80,9 +80,9 @@ def test_calibration_measures_each_stage_by_diffusers_formula_and_changes_nothin
 
 
 def test_the_average_is_per_call_over_the_edits(pipe):
-    one = mag_ratios.calibrate(pipe, [lambda: _edit(pipe, 3)], STEPS, STRENGTH)
-    other = mag_ratios.calibrate(pipe, [lambda: _edit(pipe, 4)], STEPS, STRENGTH)
-    both = mag_ratios.calibrate(pipe, [lambda: _edit(pipe, 3), lambda: _edit(pipe, 4)], STEPS, STRENGTH)
+    one = mag_calibrate.calibrate(pipe, [lambda: _edit(pipe, 3)], STEPS, STRENGTH)
+    other = mag_calibrate.calibrate(pipe, [lambda: _edit(pipe, 4)], STEPS, STRENGTH)
+    both = mag_calibrate.calibrate(pipe, [lambda: _edit(pipe, 3), lambda: _edit(pipe, 4)], STEPS, STRENGTH)
     assert both.edit == pytest.approx([(a + b) / 2 for a, b in zip(one.edit, other.edit)])
     assert both.refine == pytest.approx([(a + b) / 2 for a, b in zip(one.refine, other.refine)])
 

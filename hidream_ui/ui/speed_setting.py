@@ -64,8 +64,9 @@ def build_speed_setting(engine: Engine, allowed: Callable[[Any, str], None] | No
     handlers = SpeedSetting(engine, allowed)
     current = str(parse_cache(engine.config.cache))
     dropdown = gr.Dropdown(label="Speed", choices=speed_choices(current), value=current, interactive=True,
-                           info="exact: every block every step · fast / faster: reuse the deep blocks' work on "
-                                "1 of 2 / 2 of 3 steps (check quality in Compare, axis speed)",
+                           info="exact: every block every step · fast / faster: skip the transformer on about 6 of "
+                                "10 steps, reusing (MagCache) or extrapolating (TaylorSeer) its last output; "
+                                "check quality in Compare, axis speed",
                            elem_id="hui-speed")
     note = gr.Markdown(elem_id="hui-speed-note")
     # Queued (one way in: the app serves with api_open=False), on a lane of its own: it only changes

@@ -655,7 +655,7 @@ def calibrate_magcache(weights: Path, cases: int, log: Callable[[str], None] = p
     from PIL import Image
 
     from hidream_ui.edits import EditSettings
-    from hidream_ui.pipeline.speed import mag_ratios
+    from hidream_ui.pipeline.speed import mag_calibrate
 
     defaults = EditSettings()
     steps, strength = defaults.num_inference_steps, defaults.refine_strength
@@ -666,8 +666,8 @@ def calibrate_magcache(weights: Path, cases: int, log: Callable[[str], None] = p
 
     with _eval_pipeline(weights) as pipeline:
         started = time.perf_counter()
-        ratios = mag_ratios.calibrate(pipeline, (edit(world.make_case(seed)) for seed in range(cases)), steps,
-                                      strength)
+        ratios = mag_calibrate.calibrate(pipeline, (edit(world.make_case(seed)) for seed in range(cases)), steps,
+                                         strength)
     log(f"MagCache calibration ({cases} edits, {time.perf_counter() - started:.0f} s): edit "
         f"{[round(v, 3) for v in ratios.edit]}, refine {[round(v, 3) for v in ratios.refine]}")
     return ratios.to_json()

@@ -206,7 +206,7 @@ def _mag_config(spec: CacheSpec, calls: int, ratios: MagRatios | None = None, st
 
 
 def calibration_state(transformer) -> LibraryCacheState:
-    """The MagCache state installed on `transformer` (mag_ratios.calibrate drives it)."""
+    """The MagCache state installed on `transformer` (mag_calibrate.calibrate drives it)."""
     registry = getattr(transformer, "_diffusers_hook", None)
     hook = registry.get_hook(_ROOT) if registry is not None else None
     if hook is None or not isinstance(hook, _Root) or not hook.state.mag_hooks:

@@ -9,17 +9,16 @@ collects the ratios of each stage (the edit stage and the refine stage are diffe
 with three guidance branches, then x_t alone with two) and averages them over the edits.
 
 Home of the ratios: ``RATIOS_FILE`` in the E1.1 transformer folder (next to its config.json). The loader
-attaches it to the transformer (``ATTRIBUTE``), where the cache install finds it. `train-tiny OUT --eval-only
---calibrate-magcache N` records one in the trained tiny model's trained.json; a tiny build writes the file
-from there. (The shipped trained weights carry none: on them it measured worse than Flux's curve, docs/speed.md.)
+attaches it to the transformer (``ATTRIBUTE``), where the cache install finds it. mag_calibrate.py measures
+one; `train-tiny OUT --eval-only --calibrate-magcache N` records one in the trained tiny model's trained.json;
+a tiny build writes the file from there. (The shipped trained weights carry none: on them it measured
+worse than Flux's curve, docs/speed.md.)
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,34 +79,3 @@ def write(folder: Path, ratios: MagRatios) -> Path:
     path = Path(folder) / RATIOS_FILE
     path.write_text(json.dumps(ratios.to_json(), indent=1) + "\n", encoding="utf-8")
     return path
-
-
-def calibrate(pipeline, edits: Iterable[Callable[[], Any]], steps: int, refine_strength: float) -> MagRatios:
-    """Runs every edit (a callable that calls `pipeline` once, with `steps` and `refine_strength`) with
-    MagCache calibrating, and averages each stage's ratios over the edits. Leaves no cache installed."""
-    from hidream_ui.pipeline.speed.cache import apply_step_cache, remove_step_cache
-    from hidream_ui.pipeline.speed.library import calibration_state
-
-    transformer = pipeline.transformer
-    apply_step_cache(transformer, "magcache:0.06")  # the threshold is unused while calibrating
-    curves: dict[str, list[list[float]]] = {stage: [] for stage in STAGES}
-    try:
-        state = calibration_state(transformer)
-        for edit in edits:
-            state.start_calibration()
-            # diffusers prints each finished curve ("copy these values"); the average is what we keep.
-            with contextlib.redirect_stdout(io.StringIO()):
-                edit()
-            for stage, curve in state.take_calibration().items():
-                curves[stage].append(curve)
-    finally:
-        remove_step_cache(transformer)
-    if not curves["edit"] or not curves["refine"]:
-        raise ValueError("MagCache calibration needs at least one edit with both stages (refine strength > 0)")
-    return MagRatios(edit=_mean(curves["edit"]), refine=_mean(curves["refine"]), steps=steps,
-                     refine_strength=refine_strength, cases=len(curves["edit"]))
-
-
-def _mean(curves: list[list[float]]) -> tuple[float, ...]:
-    length = min(len(c) for c in curves)
-    return tuple(sum(c[i] for c in curves) / len(curves) for i in range(length))

@@ -121,8 +121,8 @@ class _Seeds:
 def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print,
           vae_from: Path | None = None, init_from: Path | None = None) -> TrainReport:
     """Train the VAE (or take it from `vae_from`), then the transformer, and write the asset folder `out`.
-    `init_from`: fine-tune instead: the transformer starts from that run's weights, and its VAE is taken too
-    (the transformer only knows that VAE's latents)."""
+    `init_from`: fine-tune instead: the transformer starts from that run's weights, and its VAE and text
+    encoders are taken too (the transformer only knows their latents and embeddings)."""
     import torch
 
     from hidream_ui.model.tiny.build import build_tiny
@@ -768,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="take the VAE (and its latent shift and scale) from the weights in DIR instead of "
                         "training one (--vae-steps is then ignored)")
     parser.add_argument("--init-from", type=Path, metavar="DIR",
-                        help="fine-tune: start the transformer from the weights in DIR and keep DIR's VAE")
+                        help="fine-tune: start the transformer from the weights in DIR and keep DIR's VAE and "
+                        "text encoders")
     parser.add_argument("--batch", type=int, default=defaults.batch,
                         help=f"edit-stage samples per step ({defaults.batch})")
     parser.add_argument("--refine-batch", type=int, default=defaults.refine_batch,

@@ -115,12 +115,15 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     assert reused_meta["vae"] == meta["vae"] and "--vae-from" in reused_meta["command"]
 
     # --init-from fine-tunes: the transformer starts from that run's weights (0 steps: exactly them) and keeps
-    # its VAE; the recorded command says so, with the batch settings that differ from the defaults.
+    # its VAE and text encoders (another seed's random encoders would change every prompt embedding); the
+    # recorded command says so, with the batch settings that differ from the defaults.
     _train(tmp_path / "f", "--init-from", str(tmp_path / "e"), "--steps", "0", "--refine-batch", "3")
     _train(tmp_path / "g", "--init-from", str(tmp_path / "e"), "--seed", "1")
     start, same, tuned = (load_file(str(tmp_path / n / trained.WEIGHTS_FILE)) for n in "efg")
     assert all(torch.equal(start[k], same[k]) for k in start)
-    assert all(torch.equal(start[k], tuned[k]) for k in start if k.startswith("vae/"))
+    kept = [k for k in start if not k.startswith("transformer/")]
+    assert {k.split("/")[0] for k in kept} == {"vae", "clip_l", "clip_g", "t5", "llama"}
+    assert all(torch.equal(start[k], tuned[k]) for k in kept)
     assert any(not torch.equal(start[k], tuned[k]) for k in start if k.startswith("transformer/"))
     tuned_meta = json.loads((tmp_path / "f" / trained.META_FILE).read_text())
     assert f"--init-from {tmp_path / 'e'} --refine-batch 3 " in tuned_meta["command"]

@@ -347,8 +347,20 @@ def test_a_mask_that_is_not_an_image_is_refused_before_any_work(client, tmp_path
     assert app["engine"].counters["edits"] == edits
 
 
-def test_edit_streams_live_previews_before_its_result(client):
-    """/edit's progress carries a (before, preview) pair every --preview-every steps (4 by default)."""
+def test_edit_streams_live_previews_before_its_result(client, monkeypatch):
+    """/edit's progress carries a (before, preview) pair every --preview-every steps (4 by default).
+
+    Each preview's "before" half is the same image. Gradio writes a yielded PIL image in place, so
+    yielding it again rewrote a file the client could be downloading, and the client got a short
+    download (CI saw "Response content shorter than Content-Length"): every write is recorded."""
+    written: list[str] = []
+    write_bytes = Path.write_bytes
+
+    def recording(self, data):
+        written.append(str(Path(self).resolve()))
+        return write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", recording)
     job = client.submit(image=handle_file(str(EXAMPLE)), instruction="make it blue", num_inference_steps=9,
                         working_resolution="draft", api_name="/edit")
     final = job.result()
@@ -360,3 +372,4 @@ def test_edit_streams_live_previews_before_its_result(client):
     assert first.tobytes() != second.tobytes()  # the preview changes as it denoises
     # A preview leaves the other outputs as they are (no saved file, no seed yet): it is never saved.
     assert final[1] is not None and all(value == {"__type__": "update"} for value in outputs[0][1:])
+    assert written and len(written) == len(set(written)), sorted(written)  # no file written twice

@@ -482,3 +482,25 @@ def test_discarding_spares_what_gradio_held_before_and_the_examples(tmp_path):
     gradio_internals.discard_uploads(scope, [str(mine), str(earlier), str(example)], existed=before - {str(mine)})
     assert not mine.exists() and earlier.is_file() and example.is_file()
     assert demo.upload_file_set == {str(earlier)}
+
+
+def test_cache_once_writes_a_file_once_where_gradio_would_and_anew_after_a_prune():
+    """`cache_once` (the live preview's "before"): one write, by rename, in the folder gradio names
+    these bytes by, so gradio's copy of it is the file itself; a pruned file comes back."""
+    from gradio.processing_utils import hash_bytes, save_file_to_cache
+
+    from hidream_ui.server import gradio_internals
+
+    data = os.urandom(64)
+    path = Path(gradio_internals.cache_once(data, "before.png"))
+    assert path.read_bytes() == data and path.parent.name == hash_bytes(data)
+    assert path.parent.parent == gradio_internals.private_cache_folder()
+    stamp = path.stat().st_mtime_ns, path.stat().st_ino
+    assert gradio_internals.cache_once(data, "before.png") == str(path)
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == stamp  # not rewritten
+    assert save_file_to_cache(path, str(path.parent.parent)) == str(path)  # gradio's copy: this very file
+    assert sorted(p.name for p in path.parent.iterdir()) == ["before.png"]  # no staging file left
+    path.unlink()
+    assert Path(gradio_internals.cache_once(data, "before.png")).read_bytes() == data
+    path.unlink()  # the cache folder is every app's of this process: leave nothing for their limits
+    path.parent.rmdir()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import hashlib
 import logging
 import os
 import shutil
@@ -254,6 +255,37 @@ def private_cache_folder() -> Path:
         os.environ["GRADIO_TEMP_DIR"] = str(_PRIVATE_CACHE)
         atexit.register(shutil.rmtree, _PRIVATE_CACHE, True)
     return _PRIVATE_CACHE
+
+
+def cache_once(data: bytes, name: str) -> str:
+    """The path of `data` stored in the private cache folder as `name`, written only if absent.
+
+    Gradio stores a yielded PIL image by writing it to a path named by its bytes, in place, again on
+    every yield: a generator that yields the same image twice (the "before" half of each live
+    preview) rewrites a file a client may be downloading, and the download comes back short
+    ("Response content shorter than Content-Length"). A file of ours, written once under a
+    temporary name and renamed into place, is one gradio copies once and never touches again (its
+    file copy skips a target that exists). The folder is named by the bytes as gradio names it, so
+    that its copy is this very file; called again after a prune removed it, it writes it anew.
+    """
+    try:
+        from gradio.processing_utils import hash_bytes
+        digest = hash_bytes(data)
+    except (ImportError, AttributeError):  # pragma: no cover - an upgrade moved it: a copy, still safe
+        digest = hashlib.sha256(data).hexdigest()
+    folder = private_cache_folder() / digest
+    path = folder / name
+    if not path.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, staging = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(staging, path)
+        except BaseException:
+            Path(staging).unlink(missing_ok=True)
+            raise
+    return str(path)
 
 
 def _kept(demo: Any) -> set[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import html
+import io
 import logging
 import time
 from pathlib import Path
@@ -254,8 +255,10 @@ class Handlers:
                     elif event.kind == "preview" and not job.token.cancelled:  # a stopped edit shows no more
                         shot: Preview = event.payload
                         size = preview_size(picture.size)
-                        before = before or picture.resize(size, Image.Resampling.BILINEAR)
-                        yield ((before, shot.image.resize(size, Image.Resampling.BILINEAR)),
+                        before = before or png_bytes(picture.resize(size, Image.Resampling.BILINEAR))
+                        # The same "before" on every preview: a file written once (cache_once says why).
+                        yield ((gradio_internals.cache_once(before, PREVIEW_BEFORE_NAME),
+                                shot.image.resize(size, Image.Resampling.BILINEAR)),
                                gr.update(), gr.update(), gr.update(), gr.update())
                     elif event.kind == "done":
                         result = event.payload
@@ -769,6 +772,7 @@ def source_size(source: Any, name: str | None = None) -> tuple[int, int]:
 
 
 PREVIEW_SIDE = 512  # longest side a live preview is shown at (it is computed at 1/8 of the working size)
+PREVIEW_BEFORE_NAME = "before.png"  # the cached file of a live preview's "before" half
 
 
 def preview_size(source_size: tuple[int, int]) -> tuple[int, int]:
@@ -776,6 +780,13 @@ def preview_size(source_size: tuple[int, int]) -> tuple[int, int]:
     width, height = source_size
     scale = min(1.0, PREVIEW_SIDE / max(width, height))
     return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    """`image` encoded as PNG (fast settings: a preview is shown once and thrown away)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", compress_level=1)
+    return buffer.getvalue()
 
 
 def _json_value(value: Any) -> Any:

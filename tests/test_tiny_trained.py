@@ -265,3 +265,38 @@ def test_the_oracle_put_on_the_target_after_the_last_step_returns_the_target():
     results = oracle(ASSET, 3, [3, -1], log=lambda line: None, num_inference_steps=4)
     assert results[3]["success"] == 1.0 and results[3]["untouched_psnr_median_db"] > 26
     assert results[-1]["untouched_psnr_median_db"] < results[3]["untouched_psnr_median_db"]
+
+
+def test_eval_grid_draws_source_target_and_result_with_the_verdict(tmp_path, capsys):
+    """train-tiny --eval N --grid PNG: a row per case (source | target | result | strip), the strip green
+    exactly for the cases the recorded figures count as successes."""
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    from hidream_ui.model.tiny.train import GRID_STRIP, main
+
+    out = tmp_path / "w"
+    shutil.copytree(ASSET, out)
+    assert main([str(out), "--eval-only", "--eval", "3", "--grid", str(tmp_path / "g" / "grid.png")]) == 0
+    grid = np.asarray(Image.open(tmp_path / "g" / "grid.png").convert("RGB"))
+    side = world.SIZE
+    assert grid.shape == (3 * side, 3 * side + GRID_STRIP, 3)
+    cases = world.held_out_cases(3)
+    for row, case in enumerate(cases):
+        band = grid[row * side:(row + 1) * side]
+        assert np.array_equal(band[:, :side], case.source) and np.array_equal(band[:, side:2 * side], case.target)
+        assert not np.array_equal(band[:, 2 * side:3 * side], case.target)  # the model's, not a copy of the answer
+    strips = [tuple(grid[row * side + side // 2, -1]) for row in range(3)]
+    assert set(strips) <= {(40, 170, 60), (220, 40, 40)}
+    held_out = json.loads((out / trained.META_FILE).read_text())["held_out"]
+    assert strips.count((40, 170, 60)) == round(held_out["success"] * 3)
+    assert "wrote" in capsys.readouterr().out
+
+    for bad, says in ((["--eval-only", "--eval", "2", "--oracle", "3", "--grid", "x.png"], "not --oracle"),
+                      (["--eval-only", "--calibrate-magcache", "1", "--grid", "x.png"], "give --eval N"),
+                      (["--eval-only", "--eval", "2", "--grid", "x.jpg"], "ending in .png")):
+        with pytest.raises(SystemExit):
+            main([str(out), *bad])
+        assert says in capsys.readouterr().err

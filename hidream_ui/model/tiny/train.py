@@ -624,12 +624,39 @@ def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: flo
 # ------------------------------------------------------------------------------------------------ evaluation
 
 
-def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, **call) -> dict:
+def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, grid: Path | None = None,
+             **call) -> dict:
     """Held-out success through the real loader and pipeline: `weights` (an asset folder) laid over a fresh
     build, loaded by `load_model` (fp32 on the CPU), one edit per case with the default E1.1 settings at the
-    world's 128 x 128 (the model's `auto` working size), scored by world.score."""
+    world's 128 x 128 (the model's `auto` working size), scored by world.score. With `grid`, the first
+    GRID_ROWS cases are drawn there too (`write_grid`)."""
+    shots: list | None = [] if grid is not None else None
     with _eval_pipeline(weights) as pipeline:
-        return _score(pipeline, cases, log, call)
+        summary = _score(pipeline, cases, log, call, shots=shots)
+    if grid is not None:
+        write_grid(shots, grid)
+        log(f"wrote {grid} ({len(shots)} cases: source | target | result, the strip green where it succeeded)")
+    return summary
+
+
+GRID_ROWS = 24  # cases a --grid image shows (one row each)
+GRID_STRIP = 8  # px: the strip right of a row, green for a success, red for a failure
+
+
+def write_grid(shots: list[tuple], path: Path) -> None:
+    """One row per (case, image, score): the source, the true target and the model's result side by side at
+    the world's size, then a strip that says whether the edit succeeded. Failures are seen, not guessed at."""
+    from PIL import Image
+
+    rows = []
+    for case, image, score in shots:
+        result = np.asarray(image.convert("RGB").resize((world.SIZE, world.SIZE), Image.Resampling.NEAREST))
+        strip = np.zeros((world.SIZE, GRID_STRIP, 3), np.uint8)
+        strip[:] = (40, 170, 60) if score["success"] else (220, 40, 40)
+        rows.append(np.concatenate([case.source, case.target, result, strip], axis=1))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.concatenate(rows, axis=0)).save(path)
 
 
 def oracle(weights: Path, cases: int, at_steps: list[int], log: Callable[[str], None] = print,
@@ -693,7 +720,8 @@ def _eval_pipeline(weights: Path):
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _score(pipeline, cases: int, log: Callable[[str], None], call: dict, oracle_step: int | None = None) -> dict:
+def _score(pipeline, cases: int, log: Callable[[str], None], call: dict, oracle_step: int | None = None,
+           shots: list | None = None) -> dict:
     import torch
     from PIL import Image
 
@@ -706,6 +734,8 @@ def _score(pipeline, cases: int, log: Callable[[str], None], call: dict, oracle_
         image = pipeline(Image.fromarray(case.source), case.instruction,
                          generator=torch.Generator().manual_seed(case.seed % (2**31)), **call, **extra).images[0]
         scores.append(world.score(case, image))
+        if shots is not None and len(shots) < GRID_ROWS:
+            shots.append((case, image, scores[-1]))
     seconds = (time.perf_counter() - started) / max(1, cases)
     summary = summarize(scores)
     summary["seconds_per_edit"] = round(seconds, 3)
@@ -783,6 +813,9 @@ def main(argv: list[str] | None = None) -> int:
                         "in OUT/trained.json (what the app's banner quotes; default 0: none)")
     parser.add_argument("--eval-only", action="store_true",
                         help="do not train: score the weights already in OUT (needs --eval N)")
+    parser.add_argument("--grid", type=Path, metavar="PNG",
+                        help=f"with --eval: also draw the first {GRID_ROWS} held-out cases into PNG (source | "
+                        "target | result, a strip green where the edit succeeded, red where it failed)")
     parser.add_argument("--calibrate-magcache", type=int, default=0, metavar="N",
                         help="then measure MagCache's ratios of the weights in OUT on N training-range edits and "
                         "record them in OUT/trained.json (what `--cache magcache:T` uses; docs/speed.md)")
@@ -815,6 +848,10 @@ def main(argv: list[str] | None = None) -> int:
     oracle_steps = _oracle_steps(parser, args.oracle) if args.oracle is not None else None
     if oracle_steps is not None and not (args.eval_only and args.eval):
         parser.error("--oracle needs --eval-only --eval N")
+    if args.grid is not None and (not args.eval or oracle_steps is not None):
+        parser.error("--grid draws what --eval N scores: give --eval N (and not --oracle)")
+    if args.grid is not None and args.grid.suffix.lower() != ".png":
+        parser.error(f"--grid writes a PNG: give a path ending in .png, got {args.grid}")
     settings = TrainSettings(steps=args.steps, vae_steps=args.vae_steps, seed=args.seed, pool=args.pool,
                              threads=args.threads, batch=args.batch, refine_batch=args.refine_batch, lr=args.lr,
                              warmup=args.warmup, checkpoint_every=max(0, args.checkpoint_every),
@@ -835,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
     if oracle_steps is not None:
         oracle(args.out, args.eval, oracle_steps, log=lambda line: print(line, flush=True))
     elif args.eval:
-        summary = evaluate(args.out, args.eval, log=lambda line: print(line, flush=True))
+        summary = evaluate(args.out, args.eval, log=lambda line: print(line, flush=True), grid=args.grid)
         command = f"python -m hidream_ui train-tiny OUT --eval {args.eval} --eval-only"
         trained.record_held_out(args.out, summary, command)
     return 0

@@ -113,5 +113,31 @@ def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsy
         train.main([str(tmp_path), "--lr", "0"])
     assert "--lr must be in (0, 1], got 0.0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--edit-noise-min", "1"])
+    assert "--edit-noise-min must be in [0, 1), got 1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         train.main([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"])
     assert "no trained weights in" in capsys.readouterr().err
+
+
+def test_edit_noise_min_squeezes_the_edit_noise_levels_and_is_recorded():
+    """--edit-noise-min S: every edit-stage noise level in [S, 1], drawn from the same random numbers (the
+    default 0 gives exactly the earlier draws, so the shipped weights' command still reproduces them); the
+    recorded command names it when it is not the default."""
+    import torch
+
+    from hidream_ui.model.tiny import train
+
+    def draws(settings):
+        generator = torch.Generator().manual_seed(0)
+        return train._edit_sigmas(settings, lambda n: torch.rand(n, generator=generator))
+
+    plain = train.TrainSettings(batch=4096)
+    raised = train.TrainSettings(batch=4096, edit_noise_min=0.8)
+    low, high = draws(plain), draws(raised)
+    assert float(low.min()) < 0.1 and float(high.min()) >= 0.8 and float(high.max()) <= 1.0
+    assert torch.allclose(high, 0.8 + 0.2 * low)
+    assert torch.equal(low, draws(train.TrainSettings(batch=4096, edit_noise_min=0.0)))
+    assert "--edit-noise-min" not in train._meta(plain, 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
+    meta = train._meta(raised, 0.0, 1.0, 0.0, 0.0, 0.0, 0)
+    assert " --edit-noise-min 0.8 " in meta["command"] and meta["settings"]["edit_noise_min"] == 0.8

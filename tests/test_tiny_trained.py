@@ -300,3 +300,95 @@ def test_eval_grid_draws_source_target_and_result_with_the_verdict(tmp_path, cap
         with pytest.raises(SystemExit):
             main([str(out), *bad])
         assert says in capsys.readouterr().err
+
+
+def test_kept_shapes_counts_the_untouched_shapes_that_keep_their_colour():
+    """probe.kept_shapes: the true target keeps every shape the instruction does not name; a bare background
+    keeps none of them; for a background edit every shape counts."""
+    import numpy as np
+
+    from hidream_ui.model.tiny.probe import kept_shapes
+
+    cases = world.held_out_cases(12)
+    for case in cases:
+        named = 0 if case.edit.kind == "background" else 1
+        kept, total = kept_shapes(case, case.target)
+        assert total == len(case.scene.shapes) - named and kept == total
+        bare = np.empty_like(case.target)
+        bare[:] = world.BACKGROUNDS[case.scene.background]
+        assert kept_shapes(case, bare) == (0, total)
+    assert {c.edit.kind for c in cases} == set(world.EDIT_KINDS)
+
+
+def test_one_call_near_zero_noise_gives_the_target_back(capsys):
+    """train-tiny --one-call S: at noise 0.02 the input is nearly the target, so the clean estimate is close to it
+    in both stages (the VAE's round trip); at noise 1 it is the model's guess, further away. At 0.6 the shipped
+    weights' edit stage comes back above 20 dB (23.3 dB on these 4 cases): the estimate is x_t - s v, and the
+    wrong sign adds the noise again instead of removing it (10.7 dB, measured)."""
+    from hidream_ui.model.tiny.probe import one_call
+    from hidream_ui.model.tiny.train import main
+
+    results = one_call(ASSET, 4, [1.0, 0.6, 0.02], log=lambda line: None)
+    assert results["edit"][0.6]["untouched_psnr_median_db"] > 20
+    for stage in ("edit", "refine"):
+        near, far = results[stage][0.02], results[stage][1.0]
+        assert near["success"] == 1.0 and near["shapes_kept"] == 1.0 and near["untouched_psnr_median_db"] > 28
+        assert far["untouched_psnr_median_db"] < near["untouched_psnr_median_db"]
+    for bad, says in ((["--one-call", "0.5"], "--one-call needs --eval-only --eval N"),
+                      (["--eval-only", "--eval", "2", "--one-call", "0"], "must be in (0, 1]"),
+                      (["--eval-only", "--eval", "2", "--one-call", "x"], "noise levels like")):
+        with pytest.raises(SystemExit):
+            main([str(ASSET), *bad])
+        assert says in capsys.readouterr().err
+
+
+class _Editor:
+    """A stand-in pipeline for probe._grounding whose latents are the world's images pooled to 16 x 16 (3
+    channels): `predict` returns the velocity that takes x_t to the scene with the edit applied to the shape that
+    the instruction names (`offset` 1: to the next shape instead), whatever the input."""
+
+    def __init__(self, case, offset: int):
+        self.case, self.offset = case, offset
+
+    @staticmethod
+    def latents(image):
+        import torch
+
+        pixels = torch.from_numpy(image).permute(2, 0, 1)[None].float() / 255
+        return torch.nn.functional.avg_pool2d(pixels, 8)
+
+    def encode_text(self, instruction: str):
+        import torch
+
+        from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
+
+        kinds = [shape.kind for shape in self.case.scene.shapes]
+        named = kinds[(kinds.index(instruction.split()[2]) + self.offset) % len(kinds)]
+        tag = torch.full((1, 1, 1), float(kinds.index(named)))
+        return PromptEmbeds(t5=tag, llama=tag[None], pooled=tag[0])
+
+    def predict(self, hidden, timestep, text):
+        import torch
+
+        s = float(timestep[0]) / 1000
+        x_t = hidden[..., :16]
+        edits = [world.Edit(self.case.edit.kind, self.case.scene.shapes[int(k)].kind, self.case.edit.value)
+                 for k in text.t5[:, 0, 0]]
+        x0 = torch.cat([self.latents(world.render(world.apply_edit(self.case.scene, e))) for e in edits])
+        return torch.cat([(x_t - x0) / s, hidden[..., 16:]], dim=-1)
+
+
+def test_grounding_counts_edits_that_land_on_the_shape_the_instruction_names():
+    """probe._grounding: a model that edits the shape each instruction names is grounded on every instruction;
+    one that edits the next shape instead on none; both against the same chance."""
+    import torch
+
+    from hidream_ui.model.tiny.probe import _grounding
+
+    case = next(c for c in world.held_out_cases(64) if c.edit.kind == "remove" and len(c.scene.shapes) == 3)
+    source = _Editor.latents(case.source)
+    noise = torch.randn(source.shape, generator=torch.Generator().manual_seed(0))
+    right = _grounding(_Editor(case, 0), [case], source, noise, 1.0)
+    wrong = _grounding(_Editor(case, 1), [case], source, noise, 1.0)
+    assert right == {"grounded": 1.0, "grounding_cases": 3, "grounding_chance": 0.333}
+    assert wrong == {"grounded": 0.0, "grounding_cases": 3, "grounding_chance": 0.333}

@@ -61,6 +61,11 @@ class TrainSettings:
     # Share of edit-stage noise levels drawn uniformly instead of through the schedule's shift: shift 3 puts
     # only 8 % of draws below 0.2, where the last steps decide how exactly the untouched region comes back.
     uniform_share: float = 0.5
+    # Lowest edit-stage noise level drawn (0: the whole range). Raised, every edit sample lies in
+    # [edit_noise_min, 1], where the input holds almost nothing of the target: the edit and the untouched shapes'
+    # colours must come from the source and the instruction. (1500 steps of it did not teach the model which
+    # shape a word names: docs/model-weights.md, "Which shape?".)
+    edit_noise_min: float = 0.0
     # Content drift (see _train_transformer): on this share of the fully conditioned edit samples, the noisy
     # input's content is pulled towards another case's by `drift` x noise level, the target staying this case's.
     drift_share: float = 0.5
@@ -86,7 +91,7 @@ class TrainReport:
 
 # TrainSettings fields with a train-tiny flag of their own (--refine-batch ...): the recorded command names
 # those that differ from the defaults.
-CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup")
+CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup", "edit_noise_min")
 
 
 def _sigma(u):
@@ -491,8 +496,7 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
         pool.refresh(settings.fresh)
         # Edit stage: [x_t | source] with the instruction; dropout gives the unconditional / image-only branches.
         source, target, prompt = pool.sample(settings.batch)
-        u = rand(settings.batch)
-        sigma = torch.where(rand(settings.batch) < settings.uniform_share, u, _sigma(u))
+        sigma = _edit_sigmas(settings, rand)
         noise = torch.randn(target.shape, generator=generator)
         s = sigma.view(-1, 1, 1, 1)
         keep_image = rand(settings.batch) >= settings.image_drop
@@ -540,6 +544,18 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
             save(ema, running, step + 1)
             log(f"train-tiny: checkpoint after {step + 1} steps")
     return model, ema, running if running is not None else loss_value
+
+
+def _edit_sigmas(settings: TrainSettings, rand):
+    """Edit-stage noise levels of one batch: a share uniform, the rest through the schedule's shift, then
+    squeezed into [edit_noise_min, 1] (with the default 0 exactly the draws, so earlier runs reproduce)."""
+    import torch
+
+    u = rand(settings.batch)
+    sigma = torch.where(rand(settings.batch) < settings.uniform_share, u, _sigma(u))
+    if settings.edit_noise_min:
+        sigma = settings.edit_noise_min + (1 - settings.edit_noise_min) * sigma
+    return sigma
 
 
 def _unshift(sigma: float) -> float:
@@ -807,6 +823,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=defaults.lr, help=f"peak learning rate ({defaults.lr:g})")
     parser.add_argument("--warmup", type=int, default=defaults.warmup,
                         help=f"learning-rate warm-up steps ({defaults.warmup})")
+    parser.add_argument("--edit-noise-min", type=float, default=defaults.edit_noise_min, metavar="S",
+                        help="draw every edit-stage noise level in [S, 1] (default 0: the whole range; e.g. 0.8 "
+                        "trains where only the copy heads can bring the source's colours)")
     parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="then score N held-out cases through the loader and pipeline and record the figures "
@@ -823,10 +842,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --eval-only: instead of scoring, show where sampling loses the edits: put "
                         "each edit on its true target's noised point after step K, sample on (first-order "
                         "sampler), score; -1 puts nothing (docs/model-weights.md)")
+    parser.add_argument("--one-call", metavar="S[,S...]",
+                        help="with --eval-only --eval N: instead of scoring edits, noise each held-out edit's "
+                        "true target to level S, call the transformer once per stage without guidance and score "
+                        "its clean estimate, with the untouched shapes that keep their colour and whether the edit "
+                        "lands on the shape the instruction names (docs/model-weights.md, \"Which shape?\")")
     args = parser.parse_args(argv)
     for name in ("steps", "vae_steps", "pool", "threads", "batch", "refine_batch", "warmup"):
         if getattr(args, name) < (0 if name in ("steps", "vae_steps", "refine_batch", "warmup") else 1):
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if not (0 <= args.edit_noise_min < 1):
+        parser.error(f"--edit-noise-min must be in [0, 1), got {args.edit_noise_min}")
     if not (0 < args.lr <= 1):
         parser.error(f"--lr must be in (0, 1], got {args.lr}")
     starts = [f"--{name.replace('_', '-')}" for name in ("init_from", "vae_from", "decoder_from")
@@ -848,13 +874,17 @@ def main(argv: list[str] | None = None) -> int:
     oracle_steps = _oracle_steps(parser, args.oracle) if args.oracle is not None else None
     if oracle_steps is not None and not (args.eval_only and args.eval):
         parser.error("--oracle needs --eval-only --eval N")
-    if args.grid is not None and (not args.eval or oracle_steps is not None):
-        parser.error("--grid draws what --eval N scores: give --eval N (and not --oracle)")
+    levels = _noise_levels(parser, args.one_call) if args.one_call is not None else None
+    if levels is not None and (not (args.eval_only and args.eval) or oracle_steps is not None):
+        parser.error("--one-call needs --eval-only --eval N (and not --oracle)")
+    if args.grid is not None and (not args.eval or oracle_steps is not None or levels is not None):
+        parser.error("--grid draws what --eval N scores: give --eval N (and not --oracle or --one-call)")
     if args.grid is not None and args.grid.suffix.lower() != ".png":
         parser.error(f"--grid writes a PNG: give a path ending in .png, got {args.grid}")
     settings = TrainSettings(steps=args.steps, vae_steps=args.vae_steps, seed=args.seed, pool=args.pool,
                              threads=args.threads, batch=args.batch, refine_batch=args.refine_batch, lr=args.lr,
-                             warmup=args.warmup, checkpoint_every=max(0, args.checkpoint_every),
+                             warmup=args.warmup, edit_noise_min=args.edit_noise_min,
+                             checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
     if args.eval_only:
         pass  # score (or --oracle) the weights already in OUT, below
@@ -871,11 +901,25 @@ def main(argv: list[str] | None = None) -> int:
                                   f"--calibrate-magcache {args.calibrate_magcache}")
     if oracle_steps is not None:
         oracle(args.out, args.eval, oracle_steps, log=lambda line: print(line, flush=True))
+    elif levels is not None:
+        from hidream_ui.model.tiny.probe import one_call
+
+        one_call(args.out, args.eval, levels, log=lambda line: print(line, flush=True))
     elif args.eval:
         summary = evaluate(args.out, args.eval, log=lambda line: print(line, flush=True), grid=args.grid)
         command = f"python -m hidream_ui train-tiny OUT --eval {args.eval} --eval-only"
         trained.record_held_out(args.out, summary, command)
     return 0
+
+
+def _noise_levels(parser, text: str) -> list[float]:
+    try:
+        levels = [float(part) for part in text.split(",")]
+    except ValueError:
+        parser.error(f"--one-call takes noise levels like 1,0.8,0.5; got {text!r}")
+    if not levels or any(not (0 < s <= 1) for s in levels):
+        parser.error(f"--one-call noise levels must be in (0, 1]; got {text!r}")
+    return levels
 
 
 def _oracle_steps(parser, text: str) -> list[int]:

@@ -236,7 +236,8 @@ def psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
 
 
-def _nearest(rgb: np.ndarray, palette: dict[str, tuple[int, int, int]]) -> str:
+def nearest(rgb: np.ndarray, palette: dict[str, tuple[int, int, int]]) -> str:
+    """The name of the palette colour nearest `rgb` (the metric's verdict on a region's mean colour)."""
     return min(palette, key=lambda k: float(np.sum((rgb - np.asarray(palette[k], np.float64)) ** 2)))
 
 
@@ -265,7 +266,7 @@ def score(case: Case, output) -> dict:
         for m in masks.values():
             any_shape |= m
         region = ~dilate(any_shape)
-        got = _nearest(out[region].astype(np.float64).mean(axis=0), BACKGROUNDS)
+        got = nearest(out[region].astype(np.float64).mean(axis=0), BACKGROUNDS)
         colour_ok = got == edit.value
         # The shape interiors (eroded, so anti-aliased rims that blend with the old background do not count).
         untouched = np.zeros((SIZE, SIZE), bool)
@@ -278,10 +279,10 @@ def score(case: Case, output) -> dict:
             inner = target
         mean = out[inner].astype(np.float64).mean(axis=0)
         if edit.kind == "recolour":
-            got = _nearest(mean, COLOURS)
+            got = nearest(mean, COLOURS)
             colour_ok = got == edit.value
         else:
-            got = _nearest(mean, {**COLOURS, **BACKGROUNDS})
+            got = nearest(mean, {**COLOURS, **BACKGROUNDS})
             colour_ok = got == scene.background
         untouched = ~dilate(target)
     p = psnr(out, src, untouched)

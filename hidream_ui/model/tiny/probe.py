@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from hidream_ui.model.tiny import world
+from hidream_ui.model.tiny import scoring, world
 
 STAGES = ("edit", "refine")
 
@@ -42,19 +42,18 @@ def kept_shapes(case: world.Case, out: np.ndarray) -> tuple[int, int]:
 
 def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str], None] = print) -> dict:
     """{stage: {s: summary}} for the weights in `weights` (an asset folder) on `cases` held-out edits. The
-    summary is train.summarize's (success, per kind, untouched PSNR median, colour_ok) plus `shapes_kept`."""
+    summary is scoring.summarize's (success, per kind, untouched PSNR median, colour_ok) plus `shapes_kept`."""
     import torch
 
-    from hidream_ui.model.tiny import train
     from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 
     held_out = world.held_out_cases(cases)
     results: dict = {stage: {} for stage in STAGES}
-    with train._eval_pipeline(weights) as pipeline, torch.no_grad():
+    with scoring.eval_pipeline(weights) as pipeline, torch.no_grad():
         vae = pipeline.vae
 
         def encode(images):
-            z = vae.encode(train._pixels(images, torch)).latent_dist.mode()
+            z = vae.encode(scoring.pixels(images, torch)).latent_dist.mode()
             return (z - vae.config.shift_factor) * vae.config.scaling_factor
 
         def decode(latents):
@@ -77,7 +76,7 @@ def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str]
                 images = decode(x_t - s * v)
                 scores = [world.score(c, img) for c, img in zip(held_out, images)]
                 counts = np.array([kept_shapes(c, img) for c, img in zip(held_out, images)]).sum(axis=0)
-                summary = train.summarize(scores)
+                summary = scoring.summarize(scores)
                 summary["shapes_kept"] = round(float(counts[0]) / max(1, int(counts[1])), 3)
                 results[stage][s] = summary
                 log(f"one call, {stage} stage, noise {s:g}: success {summary['success']}, colour_ok "

@@ -30,7 +30,6 @@ import shutil
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -40,8 +39,8 @@ import numpy as np
 from hidream_ui.model.layout import E11_DIR, I1_DIR, LLAMA_DIR
 from hidream_ui.model.tiny import trained, world
 from hidream_ui.model.tiny.profiles import PROFILES
+from hidream_ui.model.tiny.scoring import PROFILE, eval_pipeline, pixels, summarize
 
-PROFILE = "trained"
 FLOW_SHIFT = 3.0  # the scheduler's flow_shift (parts._scheduler_config)
 # Highest refine-stage noise level trained: at 4 steps with refine strength 0.3 the refine stage starts at 0.75.
 REFINE_MAX_SIGMA = 0.8
@@ -105,12 +104,6 @@ def world_prompts() -> list[str]:
     edits += [world.Edit("remove", s, "") for s in world.SHAPES]
     edits += [world.Edit("background", "background", b) for b in world.BACKGROUNDS]
     return [e.instruction for e in edits]
-
-
-def _pixels(images, torch):
-    """uint8 (N, 128, 128, 3) -> float (N, 3, 128, 128) in [-1, 1], as the pipeline's image processor makes."""
-    array = np.stack(images).astype(np.float32) / 127.5 - 1.0
-    return torch.from_numpy(array).permute(0, 3, 1, 2).contiguous()
 
 
 class _Seeds:
@@ -286,7 +279,7 @@ def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
         while len(images) < settings.vae_batch:
             case = world.make_case(seeds.next())
             images += [case.source, case.target]
-        x = _pixels(images[: settings.vae_batch], torch)
+        x = pixels(images[: settings.vae_batch], torch)
         z = vae.encode(x).latent_dist.mode()
         # Small latent noise: the decoder must also read the transformer's slightly-off latents.
         noisy = z + 0.05 * z.detach().std() * torch.randn(z.shape, generator=generator)
@@ -334,7 +327,7 @@ def _latent_stats(vae, seeds: _Seeds, torch) -> tuple[float, float]:
         case = world.make_case(seeds.next())
         images += [case.source, case.target]
     with torch.no_grad():
-        z = vae.encode(_pixels(images, torch)).latent_dist.mode()
+        z = vae.encode(pixels(images, torch)).latent_dist.mode()
     shift = float(z.mean())
     return shift, 1.0 / max(float(z.std()), 1e-6)
 
@@ -351,15 +344,15 @@ class _Pool:
         sources, targets = [], []
         for start in range(0, size, 32):  # encoded in chunks: one image at a time is slow, all at once is big
             chunk = cases[start:start + 32]
-            sources.append(encode(_pixels([c.source for c in chunk], torch)))
-            targets.append(encode(_pixels([c.target for c in chunk], torch)))
+            sources.append(encode(pixels([c.source for c in chunk], torch)))
+            targets.append(encode(pixels([c.target for c in chunk], torch)))
         self.source, self.target = torch.cat(sources), torch.cat(targets)
         self.prompt = torch.tensor([prompt_ids[c.instruction] for c in cases])
         self.rng = np.random.default_rng(seeds.next())
 
     def _case(self):
         case = world.make_case(self.seeds.next())
-        latents = self.encode(_pixels([case.source, case.target], self.torch))
+        latents = self.encode(pixels([case.source, case.target], self.torch))
         return latents[:1], latents[1:], self.prompt_ids[case.instruction]
 
     def refresh(self, count: int) -> None:
@@ -616,7 +609,7 @@ def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: flo
         while len(images) < batch:
             case = world.make_case(seeds.next())
             images += [case.source, case.target]
-        x = _pixels(images[:batch], torch)
+        x = pixels(images[:batch], torch)
         with torch.no_grad():
             z = vae.encode(x).latent_dist.mode()
         noisy = z + 0.05 * z.std() * torch.randn(z.shape, generator=generator)
@@ -647,7 +640,7 @@ def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, grid
     world's 128 x 128 (the model's `auto` working size), scored by world.score. With `grid`, the first
     GRID_ROWS cases are drawn there too (`write_grid`)."""
     shots: list | None = [] if grid is not None else None
-    with _eval_pipeline(weights) as pipeline:
+    with eval_pipeline(weights) as pipeline:
         summary = _score(pipeline, cases, log, call, shots=shots)
     if grid is not None:
         write_grid(shots, grid)
@@ -684,7 +677,7 @@ def oracle(weights: Path, cases: int, at_steps: list[int], log: Callable[[str], 
     still carry the replaced trajectory. One load for every k. Returns {k: summary}."""
     from diffusers import UniPCMultistepScheduler
 
-    with _eval_pipeline(weights) as pipeline:
+    with eval_pipeline(weights) as pipeline:
         pipeline.scheduler = UniPCMultistepScheduler.from_config(
             pipeline.scheduler.config, solver_order=1, disable_corrector=list(range(1000)))
         return {k: _score(pipeline, cases, lambda line, k=k: log(f"oracle after step {k}: {line}"), call, k)
@@ -707,33 +700,13 @@ def calibrate_magcache(weights: Path, cases: int, log: Callable[[str], None] = p
         return lambda: pipeline(Image.fromarray(case.source), case.instruction, num_inference_steps=steps,
                                 refine_strength=strength, generator=torch.Generator().manual_seed(case.seed))
 
-    with _eval_pipeline(weights) as pipeline:
+    with eval_pipeline(weights) as pipeline:
         started = time.perf_counter()
         ratios = mag_calibrate.calibrate(pipeline, (edit(world.make_case(seed)) for seed in range(cases)), steps,
                                          strength)
     log(f"MagCache calibration ({cases} edits, {time.perf_counter() - started:.0f} s): edit "
         f"{[round(v, 3) for v in ratios.edit]}, refine {[round(v, 3) for v in ratios.refine]}")
     return ratios.to_json()
-
-
-@contextmanager
-def _eval_pipeline(weights: Path):
-    """The editing pipeline of `weights` laid over a fresh build (a scratch folder, removed afterwards)."""
-    import torch
-
-    from hidream_ui.config import AppConfig
-    from hidream_ui.device.detect import resolve_device
-    from hidream_ui.model.loading import load_model
-    from hidream_ui.model.tiny.build import build_tiny
-
-    torch.set_num_threads(1)  # one edit at a time on a shared machine: more threads only wait for each other
-    scratch = Path(tempfile.mkdtemp(prefix="train-tiny-eval-"))
-    try:
-        root = build_tiny(scratch / "model", PROFILE, 0, trained_weights=False)
-        trained.overlay(root, Path(weights))
-        yield load_model(AppConfig(model_dir=root), resolve_device("cpu"), torch.float32).pipeline
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _score(pipeline, cases: int, log: Callable[[str], None], call: dict, oracle_step: int | None = None,
@@ -762,7 +735,7 @@ def _score(pipeline, cases: int, log: Callable[[str], None], call: dict, oracle_
 def _oracle_callback(pipeline, case, step: int, torch):
     vae = pipeline.vae
     with torch.no_grad():
-        x0 = vae.encode(_pixels([case.target], torch)).latent_dist.mode()
+        x0 = vae.encode(pixels([case.target], torch)).latent_dist.mode()
     x0 = (x0 - vae.config.shift_factor) * vae.config.scaling_factor
 
     def callback(pipe, i, t, tensors):
@@ -773,20 +746,6 @@ def _oracle_callback(pipeline, case, step: int, torch):
         return {"latents": (1 - s) * x0 + s * noise}
 
     return callback
-
-
-def summarize(scores: list[dict]) -> dict:
-    result: dict = {"cases": len(scores), "success": _rate(scores)}
-    for kind in world.EDIT_KINDS:
-        result[kind] = _rate([s for s in scores if s["kind"] == kind])
-    finite = [min(s["untouched_psnr_db"], 99.0) for s in scores]
-    result["untouched_psnr_median_db"] = round(float(np.median(finite)), 2) if finite else None
-    result["colour_ok"] = round(sum(s["colour_ok"] for s in scores) / max(1, len(scores)), 3)
-    return result
-
-
-def _rate(scores: list[dict]) -> float | None:
-    return round(sum(s["success"] for s in scores) / len(scores), 3) if scores else None
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -11,7 +11,8 @@ This takes the sampler, the guidance and the model's own trajectory out of the p
 nothing of the target, yet the source and the instruction fix it, so a model that had learned the edit would get
 it in one call. Besides the edit's verdicts it counts the **untouched shapes that keep their colour** (every shape
 the instruction does not name; for a background edit, every shape): at high noise their colour can come only
-from the source, through the copy heads (train.copy_heads).
+from the source, through the copy heads (train.copy_heads). And it asks whether the model knows which shape a
+word names (`_grounding`): the answer on every weight trained so far is no (docs/model-weights.md, "Which shape?").
 """
 
 from __future__ import annotations

@@ -328,8 +328,11 @@ def test_one_call_near_zero_noise_gives_the_target_back(capsys):
     from hidream_ui.model.tiny.probe import one_call
     from hidream_ui.model.tiny.train import main
 
-    results = one_call(ASSET, 4, [1.0, 0.6, 0.02], log=lambda line: None)
+    lines = []
+    results = one_call(ASSET, 4, [1.0, 0.6, 0.02], log=lines.append)
     assert results["edit"][0.6]["untouched_psnr_median_db"] > 20
+    assert set(results["latents"]) <= set(world.EDIT_KINDS) and results["latents"]["background"]["latents"] > 0.9
+    assert sum(line.startswith("the VAE, ") for line in lines) == len(results["latents"])
     for stage in ("edit", "refine"):
         near, far = results[stage][0.02], results[stage][1.0]
         assert near["success"] == 1.0 and near["shapes_kept"] == 1.0 and near["untouched_psnr_median_db"] > 28
@@ -376,6 +379,31 @@ class _Editor:
                  for k in text.t5[:, 0, 0]]
         x0 = torch.cat([self.latents(world.render(world.apply_edit(self.case.scene, e))) for e in edits])
         return torch.cat([(x_t - x0) / s, hidden[..., 16:]], dim=-1)
+
+
+def test_latent_locality_tells_a_local_encoder_from_one_that_sees_the_whole_image():
+    """probe.latent_locality: latents that are the image pooled over each cell change only where pixels do (no
+    `far` change); add a term every cell shares (what a mid-block attention or GroupNorm can do) and the same
+    edits change latents far from any changed pixel. A background edit changes the pixels of nearly every cell."""
+    import torch
+
+    from hidream_ui.model.tiny.probe import latent_locality
+
+    cases = world.held_out_cases(24)
+    source = torch.cat([_Editor.latents(c.source) for c in cases])
+    target = torch.cat([_Editor.latents(c.target) for c in cases])
+    local = latent_locality(cases, source, target)
+    assert set(local) == set(world.EDIT_KINDS) and sum(v["cases"] for v in local.values()) == 24
+    for kind, found in local.items():
+        assert found["far"] == 0 and 0 < found["latents"] <= found["pixels"], (kind, found)
+    assert local["background"]["pixels"] > 0.8 and local["remove"]["pixels"] < 0.3
+
+    def shared(latents):  # every cell also carries the image's mean, strongly enough that one shape moves it
+        return latents + 100 * latents.mean(dim=(2, 3), keepdim=True)
+
+    spread = latent_locality(cases, shared(source), shared(target))
+    for kind in ("recolour", "remove"):
+        assert spread[kind]["far"] > 0.5 and spread[kind]["pixels"] == local[kind]["pixels"], spread[kind]
 
 
 def test_grounding_counts_edits_that_land_on_the_shape_the_instruction_names():

@@ -13,6 +13,8 @@ it in one call. Besides the edit's verdicts it counts the **untouched shapes tha
 the instruction does not name; for a background edit, every shape): at high noise their colour can come only
 from the source, through the copy heads (train.copy_heads). And it asks whether the model knows which shape a
 word names (`_grounding`): the answer on every weight trained so far is no (docs/model-weights.md, "Which shape?").
+Once per run it also says how local the VAE's latents are (`latent_locality`): where the target's latents differ
+from the source's, against where its pixels do, which is what the edit stage has to predict.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ import numpy as np
 from hidream_ui.model.tiny import scoring, world
 
 STAGES = ("edit", "refine")
+# A latent pixel counts as changed when the mean over channels of |target - source| is above this. The latents are
+# the scaled ones the transformer sees (about unit variance), so 0.15 is a change the model has to make, not
+# rounding. The shares depend on it; docs/model-weights.md ("Which shape?") gives them at 0.05 and 0.3 too.
+LATENT_CHANGE = 0.15
 
 
 def kept_shapes(case: world.Case, out: np.ndarray) -> tuple[int, int]:
@@ -42,8 +48,9 @@ def kept_shapes(case: world.Case, out: np.ndarray) -> tuple[int, int]:
 
 
 def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str], None] = print) -> dict:
-    """{stage: {s: summary}} for the weights in `weights` (an asset folder) on `cases` held-out edits. The
-    summary is scoring.summarize's (success, per kind, untouched PSNR median, colour_ok) plus `shapes_kept`."""
+    """{stage: {s: summary}} for the weights in `weights` (an asset folder) on `cases` held-out edits, and
+    `latents`: latent_locality's figures. The summary is scoring.summarize's (success, per kind, untouched PSNR
+    median, colour_ok) plus `shapes_kept`."""
     import torch
 
     from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
@@ -65,6 +72,11 @@ def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str]
         target = encode([c.target for c in held_out])
         text = PromptEmbeds.cat([pipeline.encode_text(c.instruction) for c in held_out])
         width = source.shape[-1]
+        results["latents"] = latent_locality(held_out, source, target)
+        for kind, found in results["latents"].items():
+            log(f"the VAE, {kind} ({found['cases']} cases): the latents change on {found['latents']:.1%} of the "
+                f"latent pixels, the pixels on {found['pixels']:.1%}; the latents change more than one latent pixel "
+                f"away from every changed pixel on {found['far']:.1%}")
         for s in levels:
             # One noise draw per case and level, the same for both stages.
             noise = torch.cat([torch.randn(target[:1].shape, generator=torch.Generator().manual_seed(c.seed % 2**31))
@@ -89,6 +101,30 @@ def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str]
                 f"{found['grounded']:.0%} of {found['grounding_cases']} instructions (picking a shape at random: "
                 f"{found['grounding_chance']:.0%})")
     return results
+
+
+def latent_locality(held_out: list[world.Case], source, target, threshold: float = LATENT_CHANGE) -> dict:
+    """{edit kind: {cases, latents, pixels, far}}: the share of latent pixels whose latents change from `source`
+    to `target` (the held-out cases' encodings, (N, C, h, w)), the share whose cell of the image has a pixel that
+    changes, and the share whose latents change more than one latent pixel away from every such cell. The ring
+    of one is the encoder's reach at any edge; an edit the VAE keeps local has `far` near 0, so the model has to
+    change only what the instruction touches."""
+    rows, columns = source.shape[-2:]
+    changed = ((target - source).abs().mean(dim=1) > threshold).numpy()  # (N, h, w)
+    sums: dict[str, list[float]] = {}
+    for case, latents in zip(held_out, changed):
+        moved = (case.source != case.target).any(axis=-1)
+        pixels = moved.reshape(rows, world.SIZE // rows, columns, world.SIZE // columns).any(axis=(1, 3))
+        near = np.pad(pixels, 1)
+        near = np.max([near[1 + dy:1 + dy + rows, 1 + dx:1 + dx + columns]
+                       for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=0)  # dilated by one latent pixel
+        row = sums.setdefault(case.edit.kind, [0, 0.0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += float(latents.mean())
+        row[2] += float(pixels.mean())
+        row[3] += float((latents & ~near).mean())
+    return {kind: {"cases": n, "latents": round(a / n, 3), "pixels": round(b / n, 3), "far": round(c / n, 3)}
+            for kind, (n, a, b, c) in sorted(sums.items())}
 
 
 def _grounding(pipeline, held_out: list[world.Case], source, noise, s: float) -> dict:

@@ -347,6 +347,45 @@ def test_arriving_and_queued_files_are_never_pruned():
     assert set(storage.plan(entries, referenced=["/c/queued"], now=1000.0)) == {"/c/tmpabc", "/c/old"}
 
 
+def test_an_upload_charged_during_the_janitors_walk_keeps_counting():
+    """The walk that lists the cache begins before `plan` runs: an upload that completes in between is
+    missing from it, yet there. It stays charged (else its client drops out of its own count and passes
+    its quota: seen on a loaded machine); a file charged before the walk and missing from it is gone."""
+    import time
+
+    storage = _storage()
+    storage.record_upload("address:a", ["/c/before"])
+    walked_from = time.monotonic()
+    storage.record_upload("address:a", ["/c/during"])
+    assert storage.usage("address:a")[0] == 2
+    storage.plan([], now=1000.0, walked_from=walked_from)
+    assert storage.owners("/c/during") == {"address:a"} and storage.owners("/c/before") == set()
+    assert storage.usage("address:a")[0] == 1
+    storage.plan([], now=1000.0, walked_from=time.monotonic())  # the next round: gone for good
+    assert storage.usage("address:a") == (0, 0)
+
+
+def test_a_folder_removed_mid_walk_does_not_lose_the_round(tmp_path, monkeypatch):
+    """gradio_internals.cache_files: a hash folder deleted between listing its parent and entering it
+    (a refused upload, a prune on another thread) is skipped; the other files are still listed."""
+    import os
+
+    from hidream_ui.server.gradio_internals import cache_files
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x.png").write_bytes(b"x")
+    real = os.scandir
+
+    def vanishing(path="."):
+        if os.fspath(path).endswith(os.sep + "b"):
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", vanishing)
+    assert cache_files(tmp_path) == [tmp_path / "a" / "x.png"]
+
+
 def test_emptied_and_abandoned_folders_are_removed(tmp_path):
     from hidream_ui.server import gradio_internals
 

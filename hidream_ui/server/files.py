@@ -306,6 +306,7 @@ class ClientStorage:
         self._clock = clock
         self._lock = threading.Lock()
         self._owners: dict[str, set[str]] = {}  # path -> keys charged for it
+        self._charged: dict[str, float] = {}  # path -> time.monotonic() of its latest charge
         self._held: dict[str, dict[str, int]] = {}  # key -> {path: bytes}
         self._used: dict[str, float] = {}  # path -> last time a call named it
         self._receiving: dict[int, _Upload] = {}  # upload id -> the upload being received
@@ -451,6 +452,7 @@ class ClientStorage:
                     del self._held[key]  # a refused client's empty account must not outlive it
                 if not owners:
                     self._owners.pop(path, None)
+                    self._charged.pop(path, None)
                     alone.append(path)
                     files, size = files - 1, size - held
             self._total = (max(0, files), max(0, size))
@@ -507,9 +509,11 @@ class ClientStorage:
 
     # ------------------------------------------------------------------ pruning
     def plan(self, entries: list[CacheEntry], *, referenced: Iterable[str] = (), now: float | None = None,
-             max_files: int | None = None, max_age: float | None = None, max_bytes: int | None = None) -> list[str]:
+             max_files: int | None = None, max_age: float | None = None, max_bytes: int | None = None,
+             walked_from: float | None = None) -> list[str]:
         """The paths to delete from `entries` (the cache's files, examples excluded), oldest first.
-        `referenced`: paths queued or running events name. The caps default to the limits."""
+        `referenced`: paths queued or running events name. The caps default to the limits.
+        `walked_from`: time.monotonic() when the walk that listed `entries` began (None: before every charge)."""
         limits = self.limits
         now = self._clock() if now is None else now
         max_files = limits.cache_files if max_files is None else max_files
@@ -519,8 +523,12 @@ class ClientStorage:
         receiving = self.receiving
         present = {e.path for e in entries}
         with self._lock:
-            for path in [p for p in self._owners if p not in present]:
-                self._forget(path)  # gone by other hands (gradio's own age clean-up)
+            # Gone by other hands (gradio's own age clean-up). A file charged after the walk began is not
+            # in it, yet there: forgetting it would let a client uploading during the janitor's round drop
+            # out of its own count and pass its quota.
+            for path in [p for p in self._owners if p not in present
+                         and (walked_from is None or self._charged.get(p, 0.0) < walked_from)]:
+                self._forget(path)
             for path in [p for p in self._used if p not in present]:
                 del self._used[path]  # named by a call but not (or no longer) in the cache
             owners = {p: set(k) for p, k in self._owners.items()}
@@ -589,6 +597,7 @@ class ClientStorage:
                 self._forget(path)
 
     def _forget(self, path: str) -> None:
+        self._charged.pop(path, None)
         for key in self._owners.pop(path, ()):
             held = self._held.get(key)
             if held is not None:
@@ -605,6 +614,7 @@ class ClientStorage:
             size = 0
         self._owners.setdefault(path, set()).add(key)
         self._held.setdefault(key, {})[path] = size
+        self._charged[path] = time.monotonic()
 
 
 __all__ = ["UploadGate", "ServedResults", "CacheJanitor", "ClientStorage", "StorageLimits", "CacheEntry", "Refusal",

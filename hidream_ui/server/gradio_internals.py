@@ -307,12 +307,16 @@ def is_app_file(demo: Any, path: str) -> bool:
 def cache_files(folder: Path) -> list[Path]:
     """Every file in the cache folder (it is this process's alone), oldest first."""
     files = []
-    for path in Path(folder).rglob("*"):
-        try:
-            if path.is_file():
-                files.append((path.lstat().st_ctime, path))
-        except OSError:
-            continue
+    # os.walk, not Path.rglob: a hash folder removed mid-walk (an upload refused, a prune on another
+    # thread) is skipped, where rglob raises and the whole round is lost.
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root, name)
+            try:
+                if path.is_file():
+                    files.append((path.lstat().st_ctime, path))
+            except OSError:
+                continue
     return [path for _, path in sorted(files)]
 
 
@@ -343,13 +347,14 @@ def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now:
     """
     now = time.time() if now is None else now
     folder = Path(folder)
+    walked_from = time.monotonic()
     entries = _entries(app_cache_files(demo, folder), folder)
     if storage is None:  # count and age only: a throwaway policy with nobody charged
         big = max_bytes if max_bytes is not None else 1 << 62
         storage = ClientStorage(StorageLimits(client_bytes=big, client_files=max_files, cache_bytes=big,
                                               cache_files=max_files, max_age=max_age, grace=0.0))
     chosen = storage.plan(entries, referenced=referenced_paths(demo), now=now, max_files=max_files,
-                          max_age=max_age, max_bytes=max_bytes)
+                          max_age=max_age, max_bytes=max_bytes, walked_from=walked_from)
     removed: set[str] = set()
     for name in chosen:
         path = Path(name)

@@ -420,3 +420,136 @@ def test_grounding_counts_edits_that_land_on_the_shape_the_instruction_names():
     wrong = _grounding(_Editor(case, 1), [case], source, noise, 1.0)
     assert right == {"grounded": 1.0, "grounding_cases": 3, "grounding_chance": 0.333}
     assert wrong == {"grounded": 0.0, "grounding_cases": 3, "grounding_chance": 0.333}
+
+
+def test_word_encoders_make_the_shape_words_distinct_and_keep_every_tensor(tmp_path, one_thread, random_trained):
+    """words.apply rewrites only the four text encoders, key for key, and through the pipeline's own encoding
+    the instructions that differ in one word become far apart where the random encoders kept them close."""
+    import shutil
+
+    import torch
+
+    from hidream_ui.model.tiny import words
+    from hidream_ui.model.tiny.train import _prompt_embeddings, world_prompts
+
+    root = tmp_path / "model"
+    shutil.copytree(random_trained, root)
+    before = trained.part_tensors(root)
+    words.apply(root, seed=0)
+    after = trained.part_tensors(root)
+    assert before.keys() == after.keys()
+    assert all(before[k].shape == after[k].shape and before[k].dtype == after[k].dtype for k in before)
+    changed = {k.split("/")[0] for k in before if not torch.equal(before[k], after[k])}
+    assert changed == set(words.PARTS)
+
+    prompts = ["make the circle red", "make the square red", "remove the circle", "remove the square",
+               "make the circle green"]
+    assert set(prompts) <= set(world_prompts())
+
+    def cosines(root):
+        e = _prompt_embeddings(root, prompts)
+
+        def cos(a, b):
+            return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+
+        return {stream: [cos(x[i], x[j]) for i, j in ((0, 1), (2, 3), (0, 4))]
+                for stream, x in (("t5", e.t5), ("llama", e.llama.transpose(0, 1)), ("pooled", e.pooled))}
+
+    random, designed = cosines(random_trained), cosines(root)
+    # Shape words: the random Llama keeps "circle" and "square" instructions at a cosine near 1.
+    assert random["llama"][0] > 0.9
+    for stream, values in designed.items():
+        # Two content words each, one shared: a bag of orthonormal words gives 0.5; the end and pad tokens add
+        # a little common ground.
+        assert all(v < 0.65 for v in values), (stream, values)
+    # Deterministic for a seed; another seed gives other directions.
+    again = tmp_path / "again"
+    shutil.copytree(random_trained, again)
+    words.apply(again, seed=0)
+    assert all(torch.equal(after[k], v) for k, v in trained.part_tensors(again).items())
+    other = tmp_path / "other"
+    shutil.copytree(random_trained, other)
+    words.apply(other, seed=1)
+    assert not torch.equal(trained.part_tensors(other)["t5/shared.weight"], after["t5/shared.weight"])
+
+
+def test_word_directions_are_orthonormal_and_refuse_too_many_words():
+    import torch
+
+    from hidream_ui.model.tiny import words
+
+    directions = words.word_directions([f"w{i}" for i in range(words.WORD_DIMS)], seed=3)
+    basis = torch.stack(list(directions.values()))
+    assert torch.allclose(basis @ basis.T, torch.eye(words.WORD_DIMS), atol=1e-5)
+    with pytest.raises(ValueError, match="17 words"):
+        words.word_directions([f"w{i}" for i in range(words.WORD_DIMS + 1)], seed=3)
+
+
+def _case_with(shapes, edit):
+    scene = world.Scene("white", tuple(shapes), antialias=False)
+    return world.Case(0, scene, edit, world.render(scene), world.render(world.apply_edit(scene, edit)))
+
+
+def test_shape_tokens_mark_the_named_shape_among_the_shapes_and_asks_which_shape_picks_those_cases():
+    from hidream_ui.model.tiny.train import asks_which_shape, shape_tokens
+
+    circle = world.Shape("circle", "red", x=0, y=0, size=32)  # tokens (0, 0), (0, 1), (1, 0), (1, 1)
+    square = world.Shape("square", "blue", x=64, y=80, size=32)  # tokens (5, 4), (5, 5), (6, 4), (6, 5)
+    case = _case_with([circle, square], world.Edit("recolour", "square", "green"))
+    labels = shape_tokens(case, 8).reshape(2, 8, 8)
+    named, shapes = labels[0].astype(bool), labels[1].astype(bool)
+    assert set(zip(*named.nonzero())) == {(5, 4), (5, 5), (6, 4), (6, 5)}
+    assert set(zip(*shapes.nonzero())) == {(0, 0), (0, 1), (1, 0), (1, 1), (5, 4), (5, 5), (6, 4), (6, 5)}
+    assert asks_which_shape(case)
+    assert not asks_which_shape(_case_with([circle, square], world.Edit("background", "background", "black")))
+    assert not asks_which_shape(_case_with([square], world.Edit("remove", "square", "")))
+
+
+def test_the_grounding_head_reads_the_target_half_of_the_hooked_block_in_token_order():
+    import torch
+
+    from hidream_ui.model.tiny.train import _Grounding, make_transformer
+
+    spec = PROFILES["trained"]
+    model = make_transformer(spec, 0)
+    grounding = _Grounding(model, spec, 1, torch)
+    rows, cols = grounding.rows, grounding.cols
+    # Token t of the [target | source] input at (row t // (2 cols), column t % (2 cols)); two text tokens after.
+    hidden = torch.arange(rows * 2 * cols + 2, dtype=torch.float32).view(1, -1, 1).repeat(2, 1, 3)
+    picked = grounding.target_tokens(hidden)[0, :, 0].long().tolist()
+    assert picked == [r * 2 * cols + c for r in range(rows) for c in range(cols)]
+    # The hook keeps block 1's image tokens on a forward: exactly one logit per target token.
+    latents = torch.zeros(1, spec.latent_channels, spec.max_resolution[0], 2 * spec.max_resolution[1])
+    embeds = {"encoder_hidden_states_t5": torch.zeros(1, 4, 32),
+              "encoder_hidden_states_llama3": torch.zeros(len(spec.llama_layers), 1, 4, 32),
+              "pooled_embeds": torch.zeros(1, 32)}
+    with torch.no_grad():
+        model(hidden_states=latents, timesteps=torch.tensor([1000.0]), return_dict=False, **embeds)
+        assert grounding.logits().shape == (1, rows * cols)
+    # Balanced: the named tokens and the other shapes' count alike, whatever their numbers; unscored tokens not.
+    labels = torch.tensor([[[1, 0, 0, 0, 0], [1, 1, 1, 1, 0]]], dtype=torch.float32)
+    _, accuracy = grounding.loss(torch.tensor([[5.0, -5.0, -5.0, 5.0, 5.0]]), labels)
+    assert accuracy == pytest.approx(0.5 * (1 + 2 / 3))
+    with pytest.raises(ValueError, match="ground_block 9"):
+        _Grounding(model, spec, 9, torch)
+
+
+def test_train_tiny_with_word_encoders_and_grounding_runs_and_records_its_command(tmp_path, one_thread, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    _train(tmp_path / "a", "--vae-steps", "2")
+    _train(tmp_path / "w", "--init-from", str(tmp_path / "a"), "--word-encoders", "--ground-steps", "2",
+           "--ground-weight", "1", "--ground-flow", "0.5")
+    printed = capsys.readouterr().out
+    assert "grounding step 2/2 loss" in printed and "grounding balanced accuracy" in printed
+    start, tuned = (load_file(str(tmp_path / n / trained.WEIGHTS_FILE)) for n in "aw")
+    assert start.keys() == tuned.keys()
+    changed = {k.split("/")[0] for k in start if not torch.equal(start[k], tuned[k])}
+    assert changed == {"transformer", "clip_l", "clip_g", "t5", "llama"}  # the VAE is kept; no head is written
+    meta = json.loads((tmp_path / "w" / trained.META_FILE).read_text())
+    assert "--ground-steps 2 --ground-weight 1.0 --ground-flow 0.5 --word-encoders" in meta["command"]
+    # A fine-tune of it keeps its (designed) encoders as they are.
+    _train(tmp_path / "again", "--init-from", str(tmp_path / "w"), "--word-encoders")
+    again = load_file(str(tmp_path / "again" / trained.WEIGHTS_FILE))
+    assert all(torch.equal(tuned[k], again[k]) for k in tuned if not k.startswith(("transformer/", "vae/")))

@@ -37,7 +37,7 @@ from typing import Callable
 import numpy as np
 
 from hidream_ui.model.layout import E11_DIR, I1_DIR, LLAMA_DIR
-from hidream_ui.model.tiny import trained, world
+from hidream_ui.model.tiny import trained, words, world
 from hidream_ui.model.tiny.profiles import PROFILES
 from hidream_ui.model.tiny.scoring import PROFILE, eval_pipeline, pixels, summarize
 
@@ -65,6 +65,20 @@ class TrainSettings:
     # colours must come from the source and the instruction. (1500 steps of it did not teach the model which
     # shape a word names: docs/model-weights.md, "Which shape?".)
     edit_noise_min: float = 0.0
+    # Which shape? (docs/model-weights.md). `word_encoders`: the text encoders get the bag-of-words design of
+    # words.py (the world's words orthonormal) instead of random weights, and stay frozen. Grounding: a
+    # training-only linear head on the target's image tokens after block `ground_block` learns which shape
+    # tokens the instruction names (a class-balanced cross-entropy over the shape tokens of recolours and
+    # removes in scenes of two or three shapes, input all noise): `ground_steps` steps of it alone before the
+    # flow-matching steps, then `ground_weight` x it beside the flow loss on `ground_batch` more cases a step;
+    # `ground_flow` x the flow loss of those cases too (what the edit must get right once it knows the shape).
+    # The flow loss alone never taught it: with the loss beside it from the start the head stayed at chance.
+    word_encoders: bool = False
+    ground_steps: int = 0
+    ground_weight: float = 0.0
+    ground_block: int = 1
+    ground_batch: int = 8
+    ground_flow: float = 0.0
     # Content drift (see _train_transformer): on this share of the fully conditioned edit samples, the noisy
     # input's content is pulled towards another case's by `drift` x noise level, the target staying this case's.
     drift_share: float = 0.5
@@ -90,7 +104,8 @@ class TrainReport:
 
 # TrainSettings fields with a train-tiny flag of their own (--refine-batch ...): the recorded command names
 # those that differ from the defaults.
-CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup", "edit_noise_min")
+CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup", "edit_noise_min", "ground_steps", "ground_weight",
+             "ground_flow")
 
 
 def _sigma(u):
@@ -137,6 +152,9 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
             # The text encoders are random weights that depend on the build's seed: a fine-tune must keep the
             # ones its transformer learned to read (the prompt embeddings below and the written asset).
             trained.overlay(base, Path(init_from))
+        if settings.word_encoders:
+            words.apply(base, words.DIRECTION_SEED)
+            log("train-tiny: text encoders set to distinct words (words.py)")
         prompts = world_prompts()
         negative = _negative_prompt()
         embeds = _prompt_embeddings(base, [*prompts, negative])
@@ -191,6 +209,8 @@ def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, 
     defaults = TrainSettings()
     knobs = "".join(f" --{name.replace('_', '-')} {getattr(settings, name)}" for name in CLI_KNOBS
                     if getattr(settings, name) != getattr(defaults, name))
+    if settings.word_encoders:
+        knobs += " --word-encoders"
     command = (f"python -m hidream_ui train-tiny OUT --steps {settings.steps} {start}{knobs} --seed {settings.seed} "
                f"--threads {settings.threads}")
 
@@ -336,11 +356,13 @@ def _latent_stats(vae, seeds: _Seeds, torch) -> tuple[float, float]:
 
 
 class _Pool:
-    """Latent pairs (source, target) and prompt ids of training cases; a few replaced by fresh cases each step."""
+    """Latent pairs (source, target) and prompt ids of training cases; a few replaced by fresh cases each step.
+    With `tokens` (tokens per image side): only cases that ask which shape (`asks_which_shape`), each with its
+    target tokens' labels (`shape_tokens`), which `sample` returns fourth."""
 
-    def __init__(self, size: int, encode, seeds: _Seeds, prompt_ids: dict[str, int], torch):
-        self.encode, self.seeds, self.prompt_ids, self.torch = encode, seeds, prompt_ids, torch
-        cases = [world.make_case(seeds.next()) for _ in range(size)]
+    def __init__(self, size: int, encode, seeds: _Seeds, prompt_ids: dict[str, int], torch, tokens: int = 0):
+        self.encode, self.seeds, self.prompt_ids, self.torch, self.tokens = encode, seeds, prompt_ids, torch, tokens
+        cases = [self._draw() for _ in range(size)]
         sources, targets = [], []
         for start in range(0, size, 32):  # encoded in chunks: one image at a time is slow, all at once is big
             chunk = cases[start:start + 32]
@@ -348,21 +370,104 @@ class _Pool:
             targets.append(encode(pixels([c.target for c in chunk], torch)))
         self.source, self.target = torch.cat(sources), torch.cat(targets)
         self.prompt = torch.tensor([prompt_ids[c.instruction] for c in cases])
+        if tokens:
+            self.labels = torch.stack([self._labels(c) for c in cases])
         self.rng = np.random.default_rng(seeds.next())
 
-    def _case(self):
-        case = world.make_case(self.seeds.next())
-        latents = self.encode(pixels([case.source, case.target], self.torch))
-        return latents[:1], latents[1:], self.prompt_ids[case.instruction]
+    def _draw(self) -> world.Case:
+        while True:
+            case = world.make_case(self.seeds.next())
+            if not self.tokens or asks_which_shape(case):
+                return case
+
+    def _labels(self, case: world.Case):
+        return self.torch.from_numpy(shape_tokens(case, self.tokens))
 
     def refresh(self, count: int) -> None:
         for slot in self.rng.integers(0, len(self.prompt), size=count):
-            source, target, prompt = self._case()
-            self.source[slot], self.target[slot], self.prompt[slot] = source[0], target[0], prompt
+            case = self._draw()
+            latents = self.encode(pixels([case.source, case.target], self.torch))
+            self.source[slot], self.target[slot] = latents[0], latents[1]
+            self.prompt[slot] = self.prompt_ids[case.instruction]
+            if self.tokens:
+                self.labels[slot] = self._labels(case)
 
     def sample(self, count: int):
         index = self.torch.from_numpy(self.rng.integers(0, len(self.prompt), size=count))
-        return self.source[index], self.target[index], self.prompt[index]
+        picked = (self.source[index], self.target[index], self.prompt[index])
+        return (*picked, self.labels[index]) if self.tokens else picked
+
+
+# A token counts as a shape's when the shape covers at least this share of its pixels (docs/model-weights.md).
+SHAPE_TOKEN_COVER = 0.3
+
+
+def asks_which_shape(case: world.Case) -> bool:
+    """Whether the case's edit must pick one shape among others: a recolour or remove with two or three shapes."""
+    return case.edit.kind != "background" and len(case.scene.shapes) > 1
+
+
+def shape_tokens(case: world.Case, tokens: int) -> np.ndarray:
+    """float32 (2, tokens * tokens), row-major like the transformer's image tokens: [0] 1 on the tokens of the
+    shape the instruction names, [1] 1 on the tokens of any shape (the ones the grounding loss scores)."""
+    cell = world.SIZE // tokens
+    named = np.zeros((tokens, tokens), bool)
+    shapes = np.zeros((tokens, tokens), bool)
+    for shape in case.scene.shapes:
+        cover = world.shape_mask(shape).reshape(tokens, cell, tokens, cell).mean(axis=(1, 3)) >= SHAPE_TOKEN_COVER
+        shapes |= cover
+        if shape.kind == case.edit.target:
+            named |= cover
+    return np.stack([named.reshape(-1), shapes.reshape(-1)]).astype(np.float32)
+
+
+class _Grounding:
+    """The training-only grounding head (TrainSettings.ground_*): one linear layer, after a layer norm, on the
+    target half's image tokens of one block, which it reads through a forward hook. Not part of the weights."""
+
+    # Noise levels of the cases scored beside the flow loss: where the input shows almost nothing of the answer.
+    MIN_SIGMA = 0.9
+
+    def __init__(self, model, spec, block: int, torch):
+        self.torch = torch
+        self.head = torch.nn.Linear(spec.inner_dim, 1)
+        self.rows = spec.max_resolution[0] // spec.patch_size
+        self.cols = spec.max_resolution[1] // spec.patch_size
+        kept = self.kept = {}
+        blocks = [*model.double_stream_blocks, *model.single_stream_blocks]
+        if not 0 <= block < len(blocks):
+            raise ValueError(f"ground_block {block} is not a block of this transformer (0..{len(blocks) - 1})")
+
+        def keep(module, inputs, output):  # a closure, not a method: copy.deepcopy(model) must not copy the head
+            kept["hidden"] = output[0] if isinstance(output, tuple) else output
+
+        blocks[block].register_forward_hook(keep)
+
+    def target_tokens(self, hidden):
+        """(B, rows * cols, D) of a block's output: the image tokens come first, row-major over the
+        [target | source] input, the first `cols` of each row being the target's."""
+        b = hidden.shape[0]
+        hidden = hidden[:, :self.rows * 2 * self.cols].reshape(b, self.rows, 2 * self.cols, -1)[:, :, :self.cols]
+        return hidden.reshape(b, self.rows * self.cols, -1)
+
+    def logits(self):
+        """The head's logits of the last forward's target tokens, (B, rows * cols)."""
+        hidden = self.target_tokens(self.kept.pop("hidden"))
+        return self.head(self.torch.nn.functional.layer_norm(hidden, hidden.shape[-1:]))[..., 0]
+
+    def loss(self, logits, labels):
+        """Class-balanced cross-entropy over each image's shape tokens, and its balanced accuracy."""
+        torch = self.torch
+        named, scored = labels[:, 0], labels[:, 1]
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, named, reduction="none")
+        positives = (named * scored).sum(1).clamp(min=1)
+        negatives = ((1 - named) * scored).sum(1).clamp(min=1)
+        loss = 0.5 * ((bce * named * scored).sum(1) / positives + (bce * (1 - named) * scored).sum(1) / negatives)
+        with torch.no_grad():
+            hit = (logits > 0).float()
+            accuracy = 0.5 * ((hit * named * scored).sum(1) / positives
+                              + ((1 - hit) * (1 - named) * scored).sum(1) / negatives)
+        return loss.mean(), float(accuracy.mean())
 
 
 def make_transformer(spec, seed: int):
@@ -464,14 +569,17 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
     if init is not None:
         model.load_state_dict(init)
     training_mode(model)
-    ema = copy.deepcopy(model).requires_grad_(False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.99))
     generator = torch.Generator().manual_seed(settings.seed + 3)
-    t0 = time.perf_counter()
-    pool = _Pool(settings.pool, encode, seeds, {p: i for i, p in enumerate(prompts)}, torch)
-    log(f"train-tiny: {settings.pool} training cases encoded in {time.perf_counter() - t0:.0f} s")
     negative = n_prompts  # index of the negative prompt in `embeds`
     width = spec.max_resolution[1]  # latent width of one image
+    prompt_ids = {p: i for i, p in enumerate(prompts)}
+    grounding = ground_pool = None
+    if settings.ground_steps or settings.ground_weight or settings.ground_flow:
+        grounding = _Grounding(model, spec, settings.ground_block, torch)
+        t0 = time.perf_counter()
+        ground_pool = _Pool(settings.pool, encode, seeds, prompt_ids, torch, tokens=grounding.cols)
+        log(f"train-tiny: {settings.pool} grounding cases encoded in {time.perf_counter() - t0:.0f} s")
+    parameters = [*model.parameters(), *(grounding.head.parameters() if grounding else ())]
 
     def forward(hidden, sigma, prompt_ids):
         return model(hidden_states=hidden, timesteps=sigma * 1000, encoder_hidden_states_t5=embeds.t5[prompt_ids],
@@ -481,7 +589,42 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
     def rand(n):
         return torch.rand(n, generator=generator)
 
+    def ground_loss(count: int, min_sigma: float):
+        """(grounding loss, its balanced accuracy, flow loss) on `count` cases drawn from its pool, the input
+        noised to a level in [min_sigma, 1]."""
+        source, target, prompt, labels = ground_pool.sample(count)
+        s = (min_sigma + (1 - min_sigma) * rand(count)).view(-1, 1, 1, 1)
+        noise = torch.randn(target.shape, generator=generator)
+        x_t = (1 - s) * target + s * noise
+        out = forward(torch.cat([x_t, source], dim=-1), s.view(-1), prompt)[..., :width]
+        return (*grounding.loss(grounding.logits(), labels), torch.nn.functional.mse_loss(out, target - noise))
+
+    if settings.ground_steps:
+        # The head alone first (a constant rate, all noise): with the flow loss beside it from the first step,
+        # it stayed at chance (docs/model-weights.md).
+        optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.99))
+        started, accuracies = time.perf_counter(), []
+        for step in range(settings.ground_steps):
+            ground_pool.refresh(settings.fresh)
+            loss, accuracy, _ = ground_loss(settings.batch, 1.0)
+            accuracies.append(accuracy)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            if step % settings.log_every == 0 or step == settings.ground_steps - 1:
+                elapsed = time.perf_counter() - started
+                log(f"grounding step {step + 1}/{settings.ground_steps} loss {float(loss.detach()):.4f} balanced "
+                    f"accuracy {np.mean(accuracies[-settings.log_every:]):.3f} ({elapsed:.0f} s)")
+
+    ema = copy.deepcopy(model).requires_grad_(False)
+    optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    t0 = time.perf_counter()
+    pool = _Pool(settings.pool, encode, seeds, prompt_ids, torch)
+    log(f"train-tiny: {settings.pool} training cases encoded in {time.perf_counter() - t0:.0f} s")
+
     started = time.perf_counter()
+    accuracies = []
     running = None
     loss_value = float("nan")
     for step in range(settings.steps):
@@ -519,19 +662,27 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
             out = forward((1 - s) * target + s * noise, sigma, prompt)
             share = settings.refine_batch / (settings.batch + settings.refine_batch)
             loss = (1 - share) * loss + share * torch.nn.functional.mse_loss(out, target - noise)
+        flow_value = float(loss.detach())
+        if settings.ground_weight or settings.ground_flow:
+            ground_pool.refresh(1)
+            ground, accuracy, ground_flow = ground_loss(settings.ground_batch, _Grounding.MIN_SIGMA)
+            accuracies.append(accuracy)
+            loss = loss + settings.ground_weight * ground + settings.ground_flow * ground_flow
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         decay = min(settings.ema, (1 + step) / (10 + step))
         with torch.no_grad():
             for e, p in zip(ema.parameters(), model.parameters()):
                 e.lerp_(p, 1 - decay)
-        loss_value = float(loss.detach())
+        loss_value = flow_value  # the flow-matching loss (the grounding loss is logged beside it)
         running = loss_value if running is None else 0.98 * running + 0.02 * loss_value
         if step % settings.log_every == 0 or step == settings.steps - 1:
             elapsed = time.perf_counter() - started
-            log(f"step {step + 1}/{settings.steps} loss {loss_value:.4f} (avg {running:.4f}) "
+            grounded = (f" grounding balanced accuracy {np.mean(accuracies[-settings.log_every:]):.3f}"
+                        if accuracies else "")
+            log(f"step {step + 1}/{settings.steps} loss {loss_value:.4f} (avg {running:.4f}){grounded} "
                 f"lr {optimizer.param_groups[0]['lr']:.2e} ({elapsed:.0f} s, {elapsed / (step + 1):.2f} s/step)")
         if settings.checkpoint_every and (step + 1) % settings.checkpoint_every == 0 and step + 1 < settings.steps:
             save(ema, running, step + 1)
@@ -785,6 +936,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edit-noise-min", type=float, default=defaults.edit_noise_min, metavar="S",
                         help="draw every edit-stage noise level in [S, 1] (default 0: the whole range; e.g. 0.8 "
                         "trains where only the copy heads can bring the source's colours)")
+    parser.add_argument("--word-encoders", action="store_true",
+                        help="set the text encoders to the bag-of-words design of words.py (the world's words "
+                        "distinct; frozen) instead of the build's random or DIR's (--init-from) encoders")
+    parser.add_argument("--ground-steps", type=int, default=defaults.ground_steps, metavar="N",
+                        help="first train a training-only head to find the named shape's tokens for N steps "
+                        "(default 0: none; docs/model-weights.md, \"Which shape?\")")
+    parser.add_argument("--ground-weight", type=float, default=defaults.ground_weight, metavar="W",
+                        help="keep that head's loss beside the flow loss with weight W (default 0: not kept)")
+    parser.add_argument("--ground-flow", type=float, default=defaults.ground_flow, metavar="W",
+                        help="add the flow loss of those cases (recolours and removes among several shapes, noise "
+                        "0.9-1) with weight W (default 0: not added)")
     parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="then score N held-out cases through the loader and pipeline and record the figures "
@@ -843,6 +1005,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = TrainSettings(steps=args.steps, vae_steps=args.vae_steps, seed=args.seed, pool=args.pool,
                              threads=args.threads, batch=args.batch, refine_batch=args.refine_batch, lr=args.lr,
                              warmup=args.warmup, edit_noise_min=args.edit_noise_min,
+                             word_encoders=args.word_encoders, ground_steps=max(0, args.ground_steps),
+                             ground_weight=max(0.0, args.ground_weight), ground_flow=max(0.0, args.ground_flow),
                              checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
     if args.eval_only:

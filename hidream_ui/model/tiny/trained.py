@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from hidream_ui.model.layout import E1_FULL_DIR, E1_FULL_FILE, E11_DIR, I1_DIR, LLAMA_DIR
 from hidream_ui.model.tiny.files import _default_file_mode, _write_json
@@ -109,17 +109,7 @@ def overlay(root: Path, folder: Path) -> None:
 
     tensors = load_file(str(folder / WEIGHTS_FILE))
     meta = read_meta(folder)
-    for relative, part in PART_FOLDERS.items():
-        target = root / relative
-        if not target.is_dir():
-            continue
-        mode = _default_file_mode(target)
-        for path in sorted(target.glob("*.safetensors")):
-            stored = load_file(str(path))
-            prefix = "model.diffusion_model." if path.name.endswith("comfyui_bf16.safetensors") else ""
-            new = {key: _take(tensors, part, key[len(prefix):], value, path) for key, value in stored.items()}
-            save_file(new, str(path), metadata={"format": "pt"})
-            os.chmod(path, mode)
+    replace_parts(root, tensors)
     lora = root / E1_FULL_DIR / E1_FULL_FILE
     if lora.is_file():
         stored = load_file(str(lora))
@@ -137,6 +127,25 @@ def overlay(root: Path, folder: Path) -> None:
 
         ratios = mag_ratios.MagRatios.from_json(meta[MAG_RATIOS_KEY], f"{folder / META_FILE} {MAG_RATIOS_KEY}")
         mag_ratios.write(root / E11_DIR / "transformer", ratios)
+
+
+def replace_parts(root: Path, tensors: Mapping[str, "torch.Tensor"], parts: Iterable[str] | None = None) -> None:
+    """Rewrite the weight files of `parts` (default: every part) in the tiny build at ``root`` with `tensors`,
+    keyed as in weights.safetensors (every key of those files is needed: a missing one is an error naming it)."""
+    from safetensors.torch import load_file, save_file
+
+    wanted = None if parts is None else set(parts)
+    for relative, part in PART_FOLDERS.items():
+        target = root / relative
+        if not target.is_dir() or (wanted is not None and part not in wanted):
+            continue
+        mode = _default_file_mode(target)
+        for path in sorted(target.glob("*.safetensors")):
+            stored = load_file(str(path))
+            prefix = "model.diffusion_model." if path.name.endswith("comfyui_bf16.safetensors") else ""
+            new = {key: _take(tensors, part, key[len(prefix):], value, path) for key, value in stored.items()}
+            save_file(new, str(path), metadata={"format": "pt"})
+            os.chmod(path, mode)
 
 
 def _take(tensors: Mapping[str, "torch.Tensor"], part: str, key: str, like: "torch.Tensor", path: Path):

@@ -435,7 +435,7 @@ def test_word_encoders_make_the_shape_words_distinct_and_keep_every_tensor(tmp_p
     root = tmp_path / "model"
     shutil.copytree(random_trained, root)
     before = trained.part_tensors(root)
-    words.apply(root, seed=0)
+    words.apply(root, seed=0, prompts=world_prompts())
     after = trained.part_tensors(root)
     assert before.keys() == after.keys()
     assert all(before[k].shape == after[k].shape and before[k].dtype == after[k].dtype for k in before)
@@ -465,11 +465,11 @@ def test_word_encoders_make_the_shape_words_distinct_and_keep_every_tensor(tmp_p
     # Deterministic for a seed; another seed gives other directions.
     again = tmp_path / "again"
     shutil.copytree(random_trained, again)
-    words.apply(again, seed=0)
+    words.apply(again, seed=0, prompts=world_prompts())
     assert all(torch.equal(after[k], v) for k, v in trained.part_tensors(again).items())
     other = tmp_path / "other"
     shutil.copytree(random_trained, other)
-    words.apply(other, seed=1)
+    words.apply(other, seed=1, prompts=world_prompts())
     assert not torch.equal(trained.part_tensors(other)["t5/shared.weight"], after["t5/shared.weight"])
 
 

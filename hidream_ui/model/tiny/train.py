@@ -153,7 +153,7 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
             # ones its transformer learned to read (the prompt embeddings below and the written asset).
             trained.overlay(base, Path(init_from))
         if settings.word_encoders:
-            words.apply(base, words.DIRECTION_SEED)
+            words.apply(base, words.DIRECTION_SEED, world_prompts())
             log("train-tiny: text encoders set to distinct words (words.py)")
         prompts = world_prompts()
         negative = _negative_prompt()

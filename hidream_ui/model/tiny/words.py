@@ -47,14 +47,13 @@ _LAYER_KEYS = {"clip_l": r"text_model\.encoder\.layers\.(\d+)\.", "clip_g": r"te
                "t5": r"encoder\.block\.(\d+)\.", "llama": r"model\.layers\.(\d+)\."}
 
 
-def apply(root: Path, seed: int) -> None:
-    """Rewrite the text encoders of the tiny build at `root` with the design above (its tokenizers give the
-    world words' token ids; `seed` picks the words' directions)."""
+def apply(root: Path, seed: int, prompts: Iterable[str]) -> None:
+    """Rewrite the text encoders of the tiny build at `root` with the design above: `prompts` (every instruction
+    of the world) through its tokenizers give the world words' token ids; `seed` picks the words' directions."""
     from transformers import AutoTokenizer, CLIPTokenizer
 
     from hidream_ui.model.layout import I1_DIR, LLAMA_DIR
     from hidream_ui.model.tiny import trained, world
-    from hidream_ui.model.tiny.train import world_prompts
 
     tokenizers = {
         "clip_l": CLIPTokenizer.from_pretrained(root / I1_DIR / "tokenizer", local_files_only=True),
@@ -62,7 +61,7 @@ def apply(root: Path, seed: int) -> None:
         "t5": AutoTokenizer.from_pretrained(root / I1_DIR / "tokenizer_3", local_files_only=True),
         "llama": AutoTokenizer.from_pretrained(root / LLAMA_DIR, local_files_only=True),
     }
-    prompts = world_prompts()
+    prompts = list(prompts)
     token_ids = {part: word_token_ids(tokenizer, prompts) for part, tokenizer in tokenizers.items()}
     directions = word_directions([w for w in world.WORDS if w not in FILLERS], seed)
     tensors = {k: v for k, v in trained.part_tensors(root).items() if k.split("/")[0] in PARTS}

@@ -210,18 +210,21 @@ def test_two_edits_in_a_row_get_different_seeds(app, page):
 def test_a_batch_bar_passes_0_percent_before_the_first_item_ends(app, page, tmp_path):
     from PIL import Image
 
-    path = tmp_path / "one.png"
-    Image.new("RGB", (96, 64), (200, 40, 40)).save(path)
+    # Two items of different shapes (never one shared transformer call): while the second runs, Stop
+    # still lands on a loaded machine where one 120-step item can end before the click does.
+    paths = [tmp_path / "wide.png", tmp_path / "tall.png"]
+    Image.new("RGB", (96, 64), (200, 40, 40)).save(paths[0])
+    Image.new("RGB", (64, 96), (40, 40, 200)).save(paths[1])
     open_app(page, app["url"])
     page.get_by_role("tab", name="Batch").click()
-    page.locator("#hui-batch-files input[type=file]").set_input_files([str(path)])
+    page.locator("#hui-batch-files input[type=file]").set_input_files([str(p) for p in paths])
     page.locator("#hui-batch-instructions textarea").fill("make it brighter")
     page.get_by_text("Settings (shared by every item)").click()
     set_number(page, page.get_by_label("number input for Steps").locator("visible=true"), 120)
     page.locator("#hui-batch-run").click()
     bar = page.locator("#hui-batch-gallery .progress-level-inner")  # the bar's text
-    # "0/1 items · edit step 7/120 - 5.8%": the first item has not ended, the bar has moved.
-    sync_api.expect(bar).to_contain_text(re.compile(r"0/1 items .* (0\.[1-9]|[1-9]\d*(\.\d)?)%"), timeout=120_000)
+    # "0/2 items · edit step 7/120 - 2.9%": the first item has not ended, the bar has moved.
+    sync_api.expect(bar).to_contain_text(re.compile(r"0/2 items .* (0\.[1-9]|[1-9]\d*(\.\d)?)%"), timeout=120_000)
     assert page.locator("#hui-batch-gallery img").count() == 0
     page.locator("#hui-batch-stop").click()
     sync_api.expect(page.locator("#hui-batch-report")).to_contain_text("Stopped", timeout=60_000)

@@ -128,6 +128,8 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     tuned_meta = json.loads((tmp_path / "f" / trained.META_FILE).read_text())
     assert f"--init-from {tmp_path / 'e'} --refine-batch 3 " in tuned_meta["command"]
     assert tuned_meta["settings"]["refine_batch"] == 3
+    # ... and how the weights it started from were made, since the folder it names may be gone.
+    assert tuned_meta["init_from"] == {"command": reused_meta["command"], "train_seconds": reused_meta["train_seconds"]}
 
     # The written weights lay over the profile's build and load with the app's loader.
     root = build_tiny(tmp_path / "model", "trained", 0, trained_weights=False)
@@ -552,4 +554,9 @@ def test_train_tiny_with_word_encoders_and_grounding_runs_and_records_its_comman
     # A fine-tune of it keeps its (designed) encoders as they are.
     _train(tmp_path / "again", "--init-from", str(tmp_path / "w"), "--word-encoders")
     again = load_file(str(tmp_path / "again" / trained.WEIGHTS_FILE))
+    # Its record goes back to the first run, through each fine-tune.
+    lineage = json.loads((tmp_path / "again" / trained.META_FILE).read_text())["init_from"]
+    first = json.loads((tmp_path / "a" / trained.META_FILE).read_text())
+    assert lineage["command"] == meta["command"] and lineage["init_from"]["command"] == first["command"]
+    assert "init_from" not in lineage["init_from"]
     assert all(torch.equal(tuned[k], again[k]) for k in tuned if not k.startswith(("transformer/", "vae/")))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
 import shutil
 import sys
@@ -214,7 +215,7 @@ def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, 
     command = (f"python -m hidream_ui train-tiny OUT --steps {settings.steps} {start}{knobs} --seed {settings.seed} "
                f"--threads {settings.threads}")
 
-    return {
+    meta = {
         "profile": PROFILE,
         "vae": {"scaling_factor": round(scale, 6), "shift_factor": round(shift, 6)},
         "command": command,
@@ -225,6 +226,16 @@ def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, 
         "train_seconds": round(seconds, 1),
         "versions": {"torch": torch.__version__, **_versions()},
     }
+    if init_from is not None:
+        meta["init_from"] = _lineage(Path(init_from))
+    return meta
+
+
+def _lineage(weights: Path) -> dict:
+    """How the weights a fine-tune starts from were made (their command and time, and theirs in turn): the
+    fine-tune's own command names only a folder, which may be gone by the time someone wants to redo it."""
+    meta = json.loads((weights / trained.META_FILE).read_text())
+    return {key: meta[key] for key in ("command", "train_seconds", "init_from", "decoder_finetune") if key in meta}
 
 
 def torch_threads(count: int) -> None:

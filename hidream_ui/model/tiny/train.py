@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 import shutil
 import sys
@@ -234,7 +233,7 @@ def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, 
 def _lineage(weights: Path) -> dict:
     """How the weights a fine-tune starts from were made (their command and time, and theirs in turn): the
     fine-tune's own command names only a folder, which may be gone by the time someone wants to redo it."""
-    meta = json.loads((weights / trained.META_FILE).read_text())
+    meta = trained.read_meta(weights)
     return {key: meta[key] for key in ("command", "train_seconds", "init_from", "decoder_finetune") if key in meta}
 
 

@@ -116,6 +116,9 @@ def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsy
         train.main([str(tmp_path), "--edit-noise-min", "1"])
     assert "--edit-noise-min must be in [0, 1), got 1.0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--background-share", "1.5"])
+    assert "--background-share must be in [0, 1], got 1.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         train.main([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"])
     assert "no trained weights in" in capsys.readouterr().err
 
@@ -141,3 +144,34 @@ def test_edit_noise_min_squeezes_the_edit_noise_levels_and_is_recorded():
     assert "--edit-noise-min" not in train._meta(plain, 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
     meta = train._meta(raised, 0.0, 1.0, 0.0, 0.0, 0.0, 0)
     assert " --edit-noise-min 0.8 " in meta["command"] and meta["settings"]["edit_noise_min"] == 0.8
+
+
+def test_background_share_sets_the_share_of_background_edits_in_the_pool_and_is_recorded():
+    """--background-share P: that share of the pool's cases are background edits; without it the pool draws the
+    world's mix from the very same seeds as before (the shipped weights' command still reproduces them)."""
+    import torch
+
+    from hidream_ui.model.tiny import train, world
+
+    prompt_ids = {p: i for i, p in enumerate(train.world_prompts())}
+    background_ids = {i for p, i in prompt_ids.items() if p.startswith("make the background")}
+
+    def pool(share, size=240):
+        return train._Pool(size, lambda images: images[:, :1, ::32, ::32], train._Seeds(0), prompt_ids, torch,
+                           background_share=share)
+
+    def share_of(p):
+        return sum(int(i) in background_ids for i in p.prompt) / len(p.prompt)
+
+    plain = pool(None)
+    seeds = train._Seeds(0)
+    assert plain.prompt.tolist() == [prompt_ids[world.make_case(seeds.next()).instruction] for _ in range(240)]
+    assert 0.2 < share_of(plain) < 0.45
+    assert share_of(pool(1.0)) == 1.0 and share_of(pool(0.0)) == 0.0
+    assert 0.5 < share_of(pool(0.6)) < 0.7
+    weighted = pool(1.0, size=8)
+    weighted.refresh(8)  # fresh cases keep the share
+    assert share_of(weighted) == 1.0
+    meta = train._meta(train.TrainSettings(background_share=0.6), 0.0, 1.0, 0.0, 0.0, 0.0, 0)
+    assert " --background-share 0.6 " in meta["command"] and meta["settings"]["background_share"] == 0.6
+    assert "--background-share" not in train._meta(train.TrainSettings(), 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]

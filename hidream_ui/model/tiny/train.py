@@ -79,6 +79,9 @@ class TrainSettings:
     ground_block: int = 1
     ground_batch: int = 8
     ground_flow: float = 0.0
+    # Share of the flow loss's training cases that are background edits (None: the world's mix, a third).
+    # Background edits were the weak kind (12.5 % after the runs of docs/model-weights.md): this weighs them.
+    background_share: float | None = None
     # Content drift (see _train_transformer): on this share of the fully conditioned edit samples, the noisy
     # input's content is pulled towards another case's by `drift` x noise level, the target staying this case's.
     drift_share: float = 0.5
@@ -105,7 +108,7 @@ class TrainReport:
 # TrainSettings fields with a train-tiny flag of their own (--refine-batch ...): the recorded command names
 # those that differ from the defaults.
 CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup", "edit_noise_min", "ground_steps", "ground_weight",
-             "ground_flow")
+             "ground_flow", "background_share")
 
 
 def _sigma(u):
@@ -368,10 +371,15 @@ def _latent_stats(vae, seeds: _Seeds, torch) -> tuple[float, float]:
 class _Pool:
     """Latent pairs (source, target) and prompt ids of training cases; a few replaced by fresh cases each step.
     With `tokens` (tokens per image side): only cases that ask which shape (`asks_which_shape`), each with its
-    target tokens' labels (`shape_tokens`), which `sample` returns fourth."""
+    target tokens' labels (`shape_tokens`), which `sample` returns fourth. With `background_share`: that share of
+    the cases drawn are background edits, the rest recolours and removes."""
 
-    def __init__(self, size: int, encode, seeds: _Seeds, prompt_ids: dict[str, int], torch, tokens: int = 0):
+    def __init__(self, size: int, encode, seeds: _Seeds, prompt_ids: dict[str, int], torch, tokens: int = 0,
+                 background_share: float | None = None):
         self.encode, self.seeds, self.prompt_ids, self.torch, self.tokens = encode, seeds, prompt_ids, torch, tokens
+        # Its own stream, drawn only when asked: without a share the seeds (hence the default run) are unchanged.
+        self.kind_rng = np.random.default_rng(seeds.next()) if background_share is not None else None
+        self.background_share = background_share
         cases = [self._draw() for _ in range(size)]
         sources, targets = [], []
         for start in range(0, size, 32):  # encoded in chunks: one image at a time is slow, all at once is big
@@ -385,9 +393,12 @@ class _Pool:
         self.rng = np.random.default_rng(seeds.next())
 
     def _draw(self) -> world.Case:
+        background = None if self.kind_rng is None else bool(self.kind_rng.random() < self.background_share)
         while True:
             case = world.make_case(self.seeds.next())
-            if not self.tokens or asks_which_shape(case):
+            if self.tokens and not asks_which_shape(case):
+                continue
+            if background is None or (case.edit.kind == "background") == background:
                 return case
 
     def _labels(self, case: world.Case):
@@ -630,7 +641,7 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.99))
     t0 = time.perf_counter()
-    pool = _Pool(settings.pool, encode, seeds, prompt_ids, torch)
+    pool = _Pool(settings.pool, encode, seeds, prompt_ids, torch, background_share=settings.background_share)
     log(f"train-tiny: {settings.pool} training cases encoded in {time.perf_counter() - t0:.0f} s")
 
     started = time.perf_counter()
@@ -957,6 +968,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ground-flow", type=float, default=defaults.ground_flow, metavar="W",
                         help="add the flow loss of those cases (recolours and removes among several shapes, noise "
                         "0.9-1) with weight W (default 0: not added)")
+    parser.add_argument("--background-share", type=float, metavar="P",
+                        help="draw this share of the flow loss's training cases as background edits, the rest "
+                        "recolours and removes (default: the world's mix, a third)")
     parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="then score N held-out cases through the loader and pipeline and record the figures "
@@ -984,6 +998,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not (0 <= args.edit_noise_min < 1):
         parser.error(f"--edit-noise-min must be in [0, 1), got {args.edit_noise_min}")
+    if args.background_share is not None and not (0 <= args.background_share <= 1):
+        parser.error(f"--background-share must be in [0, 1], got {args.background_share}")
     if not (0 < args.lr <= 1):
         parser.error(f"--lr must be in (0, 1], got {args.lr}")
     starts = [f"--{name.replace('_', '-')}" for name in ("init_from", "vae_from", "decoder_from")
@@ -1017,6 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
                              warmup=args.warmup, edit_noise_min=args.edit_noise_min,
                              word_encoders=args.word_encoders, ground_steps=max(0, args.ground_steps),
                              ground_weight=max(0.0, args.ground_weight), ground_flow=max(0.0, args.ground_flow),
+                             background_share=args.background_share,
                              checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
     if args.eval_only:

@@ -38,9 +38,13 @@ def tiny_dir(tiny_cache) -> Path:
     return ensure_tiny(profile="tiny", seed=0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def launch_app(tiny_cache, tmp_path_factory):
-    """Launches the real app (hidream_ui.cli.app.launch) on a free port; closed at session end.
+    """Launches the real app (hidream_ui.cli.app.launch) on a free port; closed when the module ends.
+
+    Module scope on purpose: a live app keeps its server loop, queue and cache janitor ticking on threads of
+    this process, and every tick takes the GIL from whatever test runs then. Kept for the whole session,
+    twenty of them made the later tests' many small torch calls 5 to 20 times slower.
 
     Returns `start(name, **config_overrides) -> {"url", "engine", "config", "demo"}`: one app (and one
     engine) per caller, so modules never share engine state.

@@ -119,6 +119,12 @@ def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsy
         train.main([str(tmp_path), "--background-share", "1.5"])
     assert "--background-share must be in [0, 1], got 1.5" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--vae-locality", "-1"])
+    assert "--vae-locality must be >= 0, got -1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--vae-locality", "0.1", "--vae-from", str(tmp_path)])
+    assert "--vae-locality weighs a loss of the VAE's training: not with" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         train.main([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"])
     assert "no trained weights in" in capsys.readouterr().err
 
@@ -144,6 +150,42 @@ def test_edit_noise_min_squeezes_the_edit_noise_levels_and_is_recorded():
     assert "--edit-noise-min" not in train._meta(plain, 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
     meta = train._meta(raised, 0.0, 1.0, 0.0, 0.0, 0.0, 0)
     assert " --edit-noise-min 0.8 " in meta["command"] and meta["settings"]["edit_noise_min"] == 0.8
+
+
+def test_the_vae_locality_loss_charges_latent_change_only_where_no_pixel_changes():
+    """train.still_cells marks the latent cells of each source/target pair where no pixel differs, and
+    train.locality_loss charges the latent change there only, in units of the latent variance; the weight is
+    recorded in the command (the refusals: test_train_tiny_eval_only_needs_a_count_and_existing_weights)."""
+    import torch
+
+    from hidream_ui.model.tiny import train
+
+    cases = [c for c in world.held_out_cases(12) if c.edit.kind in ("recolour", "background")][:2]
+    images = [im for c in cases for im in (c.source, c.target)]
+    still = train.still_cells(images, (16, 16))
+    assert still.shape == (2, 16, 16) and still.any(axis=(1, 2)).all() and not still.all(axis=(1, 2)).any()
+    for case, cells in zip(cases, still):
+        same = case.source == case.target
+        for r, c in zip(*np.nonzero(cells)):  # a still cell: every pixel the same
+            assert same[8 * r:8 * r + 8, 8 * c:8 * c + 8].all()
+    assert train.still_cells([cases[0].source] * 2, (16, 16)).all()
+
+    z = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    z[1], z[3] = z[0], z[2]
+    moved = torch.from_numpy(~still)
+    only_moved = z.clone()
+    only_moved[1] += 5 * moved[0]  # the target's latents change where pixels do: free
+    assert float(train.locality_loss(only_moved, torch.from_numpy(still))) == 0.0
+    on_still = z.clone()
+    on_still[3] += torch.from_numpy(still[1]).float()  # change where no pixel does: charged
+    charged = float(train.locality_loss(on_still, torch.from_numpy(still)))
+    assert charged > 0
+    # Scale-free: shrinking every latent does not escape the charge.
+    assert abs(float(train.locality_loss(on_still * 0.01, torch.from_numpy(still))) - charged) < 1e-4 * charged
+
+    meta = train._meta(train.TrainSettings(vae_locality=0.3), 0.0, 1.0, 0.0, 0.0, 0.0, 0)
+    assert " --vae-locality 0.3 " in meta["command"] and meta["settings"]["vae_locality"] == 0.3
+    assert "--vae-locality" not in train._meta(train.TrainSettings(), 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
 
 
 def test_background_share_sets_the_share_of_background_edits_in_the_pool_and_is_recorded():

@@ -398,6 +398,7 @@ def test_latent_locality_tells_a_local_encoder_from_one_that_sees_the_whole_imag
     assert set(local) == set(world.EDIT_KINDS) and sum(v["cases"] for v in local.values()) == 24
     for kind, found in local.items():
         assert found["far"] == 0 and 0 < found["latents"] <= found["pixels"], (kind, found)
+        assert found["still"] == 0, (kind, found)  # where no pixel changes, a pooled cell cannot change
     assert local["background"]["pixels"] > 0.8 and local["remove"]["pixels"] < 0.3
 
     def shared(latents):  # every cell also carries the image's mean, strongly enough that one shape moves it
@@ -406,6 +407,9 @@ def test_latent_locality_tells_a_local_encoder_from_one_that_sees_the_whole_imag
     spread = latent_locality(cases, shared(source), shared(target))
     for kind in ("recolour", "remove"):
         assert spread[kind]["far"] > 0.5 and spread[kind]["pixels"] == local[kind]["pixels"], spread[kind]
+    # `far` misses the background edit (its changed pixels are nearly everywhere); `still` sees the shape
+    # interiors move.
+    assert spread["background"]["far"] < 0.1 < 0.9 < spread["background"]["still"], spread["background"]
 
 
 def test_grounding_counts_edits_that_land_on_the_shape_the_instruction_names():

@@ -76,7 +76,9 @@ def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str]
         for kind, found in results["latents"].items():
             log(f"the VAE, {kind} ({found['cases']} cases): the latents change on {found['latents']:.1%} of the "
                 f"latent pixels, the pixels on {found['pixels']:.1%}; the latents change more than one latent pixel "
-                f"away from every changed pixel on {found['far']:.1%}")
+                f"away from every changed pixel on {found['far']:.1%}"
+                + ("" if found["still"] is None else
+                   f"; where no pixel changes, the latents change on {found['still']:.1%}"))
         for s in levels:
             # One noise draw per case and level, the same for both stages.
             noise = torch.cat([torch.randn(target[:1].shape, generator=torch.Generator().manual_seed(c.seed % 2**31))
@@ -104,27 +106,31 @@ def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str]
 
 
 def latent_locality(held_out: list[world.Case], source, target, threshold: float = LATENT_CHANGE) -> dict:
-    """{edit kind: {cases, latents, pixels, far}}: the share of latent pixels whose latents change from `source`
-    to `target` (the held-out cases' encodings, (N, C, h, w)), the share whose cell of the image has a pixel that
-    changes, and the share whose latents change more than one latent pixel away from every such cell. The ring
-    of one is the encoder's reach at any edge; an edit the VAE keeps local has `far` near 0, so the model has to
-    change only what the instruction touches."""
+    """{edit kind: {cases, latents, pixels, far, still}}: the share of latent pixels whose latents change from
+    `source` to `target` (the held-out cases' encodings, (N, C, h, w)), the share whose cell of the image has a
+    pixel that changes, and the share whose latents change more than one latent pixel away from every such cell.
+    The ring of one is the encoder's reach at any edge; an edit the VAE keeps local has `far` near 0, so the model
+    has to change only what the instruction touches. `far` cannot see a background edit (nearly every cell has a
+    changed pixel), so `still` asks directly: of the cells where no pixel changes (a background edit's shape
+    interiors), the share whose latents change, averaged over the cases that have such cells (None: none has)."""
     rows, columns = source.shape[-2:]
     changed = ((target - source).abs().mean(dim=1) > threshold).numpy()  # (N, h, w)
-    sums: dict[str, list[float]] = {}
+    sums: dict[str, list] = {}
     for case, latents in zip(held_out, changed):
-        moved = (case.source != case.target).any(axis=-1)
-        pixels = moved.reshape(rows, world.SIZE // rows, columns, world.SIZE // columns).any(axis=(1, 3))
+        pixels = world.moved_cells(case.source, case.target, rows, columns)
         near = np.pad(pixels, 1)
         near = np.max([near[1 + dy:1 + dy + rows, 1 + dx:1 + dx + columns]
                        for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=0)  # dilated by one latent pixel
-        row = sums.setdefault(case.edit.kind, [0, 0.0, 0.0, 0.0])
+        row = sums.setdefault(case.edit.kind, [0, 0.0, 0.0, 0.0, []])
         row[0] += 1
         row[1] += float(latents.mean())
         row[2] += float(pixels.mean())
         row[3] += float((latents & ~near).mean())
-    return {kind: {"cases": n, "latents": round(a / n, 3), "pixels": round(b / n, 3), "far": round(c / n, 3)}
-            for kind, (n, a, b, c) in sorted(sums.items())}
+        if (~pixels).any():
+            row[4].append(float(latents[~pixels].mean()))
+    return {kind: {"cases": n, "latents": round(a / n, 3), "pixels": round(b / n, 3), "far": round(c / n, 3),
+                   "still": round(float(np.mean(still)), 3) if still else None}
+            for kind, (n, a, b, c, still) in sorted(sums.items())}
 
 
 def _grounding(pipeline, held_out: list[world.Case], source, noise, s: float) -> dict:

@@ -56,6 +56,11 @@ class TrainSettings:
     vae_batch: int = 8
     lr: float = 6e-4
     vae_lr: float = 2e-3
+    # Weight of the VAE's locality loss (0: none). Trained on reconstruction alone, the encoder writes the
+    # background colour into every latent: a background edit moved the latents of the shape interiors, whose
+    # pixels stay, by twice the latent std (docs/model-weights.md). This loss charges, for each source/target
+    # pair of a VAE batch, the latent change on the cells where no pixel changes (in units of the latent variance).
+    vae_locality: float = 0.0
     warmup: int = 100
     # Share of edit-stage noise levels drawn uniformly instead of through the schedule's shift: shift 3 puts
     # only 8 % of draws below 0.2, where the last steps decide how exactly the untouched region comes back.
@@ -108,7 +113,7 @@ class TrainReport:
 # TrainSettings fields with a train-tiny flag of their own (--refine-batch ...): the recorded command names
 # those that differ from the defaults.
 CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup", "edit_noise_min", "ground_steps", "ground_weight",
-             "ground_flow", "background_share")
+             "ground_flow", "background_share", "vae_locality")
 
 
 def _sigma(u):
@@ -314,10 +319,16 @@ def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
             images += [case.source, case.target]
         x = pixels(images[: settings.vae_batch], torch)
         z = vae.encode(x).latent_dist.mode()
+        moved = None
+        if settings.vae_locality:
+            still = torch.from_numpy(still_cells(images[: settings.vae_batch], z.shape[-2:]))
+            moved = locality_loss(z, still)
         # Small latent noise: the decoder must also read the transformer's slightly-off latents.
         noisy = z + 0.05 * z.detach().std() * torch.randn(z.shape, generator=generator)
         y = vae.decode(noisy).sample
         loss = torch.nn.functional.mse_loss(y, x) + 1e-4 * z.pow(2).mean()
+        if moved is not None:
+            loss = loss + settings.vae_locality * moved
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
@@ -325,9 +336,30 @@ def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
         loss_value = float(loss.detach())
         if step % settings.log_every == 0 or step == settings.vae_steps - 1:
             psnr = 10 * math.log10(4.0 / max(float(torch.nn.functional.mse_loss(y.detach(), x)), 1e-12))
-            log(f"vae step {step + 1}/{settings.vae_steps} loss {loss_value:.5f} psnr {psnr:.1f} dB "
+            still_change = "" if moved is None else f" still-cell change {float(moved):.4f}"
+            log(f"vae step {step + 1}/{settings.vae_steps} loss {loss_value:.5f} psnr {psnr:.1f} dB{still_change} "
                 f"({time.perf_counter() - started:.0f} s)")
     return vae.eval().requires_grad_(False), loss_value
+
+
+def still_cells(images: list, grid: tuple[int, int]) -> np.ndarray:
+    """(pairs, rows, columns) bool: for each (source, target) pair of `images` (sources at even, targets at odd
+    positions, (128, 128, 3) arrays), the latent cells of a `grid` (the latents' rows and columns) in which no
+    pixel differs between the two."""
+    rows, columns = grid
+    pairs = len(images) // 2
+    return np.array([~world.moved_cells(images[2 * k], images[2 * k + 1], rows, columns) for k in range(pairs)],
+                    dtype=bool).reshape(pairs, rows, columns)
+
+
+def locality_loss(z, still):
+    """Mean squared latent change between each pair's source (z[2k]) and target (z[2k + 1]) over the cells
+    `still` marks (still_cells), in units of the batch's latent variance (so the encoder cannot escape it by
+    shrinking its latents); 0 where no cell is still."""
+    pairs = still.shape[0]
+    change = (z[0:2 * pairs:2] - z[1:2 * pairs:2]).pow(2).mean(dim=1) / z.detach().var().clamp_min(1e-8)
+    mask = still.to(change.dtype)
+    return (change * mask).sum() / mask.sum().clamp_min(1.0)
 
 
 def _transformer_tensors(source: Path) -> dict:
@@ -971,6 +1003,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--background-share", type=float, metavar="P",
                         help="draw this share of the flow loss's training cases as background edits, the rest "
                         "recolours and removes (default: the world's mix, a third)")
+    parser.add_argument("--vae-locality", type=float, default=defaults.vae_locality, metavar="W",
+                        help="weight of the VAE's locality loss: the latent change, source to target, on cells "
+                        "where no pixel changes (default 0: reconstruction only)")
     parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="then score N held-out cases through the loader and pipeline and record the figures "
@@ -998,6 +1033,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not (0 <= args.edit_noise_min < 1):
         parser.error(f"--edit-noise-min must be in [0, 1), got {args.edit_noise_min}")
+    if args.vae_locality < 0:
+        parser.error(f"--vae-locality must be >= 0, got {args.vae_locality}")
+    if args.vae_locality and any(getattr(args, n) is not None for n in ("init_from", "vae_from", "decoder_from")):
+        parser.error("--vae-locality weighs a loss of the VAE's training: not with --init-from, --vae-from or "
+                     "--decoder-from (they take an earlier run's encoder as it is)")
     if args.background_share is not None and not (0 <= args.background_share <= 1):
         parser.error(f"--background-share must be in [0, 1], got {args.background_share}")
     if not (0 < args.lr <= 1):
@@ -1033,7 +1073,7 @@ def main(argv: list[str] | None = None) -> int:
                              warmup=args.warmup, edit_noise_min=args.edit_noise_min,
                              word_encoders=args.word_encoders, ground_steps=max(0, args.ground_steps),
                              ground_weight=max(0.0, args.ground_weight), ground_flow=max(0.0, args.ground_flow),
-                             background_share=args.background_share,
+                             background_share=args.background_share, vae_locality=args.vae_locality,
                              checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
     if args.eval_only:

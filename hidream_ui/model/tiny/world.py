@@ -227,6 +227,13 @@ def example_cases(per_kind: int = 2, start: int = EXAMPLE_SEED_START) -> list[Ca
     return [case for kind in EDIT_KINDS for case in chosen[kind]]
 
 
+def moved_cells(source: np.ndarray, target: np.ndarray, rows: int, columns: int) -> np.ndarray:
+    """(rows, columns) bool: the cells of a rows x columns grid over the canvas (a latent pixel's share of the
+    image) in which some pixel differs between `source` and `target`."""
+    moved = (np.asarray(source) != np.asarray(target)).any(axis=-1)
+    return moved.reshape(rows, SIZE // rows, columns, SIZE // columns).any(axis=(1, 3))
+
+
 def psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     """PSNR in dB over the masked pixels (inf when identical or the mask is empty)."""
     if not mask.any():

@@ -319,16 +319,16 @@ def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
             images += [case.source, case.target]
         x = pixels(images[: settings.vae_batch], torch)
         z = vae.encode(x).latent_dist.mode()
-        moved = None
+        locality = None  # the locality loss of this batch, when weighed
         if settings.vae_locality:
             still = torch.from_numpy(still_cells(images[: settings.vae_batch], z.shape[-2:]))
-            moved = locality_loss(z, still)
+            locality = locality_loss(z, still)
         # Small latent noise: the decoder must also read the transformer's slightly-off latents.
         noisy = z + 0.05 * z.detach().std() * torch.randn(z.shape, generator=generator)
         y = vae.decode(noisy).sample
         loss = torch.nn.functional.mse_loss(y, x) + 1e-4 * z.pow(2).mean()
-        if moved is not None:
-            loss = loss + settings.vae_locality * moved
+        if locality is not None:
+            loss = loss + settings.vae_locality * locality
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
@@ -336,7 +336,7 @@ def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
         loss_value = float(loss.detach())
         if step % settings.log_every == 0 or step == settings.vae_steps - 1:
             psnr = 10 * math.log10(4.0 / max(float(torch.nn.functional.mse_loss(y.detach(), x)), 1e-12))
-            still_change = "" if moved is None else f" still-cell change {float(moved):.4f}"
+            still_change = "" if locality is None else f" still-cell change {float(locality):.4f}"
             log(f"vae step {step + 1}/{settings.vae_steps} loss {loss_value:.5f} psnr {psnr:.1f} dB{still_change} "
                 f"({time.perf_counter() - started:.0f} s)")
     return vae.eval().requires_grad_(False), loss_value

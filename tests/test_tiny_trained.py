@@ -85,7 +85,7 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
 
     _train(tmp_path / "a")
     printed = capsys.readouterr().out
-    assert "vae step 2/2 loss" in printed and "step 2/2 loss" in printed
+    assert "vae step 2/2 loss" in printed and "step 2/2 loss" in printed and "still-cell" not in printed
     _train(tmp_path / "b")
     _train(tmp_path / "c", "--seed", "1")
     weights = {name: (tmp_path / name / trained.WEIGHTS_FILE).read_bytes() for name in "abc"}
@@ -105,6 +105,14 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     assert before.keys() == after.keys()
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.startswith("vae/decoder.") for k in changed)
+
+    # --vae-locality W adds the locality loss to the VAE's steps: the same seed gives another VAE, and the loop
+    # logs the loss; the weight is in the recorded command.
+    _train(tmp_path / "h", "--vae-locality", "1")
+    assert "still-cell change" in capsys.readouterr().out
+    local = load_file(str(tmp_path / "h" / trained.WEIGHTS_FILE))
+    assert any(not torch.equal(before[k], local[k]) for k in before if k.startswith("vae/encoder."))
+    assert " --vae-locality 1.0 " in json.loads((tmp_path / "h" / trained.META_FILE).read_text())["command"]
 
     # --vae-from reuses an earlier run's VAE as it was (and its latent statistics); the transformer trains anew.
     _train(tmp_path / "e", "--vae-from", str(tmp_path / "a"), "--seed", "1")

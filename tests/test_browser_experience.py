@@ -11,6 +11,7 @@ edits are stopped as soon as they showed what the test needs. Needs Debian's /us
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from helpers import wait_for
 from playwright import sync_api
 from test_browser import CHROMIUM, CHROMIUM_ARGS, open_app, set_number
 
+from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
 from hidream_ui.ui.history_tab import STORAGE_KEY
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -124,8 +126,17 @@ def test_the_live_preview_changes_during_a_40_step_edit(app, page):
     assert len(shown) >= 4, f"the slider showed {len(shown)} pictures in a 40-step edit ({summary!r})"
 
 
-def test_stop_leaves_stopped_and_no_error(app, page):
+def test_stop_leaves_stopped_and_no_error(app, page, monkeypatch):
     jobs = app["demo"].hidream_services.jobs
+    # At least 0.1 s a step (the app runs in this process): on a fast machine the tiny model's 200 steps
+    # took 14 s, and the edit could end between the state line's step 3 and the Stop click landing.
+    predict = HiDreamEditPipeline.predict
+
+    def slow_predict(self, *args, **kwargs):
+        time.sleep(0.1)
+        return predict(self, *args, **kwargs)
+
+    monkeypatch.setattr(HiDreamEditPipeline, "predict", slow_predict)
     open_app(page, app["url"])
     pick_example(page, 200)
     page.locator("#hui-edit").click()

@@ -119,6 +119,9 @@ def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsy
         train.main([str(tmp_path), "--background-share", "1.5"])
     assert "--background-share must be in [0, 1], got 1.5" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--self-drift", "1.5"])
+    assert "--self-drift must be in [0, 1], got 1.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         train.main([str(tmp_path), "--vae-locality", "-1"])
     assert "--vae-locality must be >= 0, got -1.0" in capsys.readouterr().err
     with pytest.raises(SystemExit):

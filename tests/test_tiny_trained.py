@@ -114,6 +114,13 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     assert any(not torch.equal(before[k], local[k]) for k in before if k.startswith("vae/encoder."))
     assert " --vae-locality 1.0 " in json.loads((tmp_path / "h" / trained.META_FILE).read_text())["command"]
 
+    # --self-drift P: the same seed gives another transformer (its inputs are pulled towards its own estimates),
+    # and the share is in the recorded command.
+    _train(tmp_path / "s", "--self-drift", "1")
+    drifted = load_file(str(tmp_path / "s" / trained.WEIGHTS_FILE))
+    assert any(not torch.equal(before[k], drifted[k]) for k in before if k.startswith("transformer/"))
+    assert " --self-drift 1.0 " in json.loads((tmp_path / "s" / trained.META_FILE).read_text())["command"]
+
     # --vae-from reuses an earlier run's VAE as it was (and its latent statistics); the transformer trains anew.
     _train(tmp_path / "e", "--vae-from", str(tmp_path / "a"), "--seed", "1")
     first, reused = (load_file(str(tmp_path / n / trained.WEIGHTS_FILE)) for n in "ae")
@@ -310,6 +317,40 @@ def test_eval_grid_draws_source_target_and_result_with_the_verdict(tmp_path, cap
         with pytest.raises(SystemExit):
             main([str(out), *bad])
         assert says in capsys.readouterr().err
+
+
+def test_self_drift_pulls_the_input_towards_the_models_own_estimate():
+    """train.own_estimate is the clean estimate of one call at noise 1 on [pure noise | source] (x_1 + the
+    output, which is x0 - e); train.pulled_noise moves x_t's content towards it by pull x s, and a pull of 0
+    leaves the plain flow-matching point."""
+    import torch
+
+    from hidream_ui.model.tiny import train
+
+    source = torch.randn(3, 16, 4, 4)
+    prompt = torch.tensor([0, 5, 7])
+    seen = {}
+
+    def forward(hidden, sigma, prompt_ids):
+        seen.update(hidden=hidden, sigma=sigma, prompt=prompt_ids, grad=torch.is_grad_enabled())
+        return torch.cat([torch.full_like(source, 0.25), torch.full_like(source, 9.0)], dim=-1)
+
+    estimate = train.own_estimate(forward, source, prompt, 4, torch.Generator().manual_seed(7))
+    pure = torch.randn(source.shape, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(seen["hidden"], torch.cat([pure, source], dim=-1)) and torch.equal(seen["prompt"], prompt)
+    assert torch.equal(seen["sigma"], torch.ones(3)) and not seen["grad"]
+    assert torch.allclose(estimate, pure + 0.25)  # the target half of the output only
+
+    target, other, noise = torch.randn(3, 16, 4, 4), torch.randn(3, 16, 4, 4), torch.randn(3, 16, 4, 4)
+    s = torch.tensor([0.9, 0.5, 0.2]).view(-1, 1, 1, 1)
+    pulled = train.pulled_noise(noise, target, other, torch.tensor([0.0, 1.0, 0.5]), s)
+    x_t = (1 - s) * target + s * pulled
+    content = (x_t - s * noise) / (1 - s)  # what the input shows, its own noise taken out
+    assert torch.allclose(content[0], target[0], atol=1e-6)
+    for i, pull in ((1, 1.0), (2, 0.5)):
+        assert torch.allclose(content[i], target[i] + pull * float(s[i]) * (other[i] - target[i]), atol=1e-5)
+    # The regression target (target - noise') still leads from x_t back to this case's clean latent.
+    assert torch.allclose(x_t + s * (target - pulled), target, atol=1e-5)
 
 
 def test_kept_shapes_counts_the_untouched_shapes_that_keep_their_colour():

@@ -91,6 +91,11 @@ class TrainSettings:
     # input's content is pulled towards another case's by `drift` x noise level, the target staying this case's.
     drift_share: float = 0.5
     drift: float = 0.5
+    # Self drift: on this share of the fully conditioned edit samples, the content pulled in is the model's own
+    # clean estimate from pure noise (one call without gradient, the first step's hedge that sampling commits
+    # to), at full strength (x noise level) instead of another case's at `drift`. One call at s = 1 scored better
+    # than the sampled edit (docs/model-weights.md): the later steps keep the input's errors.
+    self_drift: float = 0.0
     image_drop: float = 0.1
     text_drop: float = 0.1
     pool: int = 1024  # latent pairs kept; `fresh` of them replaced by new cases every step
@@ -113,7 +118,7 @@ class TrainReport:
 # TrainSettings fields with a train-tiny flag of their own (--refine-batch ...): the recorded command names
 # those that differ from the defaults.
 CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup", "edit_noise_min", "ground_steps", "ground_weight",
-             "ground_flow", "background_share", "vae_locality")
+             "ground_flow", "background_share", "vae_locality", "self_drift")
 
 
 def _sigma(u):
@@ -698,7 +703,15 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
         # extra term is folded into the noise, so x_t + s * (target - noise) stays the clean target.
         drifted = (rand(settings.batch) < settings.drift_share) & keep_image & keep_text
         other = target[torch.randperm(settings.batch, generator=generator)]
-        noise = noise + (drifted.float().view(-1, 1, 1, 1) * settings.drift * (1 - s)) * (other - target)
+        pull = drifted.float() * settings.drift
+        if settings.self_drift:
+            # Self drift (TrainSettings.self_drift): the content pulled in is the model's own first estimate.
+            mine = ((rand(settings.batch) < settings.self_drift) & keep_image & keep_text).nonzero().flatten()
+            if len(mine):
+                other = other.clone()
+                other[mine] = own_estimate(forward, source[mine], prompt[mine], width, generator)
+                pull[mine] = 1.0
+        noise = pulled_noise(noise, target, other, pull, s)
         x_t = (1 - s) * target + s * noise
         source = source * keep_image.float().view(-1, 1, 1, 1)
         prompt = torch.where(keep_text, prompt, torch.full_like(prompt, negative))
@@ -741,6 +754,24 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
             save(ema, running, step + 1)
             log(f"train-tiny: checkpoint after {step + 1} steps")
     return model, ema, running if running is not None else loss_value
+
+
+def pulled_noise(noise, target, other, pull, s):
+    """The noise that puts ``x_t = (1 - s) target + s noise'`` on content pulled from `target` towards `other` by
+    ``pull x s`` (per sample), while ``x_t + s (target - noise')`` stays exactly `target`: the regression target
+    (``target - noise'``) still leads back to this case's clean latent, whatever the input shows."""
+    return noise + (pull.view(-1, 1, 1, 1) * (1 - s)) * (other - target)
+
+
+def own_estimate(forward, source, prompt, width: int, generator):
+    """The model's clean estimate of each edit from pure noise (``x_1 = e``, noise level 1), its sources and
+    instructions, without gradient: what the first sampling step sees and the later ones commit to."""
+    import torch
+
+    pure = torch.randn((*source.shape[:-1], width), generator=generator)
+    with torch.no_grad():
+        velocity = forward(torch.cat([pure, source], dim=-1), torch.ones(len(source)), prompt)[..., :width]
+    return pure + velocity  # the output is x0 - e, so x0 = x_1 + 1 * (x0 - e)
 
 
 def _edit_sigmas(settings: TrainSettings, rand):
@@ -1003,6 +1034,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--background-share", type=float, metavar="P",
                         help="draw this share of the flow loss's training cases as background edits, the rest "
                         "recolours and removes (default: the world's mix, a third)")
+    parser.add_argument("--self-drift", type=float, default=defaults.self_drift, metavar="P",
+                        help="on this share of the edit samples, pull the noisy input towards the model's own "
+                        "estimate from pure noise instead of another case (default 0: none)")
     parser.add_argument("--vae-locality", type=float, default=defaults.vae_locality, metavar="W",
                         help="weight of the VAE's locality loss: the latent change, source to target, on cells "
                         "where no pixel changes (default 0: reconstruction only)")
@@ -1033,6 +1067,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not (0 <= args.edit_noise_min < 1):
         parser.error(f"--edit-noise-min must be in [0, 1), got {args.edit_noise_min}")
+    if not (0 <= args.self_drift <= 1):
+        parser.error(f"--self-drift must be in [0, 1], got {args.self_drift}")
     if args.vae_locality < 0:
         parser.error(f"--vae-locality must be >= 0, got {args.vae_locality}")
     if args.vae_locality and any(getattr(args, n) is not None for n in ("init_from", "vae_from", "decoder_from")):
@@ -1074,6 +1110,7 @@ def main(argv: list[str] | None = None) -> int:
                              word_encoders=args.word_encoders, ground_steps=max(0, args.ground_steps),
                              ground_weight=max(0.0, args.ground_weight), ground_flow=max(0.0, args.ground_flow),
                              background_share=args.background_share, vae_locality=args.vae_locality,
+                             self_drift=args.self_drift,
                              checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
     if args.eval_only:

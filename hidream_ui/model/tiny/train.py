@@ -707,8 +707,7 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
         if settings.self_drift:
             # Self drift (TrainSettings.self_drift): the content pulled in is the model's own first estimate.
             mine = ((rand(settings.batch) < settings.self_drift) & keep_image & keep_text).nonzero().flatten()
-            if len(mine):
-                other = other.clone()
+            if len(mine):  # `other` is already a copy (indexing with a permutation): written in place
                 other[mine] = own_estimate(forward, source[mine], prompt[mine], width, generator)
                 pull[mine] = 1.0
         noise = pulled_noise(noise, target, other, pull, s)

@@ -122,6 +122,18 @@ def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsy
         train.main([str(tmp_path), "--self-drift", "1.5"])
     assert "--self-drift must be in [0, 1], got 1.5" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--refine-self-drift", "-0.5"])
+    assert "--refine-self-drift must be in [0, 1], got -0.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--decoder-own", "5"])
+    assert "--decoder-own samples edits with the weights of --decoder-from DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own", "-1"])
+    assert "--decoder-own must be >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        train.main([str(tmp_path), "--decoder-lr", "0"])
+    assert "--decoder-lr must be in (0, 1], got 0.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         train.main([str(tmp_path), "--vae-locality", "-1"])
     assert "--vae-locality must be >= 0, got -1.0" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -121,6 +121,14 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     assert any(not torch.equal(before[k], drifted[k]) for k in before if k.startswith("transformer/"))
     assert " --self-drift 1.0 " in json.loads((tmp_path / "s" / trained.META_FILE).read_text())["command"]
 
+    # --refine-self-drift P: the refine samples are pulled too, so the same seed gives another transformer than
+    # the plain run's and than --self-drift's, and the share is in the recorded command.
+    _train(tmp_path / "r", "--refine-self-drift", "1")
+    refined = load_file(str(tmp_path / "r" / trained.WEIGHTS_FILE))
+    for other in (before, drifted):
+        assert any(not torch.equal(other[k], refined[k]) for k in other if k.startswith("transformer/"))
+    assert " --refine-self-drift 1.0 " in json.loads((tmp_path / "r" / trained.META_FILE).read_text())["command"]
+
     # --vae-from reuses an earlier run's VAE as it was (and its latent statistics); the transformer trains anew.
     _train(tmp_path / "e", "--vae-from", str(tmp_path / "a"), "--seed", "1")
     first, reused = (load_file(str(tmp_path / n / trained.WEIGHTS_FILE)) for n in "ae")
@@ -351,6 +359,57 @@ def test_self_drift_pulls_the_input_towards_the_models_own_estimate():
         assert torch.allclose(content[i], target[i] + pull * float(s[i]) * (other[i] - target[i]), atol=1e-5)
     # A pull of 0 is the plain draw itself, to the bit (so runs without drift reproduce their weights).
     assert torch.equal(pulled[0], noise[0]) and not torch.equal(pulled[1], noise[1])
+
+
+def test_estimate_from_is_one_call_without_gradient_by_either_stage():
+    """train.estimate_from: one call without gradient on the noisy latents at each sample's level, with the
+    source beside them for the edit stage and alone for the refine stage; the estimate is x + level * output
+    (the output is x0 - e), the source half of the edit stage's output dropped. own_estimate is its call at
+    level 1 on pure noise."""
+    import torch
+
+    from hidream_ui.model.tiny import train
+
+    x, source = torch.randn(3, 16, 4, 4), torch.randn(3, 16, 4, 4)
+    prompt, level = torch.tensor([0, 5, 7]), torch.tensor([1.0, 0.6, 0.3])
+    seen = []
+
+    def forward(hidden, sigma, prompt_ids):
+        seen.append(dict(hidden=hidden, sigma=sigma, prompt=prompt_ids, grad=torch.is_grad_enabled()))
+        return torch.cat([torch.full_like(x, 0.5), torch.full_like(x, 9.0)], dim=-1)[..., :hidden.shape[-1]]
+
+    for given in (source, None):
+        estimate = train.estimate_from(forward, x, level, prompt, given)
+        call = seen[-1]
+        assert torch.equal(call["hidden"], x if given is None else torch.cat([x, source], dim=-1))
+        assert torch.equal(call["sigma"], level) and torch.equal(call["prompt"], prompt) and not call["grad"]
+        assert torch.allclose(estimate, x + level.view(-1, 1, 1, 1) * 0.5)
+    pure = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(train.own_estimate(forward, source, prompt, 4, torch.Generator().manual_seed(3)),
+                       train.estimate_from(forward, pure, torch.ones(3), prompt, source))
+
+
+def test_decoder_own_trains_the_decoder_on_the_pipelines_own_latents(tmp_path, one_thread, monkeypatch):
+    """--decoder-own N: N training edits sampled by the weights' own pipeline join the decoder's batches (those
+    whose named region comes out right); only the decoder changes, the run differs from the plain decoder
+    fine-tune, the meta says how many were sampled and kept; none kept is a clear error."""
+    import torch
+    from safetensors.torch import load_file
+
+    from hidream_ui.model.tiny.train import finetune_decoder
+
+    plain = finetune_decoder(ASSET, tmp_path / "plain", 1, log=lambda line: None)
+    meta = finetune_decoder(ASSET, tmp_path / "own", 1, own=3, log=lambda line: None)["decoder_finetune"]
+    assert meta["own_edits"] == 3 and 1 <= meta["own_kept"] <= 3 and "own_edits" not in plain["decoder_finetune"]
+    shipped, before, after = (load_file(str(d / trained.WEIGHTS_FILE)) for d in (ASSET, tmp_path / "plain",
+                                                                                   tmp_path / "own"))
+    changed = {k for k in shipped if not torch.equal(shipped[k], after[k])}
+    assert changed and all(k.startswith("vae/decoder.") for k in changed)
+    assert any(not torch.equal(before[k], after[k]) for k in changed)
+
+    monkeypatch.setattr(world, "score", lambda case, image: {"colour_ok": False})
+    with pytest.raises(RuntimeError, match="none of the 2 sampled edits came out right"):
+        finetune_decoder(ASSET, tmp_path / "none", 1, own=2, log=lambda line: None)
 
 
 def test_kept_shapes_counts_the_untouched_shapes_that_keep_their_colour():

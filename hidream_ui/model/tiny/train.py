@@ -96,6 +96,10 @@ class TrainSettings:
     # to), at full strength (x noise level) instead of another case's at `drift`. One call at s = 1 scored better
     # than the sampled edit (docs/model-weights.md): the later steps keep the input's errors.
     self_drift: float = 0.0
+    # Refine self drift: on this share of the refine samples with the instruction, the content pulled in (by 1 x
+    # noise level) is the edit stage's clean estimate of the edit from a level drawn between the sample's and 1:
+    # at sampling time the refine stage goes on from the edit stage's latents, not from the noised target.
+    refine_self_drift: float = 0.0
     image_drop: float = 0.1
     text_drop: float = 0.1
     pool: int = 1024  # latent pairs kept; `fresh` of them replaced by new cases every step
@@ -118,7 +122,7 @@ class TrainReport:
 # TrainSettings fields with a train-tiny flag of their own (--refine-batch ...): the recorded command names
 # those that differ from the defaults.
 CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup", "edit_noise_min", "ground_steps", "ground_weight",
-             "ground_flow", "background_share", "vae_locality", "self_drift")
+             "ground_flow", "background_share", "vae_locality", "self_drift", "refine_self_drift")
 
 
 def _sigma(u):
@@ -718,12 +722,23 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
         loss = torch.nn.functional.mse_loss(out, target - noise)
         if settings.refine_batch:
             # Refine stage: x_t alone, low noise, the target prompt (E1.1: the instruction) or the negative one.
-            _, target, prompt = pool.sample(settings.refine_batch)
+            source, target, prompt = pool.sample(settings.refine_batch)
             sigma = _sigma(rand(settings.refine_batch) * _unshift(REFINE_MAX_SIGMA))
             noise = torch.randn(target.shape, generator=generator)
             s = sigma.view(-1, 1, 1, 1)
             prompt = torch.where(rand(settings.refine_batch) < settings.text_drop,
                                  torch.full_like(prompt, negative), prompt)
+            if settings.refine_self_drift:
+                # Refine self drift (TrainSettings.refine_self_drift): the content pulled in is the edit stage's
+                # estimate of this edit from a higher noise level, which is what the refine stage goes on from.
+                mine = (rand(settings.refine_batch) < settings.refine_self_drift) & (prompt != negative)
+                mine = mine.nonzero().flatten()
+                if len(mine):
+                    start = sigma[mine] + (1 - sigma[mine]) * rand(len(mine))
+                    level = start.view(-1, 1, 1, 1)
+                    noisy = (1 - level) * target[mine] + level * torch.randn(target[mine].shape, generator=generator)
+                    estimate = estimate_from(forward, noisy, start, prompt[mine], source[mine])
+                    noise[mine] = pulled_noise(noise[mine], target[mine], estimate, torch.ones(len(mine)), s[mine])
             out = forward((1 - s) * target + s * noise, sigma, prompt)
             share = settings.refine_batch / (settings.batch + settings.refine_batch)
             loss = (1 - share) * loss + share * torch.nn.functional.mse_loss(out, target - noise)
@@ -768,9 +783,18 @@ def own_estimate(forward, source, prompt, width: int, generator):
     import torch
 
     pure = torch.randn((*source.shape[:-1], width), generator=generator)
+    return estimate_from(forward, pure, torch.ones(len(source)), prompt, source)
+
+
+def estimate_from(forward, x, level, prompt, source=None):
+    """The model's clean estimate from the noisy latents `x` at noise `level` (per sample) with their prompts,
+    without gradient: by the edit stage (``[x | source]``) when `source` is given, else by the refine stage."""
+    import torch
+
+    width = x.shape[-1]
     with torch.no_grad():
-        velocity = forward(torch.cat([pure, source], dim=-1), torch.ones(len(source)), prompt)[..., :width]
-    return pure + velocity  # the output is x0 - e, so x0 = x_1 + 1 * (x0 - e)
+        velocity = forward(x if source is None else torch.cat([x, source], dim=-1), level, prompt)[..., :width]
+    return x + level.view(-1, 1, 1, 1) * velocity  # the output is x0 - e, and x = x0 - level * (x0 - e)
 
 
 def _edit_sigmas(settings: TrainSettings, rand):
@@ -805,10 +829,17 @@ def _set_lr(optimizer, peak: float, step: int, total: int, warmup: int) -> None:
 
 
 def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: float = 5e-4, batch: int = 8,
-                     log: Callable[[str], None] = print, log_every: int = 50) -> dict:
+                     log: Callable[[str], None] = print, log_every: int = 50, own: int = 0,
+                     own_share: float = 0.75) -> dict:
     """More training for the VAE's decoder alone, on the weights in `source` (an asset folder); written to
     `out` with every other tensor as it was. The encoder, hence every latent the transformer learned, is
-    untouched, so this runs after (or beside) the transformer phase and only sharpens the decoded pixels."""
+    untouched, so this runs after (or beside) the transformer phase and only sharpens the decoded pixels.
+
+    With `own` > 0, first `own` edits of training cases are sampled by `source`'s own pipeline (the default
+    recipe); `own_share` of each batch is then their final latents, to be decoded to the true target. What the
+    pipeline hands the decoder is not the encoder's latents of the target: the untouched region comes back less
+    exactly (docs/model-weights.md, "The decoder on the pipeline's own latents"). Only the edits whose named region
+    came out right are kept: the decoder is to learn fidelity, not to redo the edit without the instruction."""
     import torch
     from diffusers import AutoencoderKL
     from safetensors.torch import load_file
@@ -828,6 +859,11 @@ def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: flo
     vae = AutoencoderKL.from_config(config).float()
     vae.load_state_dict({k[len("vae/"):]: v.float() for k, v in tensors.items() if k.startswith("vae/")})
     vae.requires_grad_(False)
+    own_latents = own_targets = None
+    if own:
+        threads = torch.get_num_threads()  # sampling runs at one thread (eval_pipeline); the steps at the caller's
+        own_latents, own_targets = _own_latents(source, vae, own, _Seeds(seed + 13), log)
+        torch.set_num_threads(threads)
     decoder = [vae.decoder] + ([vae.post_quant_conv] if vae.post_quant_conv is not None else [])
     params = [p for module in decoder for p in module.parameters()]
     for p in params:
@@ -835,18 +871,23 @@ def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: flo
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed + 11)
     seeds = _Seeds(seed + 11)
+    picks = np.random.default_rng([seed, 13])  # its own stream: without `own` the run is as before
+    per_batch = round(batch * own_share) if own_latents is not None else 0
     started = time.perf_counter()
     loss_value = float("nan")
     for step in range(steps):
         _set_lr(optimizer, lr, step, steps, min(50, steps))
         images = []
-        while len(images) < batch:
+        while len(images) < batch - per_batch:
             case = world.make_case(seeds.next())
             images += [case.source, case.target]
-        x = pixels(images[:batch], torch)
+        x = pixels(images[:batch - per_batch], torch)
         with torch.no_grad():
             z = vae.encode(x).latent_dist.mode()
         noisy = z + 0.05 * z.std() * torch.randn(z.shape, generator=generator)
+        if per_batch:
+            index = torch.from_numpy(picks.integers(0, len(own_latents), size=per_batch))
+            noisy, x = torch.cat([own_latents[index], noisy]), torch.cat([own_targets[index], x])
         loss = torch.nn.functional.mse_loss(vae.decode(noisy).sample, x)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -857,11 +898,42 @@ def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: flo
             log(f"decoder step {step + 1}/{steps} loss {loss_value:.5f} psnr "
                 f"{10 * math.log10(4.0 / max(loss_value, 1e-12)):.1f} dB ({time.perf_counter() - started:.0f} s)")
     tensors.update({f"vae/{k}": v for k, v in vae.state_dict().items()})
+    own_meta = {"own_edits": own, "own_kept": len(own_latents), "own_share": own_share} if own else {}
     meta = {**meta, "decoder_finetune": {"from": meta.get("command"), "steps": steps, "seed": seed, "lr": lr,
-                                         "final_loss": round(loss_value, 6),
+                                         **own_meta, "final_loss": round(loss_value, 6),
                                          "seconds": round(time.perf_counter() - started, 1)}}
     trained.write_asset(out, tensors, meta)
     return meta
+
+
+def _own_latents(weights: Path, vae, count: int, seeds: _Seeds, log: Callable[[str], None]):
+    """(latents, target pixels) of `count` training-case edits sampled by the pipeline of `weights` with the
+    default recipe: the final latents as the pipeline hands them to `vae`'s decoder, of the edits whose named
+    region `vae` decodes right (world.score's `colour_ok`)."""
+    import torch
+    from PIL import Image
+
+    latents, targets, kept = [], [], 0
+    started = time.perf_counter()
+    with eval_pipeline(weights) as pipeline:
+        scale, shift = pipeline.vae.config.scaling_factor, pipeline.vae.config.shift_factor
+        for i in range(count):
+            case = world.make_case(seeds.next())
+            z = pipeline(Image.fromarray(case.source), case.instruction, output_type="latent",
+                         generator=torch.Generator().manual_seed(case.seed % (2**31))).images
+            z = z.float() / scale + shift
+            with torch.no_grad():
+                decoded = vae.decode(z).sample[0]
+            image = ((decoded.clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()
+            if world.score(case, image)["colour_ok"]:
+                latents.append(z[0])
+                targets.append(pixels([case.target], torch)[0])
+                kept += 1
+            if i % 100 == 0 or i == count - 1:
+                log(f"decoder: sampled {i + 1}/{count} edits, kept {kept} ({time.perf_counter() - started:.0f} s)")
+    if not latents:
+        raise RuntimeError(f"none of the {count} sampled edits came out right: nothing to fine-tune the decoder on")
+    return torch.stack(latents), torch.stack(targets)
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
@@ -1036,10 +1108,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--self-drift", type=float, default=defaults.self_drift, metavar="P",
                         help="on this share of the edit samples, pull the noisy input towards the model's own "
                         "estimate from pure noise instead of another case (default 0: none)")
+    parser.add_argument("--refine-self-drift", type=float, default=defaults.refine_self_drift, metavar="P",
+                        help="on this share of the refine samples with the instruction, pull the noisy input "
+                        "towards the edit stage's own estimate from a higher noise level (default 0: none)")
     parser.add_argument("--vae-locality", type=float, default=defaults.vae_locality, metavar="W",
                         help="weight of the VAE's locality loss: the latent change, source to target, on cells "
                         "where no pixel changes (default 0: reconstruction only)")
     parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
+    parser.add_argument("--decoder-lr", type=float, default=5e-4, help="peak learning rate of --decoder-from (5e-4)")
+    parser.add_argument("--decoder-own", type=int, default=0, metavar="N",
+                        help="with --decoder-from: first sample N training edits with DIR's pipeline and train the "
+                        "decoder on their final latents too (three quarters of each batch; default 0: none)")
     parser.add_argument("--eval", type=int, default=0, metavar="N",
                         help="then score N held-out cases through the loader and pipeline and record the figures "
                         "in OUT/trained.json (what the app's banner quotes; default 0: none)")
@@ -1066,8 +1145,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if not (0 <= args.edit_noise_min < 1):
         parser.error(f"--edit-noise-min must be in [0, 1), got {args.edit_noise_min}")
-    if not (0 <= args.self_drift <= 1):
-        parser.error(f"--self-drift must be in [0, 1], got {args.self_drift}")
+    for name in ("self_drift", "refine_self_drift"):
+        if not (0 <= getattr(args, name) <= 1):
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
     if args.vae_locality < 0:
         parser.error(f"--vae-locality must be >= 0, got {args.vae_locality}")
     if args.vae_locality and any(getattr(args, n) is not None for n in ("init_from", "vae_from", "decoder_from")):
@@ -1075,8 +1155,13 @@ def main(argv: list[str] | None = None) -> int:
                      "--decoder-from (they take an earlier run's encoder as it is)")
     if args.background_share is not None and not (0 <= args.background_share <= 1):
         parser.error(f"--background-share must be in [0, 1], got {args.background_share}")
-    if not (0 < args.lr <= 1):
-        parser.error(f"--lr must be in (0, 1], got {args.lr}")
+    for flag, lr in (("--lr", args.lr), ("--decoder-lr", args.decoder_lr)):
+        if not (0 < lr <= 1):
+            parser.error(f"{flag} must be in (0, 1], got {lr}")
+    if args.decoder_own < 0:
+        parser.error(f"--decoder-own must be >= 0, got {args.decoder_own}")
+    if args.decoder_own and args.decoder_from is None:
+        parser.error("--decoder-own samples edits with the weights of --decoder-from DIR: give --decoder-from")
     starts = [f"--{name.replace('_', '-')}" for name in ("init_from", "vae_from", "decoder_from")
               if getattr(args, name) is not None]
     if len(starts) > 1:
@@ -1109,15 +1194,15 @@ def main(argv: list[str] | None = None) -> int:
                              word_encoders=args.word_encoders, ground_steps=max(0, args.ground_steps),
                              ground_weight=max(0.0, args.ground_weight), ground_flow=max(0.0, args.ground_flow),
                              background_share=args.background_share, vae_locality=args.vae_locality,
-                             self_drift=args.self_drift,
+                             self_drift=args.self_drift, refine_self_drift=args.refine_self_drift,
                              checkpoint_every=max(0, args.checkpoint_every),
                              log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
     if args.eval_only:
         pass  # score (or --oracle) the weights already in OUT, below
     elif args.decoder_from is not None:
         torch_threads(args.threads)
-        finetune_decoder(args.decoder_from, args.out, args.decoder_steps, seed=args.seed,
-                         log=lambda line: print(line, flush=True))
+        finetune_decoder(args.decoder_from, args.out, args.decoder_steps, seed=args.seed, lr=args.decoder_lr,
+                         own=args.decoder_own, log=lambda line: print(line, flush=True))
     else:
         train(args.out, settings, log=lambda line: print(line, flush=True), vae_from=args.vae_from,
               init_from=args.init_from)

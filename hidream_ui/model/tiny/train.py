@@ -734,11 +734,12 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
                 mine = (rand(settings.refine_batch) < settings.refine_self_drift) & (prompt != negative)
                 mine = mine.nonzero().flatten()
                 if len(mine):
+                    theirs = target[mine]
                     start = sigma[mine] + (1 - sigma[mine]) * rand(len(mine))
                     level = start.view(-1, 1, 1, 1)
-                    noisy = (1 - level) * target[mine] + level * torch.randn(target[mine].shape, generator=generator)
+                    noisy = (1 - level) * theirs + level * torch.randn(theirs.shape, generator=generator)
                     estimate = estimate_from(forward, noisy, start, prompt[mine], source[mine])
-                    noise[mine] = pulled_noise(noise[mine], target[mine], estimate, torch.ones(len(mine)), s[mine])
+                    noise[mine] = pulled_noise(noise[mine], theirs, estimate, torch.ones(len(mine)), s[mine])
             out = forward((1 - s) * target + s * noise, sigma, prompt)
             share = settings.refine_batch / (settings.batch + settings.refine_batch)
             loss = (1 - share) * loss + share * torch.nn.functional.mse_loss(out, target - noise)

@@ -100,48 +100,39 @@ def test_held_out_figures_round_trip_through_trained_json(tmp_path):
 def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsys):
     from hidream_ui.model.tiny import train
 
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--eval-only"])
-    assert "--eval-only needs --eval N" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--init-from", str(tmp_path), "--vae-from", str(tmp_path)])
-    assert "--init-from and --vae-from exclude each other" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--init-from", str(tmp_path / "nothing")])
-    assert "--init-from: no trained weights in" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--lr", "0"])
-    assert "--lr must be in (0, 1], got 0.0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--edit-noise-min", "1"])
-    assert "--edit-noise-min must be in [0, 1), got 1.0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--background-share", "1.5"])
-    assert "--background-share must be in [0, 1], got 1.5" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--self-drift", "1.5"])
-    assert "--self-drift must be in [0, 1], got 1.5" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--refine-self-drift", "-0.5"])
-    assert "--refine-self-drift must be in [0, 1], got -0.5" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--decoder-own", "5"])
-    assert "--decoder-own samples edits with the weights of --decoder-from DIR" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own", "-1"])
-    assert "--decoder-own must be >= 0, got -1" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--decoder-lr", "0"])
-    assert "--decoder-lr must be in (0, 1], got 0.0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--vae-locality", "-1"])
-    assert "--vae-locality must be >= 0, got -1.0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path), "--vae-locality", "0.1", "--vae-from", str(tmp_path)])
-    assert "--vae-locality weighs a loss of the VAE's training: not with" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        train.main([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"])
-    assert "no trained weights in" in capsys.readouterr().err
+    for argv, says in (
+        ([str(tmp_path), "--eval-only"],
+         "--eval-only needs --eval N"),
+        ([str(tmp_path), "--init-from", str(tmp_path), "--vae-from", str(tmp_path)],
+         "--init-from and --vae-from exclude each other"),
+        ([str(tmp_path), "--init-from", str(tmp_path / "nothing")],
+         "--init-from: no trained weights in"),
+        ([str(tmp_path), "--lr", "0"],
+         "--lr must be in (0, 1], got 0.0"),
+        ([str(tmp_path), "--edit-noise-min", "1"],
+         "--edit-noise-min must be in [0, 1), got 1.0"),
+        ([str(tmp_path), "--background-share", "1.5"],
+         "--background-share must be in [0, 1], got 1.5"),
+        ([str(tmp_path), "--self-drift", "1.5"],
+         "--self-drift must be in [0, 1], got 1.5"),
+        ([str(tmp_path), "--refine-self-drift", "-0.5"],
+         "--refine-self-drift must be in [0, 1], got -0.5"),
+        ([str(tmp_path), "--decoder-own", "5"],
+         "--decoder-own samples edits with the weights of --decoder-from DIR"),
+        ([str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own", "-1"],
+         "--decoder-own must be >= 0, got -1"),
+        ([str(tmp_path), "--decoder-lr", "0"],
+         "--decoder-lr must be in (0, 1], got 0.0"),
+        ([str(tmp_path), "--vae-locality", "-1"],
+         "--vae-locality must be >= 0, got -1.0"),
+        ([str(tmp_path), "--vae-locality", "0.1", "--vae-from", str(tmp_path)],
+         "--vae-locality weighs a loss of the VAE's training: not with"),
+        ([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"],
+         "no trained weights in"),
+    ):
+        with pytest.raises(SystemExit):
+            train.main(argv)
+        assert says in capsys.readouterr().err, argv
 
 
 def test_edit_noise_min_squeezes_the_edit_noise_levels_and_is_recorded():

@@ -487,8 +487,9 @@ def test_one_call_near_zero_noise_gives_the_target_back(capsys):
     in both stages (within a dB of the VAE's round trip of the targets, whose median over these 4 cases is what
     one decoder or another makes of a few hard cases: 29.8 dB with the decoder shipped until 2026-11-29, 27.4 with
     today's); at noise 1 it is the model's guess, further away. At 0.6 the shipped
-    weights' edit stage comes back above 20 dB (23.3 dB on these 4 cases): the estimate is x_t - s v, and the
-    wrong sign adds the noise again instead of removing it (10.7 dB, measured)."""
+    weights' edit stage comes back above 20 dB (24.4 dB on these 4 cases; 23.3 with the earlier decoder): the
+    estimate is x_t - s v, and the wrong sign adds the noise again instead of removing it (10.7 dB, measured with
+    the earlier decoder)."""
     import torch
 
     from hidream_ui.model.tiny.probe import one_call

@@ -442,6 +442,21 @@ def test_train_tiny_passes_the_decoder_flags_to_the_decoder_fine_tune(tmp_path, 
     assert default["own"] == 7 and default["own_share"] == train.DECODER_OWN_SHARE
 
 
+def test_to_images_is_the_inverse_of_pixels_and_clips():
+    """scoring.to_images undoes scoring.pixels exactly on the world's images, and clips what a decoder overshoots."""
+    import numpy as np
+    import torch
+
+    from hidream_ui.model.tiny.scoring import pixels, to_images
+
+    images = [world.make_case(seed).target for seed in range(3)]
+    x = pixels(images, torch)
+    assert np.array_equal(to_images(x), np.stack(images))
+    over = to_images(torch.stack([torch.full((3, 2, 2), 1.7), torch.full((3, 2, 2), -3.0)]))
+    assert over.dtype == np.uint8 and over.shape == (2, 2, 2, 3)
+    assert (over[0] == 255).all() and (over[1] == 0).all()
+
+
 def test_round_trip_scores_the_decoded_true_targets_like_edits(one_thread):
     """train.round_trip: the shipped VAE decodes the encoded true targets of training cases to a success every
     time; a decoder whose last convolution is zeroed (a grey canvas) fails them all, and says how many."""

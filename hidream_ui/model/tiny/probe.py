@@ -66,7 +66,7 @@ def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str]
 
         def decode(latents):
             x = vae.decode(latents / vae.config.scaling_factor + vae.config.shift_factor).sample
-            return ((x.permute(0, 2, 3, 1).clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
+            return scoring.to_images(x)
 
         source = encode([c.source for c in held_out])
         target = encode([c.target for c in held_out])

@@ -23,6 +23,12 @@ def pixels(images, torch):
     return torch.from_numpy(array).permute(0, 3, 1, 2).contiguous()
 
 
+def to_images(x) -> np.ndarray:
+    """The inverse of `pixels`: a decoder's float (N, 3, 128, 128) output, clipped to [-1, 1], as uint8
+    (N, 128, 128, 3)."""
+    return ((x.detach().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy()
+
+
 @contextmanager
 def eval_pipeline(weights: Path):
     """The editing pipeline of `weights` laid over a fresh build (a scratch folder, removed afterwards)."""

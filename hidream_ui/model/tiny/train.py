@@ -39,7 +39,7 @@ import numpy as np
 from hidream_ui.model.layout import E11_DIR, I1_DIR, LLAMA_DIR
 from hidream_ui.model.tiny import trained, words, world
 from hidream_ui.model.tiny.profiles import PROFILES
-from hidream_ui.model.tiny.scoring import PROFILE, eval_pipeline, pixels, summarize
+from hidream_ui.model.tiny.scoring import PROFILE, eval_pipeline, pixels, summarize, to_images
 
 FLOW_SHIFT = 3.0  # the scheduler's flow_shift (parts._scheduler_config)
 # Highest refine-stage noise level trained: at 4 steps with refine strength 0.3 the refine stage starts at 0.75.
@@ -932,8 +932,7 @@ def round_trip(vae, cases: list, torch) -> dict:
         for i in range(0, len(cases), 16):
             chunk = cases[i:i + 16]
             z = vae.encode(pixels([c.target for c in chunk], torch)).latent_dist.mode()
-            decoded = vae.decode(z).sample
-            images = ((decoded.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy()
+            images = to_images(vae.decode(z).sample)
             scores += [world.score(c, image) for c, image in zip(chunk, images)]
     success = [s["success"] for s in scores]
     return {"cases": len(scores), "success": round(float(np.mean(success)), 4) if scores else 1.0,
@@ -959,8 +958,7 @@ def _own_latents(weights: Path, vae, count: int, seeds: _Seeds, log: Callable[[s
                          generator=torch.Generator().manual_seed(case.seed % (2**31))).images
             z = z.float() / scale + shift
             with torch.no_grad():
-                decoded = vae.decode(z).sample[0]
-            image = ((decoded.clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).numpy()
+                image = to_images(vae.decode(z).sample)[0]
             if world.score(case, image)["colour_ok"]:
                 latents.append(z[0])
                 targets.append(pixels([case.target], torch)[0])

@@ -176,9 +176,9 @@ def test_history_survives_a_reload_and_stays_in_its_browser(app, page, browser):
     summary = finished_summary(page)
     seed = re.search(r"Seed (\d+)", summary).group(1)
     # The entry reaches the browser's storage by its own request after the summary shows (add_history):
-    # opening the tab before it lands refreshes the cards from the storage as it was (seen once in CI on a
-    # loaded machine: no card within 5 s). Wait for the storage to hold an entry (it is encrypted: an empty
-    # history is far shorter than 1000 characters, one entry far longer), then open the tab.
+    # opening the tab before it lands refreshes the cards from the storage as it was (seen once in a fresh-clone
+    # CI run with a training job beside it: no card within 5 s). Wait for the storage to hold an entry (it is
+    # encrypted: an empty history is far shorter than 1000 characters, one entry far longer), then open the tab.
     page.wait_for_function(f"() => (localStorage.getItem({STORAGE_KEY!r}) || '').length > 1000")
     page.get_by_role("tab", name="History").click()
     sync_api.expect(page.locator("#hui-history .hui-h-card").first).to_contain_text(f"seed {seed}")

@@ -373,7 +373,7 @@ def _vae_config(spec: TinyProfile | None = None) -> dict[str, Any]:
         "down_block_types": ["DownEncoderBlock2D"] * blocks,
         "force_upcast": True,
         "in_channels": 3,
-        "latent_channels": 16,
+        "latent_channels": spec.latent_channels if spec is not None else 16,
         "latents_mean": None,
         "latents_std": None,
         "layers_per_block": spec.vae_layers_per_block if spec is not None else 2,

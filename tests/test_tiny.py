@@ -207,7 +207,6 @@ def test_tiny_transformer_config_matches_profile(tiny_dir):
     assert (vae["use_quant_conv"], vae["use_post_quant_conv"]) == (False, False)
 
 
-
 def test_vae_latent_channels_follow_the_profile():
     # The transformer's in/out channels and the VAE's latent channels are one fact (the profile's): a profile with
     # fewer latent channels must get a VAE that writes that many, or the pipeline's latents would not fit.
@@ -220,6 +219,7 @@ def test_vae_latent_channels_follow_the_profile():
     assert narrow.transformer_config()["in_channels"] == narrow.transformer_config()["out_channels"] == 4
     assert parts._vae_config(profiles.PROFILES["trained"])["latent_channels"] == 16
     assert parts._vae_config()["latent_channels"] == 16
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Determinism, CLI, overwrite rules

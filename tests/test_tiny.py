@@ -214,10 +214,13 @@ def test_vae_latent_channels_follow_the_profile():
 
     from hidream_ui.model.tiny import parts
 
-    narrow = dataclasses.replace(profiles.PROFILES["trained"], latent_channels=4)
-    assert parts._vae_config(narrow)["latent_channels"] == 4
-    assert narrow.transformer_config()["in_channels"] == narrow.transformer_config()["out_channels"] == 4
-    assert parts._vae_config(profiles.PROFILES["trained"])["latent_channels"] == 16
+    trained = profiles.PROFILES["trained"]
+    assert trained.latent_channels == 4  # the shipped weights' (assets/tiny_trained)
+    assert parts._vae_config(trained)["latent_channels"] == 4
+    assert trained.transformer_config()["in_channels"] == trained.transformer_config()["out_channels"] == 4
+    wide = dataclasses.replace(trained, latent_channels=8)
+    assert parts._vae_config(wide)["latent_channels"] == 8
+    assert parts._vae_config(profiles.PROFILES["tiny"])["latent_channels"] == 16
     assert parts._vae_config()["latent_channels"] == 16
 
 

@@ -66,7 +66,7 @@ def trained_banner() -> str:
     from hidream_ui.model.tiny import world
 
     return (
-        "**Offline demo model: a tiny HiDream-E1 trained here on a world of coloured shapes, still learning.** "
+        "**Offline demo model: a tiny HiDream-E1 trained here on a world of coloured shapes.** "
         '<span class="hui-banner-more">It knows 128x128 scenes of circles, squares and triangles and three '
         f"instructions: *make the {{{' / '.join(world.SHAPES)}}} {{{' / '.join(world.COLOURS)}}}*, "
         f"*remove the {{shape}}*, *make the background {{{' / '.join(world.BACKGROUNDS)}}}*. {_held_out_line()}"

@@ -11,8 +11,8 @@ with three guidance branches, then x_t alone with two) and averages them over th
 Home of the ratios: ``RATIOS_FILE`` in the E1.1 transformer folder (next to its config.json). The loader
 attaches it to the transformer (``ATTRIBUTE``), where the cache install finds it. mag_calibrate.py measures
 one; `train-tiny OUT --eval-only --calibrate-magcache N` records one in the trained tiny model's trained.json;
-a tiny build writes the file from there. (The shipped trained weights carry none: on them it measured
-worse than Flux's curve, docs/speed.md.)
+a tiny build writes the file from there. (The trained weights shipped since 2026-11-29 evening carry one: on
+them it measured better than Flux's curve; the ones before carried none, docs/speed.md.)
 """
 
 from __future__ import annotations

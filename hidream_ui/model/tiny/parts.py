@@ -373,10 +373,11 @@ def _vae_config(spec: TinyProfile | None = None) -> dict[str, Any]:
         "down_block_types": ["DownEncoderBlock2D"] * blocks,
         "force_upcast": True,
         "in_channels": 3,
-        "latent_channels": spec.latent_channels if spec is not None else 16,
+        # No profile (the shared text-side builds): the profile defaults, so each number has one home.
+        "latent_channels": (spec or TinyProfile).latent_channels,
         "latents_mean": None,
         "latents_std": None,
-        "layers_per_block": spec.vae_layers_per_block if spec is not None else 2,
+        "layers_per_block": (spec or TinyProfile).vae_layers_per_block,
         "mid_block_add_attention": True,
         "norm_num_groups": (spec.vae_norm_num_groups if spec is not None else None) or _TEXT.vae_norm_num_groups,
         "out_channels": 3,

@@ -135,7 +135,7 @@ def test_four_concurrent_edits_land_on_both_replicas_and_equal_the_local_pool(ra
         assert np.abs(pixels(result.saved_png) - expected).max() <= 1, seed  # to one 8-bit level
 
 
-def test_cancel_reaches_the_replica_within_two_steps_and_saves_nothing(ray_engine):
+def test_cancel_reaches_the_replica_which_stops_after_its_current_step_and_saves_nothing(ray_engine):
     from hidream_ui.engine.errors import EditCancelled
     from hidream_ui.engine.jobs import CancelToken
 
@@ -155,7 +155,14 @@ def test_cancel_reaches_the_replica_within_two_steps_and_saves_nothing(ray_engin
     stopped = wait_for(lambda: [job for job in ray_engine.replica_last_jobs().values()
                                 if "steps_run" in job and job.get("cancelled_at_step") is not None],
                        "the replica to report where it stopped", timeout=30)
-    assert stopped[0]["steps_run"] - 3 <= 2 and stopped[0]["steps_run"] < STEPS_LONG, stopped
+    job = stopped[0]
+    # The replica's promise (docs/cluster.md): once the cancel arrives, the edit stops after its current step.
+    assert job["steps_run"] - job["cancelled_at_step"] <= 1, stopped
+    # The cancel's trip from the app to the replica takes wall time, not steps: a step of the offline model is
+    # about 15 ms here, and a bound of 2 steps for trip and step together failed once in a fresh-clone CI run
+    # (the cancel arrived 2 steps late, the replica then stopped after its current step, as promised). Far short
+    # of the edit's end is the bound that does not depend on the machine's load.
+    assert 3 <= job["cancelled_at_step"] < STEPS_LONG // 2, stopped
     assert set(out.glob("*")) == before  # nothing saved
 
 

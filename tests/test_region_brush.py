@@ -16,7 +16,7 @@ from PIL import Image
 from hidream_ui.edits import EDIT_FORM, EditParams, RequestError
 from hidream_ui.outputs import read_metadata
 from hidream_ui.ui.handlers import Handlers, open_region
-from hidream_ui.ui.history_entries import added, chains, check_entries, render_entries
+from hidream_ui.ui.history_entries import added, chains, check_entries, render_entries, signed
 from hidream_ui.ui.region_editor import brush_radius
 
 SIZE = (128, 96)  # width, height
@@ -175,8 +175,14 @@ def test_two_chained_edits_the_second_names_the_first(app, handlers, files):
     # "Edit the result" twice: each time the browser hands back gradio's copy of the result.
     _, png1, _, entry1 = run_edit(handlers, files["noise.png"], None, seed=1, steps=2)
     _, png2, _, entry2 = run_edit(handlers, gradio_copy(app, png1), None, seed=2, steps=2)
-    history = added(added([], entry1["history"]), entry2["history"])
-    checked = check_entries(history, app["demo"].hidream_services.results.stored)
+    results, secret = app["demo"].hidream_services.results, "this-browser"
+
+    def sign(entry):  # as add_history signs a finished edit's entry for the browser that made it
+        return signed(entry, lambda result: results.ticket(result, secret))
+
+    history = added(added([], sign(entry1["history"])), sign(entry2["history"]))
+    checked = check_entries(history, lambda result, ticket: results.stored(result, ticket, secret))
+    assert all(entry.available for entry in checked)
     assert chains(checked)[0].parent == 1
     cards = render_entries(checked).split('class="hui-h-card"')[1:]
     assert "edit 2 of a chain of 2 · from result 2: “make it blue”" in cards[0]

@@ -202,7 +202,7 @@ def test_an_unpaired_surrogate_is_a_clear_request_error(field):
 
 def test_history_keeps_the_settings_of_results_retention_deleted(tmp_path):
     from hidream_ui.server.files import ServedResults
-    from hidream_ui.ui.history_entries import check_entries, new_entry, render_entries
+    from hidream_ui.ui.history_entries import check_entries, new_entry, render_entries, signed
 
     served = ServedResults()
     kept, pruned = tmp_path / "kept.png", tmp_path / "pruned.png"
@@ -210,10 +210,12 @@ def test_history_keeps_the_settings_of_results_retention_deleted(tmp_path):
         Image.new("RGB", (8, 8)).save(path)
     served.add(kept, pruned)
     picture = Image.new("RGB", (8, 8))
-    entries = [new_entry(png=str(path), ticket=served.ticket(str(path)), params={"instruction": name, "seed": 5},
-                         before=picture, after=picture) for path, name in ((pruned, "old"), (kept, "new"))]
+    secret = "this-browser"
+    entries = [signed(new_entry(result=served.result_id(path), name=path.name, params={"instruction": name, "seed": 5},
+                                before=picture, after=picture), lambda result: served.ticket(result, secret))
+               for path, name in ((pruned, "old"), (kept, "new"))]
     pruned.unlink()  # retention
-    checked = check_entries(entries, served.stored)
+    checked = check_entries(entries, lambda result, ticket: served.stored(result, ticket, secret))
     assert [entry.params.instruction for entry in checked] == ["old", "new"]  # indexes still match
     assert (checked[0].available, checked[0].png) == (False, None)
     assert (checked[1].available, checked[1].png) == (True, str(kept))

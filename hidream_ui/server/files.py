@@ -101,25 +101,58 @@ class ServedResults:
     file request, so adding a path here makes that one file reachable.
     """
 
+    # A History entry names its result by an opaque id (`result_id`), never by its path, signed for
+    # one browser (`ticket`). What a browser sends back is bounded before it is hashed or looked up.
+    ID_CHARS = 22  # secrets.token_urlsafe(16)
+    MAX_BROWSER_CHARS = 128  # the browser's secret (history_entries.new_browser_secret: 43 characters)
+
     def __init__(self, fixed: Iterable[str | os.PathLike] = ()):
         self._fixed = [str(p) for p in fixed]
         self._results: list[str] = []
         self._lock = threading.Lock()
         self.allowed: list[str] = list(self._fixed)
-        # Signs the result paths handed to a browser (its History lives in the browser's own storage,
-        # which the browser can rewrite): a path comes back usable only with this process's signature.
+        # path -> id and back, only for results still served (add() drops the others), so the map is
+        # bounded like the result list. Random, not derived from the path: an id says nothing.
+        self._ids: dict[str, str] = {}
+        self._paths: dict[str, str] = {}
+        # This process's key: a History entry (in the browser's own storage, which the browser can
+        # rewrite) opens a result only with a ticket made here, so a restart ends every ticket.
         self._key = secrets.token_bytes(32)
 
-    def ticket(self, path: str | os.PathLike) -> str:
-        """A signature of `path` by this server (a History entry carries it beside the path)."""
-        return hmac.new(self._key, os.fspath(path).encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    def result_id(self, path: str | os.PathLike | None) -> str | None:
+        """The opaque id a browser keeps for the served result `path` (made on first ask; None when
+        `path` is not a result this server serves)."""
+        if not path:
+            return None
+        path = os.fspath(path)
+        with self._lock:
+            if path not in self._results:
+                return None
+            if path not in self._ids:
+                made = secrets.token_urlsafe(16)
+                self._ids[path], self._paths[made] = made, path
+            return self._ids[path]
 
-    def stored(self, path: Any, ticket: Any) -> bool:
-        """True when `path` is a result this server wrote, still serves, and signed `ticket` for:
-        a path a browser sends back (History's "edit again") is used only then."""
-        if not isinstance(path, str) or not isinstance(ticket, str):
-            return False
-        return hmac.compare_digest(self.ticket(path), ticket) and path in self._results and os.path.isfile(path)
+    def ticket(self, result_id: str, browser: str) -> str:
+        """The signature of a History entry: this process's key over the result's id and the
+        browser's secret (history_entries says what it binds and what it does not)."""
+        message = f"hidream-ui history\0{result_id}\0{browser}".encode("utf-8", "surrogatepass")
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def stored(self, result_id: Any, ticket: Any, browser: Any) -> str | None:
+        """The path of the result `result_id` names when this server signed `ticket` for it and for
+        this `browser` (its secret), still serves it and the file is there; else None. A path a
+        browser sends back is never looked at: an entry names only an id."""
+        if not (isinstance(result_id, str) and isinstance(ticket, str) and isinstance(browser, str)):
+            return None
+        if len(result_id) != self.ID_CHARS or len(ticket) != 64 or not 0 < len(browser) <= self.MAX_BROWSER_CHARS:
+            return None
+        # As bytes: compare_digest refuses str with non-ASCII characters (a browser can send any).
+        if not hmac.compare_digest(self.ticket(result_id, browser).encode(), ticket.encode("utf-8", "surrogatepass")):
+            return None
+        with self._lock:
+            path = self._paths.get(result_id)
+        return path if path is not None and os.path.isfile(path) else None
 
     def add(self, *paths: str | os.PathLike | None) -> None:
         with self._lock:
@@ -127,6 +160,9 @@ class ServedResults:
             # Retention may have deleted older results: they are no longer served either.
             self._results = [p for p in dict.fromkeys(self._results) if os.path.isfile(p)]
             self.allowed[:] = self._fixed + self._results  # in place: gradio holds this list
+            served = set(self._results)
+            self._ids = {path: made for path, made in self._ids.items() if path in served}
+            self._paths = {made: path for path, made in self._ids.items()}
 
     def __contains__(self, path: object) -> bool:
         return str(path) in self.allowed

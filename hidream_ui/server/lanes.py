@@ -17,12 +17,17 @@ REWRITER_CONCURRENCY = 4
 # small lane of its own, bounded like the device lane (admission), never beside the queue.
 SETTINGS_FILE_GROUP = "settings-file"
 SETTINGS_FILE_CONCURRENCY = 2
+# The History refresh (page load, History tab opened): it reads the list a browser sends back,
+# which the browser can make as long as --max-body-kb allows, so it is queued on a small lane of its
+# own, bounded like the device lane (admission), never beside the queue.
+HISTORY_GROUP = "history"
+HISTORY_CONCURRENCY = 2
 # The Speed setting (/set_speed): instant and engine-wide; queued so that it has one way in, on a
 # lane of its own so that it never waits behind edits.
 CONTROL_GROUP = "control"
 
 # Every lane the app admits jobs on (cli/app.py hands this to gradio_internals.admit_jobs).
-ALL_LANES = (DEVICE_GROUP, REWRITER_GROUP, SETTINGS_FILE_GROUP, CONTROL_GROUP)
+ALL_LANES = (DEVICE_GROUP, REWRITER_GROUP, SETTINGS_FILE_GROUP, HISTORY_GROUP, CONTROL_GROUP)
 
 # Inputs added at the end of an event after clients were written against it, by api_name: a raw REST
 # client that posts the older, shorter `data` list gets None for them (gradio itself refuses a short

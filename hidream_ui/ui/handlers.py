@@ -50,7 +50,16 @@ from hidream_ui.ui.common import (
     stopped_message,
     summarise_result,
 )
-from hidream_ui.ui.history_entries import added, check_entries, new_entry, picker_choices, render_entries
+from hidream_ui.ui.history_entries import (
+    added,
+    browser_secret,
+    check_entries,
+    new_browser_secret,
+    new_entry,
+    picker_choices,
+    render_entries,
+    signed,
+)
 from hidream_ui.ui.services import STOPPED_BY_USER, AppServices, redact_paths
 from hidream_ui.ui.status_panel import attention_label, render_state, render_status, render_visitor_card
 
@@ -281,8 +290,10 @@ class Handlers:
             "png": png,
             "summary": summary_line(metadata),
             "metadata": metadata,
-            # What this browser's History keeps of it (history_entries: thumbnails, signed path).
-            "history": new_entry(png=png, ticket=self.services.results.ticket(png) if png else None,
+            # What this browser's History keeps of it (history_entries: thumbnails, the result's
+            # opaque id, never its path; add_history signs it for the browser).
+            "history": new_entry(result=self.services.results.result_id(png),
+                                 name=result.saved_png.name if result.saved_png else None,
                                  params=metadata.get("params") or result.params.to_dict(),
                                  before=result.source_image, after=result.image,
                                  seconds=round(result.timings.total, 2), parent=metadata.get("parent"),
@@ -657,28 +668,39 @@ class Handlers:
 
     # ------------------------------------------------------------------ history
     # The History lives in the browser (gr.BrowserState: it survives a reload, and holds only that
-    # browser's results). What comes back from it is checked (history_entries.check_entries); the
-    # checked list is kept server-side for the session (a gr.State) and the buttons act on it.
-    def _history_view(self, stored: Any):
-        checked = check_entries(stored, self.services.results.stored)
+    # browser's results), beside the browser's secret that its entries are signed for. What comes
+    # back from it is checked (history_entries.check_entries); the checked list is kept server-side
+    # for the session (a gr.State) and the buttons act on it.
+    def _history_view(self, stored: Any, secret: str):
+        results = self.services.results
+        checked = check_entries(stored, lambda result, ticket: results.stored(result, ticket, secret))
         choices = picker_choices(checked)
         picker = gr.update(choices=choices, value=choices[0][1] if choices else None)
         return checked, render_entries(checked), picker
 
-    def add_history(self, stored: Any, entry: dict | None):
-        """A finished edit: its entry goes first in this browser's History. Returns (the browser's
-        list, the checked list, the cards, the picker, the result's buttons row)."""
-        history = added(stored, (entry or {}).get("history"))
+    def add_history(self, stored: Any, secret: Any, entry: dict | None):
+        """A finished edit: its entry, signed for this browser, goes first in its History. Returns
+        (the browser's list, the checked list, the cards, the picker, the result's buttons row, the
+        browser's secret: made here if the page load did not make it)."""
+        secret = browser_secret(secret)
+        made = (entry or {}).get("history")
+        results = self.services.results
+        history = added(stored, signed(made, lambda result: results.ticket(result, secret)) if made else None)
         # The result's buttons and seed show with a result (a stopped edit has none).
-        return (history, *self._history_view(history), gr.Row(visible=True) if entry else gr.update())
+        return (history, *self._history_view(history, secret), gr.Row(visible=True) if entry else gr.update(),
+                secret)
 
-    def refresh_history(self, stored: Any):
-        """The History as this browser stored it (page load, tab opened): checked, then drawn."""
-        return self._history_view(stored)
+    def refresh_history(self, stored: Any, secret: Any):
+        """The History as this browser stored it (page load, tab opened): checked, then drawn.
+        Returns (the checked list, the cards, the picker, the browser's secret: made on its first visit)."""
+        secret = browser_secret(secret)
+        return (*self._history_view(stored, secret), secret)
 
     def clear_history(self):
-        """Forgets this browser's History (the result files stay on the server until retention)."""
-        return [], *self._history_view([])
+        """Forgets this browser's History (the result files stay on the server until retention) and
+        gives it a new secret: a copy of the old entries opens nothing here any more."""
+        secret = new_browser_secret()
+        return [], *self._history_view([], secret), secret
 
     @staticmethod
     def _picked(checked: list | None, index: Any):

@@ -2,10 +2,24 @@
 reload), and how the server reads them back.
 
 An entry lives in the browser's storage, which the browser can rewrite, so everything read back
-is checked: the settings are validated like any request, the thumbnails must be small JPEG data
-URIs, and the result path counts only with the server's signature (`ServedResults.ticket`) and
-while this server still serves it. A forged or foreign path is shown as "not on this server" and
-is never opened. No gradio here: the History tab (history_tab.py) and the handlers use it.
+is checked, and only its first MAX_ENTRIES, each only as far as the keys read here (a request
+of any length under the body limit costs no more than a full History): the settings are
+validated like any request, the thumbnails must be small JPEG data URIs, and the result counts
+only with the server's signature and while this server still serves it.
+
+An entry never holds a server path. It names its result by an opaque id (`ServedResults.result_id`,
+random, mapped to the file on the server) and carries a ticket: HMAC-SHA256 under this server
+process's key of the id together with the browser's secret (`new_browser_secret`, made once per
+browser and kept in its own storage beside the History). The ticket binds exactly those three:
+an entry opens its result only in a browser holding the same secret, on the process that signed it
+(once retention deleted the file, the entry keeps its settings only; a restart ends every ticket,
+and gradio's BrowserState, encrypted under a key of each process, then reads as empty). Copied
+into another browser (another secret), or made up, an entry shows "not on this server" and opens
+nothing. It does not bind the rest of the entry (settings, thumbnails, time, chain: the browser's
+own words, shown as such), and it cannot tell a browser from a copy of its whole storage: whoever
+copies the secret with the entries is that browser. "Forget this browser's history" makes a new
+secret, so copies of the old entries open nothing here either.
+No gradio here: the History tab (history_tab.py) and the handlers use it.
 """
 
 from __future__ import annotations
@@ -14,18 +28,38 @@ import base64
 import html
 import io
 import re
+import secrets
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from hidream_ui.edits import EditParams, RequestError
+from hidream_ui.edits import MAX_PROMPT_CHARS, SETTING_NAMES, EditParams, RequestError
 
 MAX_ENTRIES = 30  # newest first; the oldest go (thumbnails are a few kB each in localStorage)
 THUMB_SIDE = 160  # px, the longer side of a History thumbnail
 MAX_THUMB_CHARS = 48_000  # a 160 px JPEG is ~5-10 kB; anything far larger is not ours
 _THUMB = re.compile(r"data:image/jpeg;base64,[A-Za-z0-9+/]+={0,2}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# The browser's secret: secrets.token_urlsafe(32). Anything else the browser sends is replaced.
+_SECRET = re.compile(r"[A-Za-z0-9_-]{43}")
+# The params keys EditParams.from_dict reads: only these are looked at (a params mapping of any
+# size costs a dozen lookups), and only scalars (a container would cost its repr in the error).
+_PARAM_KEYS = ("instruction", "seed", *SETTING_NAMES)
+_SCALARS = (str, int, float, bool, type(None))
+# An opener: (result id, ticket) -> the result's path on this server, or None (ServedResults.stored
+# with the browser's secret bound in).
+Opener = Callable[[Any, Any], "str | None"]
+
+
+def new_browser_secret() -> str:
+    """A new random secret for one browser (kept in its own storage; see the module docstring)."""
+    return secrets.token_urlsafe(32)
+
+
+def browser_secret(value: Any) -> str:
+    """The browser's secret as it sent it, or a new one when it has none (a first visit, storage
+    cleared, or a restart: gradio's BrowserState then reads nothing) or sent something else."""
+    return value if isinstance(value, str) and _SECRET.fullmatch(value) else new_browser_secret()
 
 # The settings shown under each entry: (params key, label, format).
 READABLE_SETTINGS = (
@@ -47,23 +81,35 @@ def thumbnail(image: Any, side: int = THUMB_SIDE) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def new_entry(*, png: str | None, ticket: str | None, params: Mapping[str, Any], before: Any, after: Any,
+def new_entry(*, result: str | None, name: str | None, params: Mapping[str, Any], before: Any, after: Any,
               seconds: float | None = None, parent: Mapping[str, Any] | None = None,
               sha256: str | None = None) -> dict:
-    """The History entry of a finished edit (JSON: it is stored in the browser). `parent`: the
-    metadata's {file, sha256, of} of the image it was made from; `sha256`: the saved PNG's own, so
-    that an edit of this result (whose parent is this PNG) finds it: History draws the chain."""
+    """The History entry of a finished edit (JSON: it is stored in the browser), not yet signed
+    (`signed` adds the ticket once the browser's secret is known). `result`: the result's opaque id
+    (`ServedResults.result_id`), `name`: its file name, never its path. `parent`: the metadata's
+    parent of the image it was made from, of which only the sha256 is kept; `sha256`: the saved
+    PNG's own, so that an edit of this result (whose parent is this PNG) finds it: History draws the chain."""
+    link = _sha(parent.get("sha256")) if isinstance(parent, Mapping) else None
     return {
-        "png": png, "ticket": ticket, "name": Path(png).name if png else None,
+        "result": result, "ticket": None, "name": name,
         "params": dict(params), "before": thumbnail(before), "after": thumbnail(after),
-        "seconds": seconds, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "parent": parent, "sha256": sha256,
+        "seconds": seconds, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "parent": {"sha256": link} if link else None, "sha256": sha256,
     }
+
+
+def signed(entry: Mapping[str, Any], ticket: Callable[[str], str]) -> dict:
+    """`entry` with its ticket for one browser (`ticket(result_id)`: ServedResults.ticket with the
+    browser's secret bound in); an entry without a result stays unsigned."""
+    result = entry.get("result")
+    return {**entry, "ticket": ticket(result) if isinstance(result, str) else None}
 
 
 @dataclass(frozen=True)
 class CheckedEntry:
-    """An entry read back from a browser and checked. `available`: the result file is this
-    server's, signed for this browser's entry, and still served."""
+    """An entry read back from a browser and checked. `available`: its result is this server's,
+    signed for this browser, and still served; `png` is then the result's path on this server
+    (found from the entry's id, never read from the entry; kept server-side, in a gr.State)."""
 
     params: EditParams
     png: str | None
@@ -91,34 +137,53 @@ def _sha(value: Any) -> str | None:
     return value if isinstance(value, str) and _SHA256.fullmatch(value) else None
 
 
-def check_entries(entries: Any, stored) -> list[CheckedEntry]:
-    """The browser's entries, checked (`stored(path, ticket)`: `ServedResults.stored`); entries that
-    are not entries (wrong types, settings that do not validate) are left out."""
+def _params(value: Any) -> EditParams | None:
+    """An entry's settings, validated; None when they are not settings. Reads only the keys
+    from_dict reads, and refuses containers and over-long text before validating."""
+    if not isinstance(value, Mapping):
+        return None
+    read = {key: value[key] for key in _PARAM_KEYS if key in value}
+    if any(not isinstance(item, _SCALARS) or (isinstance(item, str) and len(item) > MAX_PROMPT_CHARS)
+           for item in read.values()):
+        return None
+    try:
+        return EditParams.from_dict(read)
+    except (RequestError, TypeError, ValueError):
+        return None
+
+
+def _first(entries: Any) -> list:
+    """The first MAX_ENTRIES items of the browser's list, before anything is looked at: the browser
+    keeps no more (`added`), and a longer list costs no more than a full one."""
+    return entries[:MAX_ENTRIES] if isinstance(entries, list) else []
+
+
+def check_entries(entries: Any, opened: Opener) -> list[CheckedEntry]:
+    """The browser's first MAX_ENTRIES entries, checked (`opened(result_id, ticket)`: the result's
+    path when the ticket is this server's for this browser, else None: `ServedResults.stored` with
+    the browser's secret bound in); entries that are not entries (wrong types, settings that do not
+    validate) are left out. An entry of an older version (a `png` path, no id) keeps its settings only."""
     checked = []
-    for entry in entries if isinstance(entries, list) else []:
+    for entry in _first(entries):
         if not isinstance(entry, Mapping):
             continue
-        try:
-            params = EditParams.from_dict(entry.get("params"))
-        except (RequestError, TypeError, ValueError):
+        params = _params(entry.get("params"))
+        if params is None:
             continue
-        png = entry.get("png") if isinstance(entry.get("png"), str) else None
-        available = png is not None and stored(png, entry.get("ticket"))
+        png = opened(entry.get("result"), entry.get("ticket"))
         name = entry.get("name") if isinstance(entry.get("name"), str) else ""
         moment = entry.get("time") if isinstance(entry.get("time"), str) else ""
         parent = entry.get("parent") if isinstance(entry.get("parent"), Mapping) else {}
-        checked.append(CheckedEntry(params=params, png=png if available else None, available=available,
+        checked.append(CheckedEntry(params=params, png=png, available=png is not None,
                                     before=_thumb(entry.get("before")), after=_thumb(entry.get("after")),
                                     time=moment[:19], name=name[:120], sha256=_sha(entry.get("sha256")),
                                     parent_sha256=_sha(parent.get("sha256"))))
-        if len(checked) >= MAX_ENTRIES:
-            break
     return checked
 
 
 def added(entries: Any, entry: Mapping[str, Any] | None) -> list:
     """The browser's list with `entry` first (newest first), at most MAX_ENTRIES."""
-    kept = [e for e in (entries if isinstance(entries, list) else []) if isinstance(e, Mapping)]
+    kept = [e for e in _first(entries) if isinstance(e, Mapping)]
     return ([dict(entry)] if entry else []) + kept[:MAX_ENTRIES - (1 if entry else 0)]
 
 
@@ -231,5 +296,6 @@ HISTORY_CSS = """
 """
 
 
-__all__ = ["ChainLink", "CheckedEntry", "HISTORY_CSS", "MAX_ENTRIES", "READABLE_SETTINGS", "added", "chains",
-           "check_entries", "new_entry", "picker_choices", "render_entries", "thumbnail"]
+__all__ = ["ChainLink", "CheckedEntry", "HISTORY_CSS", "MAX_ENTRIES", "Opener", "READABLE_SETTINGS", "added",
+           "browser_secret", "chains", "check_entries", "new_browser_secret", "new_entry", "picker_choices",
+           "render_entries", "signed", "thumbnail"]

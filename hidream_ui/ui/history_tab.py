@@ -1,10 +1,14 @@
 """The History tab: this browser's results, their settings, and the way back into the Edit form.
 
 The entries live in the browser (`gr.BrowserState`): they survive a reload and belong to that
-browser only (another visitor never sees them). What comes back from the browser is checked by
-`history_entries.check_entries` (settings validated, result paths only with this server's
-signature and while it still serves them); the checked list stays server-side in a gr.State and
-"Load settings" / "Edit again" act on it.
+browser only (another visitor never sees them). Beside them the browser keeps its own random
+secret (a second BrowserState, made by the server on the first visit): each entry names its result
+by an opaque id signed together with that secret (history_entries says what the signature binds).
+What comes back from the browser is checked by `history_entries.check_entries` (its first 30
+entries only, settings validated, a result only with this server's signature for this browser and
+while it still serves it); the checked list stays server-side in a gr.State and "Load settings" /
+"Edit again" act on it. The refresh (page load, tab opened) runs queued on a small lane of its own
+(server/lanes.py HISTORY_GROUP), with the admission limits of every lane.
 
 `build_history_tab()` adds the tab and returns its `HistoryTabHandles`; `wire_history_tab(...)`
 connects it to the Edit tab (a finished edit is added; "Load settings" and a PNG's settings fill
@@ -18,18 +22,21 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from hidream_ui.server.lanes import HISTORY_CONCURRENCY, HISTORY_GROUP
 from hidream_ui.ui.common import SETTINGS_FILE_CONCURRENCY, SETTINGS_FILE_GROUP
 from hidream_ui.ui.edit_tab import EditTabHandles
 from hidream_ui.ui.handlers import Handlers
 from hidream_ui.ui.history_entries import HISTORY_CSS, render_entries
 
 STORAGE_KEY = "hidream-ui-history"  # the browser's localStorage key
+SECRET_KEY = "hidream-ui-history-secret"  # the browser's secret (history_entries.new_browser_secret)
 
 
 @dataclass(frozen=True)
 class HistoryTabHandles:
     tab: gr.Tab
     stored: gr.BrowserState  # this browser's entries (JSON), newest first
+    secret: gr.BrowserState  # this browser's secret, which its entries are signed for ("" until made)
     checked: gr.State  # the same, checked by the server (history_entries.CheckedEntry)
     cards: gr.HTML
     picker: gr.Dropdown
@@ -59,8 +66,9 @@ def build_history_tab() -> HistoryTabHandles:
         # Rendered by build_demo outside the tabs: a tab's content mounts only once it is opened,
         # and the storage must be written even if the History tab never was.
         stored = gr.BrowserState([], storage_key=STORAGE_KEY, render=False)
+        secret = gr.BrowserState("", storage_key=SECRET_KEY, render=False)
         checked = gr.State([])
-    return HistoryTabHandles(tab=tab, stored=stored, checked=checked, cards=cards, picker=picker,
+    return HistoryTabHandles(tab=tab, stored=stored, secret=secret, checked=checked, cards=cards, picker=picker,
                              apply_button=apply_button, edit_again_button=edit_again_button,
                              clear_button=clear_button, settings_file=settings_file)
 
@@ -70,16 +78,21 @@ def wire_history_tab(history: HistoryTabHandles, edit: EditTabHandles, tabs: gr.
     private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
     view = [history.checked, history.cards, history.picker]
     # On page load (the browser's storage arrives with it) and whenever the tab opens (retention
-    # may have deleted a result since).
-    demo.load(handlers.refresh_history, [history.stored], view, **private)
-    history.tab.select(handlers.refresh_history, [history.stored], view, **private)
+    # may have deleted a result since). The browser sends its whole stored list, which it can
+    # rewrite to any length under --max-body-kb: queued on a small lane of its own, with the
+    # admission limits of every lane (cli/app.py), never beside the queue; it looks at 30 entries.
+    lane = {"concurrency_id": HISTORY_GROUP, "concurrency_limit": HISTORY_CONCURRENCY, "show_progress": "hidden",
+            "api_visibility": "private"}
+    refresh = ([history.stored, history.secret], [*view, history.secret])
+    demo.load(handlers.refresh_history, *refresh, **lane)
+    history.tab.select(handlers.refresh_history, *refresh, **lane)
     # The form round trip: the settings fill the Edit form's widgets in EDIT_FORM order.
     history.apply_button.click(handlers.apply_history, [history.checked, history.picker], [*edit.inputs, tabs],
                                queue=False, api_visibility="private")
     history.edit_again_button.click(handlers.edit_again, [history.checked, history.picker],
                                     [edit.image, edit.form["instruction"], tabs], queue=False,
                                     api_visibility="private")
-    history.clear_button.click(handlers.clear_history, None, [history.stored, *view], **private)
+    history.clear_button.click(handlers.clear_history, None, [history.stored, *view, history.secret], **private)
     # It decodes a client's file: queued on a small lane of its own, with the device lane's admission
     # limits (cli/app.py `admission`), never a way around the queue.
     history.settings_file.upload(handlers.settings_from_file, [history.settings_file], [*edit.inputs, tabs],
@@ -91,11 +104,12 @@ def add_to_history(history: HistoryTabHandles, edit: EditTabHandles, handlers: H
     """What a finished edit does to the History tab: `event.success(...)` for an Edit tab event."""
 
     def chain(event):
-        return event.success(handlers.add_history, [history.stored, edit.last_entry],
-                             [history.stored, history.checked, history.cards, history.picker, edit.result_details],
+        return event.success(handlers.add_history, [history.stored, history.secret, edit.last_entry],
+                             [history.stored, history.checked, history.cards, history.picker, edit.result_details,
+                              history.secret],
                              queue=False, show_progress="hidden", api_visibility="private")
 
     return chain
 
 
-__all__ = ["HistoryTabHandles", "STORAGE_KEY", "build_history_tab", "wire_history_tab", "add_to_history"]
+__all__ = ["HistoryTabHandles", "SECRET_KEY", "STORAGE_KEY", "build_history_tab", "wire_history_tab", "add_to_history"]

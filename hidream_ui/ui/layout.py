@@ -212,6 +212,7 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
             with gr.Column(scale=1, min_width=270, elem_id="hui-system"):
                 panel = build_system_panel(engine, handlers, lane)
         history.stored.render()  # outside the tabs (see build_history_tab)
+        history.secret.render()
 
         runs = wire_edit_tab(edit, handlers, lane, on_edit=add_to_history(history, edit, handlers))
         runs += [run for tab in extra for run in getattr(tab, "runs", ())]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,15 @@ class AppConfig:
     max_body_kb: int = 1024
     # A session that names no request for this long (and has nothing queued or running) loses its state.
     session_idle_expiry: int = 3600
+    # New sessions (page loads, API clients) one address may open per minute: a flood of fresh sessions
+    # is refused (429) long before it could push a visitor's session out of gradio's table.
+    max_new_sessions: int = 120
+    # Proxies whose X-Forwarded-For names the client (addresses or networks; ("*",): any). Empty: nobody's,
+    # so every per-address limit keys on the connection's own address (uvicorn alone trusts 127.0.0.1).
+    forwarded_allow_ips: tuple[str, ...] = ()
+    # Gradio's run history (its /gradio_api/runs page, /gradio_api/run-history/* routes, runs kept in the
+    # browser): off unless the operator turns it on (gradio's own default is on).
+    run_history: bool = False
     # Instruction rewriting: a VLM behind an OpenAI-compatible URL, or the local Llama (text only).
     # The API key is read from the environment when the client is made, never stored here.
     rewriter: str = "auto"
@@ -222,13 +232,17 @@ _SERVER_OPTIONS = [
     ("--max-login-failures", ("HIDREAM_MAX_LOGIN_FAILURES",), "max_login_failures",
      "failed logins per address or user name per minute before they pause for a minute (default 5)"),
     ("--cache-max-files", ("HIDREAM_CACHE_MAX_FILES",), "cache_max_files",
-     "files in Gradio's upload/result cache for this app; when full, uploads are refused (default 1000)"),
+     "files in Gradio's upload/result cache for this app; when full, the heaviest client's least recently used "
+     "files go (default 1000)"),
     ("--cache-max-mb", ("HIDREAM_CACHE_MAX_MB",), "cache_max_mb",
-     "MB in Gradio's upload/result cache for this app; when full, uploads are refused (default 4000)"),
+     "MB in Gradio's upload/result cache for this app; when full, the heaviest client's least recently used "
+     "files go (default 4000)"),
     ("--client-quota-mb", ("HIDREAM_CLIENT_QUOTA_MB",), "client_quota_mb",
-     "MB of uploads and result copies one client (address, and login with --auth) may keep there (default 500)"),
+     "MB of uploads, result copies and previews one client (address, and login with --auth) keeps there; past "
+     "it, its own least recently used files go (default 500)"),
     ("--client-quota-files", ("HIDREAM_CLIENT_QUOTA_FILES",), "client_quota_files",
-     "files of uploads and result copies one client may keep in that cache (default 200)"),
+     "files of uploads, result copies and previews one client keeps in that cache; past it, its own least "
+     "recently used files go (default 200)"),
     ("--cache-max-age", ("HIDREAM_CACHE_MAX_AGE",), "cache_max_age",
      "seconds a cached upload or result copy is kept (default 3600)"),
     ("--max-zip-mb", ("HIDREAM_MAX_ZIP_MB",), "max_zip_mb",
@@ -237,6 +251,11 @@ _SERVER_OPTIONS = [
      "largest request body other than a file upload, in KB (default 1024)"),
     ("--session-idle-expiry", ("HIDREAM_SESSION_IDLE_EXPIRY",), "session_idle_expiry",
      "seconds after which an idle session's state is dropped (default 3600)"),
+    ("--max-new-sessions", ("HIDREAM_MAX_NEW_SESSIONS",), "max_new_sessions",
+     "new sessions (page loads, API clients) one address may open per minute; more are refused (default 120)"),
+    ("--forwarded-allow-ips", ("HIDREAM_FORWARDED_ALLOW_IPS",), "forwarded_allow_ips",
+     "comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For names the client, "
+     "or * for any (default: none; every client is the address it connects from)"),
 ]
 
 
@@ -257,7 +276,8 @@ _REWRITER_OPTIONS = [
 _INT_FIELDS = ("port", "max_queue", "retention", "preview_every", "max_batch_items", "max_grid_cells",
                "max_upload_mb", "max_pixels",
                "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age", "cache_max_mb",
-               "client_quota_mb", "client_quota_files", "max_zip_mb", "max_body_kb", "session_idle_expiry")
+               "client_quota_mb", "client_quota_files", "max_zip_mb", "max_body_kb", "session_idle_expiry",
+               "max_new_sessions")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -275,6 +295,9 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kiosk", action="store_true", default=None,
                        help="visitors edit, batch and compare; the engine-wide controls (attention, speed, load "
                             "model) are the operator's (--operator) [env HIDREAM_KIOSK=1]")
+    group.add_argument("--run-history", action="store_true", default=None,
+                       help="turn on Gradio's run history (the /gradio_api/runs page and its routes; off by "
+                            "default) [env HIDREAM_RUN_HISTORY=1]")
 
 
 def add_rewriter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -300,10 +323,11 @@ def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str] | None = N
         if getattr(ns, dest, None):
             raw[dest] = ("--" + dest, True)
     raw.setdefault("tiny_profile", ("the default", OFFLINE_DEFAULT_PROFILE))
-    if getattr(ns, "kiosk", None):
-        raw["kiosk"] = ("--kiosk", True)
-    elif environ.get("HIDREAM_KIOSK", "").strip():
-        raw["kiosk"] = ("HIDREAM_KIOSK", _to_bool("HIDREAM_KIOSK", environ["HIDREAM_KIOSK"]))
+    for dest, env in (("kiosk", "HIDREAM_KIOSK"), ("run_history", "HIDREAM_RUN_HISTORY")):
+        if getattr(ns, dest, None):
+            raw[dest] = ("--" + dest.replace("_", "-"), True)
+        elif environ.get(env, "").strip():
+            raw[dest] = (env, _to_bool(env, environ[env]))
     return validate(_coerce(raw))
 
 
@@ -329,6 +353,8 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
             fields[dest] = parse_devices(source, str(value))
         elif dest == "placement":
             fields[dest] = parse_placement(source, str(value))
+        elif dest == "forwarded_allow_ips":
+            fields[dest] = parse_forwarded_allow_ips(source, str(value))
         elif dest == "rewriter_timeout":
             fields[dest] = _to_float(source, value)
         elif dest in ("rewriter_url", "rewriter_model"):
@@ -398,7 +424,7 @@ def validate(config: AppConfig) -> AppConfig:
     for name in ("max_queue", "max_batch_items", "max_grid_cells", "prompt_cache_size", "max_upload_mb",
                  "max_pixels", "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age",
                  "cache_max_mb", "client_quota_mb", "client_quota_files", "max_zip_mb", "max_body_kb",
-                 "session_idle_expiry"):
+                 "session_idle_expiry", "max_new_sessions"):
         if getattr(config, name) < 1:
             raise ConfigError(f"{name}={getattr(config, name)} must be at least 1")
     if config.retention < 0:
@@ -407,6 +433,7 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError(f"preview_every={config.preview_every} must be 0 (no live preview) or a number of steps")
     if config.auth is not None and config.auth_file is not None:
         raise ConfigError("use either --auth or --auth-file, not both")
+    check_forwarded_allow_ips("forwarded_allow_ips", config.forwarded_allow_ips)
     _validate_operator(config)
     _validate_rewriter(config)
     _validate_devices(config)
@@ -458,6 +485,32 @@ def parse_placement(source: str, value: str) -> tuple[tuple[str, str], ...]:
         return split_placement(value)
     except PoolSpecError as exc:
         raise ConfigError(f"{source}={value!r}: {exc}") from None
+
+
+def parse_forwarded_allow_ips(source: str, value: str) -> tuple[str, ...]:
+    """--forwarded-allow-ips: comma-separated proxies ("" = none, "*" = any), checked as `validate` does."""
+    proxies = tuple(item.strip() for item in value.split(",") if item.strip())
+    check_forwarded_allow_ips(source, proxies, value)
+    return proxies
+
+
+def check_forwarded_allow_ips(source: str, proxies: tuple[str, ...], value: object = None) -> None:
+    """Each proxy must be an IP address or network, or the one entry "*". Checked here because uvicorn
+    takes anything else for a name that never matches (10.0.0.1/8, with host bits, trusts nobody): a typo
+    would pass without a word."""
+    shown = repr(value if value is not None else proxies)
+    if not isinstance(proxies, tuple) or not all(isinstance(item, str) for item in proxies):
+        raise ConfigError(f"{source}={shown} must be a tuple of addresses or networks (or ('*',))")
+    if "*" in proxies:
+        if len(proxies) > 1:
+            raise ConfigError(f"{source}={shown}: * (any proxy) stands alone, not in a list")
+        return
+    for item in proxies:
+        try:
+            ipaddress.ip_network(item) if "/" in item else ipaddress.ip_address(item)
+        except ValueError as exc:
+            raise ConfigError(f"{source}={shown}: {item!r} is not an IP address or network ({exc}); give addresses "
+                              "or networks such as 127.0.0.1, 10.0.0.0/8 or ::1, or * for any proxy") from None
 
 
 def _validate_rewriter(config: AppConfig) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "ImageSource",
     "open_header",
     "sniff_format",
+    "SNIFF_BYTES",
     "open_image",
     "open_mask",
 ]
@@ -51,7 +52,14 @@ _WHITE = (255, 255, 255)
 # a photo. TIFF stays for 16-bit scans (see `_to_uint8`); MPO opens as JPEG.
 ACCEPTED_FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
 ACCEPTED_NAMES = "PNG, JPEG, WebP, BMP, GIF or TIFF"
-_SNIFF_BYTES = 16  # what Pillow's own format checks look at (`Image.open` reads as many)
+# What `sniff_format` needs: the 16 bytes Pillow's own format checks look at (`Image.open` reads as
+# many), and TGA's whole 18-byte header (TGA has no signature: its header fields are the check).
+SNIFF_BYTES = 18
+# Pillow's ICO and CUR checks read 4 bytes (reserved 0, type 1 or 2), and an uncompressed TGA with no
+# ID or colour map starts with exactly those (its first 3 bytes: ID length, colour map type, image
+# type 1 or 2). An icon directory also counts its images (bytes 4-5, at least one), where that TGA
+# has 0, so the count is checked too before a file is called an icon.
+_ICON_FORMATS = ("ICO", "CUR")
 
 
 class ImageError(ValueError):
@@ -217,26 +225,39 @@ def open_header(fp: IO[bytes], label: str, max_pixels: int | None = None) -> Ima
 def _sniff_stream(fp: IO[bytes]) -> str | None:
     try:
         fp.seek(0)
-        return sniff_format(fp.read(_SNIFF_BYTES))
+        return sniff_format(fp.read(SNIFF_BYTES))
     except (OSError, ValueError, AttributeError):
         return None
 
 
 def sniff_format(prefix: bytes) -> str | None:
-    """The Pillow name of the format whose signature `prefix` (the first bytes of a file) carries,
-    for every format Pillow knows; None when none matches. Reads no more than `prefix`: each
-    plugin's own signature check, nothing is opened or decoded."""
+    """The Pillow name of the format whose signature `prefix` (the first bytes of a file, best
+    :data:`SNIFF_BYTES` of them) carries, for every format Pillow knows; None when none matches.
+    Reads no more than `prefix`: each plugin's own signature check, an icon's image count (see
+    `_ICON_FORMATS`) and, last, TGA's header; nothing is decoded."""
     Image.init()
     for fmt in Image.ID:
         _, accept = Image.OPEN.get(fmt, (None, None))
         if accept is None:  # plugins without a signature check would claim anything
             continue
         try:
-            if accept(prefix) is True:
+            if accept(prefix) is True and (fmt not in _ICON_FORMATS or int.from_bytes(prefix[4:6], "little") > 0):
                 return fmt
         except (*_DECODE_ERRORS, TypeError):
             continue
-    return None
+    return "TGA" if _is_tga_header(prefix) else None
+
+
+def _is_tga_header(prefix: bytes) -> bool:
+    """Whether Pillow's TGA reader takes `prefix` as a TGA header (its own field checks: TGA has no
+    signature). Only the header is read, from `prefix` alone: no pixel is decoded."""
+    from PIL import TgaImagePlugin
+
+    try:
+        TgaImagePlugin.TgaImageFile(io.BytesIO(prefix[:SNIFF_BYTES])).close()
+    except (*_DECODE_ERRORS, TypeError, KeyError):
+        return False
+    return True
 
 
 def _normalise(image: Image.Image, label: str, max_pixels: int, min_side: int) -> Image.Image:

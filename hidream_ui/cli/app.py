@@ -27,7 +27,7 @@ from hidream_ui.config import (
     read_auth_file,
 )
 from hidream_ui.engine.errors import EngineError
-from hidream_ui.server.lanes import ALL_LANES, LATE_INPUTS
+from hidream_ui.server.lanes import ALL_LANES, DEVICE_GROUP, LATE_INPUTS, REWRITER_GROUP
 
 if TYPE_CHECKING:  # pragma: no cover
     import gradio as gr
@@ -170,6 +170,7 @@ def launch(
                 f"the offline tiny model with random weights (--tiny-profile {config.tiny_profile}): results are noise")
         print(f"Running {what}. Use --model-dir /path/to/models (or HIDREAM_MODEL_DIR) for the real HiDream weights.",
               file=sys.stderr)
+    trust_proxies(config)
     _, local_url, _ = demo.launch(
         server_name=config.host,
         server_port=config.port,
@@ -182,10 +183,25 @@ def launch(
         # results folder (other files there are not for strangers). The list grows in place.
         allowed_paths=services.results.allowed,
         max_file_size=config.max_upload_mb * 1024 * 1024,  # refused by gradio's upload route: 413
+        # Gradio's own default is on (or GRADIO_RUN_HISTORY): its runs page and /gradio_api/run-history/*
+        # routes, which can act with this machine's saved Hugging Face token for a loopback caller.
+        run_history=config.run_history,
         app_kwargs=_app_kwargs(demo, services, config),
         **launch_options(),
     )
     return demo, local_url
+
+
+def trust_proxies(config: AppConfig, environ=None) -> None:
+    """--forwarded-allow-ips, for the uvicorn server gradio starts. Gradio 6.31 (http_server.start_server)
+    makes its uvicorn.Config with no proxy arguments, so uvicorn (0.55) reads FORWARDED_ALLOW_IPS from the
+    environment when the server is made, else trusts X-Forwarded-For from 127.0.0.1 and ::1: every client
+    behind a local proxy could then name its own address, the key of every per-address limit. Always set
+    from the config ("" trusts nobody), so that a FORWARDED_ALLOW_IPS the environment carries (some
+    container images set "*") decides nothing. Gradio reads no X-Forwarded-For of its own: request.client,
+    its login and run-history checks see what uvicorn leaves in the request."""
+    environ = os.environ if environ is None else environ
+    environ["FORWARDED_ALLOW_IPS"] = ",".join(config.forwarded_allow_ips)
 
 
 def admission(demo, config: AppConfig) -> bool:
@@ -229,7 +245,7 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     from starlette.middleware import Middleware
 
     from hidream_ui.server import gradio_internals  # asyncio, anyio, PIL: not for --help
-    from hidream_ui.server.guard import BoothGuard, LoginThrottle
+    from hidream_ui.server.guard import BoothGuard, LoginThrottle, NewSessions
     from hidream_ui.server.operator import OperatorLogin
 
     # The operator's login (/operator/login) is throttled like gradio's, with or without --auth.
@@ -240,7 +256,9 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     def charge_call(session, address, user, fn, event_id, inputs, outputs) -> None:
         storage.record_call(session, storage.client_key(address, user), fn, event_id, inputs, outputs)
 
-    gradio_internals.watch_calls(demo, charge_call)
+    # Only a job makes a session worth keeping when gradio's session table is full (page loads and
+    # History refreshes do not): the device lane's edits, batches and comparisons, and the rewriter's.
+    gradio_internals.watch_calls(demo, charge_call, job_lanes=(DEVICE_GROUP, REWRITER_GROUP))
 
     async def expire_sessions():
         while True:
@@ -271,7 +289,8 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
 
     guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,
                        max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024,
-                       max_body_bytes=config.max_body_kb * 1024, storage=storage)
+                       max_body_bytes=config.max_body_kb * 1024, storage=storage,
+                       new_sessions=NewSessions(config.max_new_sessions))
     middleware = [guard]  # first = outermost: the guard throttles /operator/login before it is answered
     if config.operator is not None:
         middleware.append(Middleware(OperatorLogin, operator=config.operator))
@@ -336,4 +355,4 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 __all__ = ["add_cluster_arguments", "build_parser", "launch", "main", "mcp_available", "ray_engine", "serve_error",
-           "stop_on_signals"]
+           "stop_on_signals", "trust_proxies"]

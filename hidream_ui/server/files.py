@@ -10,11 +10,13 @@ cache that does not grow without bound.
   Anything else gets one generic message that says nothing about whether the file exists.
 * `ServedResults`: the results folder is not served as a whole; each result PNG the app wrote is
   allowed individually (and dropped again once retention deleted it).
-* `ClientStorage`: who holds what in gradio's cache. Every upload is charged to the client that
-  sent it, every output copy gradio makes to the client whose job made it; a client over its quota
-  is refused, and pruning (`plan`) never takes another client's file to make room.
-* `CacheJanitor`: runs the pruning every few seconds while the app runs (gradio's own
-  `delete_cache` handles age and shutdown; bytes, counts and per-client quotas are ours).
+* `ClientStorage`: who holds what in gradio's cache. Every file a client causes (uploads, result
+  copies, live previews, masks) is charged to it; a client at its quota loses its own least recently
+  used files, a full cache takes from the heaviest client first, and nobody is refused for what it
+  or others keep (only what jobs in progress use is never pruned).
+* `CacheJanitor`: runs the pruning every few seconds while the app runs, and at once when a charge
+  takes a client or the cache past a cap (gradio's own `delete_cache` handles age and shutdown;
+  bytes, counts and per-client quotas are ours).
 """
 
 from __future__ import annotations
@@ -35,6 +37,19 @@ from hidream_ui.edits import NO_FILE, RequestError, cap_name
 logger = logging.getLogger(__name__)
 
 NOT_UPLOADED = "a file uploaded to this app (upload it again)"
+# A file the app did store for a client, aged out since (files.ClientStorage): the page still shows it.
+EXPIRED = "This picture has expired on the server: upload it again."
+
+
+class PictureExpired(RequestError):
+    """A client names a file the app stored for it and has since removed to make room (it aged out).
+    Not a failure of the client's: the UI says so in those words (`EXPIRED`)."""
+
+    def __init__(self, field: str, name: str | None):
+        super().__init__(field, name or "upload", EXPIRED)
+
+    def __str__(self) -> str:
+        return EXPIRED
 
 
 class UploadGate:
@@ -46,8 +61,11 @@ class UploadGate:
     """
 
     def __init__(self, is_stored: Callable[[str], bool], roots: Iterable[str | os.PathLike] = (),
-                 result_of: Callable[[str], str | None] | None = None):
+                 result_of: Callable[[str], str | None] | None = None,
+                 expired: Callable[[str], bool] | None = None):
         self._is_stored = is_stored
+        # `expired(path)`: the app stored `path` for a client and the pruning has removed it since.
+        self._expired = expired
         self._roots = [os.path.realpath(r) for r in roots]
         # `result_of(path)`: the app's own result file when `path` is gradio's copy of it (else None).
         self._result_of = result_of
@@ -85,6 +103,8 @@ class UploadGate:
             # A result the app sent to the browser comes back as gradio's cached copy of it (gradio
             # copies every output into its cache and the browser holds that path): the app's own file.
             own = self._result_of(os.fspath(path)) if self._result_of is not None else None
+            if own is None and self._expired is not None and self._expired(os.fspath(path)):
+                raise PictureExpired(field, cap_name(name))
             if own is None:
                 logger.warning("refused a %s path the app did not store", field)
                 raise RequestError(field, cap_name(name) or "upload", NOT_UPLOADED)
@@ -207,8 +227,11 @@ class CacheJanitor:
         self.storage = storage
         self._run_lock = threading.Lock()  # the timer thread and an upload's "prune, then look again"
         self._stop = threading.Event()
+        self._wake = threading.Event()  # `wake()`: a round now, not at the next tick
         self._thread: threading.Thread | None = None
         self.removed = 0
+        if storage is not None and storage.wake is None:
+            storage.wake = self.wake
 
     def run_once(self) -> int:
         try:
@@ -225,14 +248,22 @@ class CacheJanitor:
             return
 
         def loop() -> None:
-            while not self._stop.wait(self._interval):
-                self.run_once()
+            while not self._stop.is_set():
+                self._wake.wait(self._interval)
+                self._wake.clear()
+                if not self._stop.is_set():
+                    self.run_once()
 
         self._thread = threading.Thread(target=loop, name="hidream-cache-janitor", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """A round as soon as the janitor's thread can run it (cheap: called from the event loop)."""
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
@@ -242,12 +273,19 @@ class CacheJanitor:
 # Per-client storage
 # ---------------------------------------------------------------------------------------------
 
-# Files changed this recently are never pruned: gradio may still be writing them (an upload being
-# received, a result being copied in) or about to hand their path to a client.
+# Files nobody is charged for that changed this recently are never pruned: gradio may still be
+# writing them (an upload being received, a result being copied in) or about to hand their path out.
 ARRIVING_GRACE = 30.0
-# At most this many sessions are remembered for "their newest results are in use" (a flood of
-# fresh session ids must not grow the table without bound: the oldest are forgotten first).
-MAX_SESSIONS = 10_000
+# A client's latest job (the files its newest call read, produced and previewed) stays in use this
+# long after that call: long enough to look at the result and press "Edit the result", short enough
+# that nobody pins the cache with it. One job per client: a client cannot pin more by opening sessions.
+LATEST_HOLD = 300.0
+# Clients remembered for "latest job" (a flood of addresses must not grow the table without bound:
+# the least recently seen are forgotten first; a forgotten client's files simply are not pinned).
+MAX_CLIENTS = 10_000
+# Paths remembered as "aged out" (bounded the same way): a picture a page still shows after its file
+# went is answered "this picture has expired, upload it again", not "not an upload of this app".
+MAX_EXPIRED = 10_000
 MB = 1024 * 1024
 FORCED_PRUNE_INTERVAL = 0.25  # seconds: an upload about to be refused prunes first, unless a pruning ran this recently
 
@@ -262,6 +300,7 @@ class StorageLimits:
     cache_files: int  # --cache-max-files
     max_age: float  # --cache-max-age
     grace: float = ARRIVING_GRACE
+    hold: float = LATEST_HOLD
 
     @classmethod
     def for_config(cls, config: Any) -> "StorageLimits":
@@ -292,7 +331,8 @@ class CacheEntry:
 
 @dataclass(frozen=True)
 class Refusal:
-    status: int  # 413: this request is too big for the quota; 429: the client is at its quota; 503: cache full
+    # 413: this request alone is too big for a client; 429: its jobs in progress fill its quota; 503: cache full
+    status: int
     message: str
 
 
@@ -301,43 +341,51 @@ class _Upload:
     """An upload being received."""
 
     key: str
-    base: int  # bytes its client kept when it began
+    base: int  # bytes its client's running and latest jobs held when it began (what cannot make room)
     declared: int = 0  # its Content-Length (0: chunked), reserved in the cache until it ends
     received: int = 0
 
 
-@dataclass
-class _Session:
-    key: str
+@dataclass(frozen=True)
+class _Latest:
+    """A client's latest job: the files its newest call (all yields of one event) named."""
+
+    event_id: str | None
     seen: float
-    calls: dict  # fn index -> (event id, frozenset of cache paths its inputs and outputs named)
+    paths: frozenset
 
 
 class ClientStorage:
-    """Per-client accounting of gradio's cache, and the pruning policy built on it.
+    """Per-client accounting of gradio's cache, and the pruning policy built on it: files age out per
+    client, least recently used first; nobody is refused because of what they, or others, keep.
 
     **Who is a client.** The upload route carries no session (the browser uploads before any event
-    exists), so an upload is charged to what the request does carry: the logged-in user, else the
-    connection's address (`client_key`). A Gradio session is attached once a job names a file: the
-    files a session's latest call of each event read and produced are *in use* for as long as that
-    session was seen within `--cache-max-age`, and every output copy gradio makes for a call is
-    charged to the caller's key. Sessions are free to make, addresses are not: the quota is per key.
+    exists), so an upload is charged to what the request does carry: the logged-in user and the
+    connection's address (`client_key`). Every call's output copies (results, live previews, the
+    download) are charged to the caller's key too. Sessions are free to make, addresses are not:
+    everything is per key, never per session.
 
-    **In use** (never pruned): the examples' copies (gradio keeps them), every cache path named in
-    the data of a queued or running event (read from gradio's queue by the caller of `plan`), and
-    the inputs and outputs of each live session's latest call of each event. **Arriving** (never
-    pruned): files nobody is charged for yet that changed within `grace` seconds (gradio may still
-    be writing them), and upload spool files while any upload is being received.
+    **In use** (never pruned): every cache path named in the data of a queued or running event (read
+    from gradio's queue by the caller of `plan`; bounded by the queue's limits) and the examples'
+    copies (gradio keeps them). **Held** for `hold` seconds: the files of each client's latest job,
+    one job per client, so that the result on its screen survives its own newer uploads; under cache
+    pressure the heaviest client's held files go too. **Arriving** (never pruned): files nobody is
+    charged for yet that changed within `grace` seconds, and upload spool files while an upload is
+    being received.
 
-    **Pruning** (`plan`): anything else older than `max_age` since it was last written or used;
-    then a key over its quota loses its own oldest output copies that nobody else holds; then,
-    while the cache is over its bytes or files cap, files charged to nobody go, then output copies
-    no live session shows any more, oldest first. An upload is never removed to make room (only by
-    age), nor is a file in use: a cache full of those refuses new uploads (503).
+    **Pruning** (`plan`): anything not in use older than `max_age` since it was last written or used;
+    then a client over its quota gives up its own least recently used files (a file another client
+    holds too is only taken off its account); then, while the cache is over its caps, files charged
+    to nobody go, then the heaviest client's least recently used files, one at a time. A file a page
+    still shows may go: the upload gate then says "expired, upload it again" (`expired`).
+
+    **Refusals** are left only where no pruning can make room: a request bigger than a client's quota
+    by itself (413), a client whose queued and running jobs fill its quota (429), a cache filled by
+    jobs in progress and uploads in flight (503).
     """
 
     def __init__(self, limits: StorageLimits, clock: Callable[[], float] = time.time,
-                 prune_now: Callable[[], int] | None = None):
+                 prune_now: Callable[[], int] | None = None, wake: Callable[[], None] | None = None):
         self.limits = limits
         self._clock = clock
         self._lock = threading.Lock()
@@ -346,11 +394,13 @@ class ClientStorage:
         self._held: dict[str, dict[str, int]] = {}  # key -> {path: bytes}
         self._used: dict[str, float] = {}  # path -> last time a call named it
         self._receiving: dict[int, _Upload] = {}  # upload id -> the upload being received
-        self._outputs: set[str] = set()  # paths charged as a call's output copies (the rest are uploads)
         self._next_upload = 0
-        self._sessions: dict[str, _Session] = {}
+        self._latest: dict[str, _Latest] = {}  # key -> its latest job (dict order: least recently seen first)
+        self._referenced: frozenset = frozenset()  # paths queued or running events named at the last `plan`
+        self._expired: dict[str, None] = {}  # paths pruned while charged, oldest first (bounded)
         self._total = (0, 0)  # (files, bytes) of the cache no pruning frees, at the last scan, plus uploads since
         self.prune_now = prune_now  # the janitor's round, run when an upload finds the cache full
+        self.wake = wake  # asks the janitor for a round soon (non-blocking): a client or the cache went past a cap
         self._scanned = 0.0  # time.monotonic() of the last `plan`
 
     # ------------------------------------------------------------------ who
@@ -370,35 +420,41 @@ class ClientStorage:
         with self._lock:
             return set(self._owners.get(str(path), ()))
 
+    def expired(self, path: str) -> bool:
+        """True when `path` was a client's file that the pruning removed (it aged out)."""
+        with self._lock:
+            return str(path) in self._expired
+
     # ------------------------------------------------------------------ uploads
     def refusal(self, key: str, declared: int | None = None) -> Refusal | None:
         """Why an upload from `key` is refused before its body is read (None: admitted). `declared`:
         the request's Content-Length, if it has one (it must fit in the cache's room as a whole)."""
         limits = self.limits
+        if declared is not None and declared > limits.quota_bytes:
+            return Refusal(413, f"This upload ({declared / MB:.1f} MB) is larger than one client may keep on this "
+                                f"server (at most {limits.quota_bytes / MB:.0f} MB per client): upload less.")
         files, size = self._binding_usage(key)
         with self._lock:
             size += sum(u.received for u in self._receiving.values() if u.key == key)
             total_files, total_bytes = self._total
             total_bytes += self._in_flight()
         if files >= limits.quota_files or size >= limits.quota_bytes:
-            return Refusal(429, f"You already keep {files} file(s), {size / MB:.1f} MB, on this server (at most "
-                                f"{limits.quota_files} files and {limits.quota_bytes / MB:.0f} MB per client). "
-                                f"They are removed {limits.max_age:.0f} s after their last use: try again then.")
+            return Refusal(429, f"Your queued and running jobs use {files} file(s), {size / MB:.1f} MB, on this "
+                                f"server (at most {limits.quota_files} files and {limits.quota_bytes / MB:.0f} MB per "
+                                "client): wait for one to finish, or stop it.")
         if (total_files >= limits.cache_files or total_bytes >= limits.cache_bytes
                 or total_bytes + (declared or 0) > limits.cache_bytes):
-            return Refusal(503, f"The server's upload space is full (at most {limits.cache_files} files, "
-                                f"{limits.cache_bytes / MB:.0f} MB): try again in a few minutes.")
+            return Refusal(503, f"The server's upload space is taken by jobs in progress (at most {limits.cache_files} "
+                                f"files, {limits.cache_bytes / MB:.0f} MB): try again in a minute.")
         return None
 
     def _binding_usage(self, key: str) -> tuple[int, int]:
-        """(files, bytes) of `key` that an upload must fit beside: everything it holds except its own
-        older output copies, which the janitor gives up for it (`plan`) to keep it within its quota."""
-        in_use = self.in_use()
+        """(files, bytes) of `key` that an upload must fit beside: the files its queued and running
+        jobs name (everything else of it ages out to make room, its latest job's files included)."""
         with self._lock:
             held = self._held.get(key) or {}
-            binding = {p: n for p, n in held.items()
-                       if p not in self._outputs or p in in_use or self._owners.get(p) != {key}}
-            return len(binding), sum(binding.values())
+            binding = [n for p, n in held.items() if p in self._referenced]
+            return len(binding), sum(binding)
 
     def prune_before_refusing(self) -> bool:
         """Runs the pruning now (unless one ran a moment ago) so that a refusal is not based on files
@@ -422,8 +478,8 @@ class ClientStorage:
             return self._next_upload
 
     def receive(self, upload: int, size: int) -> Refusal | None:
-        """Counts `size` more bytes of an upload; a refusal once the client's quota, or the cache's
-        room with every upload in flight counted (all clients'), would overflow."""
+        """Counts `size` more bytes of an upload; a refusal once the client's quota (beside what its
+        jobs in progress use), or the cache's room with every upload in flight counted, would overflow."""
         limits = self.limits
         with self._lock:
             current = self._receiving[upload]
@@ -431,12 +487,12 @@ class ClientStorage:
             others = sum(u.received for n, u in self._receiving.items() if u.key == current.key and n != upload)
             cache = self._total[1] + self._in_flight()
         if current.base + others + current.received > limits.quota_bytes:
-            return Refusal(413, f"This upload would take you past {limits.quota_bytes / MB:.0f} MB kept on "
-                                f"this server (you keep {current.base / MB:.1f} MB): upload less, or try again "
-                                f"once your files expire ({limits.max_age:.0f} s after their last use).")
+            return Refusal(413, f"This upload is larger than one client may keep on this server (at most "
+                                f"{limits.quota_bytes / MB:.0f} MB per client, {current.base / MB:.1f} MB of it used "
+                                "by your jobs in progress): upload less.")
         if cache > limits.cache_bytes:
             return Refusal(503, f"The server's upload space is full (at most {limits.cache_bytes / MB:.0f} MB, "
-                                "uploads in progress included): try again in a few minutes.")
+                                "uploads in progress included): try again in a minute.")
         return None
 
     def _in_flight(self) -> int:
@@ -461,8 +517,10 @@ class ClientStorage:
             return bool(self._receiving)
 
     def record_upload(self, key: str, paths: Iterable[str]) -> tuple[list[str], bool]:
-        """Charges the stored `paths` to `key`: (the paths new to `key`, whether they take it past its
-        file quota; the caller then refuses the upload and `uncharge`s them)."""
+        """Charges the stored `paths` to `key`: (the paths new to `key`, whether this one request is
+        more than a client may keep beside its jobs in progress; the caller then refuses it and
+        `uncharge`s them). A client that is merely at its quota is not refused: its least recently
+        used files age out (the janitor is woken for that)."""
         new: list[str] = []
         with self._lock:
             held = self._held.get(key) or {}
@@ -473,7 +531,9 @@ class ClientStorage:
             held = self._held.get(key) or {}
             files, size = self._total
             self._total = (files + len(new), size + sum(held.get(p, 0) for p in new))
-        return new, self._binding_usage(key)[0] > self.limits.quota_files
+        jobs, _ = self._binding_usage(key)
+        self._wake_if_over(key)
+        return new, jobs + len(new) > self.limits.quota_files
 
     def uncharge(self, key: str, paths: Iterable[str]) -> list[str]:
         """Takes `paths` off `key`; returns those nobody else holds (safe to delete)."""
@@ -497,16 +557,14 @@ class ClientStorage:
     # ------------------------------------------------------------------ calls
     def record_call(self, session: str | None, key: str, fn: Any, event_id: str | None,
                     inputs: Iterable[str], outputs: Iterable[str]) -> None:
-        """A call of event `fn` by `session` named `inputs` and produced `outputs` (cache paths):
-        outputs are charged to `key`; both are the session's newest files of that event."""
+        """A call of event `fn` by `key` (from `session`) named `inputs` and produced `outputs` (cache
+        paths): outputs are charged to `key`; both become `key`'s latest job (a generator's yields,
+        one event id, add up: its live previews and its result)."""
         now = self._clock()
         inputs, outputs = {str(p) for p in inputs}, {str(p) for p in outputs}
         with self._lock:
             for path in outputs:
-                if path in self._owners and path not in self._outputs:
-                    continue  # an upload handed back as it is (a gallery of the inputs) stays an upload
                 self._charge(key, path)
-                self._outputs.add(path)
             for path in inputs | outputs:
                 self._used[path] = now
             touched = [path for path in inputs if path in self._owners]
@@ -516,32 +574,41 @@ class ClientStorage:
                 os.utime(path)
             except OSError:
                 pass
-        if not session or not (inputs or outputs):
-            return  # a call without files (/status) costs a session nothing here
+        if not (inputs or outputs):
+            return  # a call without files (/status, a History refresh) changes nobody's latest job
         with self._lock:
-            record = self._sessions.pop(session, None) or _Session(key=key, seen=now, calls={})
-            record.seen = now
-            previous = record.calls.get(fn)
+            previous = self._latest.pop(key, None)
             named = inputs | outputs
-            if previous is not None and previous[0] == event_id and event_id is not None:
-                named |= previous[1]  # a generator's later yields add to its earlier ones
-            record.calls[fn] = (event_id, frozenset(named))
-            self._sessions[session] = record  # re-inserted: the dict's order is the order of use
-            while len(self._sessions) > MAX_SESSIONS:
-                self._sessions.pop(next(iter(self._sessions)))
+            if previous is not None and event_id is not None and previous.event_id == event_id:
+                named |= previous.paths
+            self._latest[key] = _Latest(event_id, now, frozenset(named))  # re-inserted: dict order is use order
+            while len(self._latest) > MAX_CLIENTS:
+                self._latest.pop(next(iter(self._latest)))
+        if outputs:
+            self._wake_if_over(key)
 
     def in_use(self, now: float | None = None) -> set[str]:
-        """The files of the latest calls of sessions seen within `max_age` (expired ones are dropped)."""
+        """The files of every client's latest job seen within `hold` (older ones are dropped)."""
         now = self._clock() if now is None else now
         paths: set[str] = set()
         with self._lock:
-            for session, record in list(self._sessions.items()):
-                if now - record.seen > self.limits.max_age:
-                    del self._sessions[session]
+            for key, latest in list(self._latest.items()):
+                if now - latest.seen > self.limits.hold:
+                    del self._latest[key]
                     continue
-                for _, named in record.calls.values():
-                    paths |= named
+                paths |= latest.paths
         return paths
+
+    def _wake_if_over(self, key: str) -> None:
+        """Asks the janitor for a round now when `key` went past its quota or the cache past its file
+        cap, so that both stay within their caps between its timed rounds."""
+        limits = self.limits
+        with self._lock:
+            held = self._held.get(key) or {}
+            over = (len(held) > limits.quota_files or sum(held.values()) > limits.quota_bytes
+                    or len(self._owners) > limits.cache_files)
+        if over and self.wake is not None:
+            self.wake()
 
     # ------------------------------------------------------------------ pruning
     def plan(self, entries: list[CacheEntry], *, referenced: Iterable[str] = (), now: float | None = None,
@@ -549,16 +616,19 @@ class ClientStorage:
              walked_from: float | None = None) -> list[str]:
         """The paths to delete from `entries` (the cache's files, examples excluded), oldest first.
         `referenced`: paths queued or running events name. The caps default to the limits.
-        `walked_from`: time.monotonic() when the walk that listed `entries` began (None: before every charge)."""
+        `walked_from`: time.monotonic() when the walk that listed `entries` began (None: before every charge).
+        Files a client gives up that another client still holds stay, taken off the first one's account."""
         limits = self.limits
         now = self._clock() if now is None else now
         max_files = limits.cache_files if max_files is None else max_files
         max_bytes = limits.cache_bytes if max_bytes is None else max_bytes
         max_age = limits.max_age if max_age is None else max_age
-        protected = set(map(str, referenced)) | self.in_use(now)
+        referenced = frozenset(map(str, referenced))
+        held_now = self.in_use(now)
         receiving = self.receiving
         present = {e.path for e in entries}
         with self._lock:
+            self._referenced = referenced
             # Gone by other hands (gradio's own age clean-up). A file charged after the walk began is not
             # in it, yet there: forgetting it would let a client uploading during the janitor's round drop
             # out of its own count and pass its quota.
@@ -569,68 +639,107 @@ class ClientStorage:
                 del self._used[path]  # named by a call but not (or no longer) in the cache
             owners = {p: set(k) for p, k in self._owners.items()}
             used = dict(self._used)
-            outputs = set(self._outputs)
 
         def last(entry: CacheEntry) -> float:
             return max(entry.changed, used.get(entry.path, 0.0))
 
-        def removable(entry: CacheEntry) -> bool:
+        def removable(entry: CacheEntry, pressed: bool = False) -> bool:
             # A charged file is complete (the upload route or the call that made it has returned);
-            # one nobody is charged for may still be being written.
+            # one nobody is charged for may still be being written. A latest job's files yield only
+            # to a full cache (`pressed`), never to age or to their own client's quota.
             arriving = ((entry.path not in owners and now - entry.modified < limits.grace)
                         or (entry.spool and receiving))
-            return entry.path not in protected and not arriving
+            return (entry.path not in referenced and (pressed or entry.path not in held_now)
+                    and not arriving)
 
-        ordered = sorted(entries, key=last)
+        ordered = sorted(entries, key=last)  # least recently used first
+        victims: dict[str, CacheEntry] = {}
+        released: list[tuple[str, str]] = []  # (key, path): charges given up; the file stays for its other holders
+
+        def give_up(key: str, entry: CacheEntry) -> bool:
+            """`key` gives `entry` up: deleted when nobody else holds it (True), else only uncharged."""
+            holders = owners.get(entry.path, set())
+            holders.discard(key)
+            if holders:
+                released.append((key, entry.path))
+                return False
+            victims[entry.path] = entry
+            return True
+
         # Too old; or a spool file left by an upload that ended without renaming it (nothing arrives).
-        victims: dict[str, CacheEntry] = {e.path: e for e in ordered
-                                          if removable(e) and (now - last(e) > max_age or e.spool)}
-        # A key over its quota (its output copies grow with every job) gives up its own oldest output
-        # copies that nobody else holds and no live session shows; its uploads only ever go by age.
-        by_key: dict[str, list[CacheEntry]] = {}
         for entry in ordered:
-            for key in owners.get(entry.path, ()):
-                if entry.path not in victims:
+            if removable(entry) and (now - last(entry) > max_age or entry.spool):
+                victims[entry.path] = entry
+        by_key: dict[str, list[CacheEntry]] = {}  # key -> its files left, least recently used first
+        for entry in ordered:
+            if entry.path not in victims:
+                for key in owners.get(entry.path, ()):
                     by_key.setdefault(key, []).append(entry)
+        # A client over its quota gives up its own least recently used files (uploads, results,
+        # previews alike): it ages out instead of being refused.
         for key, held in by_key.items():
             count, size = len(held), sum(e.size for e in held)
-            for entry in held:
+            for entry in list(held):
                 if count <= limits.quota_files and size <= limits.quota_bytes:
                     break
-                if (entry.path in victims or entry.path not in outputs or owners.get(entry.path) != {key}
-                        or not removable(entry)):
+                # A file another client holds too is only taken off this one's account (it stays,
+                # in use or not); one of its own goes when nothing needs it.
+                if len(owners.get(entry.path, ())) < 2 and not removable(entry):
                     continue
+                give_up(key, entry)
+                held.remove(entry)
+                count, size = count - 1, size - entry.size
+        # The whole cache over its caps: files charged to nobody make room first, then the heaviest
+        # client (by the cap that is exceeded) gives up its least recently used file, one at a time.
+        left = [e for e in ordered if e.path not in victims]
+        # Files still arriving (nobody charged yet: an upload being received or stored, a result being
+        # copied in) are counted against the cache where they come in (the upload route's checks) and here
+        # from the round after they are charged: counted now, they would make a client pay for a stranger's
+        # upload that is about to be refused.
+        counted = [e for e in left if owners.get(e.path) or removable(e)]
+        count, size = len(counted), sum(e.size for e in counted)
+        for entry in left:
+            if count <= max_files and size <= max_bytes:
+                break
+            if not owners.get(entry.path) and removable(entry):
                 victims[entry.path] = entry
                 count, size = count - 1, size - entry.size
-        # The whole cache over its caps: files charged to nobody make room first, then output copies
-        # no live session shows any more (a result its page has replaced), oldest first. Uploads and
-        # in-use files never do: a cache full of those refuses new uploads instead.
-        left = [e for e in ordered if e.path not in victims]
-        count, size = len(left), sum(e.size for e in left)
-        for superseded in (False, True):
-            for entry in left:
-                if count <= max_files and size <= max_bytes:
-                    break
-                charged = entry.path in owners
-                if (charged != superseded or (superseded and entry.path not in outputs) or entry.path in victims
-                        or not removable(entry)):
-                    continue
-                victims[entry.path] = entry
+        candidates = {key: [e for e in held if e.path not in victims and removable(e, pressed=True)]
+                      for key, held in by_key.items()}
+        weight = {key: [len(held), sum(e.size for e in held)] for key, held in by_key.items()}
+        while count > max_files or size > max_bytes:
+            heavy = [key for key, files in candidates.items() if files]
+            if not heavy:
+                break  # what is left is in use or arriving: uploads are refused (503) until it goes
+            by = 0 if count > max_files else 1
+            key = max(heavy, key=lambda k: weight[k][by])
+            entry = candidates[key].pop(0)
+            if entry.path in victims or key not in owners.get(entry.path, ()):
+                continue
+            weight[key][0] -= 1
+            weight[key][1] -= entry.size
+            if give_up(key, entry):
                 count, size = count - 1, size - entry.size
         with self._lock:
-            # What an upload must fit beside: the files no pruning would give up for it (uploads, files
-            # in use or arriving). Spool files are left out: they are uploads in flight, counted as such.
-            binding = [e for e in left if e.path not in victims and not e.spool
-                       and not (removable(e) and (e.path not in owners or e.path in outputs))]
+            for key, path in released:
+                self._release(key, path)
+            # What an upload must fit beside: the files no pruning would give up for it (in use by jobs
+            # in progress, or arriving). Spool files are left out: they are uploads in flight, counted as such.
+            binding = [e for e in left if e.path not in victims and not e.spool and not removable(e, pressed=True)]
             self._total = (len(binding), sum(e.size for e in binding))
             self._scanned = time.monotonic()
         return list(victims)
 
     def forget(self, paths: Iterable[str]) -> None:
-        """Deleted files leave the accounts."""
+        """Deleted files leave the accounts; those a client was charged for are remembered as expired."""
         with self._lock:
             for path in map(str, paths):
+                if path in self._owners:
+                    self._expired.pop(path, None)
+                    self._expired[path] = None
                 self._forget(path)
+            while len(self._expired) > MAX_EXPIRED:
+                self._expired.pop(next(iter(self._expired)))
 
     def _forget(self, path: str) -> None:
         self._charged.pop(path, None)
@@ -641,7 +750,20 @@ class ClientStorage:
                 if not held:
                     del self._held[key]
         self._used.pop(path, None)
-        self._outputs.discard(path)
+
+    def _release(self, key: str, path: str) -> None:
+        """`key` no longer holds `path` (others still do); the caller holds the lock."""
+        owners = self._owners.get(path)
+        if owners is not None:
+            owners.discard(key)
+            if not owners:
+                self._owners.pop(path, None)
+                self._charged.pop(path, None)
+        held = self._held.get(key)
+        if held is not None:
+            held.pop(path, None)
+            if not held:
+                del self._held[key]
 
     def _charge(self, key: str, path: str) -> None:
         try:
@@ -654,4 +776,4 @@ class ClientStorage:
 
 
 __all__ = ["UploadGate", "ServedResults", "CacheJanitor", "ClientStorage", "StorageLimits", "CacheEntry", "Refusal",
-           "NOT_UPLOADED", "ARRIVING_GRACE"]
+           "NOT_UPLOADED", "EXPIRED", "PictureExpired", "ARRIVING_GRACE", "LATEST_HOLD"]

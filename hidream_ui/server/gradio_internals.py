@@ -481,10 +481,11 @@ def _collect_paths(value: Any, into: set[str], depth: int = 0) -> None:
         into.add(value.path)
 
 
-def watch_calls(demo: Any, record: Callable[..., None]) -> bool:
+def watch_calls(demo: Any, record: Callable[..., None], job_lanes: tuple[str, ...] = ()) -> bool:
     """Calls `record(session, address, user, fn, event_id, inputs, outputs)` after each call gradio
     runs for `demo` (queued or not), with the file paths its inputs named and its postprocessed
-    outputs hold (gradio's cached copies, the URLs the client will fetch). Wraps the demo's
+    outputs hold (gradio's cached copies, the URLs the client will fetch), and marks the session of
+    a call on one of `job_lanes` as one that did work (`mark_worked`). Wraps the demo's
     `process_api`, the one method every route goes through. False when it is not there."""
     original = getattr(demo, "process_api", None)
     if original is None or getattr(original, "_hidream_watch", False):
@@ -503,6 +504,8 @@ def watch_calls(demo: Any, record: Callable[..., None]) -> bool:
             _collect_paths(kwargs.get("inputs"), inputs)
             _collect_paths(output.get("data") if isinstance(output, dict) else None, outputs)
             fn = kwargs.get("block_fn")
+            if getattr(fn, "concurrency_id", None) in job_lanes:
+                mark_worked(demo, kwargs.get("session_hash"))
             record(kwargs.get("session_hash"), getattr(client, "host", None), getattr(request, "username", None),
                    getattr(fn, "fn_index", fn), kwargs.get("event_id"), inputs, outputs)
         except Exception:  # noqa: BLE001 - accounting must never break a call
@@ -563,6 +566,7 @@ def _lean_classes() -> tuple[type, type] | None:
             self.state_data: dict = {}
             self._state_ttl: dict = {}
             self.is_closed = False
+            self.worked = False  # a job ran in this session (`mark_worked`)
             self.STATE_TTL_WHEN_CLOSED = 1 if os.getenv("GRADIO_IS_E2E_TEST", None) else 3600
 
         # The app's BlocksConfig, shared until this session replaces a block (copy on write).
@@ -581,10 +585,13 @@ def _lean_classes() -> tuple[type, type] | None:
 
         @property
         def worth(self) -> int:
-            """What evicting the session would lose: 0 nothing, 1 only widget updates (any page
-            load makes those, so a flood of page loads has them too), 2 State values (history,
-            a comparison's cells: a real visitor's work)."""
-            return 2 if self.state_data else 1 if self._own_config is not None else 0
+            """What evicting the session would lose: 0 nothing, 1 widget updates or State values
+            that page loads and refreshes make (a flood of fresh sessions calling the History
+            refresh has those too), 2 a job's work (`mark_worked`: an edit, batch, compare or
+            rewrite ran; its result, history and comparison cells are a real visitor's)."""
+            if getattr(self, "worked", False):
+                return 2
+            return 1 if self.state_data or self._own_config is not None else 0
 
         def __setitem__(self, key: int, value: Any):
             if not isinstance(self.blocks_config.blocks.get(key), State) and self._own_config is None:
@@ -663,6 +670,19 @@ def lean_sessions(demo: Any) -> bool:
     return True
 
 
+def mark_worked(demo: Any, session_hash: str | None) -> None:
+    """Marks `session_hash` as one that ran a job: evicted last (LeanSessionState.worth)."""
+    state = (getattr(getattr(demo, "state_holder", None), "session_data", None) or {}).get(session_hash)
+    if state is not None:
+        state.worked = True
+
+
+def session_known(scope: dict, session_hash: Any) -> bool:
+    """True when the gradio app behind an HTTP request (ASGI `scope`) holds state for `session_hash`."""
+    sessions = getattr(getattr(_scope_demo(scope), "state_holder", None), "session_data", None)
+    return isinstance(session_hash, str) and isinstance(sessions, dict) and session_hash in sessions
+
+
 def session_count(demo: Any) -> int:
     """Sessions gradio holds state for."""
     return len(getattr(getattr(demo, "state_holder", None), "session_data", None) or {})
@@ -697,4 +717,5 @@ def expire_sessions(demo: Any, max_idle: float, *, now: float | None = None) -> 
 __all__ = ["current_event_id", "event_alive", "logged_in_user", "sign_in", "queue_figures", "session_jobs",
            "waiting_jobs", "admit_jobs", "is_app_file", "cache_files", "prune_cache", "private_cache_folder",
            "register_demo", "app_cache_files", "lean_sessions", "session_count", "expire_sessions",
-           "referenced_paths", "watch_calls", "upload_abort", "discard_uploads", "stored_uploads"]
+           "referenced_paths", "watch_calls", "upload_abort", "discard_uploads", "stored_uploads", "mark_worked",
+           "session_known"]

@@ -18,8 +18,10 @@ Four jobs, all things gradio's own routes cannot be asked to do:
 * **Body size.** Gradio's `max_file_size` bounds each file of an upload, not the request: the
   guard refuses upload requests over `max_upload_bytes` in all, and every other request body over
   `max_body_bytes` (HTTP 413), by their declared length or while they stream; and, with a
-  `files.ClientStorage`, uploads of a client at its quota (429), past it (413) or into a full
-  cache (503). A refused or broken-off upload leaves no file behind.
+  `files.ClientStorage`, an upload larger than a client's whole quota (413), of a client whose
+  jobs in progress fill its quota (429), or into a cache filled by jobs in progress and uploads
+  in flight (503). A client merely at its quota is never refused: its oldest files age out. A
+  refused or broken-off upload leaves no file behind.
 * **No remote files.** Gradio downloads a file a request names by URL (a ``gradio.FileData``
   whose ``path`` is ``http(s)://...``) into its cache, with no size limit, leaving a folder per
   try. The guard reads JSON bodies (bounded by `max_body_bytes`) and refuses such payloads with
@@ -43,7 +45,17 @@ from hidream_ui.server import gradio_internals
 
 logger = logging.getLogger(__name__)
 
-MAX_LOGIN_BODY = 64 * 1024  # a login form is a few hundred bytes; larger ones are refused unread (413)
+MAX_REMEMBERED = 10_000  # addresses and session ids `NewSessions` keeps (floods forget the oldest)
+# The routes on which a request names a session (gradio builds its state on first use): joining the
+# queue, an unqueued call (`/run/`), the REST `/call/` (which makes a session per call when none is named).
+_SESSION_ROUTES = ("/gradio_api/queue/join", "/gradio_api/run/", "/gradio_api/call/")
+MAX_LOGIN_BODY = 64 * 1024
+# Objects and lists in one JSON body. Parsing is paid on the server's event loop (by the guard, then
+# by gradio's route and its walk for files) before any handler can cap a list: a 860 KB body of
+# 55,000 `{"params": {}}` History entries cost 0.7 CPU-s there. The largest body the app sends (a
+# History of 30 entries, a batch's files) holds a few hundred; counted as `{` and `[` bytes, a cheap
+# over-count (brackets inside strings count too) that stays far above that.
+MAX_JSON_CONTAINERS = 5_000  # a login form is a few hundred bytes; larger ones are refused unread (413)
 # A file a client names by URL: gradio would download it (any scheme:// is refused; gradio itself
 # fetches http(s) and refuses the rest as paths outside its cache).
 _URL = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.\-]*://")
@@ -103,13 +115,49 @@ class LoginThrottle:
                 del self._failures[key]
 
 
+class NewSessions:
+    """New sessions per address in a sliding minute. A session is new the first time a request names
+    it (gradio then builds its state); `admit` answers the seconds to wait (0: admitted). Sessions
+    admitted lately are remembered (bounded), so that a page's first few calls count once."""
+
+    def __init__(self, per_minute: int, window: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.per_minute = per_minute
+        self.window = window
+        self._clock = clock
+        self._opened: dict[str, deque] = {}  # address -> times it opened a session, oldest first
+        self._recent: dict[str, None] = {}  # session hashes admitted lately, oldest first
+        self._lock = threading.Lock()
+
+    def admit(self, address: str, session: str | None) -> float:
+        with self._lock:
+            if session is not None and session in self._recent:
+                return 0.0
+            now = self._clock()
+            opened = self._opened.setdefault(address, deque())
+            while opened and now - opened[0] > self.window:
+                opened.popleft()
+            if len(opened) >= self.per_minute:
+                return max(0.0, opened[0] + self.window - now)
+            opened.append(now)
+            if session is not None:
+                self._recent[session] = None
+                while len(self._recent) > MAX_REMEMBERED:
+                    self._recent.pop(next(iter(self._recent)))
+            if len(self._opened) > MAX_REMEMBERED:  # an address flood: forget the longest idle half
+                idle = sorted(self._opened, key=lambda a: self._opened[a][-1] if self._opened[a] else 0.0)
+                for old in idle[:MAX_REMEMBERED // 2]:
+                    del self._opened[old]
+            return 0.0
+
+
 class BoothGuard:
     """ASGI middleware: `Middleware(BoothGuard, jobs=..., throttle=..., ...)` in FastAPI's list."""
 
     def __init__(self, app, *, jobs: JobRegistry, throttle: LoginThrottle | None = None,
                  require_login: bool = False, max_upload_bytes: int | None = None,
-                 max_body_bytes: int | None = None, storage=None):
+                 max_body_bytes: int | None = None, storage=None, new_sessions: NewSessions | None = None):
         self.app = app
+        self.new_sessions = new_sessions  # per-address limit on new sessions (None: no limit)
         self.storage = storage  # files.ClientStorage: per-client upload accounting (None: size limit only)
         self.jobs = jobs
         self.throttle = throttle
@@ -145,6 +193,10 @@ class BoothGuard:
         body, replayed, _ = await _read_body(receive)
         if body is None:
             return  # the client went away, or the body went over the cap (`_capped` answers 413)
+        if body.count(b"{") + body.count(b"[") > MAX_JSON_CONTAINERS:
+            logger.warning("refused a request of more than %d JSON objects and lists", MAX_JSON_CONTAINERS)
+            return await _refuse(send, 413, f"The request holds more than {MAX_JSON_CONTAINERS} objects and lists: "
+                                            "send less (a History holds at most 30 entries).")
         try:
             data = json.loads(body) if body else None
         except (ValueError, RecursionError):
@@ -156,7 +208,27 @@ class BoothGuard:
                                             "through the upload route and send the path it returns.")
         if str(scope.get("path", "")).rstrip("/").endswith("/gradio_api/cancel") and isinstance(data, dict):
             self._cancel(scope, data)
+        wait = self._new_session_wait(scope, data)
+        if wait > 0:
+            return await _refuse(send, 429, f"Too many new sessions from your address: try again in {wait:.0f} s.",
+                                 [(b"retry-after", str(int(wait) + 1).encode())])
         return await self.app(scope, replayed, send)
+
+    def _new_session_wait(self, scope, data) -> float:
+        """Seconds a request that opens a new session must wait (0: it may go on, or opens none)."""
+        if self.new_sessions is None:
+            return 0.0
+        path = str(scope.get("path", ""))
+        if not any(route in path for route in _SESSION_ROUTES):
+            return 0.0
+        session = data.get("session_hash") if isinstance(data, dict) else None
+        session = session if isinstance(session, str) else None
+        if session is not None and gradio_internals.session_known(scope, session):
+            return 0.0
+        wait = self.new_sessions.admit(str((scope.get("client") or ("?", 0))[0]), session)
+        if wait > 0:
+            logger.warning("new session refused for %s (%.0f s left in its minute)", scope.get("client"), wait)
+        return wait
 
     def _cancel(self, scope, data: dict) -> None:
         session, event_id = data.get("session_hash"), data.get("event_id")
@@ -240,8 +312,9 @@ class BoothGuard:
     def _charge_upload(self, scope, key: str, held: list[dict],
                        existed: frozenset = frozenset()) -> tuple[int, str] | None:
         """Charges a stored upload (the paths the route answered) to `key`; undoes it and returns
-        the refusal when it took the client past its file quota. `existed`: the paths gradio held
-        before the route ran (never deleted here)."""
+        the refusal when the request alone is more than a client may keep (a client merely at its
+        quota is not refused: its least recently used files age out). `existed`: the paths gradio
+        held before the route ran (never deleted here)."""
         start = next((m for m in held if m.get("type") == "http.response.start"), {})
         if start.get("status") != 200:
             return None
@@ -263,10 +336,8 @@ class BoothGuard:
             alone = []
         gradio_internals.discard_uploads(scope, alone, existed)
         limits = self.storage.limits
-        files, _ = self.storage.usage(key)
-        return 429, (f"This upload has {len(paths)} file(s) and you already keep {files} on this server (at most "
-                     f"{limits.quota_files} per client): upload fewer, or try again once your files expire "
-                     f"({limits.max_age:.0f} s after their last use).")
+        return 413, (f"This upload has {len(paths)} file(s): more than one client may keep on this server (at most "
+                     f"{limits.quota_files} per client, those your jobs in progress use included): upload fewer.")
 
     # ------------------------------------------------------------------ login
     async def _login(self, scope, receive, send):
@@ -438,4 +509,4 @@ async def _refuse(send, status: int, detail: str, headers: list | None = None) -
     await send({"type": "http.response.body", "body": body})
 
 
-__all__ = ["BoothGuard", "LoginThrottle", "MAX_LOGIN_BODY"]
+__all__ = ["BoothGuard", "LoginThrottle", "NewSessions", "MAX_JSON_CONTAINERS", "MAX_LOGIN_BODY"]

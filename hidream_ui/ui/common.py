@@ -30,6 +30,7 @@ from hidream_ui.engine.jobs import JobProgress
 from hidream_ui.imaging import ImageError, UnreadableImage
 from hidream_ui.outputs import MetadataError
 from hidream_ui.rewrite.prompt import RewriteError
+from hidream_ui.server.files import EXPIRED, PictureExpired
 from hidream_ui.server.lanes import (  # noqa: F401  the lanes' one home; re-exported for the tabs
     CONTROL_GROUP,
     DEVICE_GROUP,
@@ -154,6 +155,8 @@ def guarded(what: str) -> Callable[[Callable], Callable]:
     def convert(exc: Exception) -> gr.Error:
         if isinstance(exc, EditCancelled):
             return gr_error(str(exc), title="Stopped")
+        if isinstance(exc, PictureExpired):  # not the visitor's mistake: the picture aged out on the server
+            return gr_error(EXPIRED, title="Picture expired")
         if isinstance(exc, USER_ERRORS):
             return gr_error(people_message(exc))
         logger.error("%s failed", what, exc_info=exc)

@@ -19,12 +19,24 @@ Imports gradio at the top: only the UI imports this module.
 
 from __future__ import annotations
 
-from typing import Union
+import logging
+from typing import Mapping, Union
 
 import gradio as gr
 from gradio.components.image_editor import EditorData
 from gradio.data_classes import FileData, GradioRootModel
-from pydantic import Field
+from pydantic import Field, ValidationError
+
+from hidream_ui.edits import RequestError
+from hidream_ui.ui.common import gr_error, people_message
+
+logger = logging.getLogger(__name__)
+
+# What a `mask` value may be: the refusal of anything else says so.
+MASK_EXPECTED = ('a mask file as gradio sends one ({"path": the path an upload returned, "meta": {"_type": '
+                 '"gradio.FileData"}}), a painted region {"background", "layers", "composite"} with its layers as '
+                 'such files, or null (no mask)')
+EDITOR_KEYS = frozenset(EditorData.model_fields)  # background, layers, composite, id
 
 # One colour, see-through so the picture stays visible under the paint (its alpha is what counts:
 # imaging.open_mask).
@@ -43,6 +55,33 @@ class RegionData(GradioRootModel):
     # The docstring is what /gradio_api/info and gradio_client show for the parameter. The file is tried
     # first: an editor value has no `path`, so it never passes for a file.
     root: Union[FileData, EditorData] = Field(union_mode="left_to_right")
+
+    @classmethod
+    def model_validate(cls, obj, *args, **kwargs):
+        """Gradio validates an input against its data model before the handler runs, outside the
+        handler's error handling: a pydantic ValidationError there is logged with its traceback and
+        reaches the client as {"error": null}. A value that is no mask is refused here instead, the
+        way a handler refuses a bad field: one log line, and the client reads what `mask` may be.
+
+        Also refused: a mapping with a `path` that is no valid file, and one with none of the
+        editor's keys. The union would take either for an empty editor value (pydantic drops the
+        unknown keys), and the edit would change the whole image without a word."""
+        keys = obj.keys() if isinstance(obj, Mapping) else None
+        if keys and "path" not in keys and not EDITOR_KEYS & keys:
+            raise _refusal(obj)
+        try:
+            value = super().model_validate(obj, *args, **kwargs)
+        except ValidationError:
+            raise _refusal(obj) from None
+        if keys and "path" in keys and not isinstance(value.root, FileData):
+            raise _refusal(obj)
+        return value
+
+
+def _refusal(value: object) -> gr.Error:
+    error = RequestError("mask", value, MASK_EXPECTED)
+    logger.info("refused: %s", error)
+    return gr_error(people_message(error))
 
 
 def brush_radius(size: tuple[int, int] | None) -> int:
@@ -75,4 +114,4 @@ def build_region_editor(elem_id: str) -> gr.ImageEditor:
     return editor
 
 
-__all__ = ["BRUSH_COLOR", "RegionData", "brush", "brush_radius", "build_region_editor", "eraser"]
+__all__ = ["BRUSH_COLOR", "MASK_EXPECTED", "RegionData", "brush", "brush_radius", "build_region_editor", "eraser"]

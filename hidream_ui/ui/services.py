@@ -76,8 +76,10 @@ class AppServices:
         examples = [ASSETS_DIR, *([examples_folder()] if config.uses_trained_tiny_model else [])]
         results = ServedResults(fixed=[str(root) for root in examples])
         # A result sent to the browser comes back as gradio's cached copy ("Edit the result", "Edit again").
+        storage = getattr(janitor, "storage", None)
         gate = UploadGate(is_stored, roots=[*examples, *trusted_roots],
-                          result_of=lambda path: results.result_of(path, cache_folder))
+                          result_of=lambda path: results.result_of(path, cache_folder),
+                          expired=storage.expired if storage is not None else None)
         return cls(config=config, jobs=JobRegistry(), gate=gate, results=results, demo=demo,
                    cache_folder=cache_folder, rewriter=rewriter, janitor=janitor)
 

@@ -218,7 +218,7 @@ def test_the_storage_rule_in_the_docs_states_the_codes_figures():
 
     from hidream_ui.cli.app import JANITOR_INTERVAL
     from hidream_ui.config import AppConfig
-    from hidream_ui.server.files import EXPIRED, LATEST_HOLD
+    from hidream_ui.server.files import EXPIRED, HEADROOM, LATEST_HOLD
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "security.md").read_text()
     # The storage bullet and the sessions bullet after it.
@@ -232,6 +232,7 @@ def test_the_storage_rule_in_the_docs_states_the_codes_figures():
     assert f"`--cache-max-age` ({config.cache_max_age} s)" in rule
     assert f"for {LATEST_HOLD / 60:.0f} minutes" in rule
     assert f"every {JANITOR_INTERVAL:.0f} s" in rule
+    assert f"down to {HEADROOM:.0%} below each cap".replace("%", " %") in rule
     assert f'"{EXPIRED.split(":")[0]}' in rule
     assert re.search(r"never another visitor's and never with a refusal", rule)
 

@@ -121,6 +121,7 @@ def test_a_client_past_its_quota_ages_out_its_own_files_and_evicts_nobody(app):
         refused = attacker.post("/gradio_api/upload", files=flood)
         answers = [upload_one(attacker, f"g{i}.png", b"\x89PNG-%d" % i) for i in range(12)]
 
+        assert [code for code, _ in answers] == [200] * 12, answers
         janitor.run_once()  # the janitor's round, as its timer runs it
         assert storage.usage("address:127.0.0.2")[0] <= 8
         assert Path(json.loads(answers[-1][1])[0]).is_file()  # the newest stays
@@ -132,7 +133,6 @@ def test_a_client_past_its_quota_ages_out_its_own_files_and_evicts_nobody(app):
 
     assert refused.status_code == 413, refused.status_code
     assert "at most 8" in refused.json()["detail"] and "per client" in refused.json()["detail"]
-    assert [code for code, _ in answers] == [200] * 12
 
 
 def test_an_upload_cut_at_413_leaves_no_file(app):

@@ -287,6 +287,9 @@ MAX_CLIENTS = 10_000
 # went is answered "this picture has expired, upload it again", not "not an upload of this app".
 MAX_EXPIRED = 10_000
 MB = 1024 * 1024
+# The pruning aims this fraction below each cap (`headroom`): a running job writes its previews and its
+# result between two rounds, and those must land under the cap, not over it until the next round.
+HEADROOM = 0.1
 FORCED_PRUNE_INTERVAL = 0.25  # seconds: an upload about to be refused prunes first, unless a pruning ran this recently
 
 
@@ -316,6 +319,11 @@ class StorageLimits:
     @property
     def quota_files(self) -> int:
         return min(self.client_files, self.cache_files)
+
+
+def headroom(cap: int) -> int:
+    """How far below `cap` (files or bytes) the pruning brings what it prunes (see HEADROOM)."""
+    return int(cap * HEADROOM)
 
 
 @dataclass(frozen=True)
@@ -532,8 +540,10 @@ class ClientStorage:
             files, size = self._total
             self._total = (files + len(new), size + sum(held.get(p, 0) for p in new))
         jobs, _ = self._binding_usage(key)
-        self._wake_if_over(key)
-        return new, jobs + len(new) > self.limits.quota_files
+        refused = jobs + len(new) > self.limits.quota_files
+        if not refused:  # a refused request is undone at once: no round for it (it would count its files)
+            self._wake_if_over(key)
+        return new, refused
 
     def uncharge(self, key: str, paths: Iterable[str]) -> list[str]:
         """Takes `paths` off `key`; returns those nobody else holds (safe to delete)."""
@@ -552,6 +562,9 @@ class ClientStorage:
                     alone.append(path)
                     files, size = files - 1, size - held
             self._total = (max(0, files), max(0, size))
+            # A round that ran while these files were there counted them: the next upload that would be
+            # refused on that count looks again (`prune_before_refusing`) instead of trusting it.
+            self._scanned = 0.0
         return alone
 
     # ------------------------------------------------------------------ calls
@@ -605,8 +618,9 @@ class ClientStorage:
         limits = self.limits
         with self._lock:
             held = self._held.get(key) or {}
-            over = (len(held) > limits.quota_files or sum(held.values()) > limits.quota_bytes
-                    or len(self._owners) > limits.cache_files)
+            over = (len(held) > limits.quota_files - headroom(limits.quota_files)
+                    or sum(held.values()) > limits.quota_bytes - headroom(limits.quota_bytes)
+                    or len(self._owners) > limits.cache_files - headroom(limits.cache_files))
         if over and self.wake is not None:
             self.wake()
 
@@ -677,10 +691,14 @@ class ClientStorage:
                     by_key.setdefault(key, []).append(entry)
         # A client over its quota gives up its own least recently used files (uploads, results,
         # previews alike): it ages out instead of being refused.
+        # Down to the headroom below the quota, so that what its running job writes before the next
+        # round keeps it within its quota.
+        quota_files = limits.quota_files - headroom(limits.quota_files)
+        quota_bytes = limits.quota_bytes - headroom(limits.quota_bytes)
         for key, held in by_key.items():
             count, size = len(held), sum(e.size for e in held)
             for entry in list(held):
-                if count <= limits.quota_files and size <= limits.quota_bytes:
+                if count <= quota_files and size <= quota_bytes:
                     break
                 # A file another client holds too is only taken off this one's account (it stays,
                 # in use or not); one of its own goes when nothing needs it.
@@ -698,6 +716,9 @@ class ClientStorage:
         # upload that is about to be refused.
         counted = [e for e in left if owners.get(e.path) or removable(e)]
         count, size = len(counted), sum(e.size for e in counted)
+        # Room is made down to the headroom below the caps, so that what a running job writes before
+        # the next round lands under them.
+        max_files, max_bytes = max_files - headroom(max_files), max_bytes - headroom(max_bytes)
         for entry in left:
             if count <= max_files and size <= max_bytes:
                 break

@@ -1,6 +1,6 @@
-"""`bench abuse`: the hostile files say what they claim, the verdict follows the recorded figures,
-and one cheap probe runs end to end against a real app (its measurements, not its verdict: most
-probes fail until issue 19's fixes land)."""
+"""`bench abuse`: the hostile files say what they claim, the verdict follows the recorded figures
+(issue 19's probes and issue 58's: pure functions of what a probe measured), and one cheap probe runs
+end to end against a real app (its measurements, not its verdict)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from hidream_ui.bench import KINDS, abuse_files, abuse_probes
+from hidream_ui.bench import KINDS, abuse_booth, abuse_client, abuse_files, abuse_probes
 from hidream_ui.bench import abuse as bench_abuse
 
 MIB = 1 << 20
@@ -207,3 +207,223 @@ def test_a_probe_shorter_than_one_status_round_trip_still_gets_its_figure():
     threading.Timer(0.3, lambda: sampler.samples.append((time.monotonic(), 0.05, {"state": "idle"}))).start()
     sampler.wait_for_sample(since)
     assert sampler.max_seconds(since) == 0.05
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 58's probes: their verdicts from recorded figures, and the harness pieces they use
+# ---------------------------------------------------------------------------------------------
+
+
+def test_issue_58_probes_are_registered_after_issue_19s_and_take_either_spelling():
+    assert list(bench_abuse.PROBES)[:9] == list(abuse_probes.PROBES)
+    assert list(bench_abuse.PROBES)[9:] == ["results-flood", "kiosk-lockout", "session-flood", "history-cpu"]
+    assert bench_abuse.probe_name("kiosk_lockout") == "kiosk-lockout"
+    # Their own budgets unless --probe-budget says otherwise; issue 19's keep the defaults.
+    assert bench_abuse.budget_for("kiosk-lockout", quick=False) == 600.0
+    assert bench_abuse.budget_for("kiosk-lockout", quick=False, override=30.0) == 30.0
+    assert bench_abuse.budget_for("zip-bomb", quick=True) == bench_abuse.QUICK_BUDGET
+    assert bench_abuse.PROBES["session-flood"].session_capacity(True) < 10_000
+
+
+def _cache(files_max=60, cap=60, mb_max=1.0, cap_mb=4000.0, samples=10):
+    return {"cache_samples": samples, "cache_files_max": files_max, "cache_max_files": cap, "cache_mb_max": mb_max,
+            "cache_max_mb": cap_mb}
+
+
+def test_cache_figures_count_samples_and_seconds_over_either_cap():
+    mb = 1 << 20
+    samples = [(0.0, 10, mb), (1.0, 61, mb), (1.5, 60, mb), (2.0, 59, 5 * mb), (4.0, 62, mb)]
+    figures = abuse_client.cache_figures(samples, max_files=60, max_bytes=4 * mb)
+    assert figures["cache_files_first"] == 10 and figures["cache_files_max"] == 62 and figures["cache_files_end"] == 62
+    assert figures["cache_mb_max"] == 5.0 and figures["cache_max_mb"] == 4.0
+    assert figures["cache_samples_over_cap"] == 3  # 61 files, 5 MB, 62 files (the last counts no time)
+    assert figures["cache_seconds_over_cap"] == pytest.approx(0.5 + 2.0)
+    assert figures["cache_longest_over_cap_s"] == pytest.approx(2.0)  # 59 files but 5 MB: over until 4.0
+    assert not abuse_booth.within_caps(figures)
+    empty = abuse_client.cache_figures([], 60, 4 * mb)
+    assert empty["cache_samples"] == 0 and not abuse_booth.within_caps(empty)
+    assert abuse_booth.within_caps(_cache()) and not abuse_booth.within_caps(_cache(files_max=61))
+    assert not abuse_booth.within_caps(_cache(mb_max=4000.5))
+
+
+def test_cache_caps_follow_the_apps_flags_else_its_defaults():
+    from hidream_ui.config import AppConfig
+
+    defaults = AppConfig()
+    assert abuse_booth.cache_caps(["--cache-max-files", "60"]) == (60, defaults.cache_max_mb * MIB)
+    assert abuse_booth.cache_caps([]) == (defaults.cache_max_files, defaults.cache_max_mb * MIB)
+
+
+def test_the_cache_count_leaves_out_what_the_app_held_when_it_started():
+    app = bench_abuse.AbuseApp([])
+    try:
+        folder = app.gradio_tmp / "hidream-ui-gradio-x" / "h1"
+        folder.mkdir(parents=True)
+        (folder / "example.png").write_bytes(b"e" * 100)
+        app.exempt_files = {str(folder / "example.png")}
+        (folder / "upload.png").write_bytes(b"u" * 10)
+        (app.gradio_tmp / "tmpspool").write_bytes(b"s" * 5)
+        assert app.cache_counts() == (2, 15)
+    finally:
+        app.close()
+
+
+def test_the_cache_sampler_samples_until_stopped():
+    class FakeApp:
+        counts = iter(range(1, 10_000))
+
+        def cache_counts(self):
+            return next(self.counts), 0
+
+    with abuse_client.CacheSampler(FakeApp(), max_files=3, max_bytes=1, every=0.01) as sampler:
+        import time
+
+        time.sleep(0.1)
+    figures = sampler.figures()
+    assert figures["cache_samples"] >= 3 and figures["cache_files_max"] == figures["cache_files_end"]
+    assert figures["cache_samples_over_cap"] == figures["cache_samples"] - 3  # 1, 2 and 3 are within 3
+
+
+FLOOD_GOOD = {"newcomer": {"upload_status": 200, "edit": "ran", "ok": True}, "honest_saw_503": False, **_cache()}
+
+
+@pytest.mark.parametrize("change, held", [
+    ({}, True),
+    ({"newcomer": {"upload_status": 503, "edit": None, "ok": False}}, False),  # the issue's finding
+    ({"newcomer": {"upload_status": 200, "edit": "refused (503: full)", "ok": False}}, False),
+    ({"honest_saw_503": True}, False),
+    (_cache(files_max=134), False),  # 17 -> 134 files against a cap of 60
+    ({"cache_samples": 0}, False),
+])
+def test_results_flood_holds_only_when_the_newcomer_gets_in_and_the_cache_stays_capped(change, held):
+    assert abuse_booth.results_flood_check({**FLOOD_GOOD, **change}) is held
+
+
+def test_a_503_is_what_the_results_flood_looks_for():
+    assert abuse_booth._is_full({"upload_status": 503})
+    assert abuse_booth._is_full({"upload_status": 200, "edit": "refused (503: The server's upload space is full)"})
+    assert not abuse_booth._is_full({"upload_status": 200, "edit": "ran"})
+
+
+KIOSK_GOOD = {"edits_wanted": 300, "uploads_ok": 300, "edits_ran": 300,
+              "newcomers": [{"ok": True}, {"ok": True}], **_cache(files_max=900, cap=1000)}
+
+
+@pytest.mark.parametrize("change, held", [
+    ({}, True),
+    ({"uploads_ok": 200, "edits_ran": 200}, False),  # the 201st upload got 429 for an hour
+    ({"edits_ran": 299}, False),
+    ({"edits_wanted": 300, "uploads_ok": 120, "edits_ran": 120}, False),  # the budget ran out
+    ({"newcomers": [{"ok": True}, {"ok": False}]}, False),
+    ({"newcomers": []}, False),
+    (_cache(files_max=1001, cap=1000), False),
+])
+def test_the_kiosk_holds_only_when_every_picture_and_every_newcomer_succeeds_within_the_caps(change, held):
+    assert abuse_booth.kiosk_check({**KIOSK_GOOD, **change}) is held
+
+
+SESSION_FLOOD_GOOD = {"session_capacity": 300, "flood_sessions_after_honest_job": 450, "flood_refused_429": 80,
+                      "edit_result_before": "picture", "edit_result_after": "picture"}
+
+
+@pytest.mark.parametrize("change, held", [
+    ({}, True),
+    ({"edit_result_after": "no picture (ran)"}, False),  # the issue's finding: "Edit the result" did nothing
+    ({"edit_result_before": "no picture (ran)"}, False),  # the control failed: the check proves nothing
+    ({"flood_sessions_after_honest_job": 299}, False),  # Gradio's LRU alone would have kept it
+    ({"session_capacity": None, "flood_sessions_after_honest_job": 0}, True),  # uncapped: refused by the limit
+    ({"session_capacity": None, "flood_refused_429": 0}, False),
+])
+def test_the_session_flood_holds_when_the_honest_session_survives_a_flood_that_would_evict_it(change, held):
+    assert abuse_booth.session_flood_check({**SESSION_FLOOD_GOOD, **change}) is held
+
+
+def test_edit_the_result_counts_only_when_it_returned_a_picture():
+    picture = {"path": "/tmp/gradio/x/result.png", "url": "http://127.0.0.1/file=x",
+               "meta": {"_type": "gradio.FileData"}}
+    ok = abuse_client.CallResult(True, 200, data=[picture, "The result is the source now"])
+    assert abuse_booth.edit_result_picture(ok)
+    assert abuse_booth.edit_result_picture(abuse_client.CallResult(True, 200, data=[{"__type__": "update",
+                                                                                      "value": picture}, ""]))
+    gone = abuse_client.CallResult(True, 200, data=[{"__type__": "update"}, {"__type__": "update"}])
+    assert not abuse_booth.edit_result_picture(gone)
+    assert not abuse_booth.edit_result_picture(abuse_client.CallResult(False, 404, "gone"))
+
+
+HISTORY_GOOD = {"single_request_cpu_s": 0.05, "flood_cpu_s_per_request": 0.08, "flood_answered": 40}
+
+
+@pytest.mark.parametrize("change, held", [
+    ({}, True),
+    ({"single_request_cpu_s": 2.8}, False),  # the issue's finding
+    ({"flood_cpu_s_per_request": abuse_booth.HISTORY_CPU_TARGET_S}, False),
+    ({"flood_cpu_s_per_request": None, "flood_answered": 0}, False),
+    ({"adapted": HISTORY_GOOD}, True),
+    ({"adapted": {**HISTORY_GOOD, "single_request_cpu_s": 0.7}}, False),  # cheap only while refused by count
+    ({"adapted": {**HISTORY_GOOD, "flood_answered": 0, "flood_cpu_s_per_request": None}}, False),
+])
+def test_history_cpu_holds_when_a_large_refresh_costs_the_server_little(change, held):
+    assert abuse_booth.history_cpu_check({**HISTORY_GOOD, **change}) is held
+
+
+def test_the_history_payloads_have_the_issues_size_and_shape():
+    dep = {"inputs": [1, 2]}
+    data = abuse_booth.history_data(dep, [{"params": {}}] * abuse_booth.HISTORY_ENTRIES)
+    encoded = json.dumps(data).encode()
+    assert 850 * 1024 < len(encoded) < 870 * 1024 and data[1] == ""  # ~859 KB, under --max-body-kb 1024
+    adapted = abuse_booth.history_data(dep, abuse_booth.adapted_history())
+    assert abs(len(json.dumps(adapted)) - len(encoded)) < 32 * 1024  # as many bytes...
+    assert len(adapted[0]) * 2 < 5000  # ...in few objects (an entry and its params)
+
+
+def test_a_pre_encoded_body_is_the_same_json_request():
+    payload = {"fn_index": 68, "session_hash": "s", "event_data": None}
+    data = [[{"params": {}}] * 3, ""]
+    body = abuse_client._body(payload, None, json.dumps(data).encode())
+    assert json.loads(body["content"]) == {**payload, "data": data}
+    assert body["headers"]["content-type"] == "application/json"
+    assert abuse_client._body(payload, data, None) == {"json": {**payload, "data": data}}
+
+
+@pytest.mark.parametrize("rounds, median", [
+    ([(100.0, 100.5, 80)] * 5, 6.4),
+    # One round in which the allocator grew an arena (or the server did something else): the
+    # median is the other rounds' figure; the mean would have been 41 KB.
+    ([(100.0, 100.5, 80), (100.5, 101.0, 80), (101.0, 116.0, 80), (116.0, 116.5, 80), (116.5, 117.0, 80)], 6.4),
+    ([(100.0, 100.0, 80), (100.0, 100.0, 0)], 0.0),  # a round that admitted nothing is left out
+])
+def test_the_session_cost_is_the_median_of_its_rounds(rounds, median):
+    figures = abuse_probes.session_cost_kb(rounds)
+    assert figures["kb_per_session"] == median
+    assert len(figures["kb_per_session_rounds"]) == sum(1 for *_, n in rounds if n)
+
+
+def test_the_sessions_check_keeps_its_20_kb_target():
+    good = {"kb_per_session": 6.4, "kb_per_session_rounds": [6.4] * 5, "sessions": 500, "sessions_wanted": 500}
+    assert abuse_probes.sessions_check(good)
+    assert not abuse_probes.sessions_check({**good, "kb_per_session": abuse_probes.SESSION_TARGET_KB})
+    assert not abuse_probes.sessions_check({**good, "sessions": 400})  # the budget ran out
+    assert not abuse_probes.sessions_check({**good, "kb_per_session_rounds": [6.4, 6.4]})  # too few rounds
+    assert abuse_probes.SESSION_TARGET_KB == 20.0 and bench_abuse.TARGET_RSS_GROWTH_MB == 200.0
+
+
+def test_the_child_launcher_caps_the_session_table_after_the_app_made_it_lean(monkeypatch):
+    from types import SimpleNamespace
+
+    from hidream_ui.bench import abuse_child
+    from hidream_ui.server import gradio_internals
+
+    calls = []
+    monkeypatch.setattr(gradio_internals, "lean_sessions", lambda demo: calls.append(demo) or True)
+    abuse_child.install(7, None)
+    demo = SimpleNamespace(state_holder=SimpleNamespace(capacity=10_000, session_data={}))
+    assert gradio_internals.lean_sessions(demo) is True
+    assert calls == [demo] and demo.state_holder.capacity == 7
+    app = bench_abuse.AbuseApp([], session_capacity=7)
+    try:
+        assert app.command()[1:3] == ["-m", "hidream_ui.bench.abuse_child"]
+        env = app._env()
+        assert env[abuse_client.SESSION_CAPACITY_ENV] == "7" and env[abuse_client.SESSION_LOG_ENV]
+        assert bench_abuse.AbuseApp([]).command()[1:4] == ["-m", "hidream_ui", "app"]
+    finally:
+        app.close()

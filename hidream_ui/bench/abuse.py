@@ -1,11 +1,18 @@
 """`python -m hidream_ui bench abuse [--json] [--quick] [--probe NAME ...] [--timeout S]`.
 
-The findings of issue 19 run as bounded loops against a local app, as an attacker on 127.0.0.1
-would send them over raw HTTP. Every probe launches its own app (`python -m hidream_ui app`, tiny
-model, CPU, a free 127.0.0.1 port, its own --output-dir and GRADIO_TEMP_DIR in a temporary folder),
-so the server's figures are its own: RSS is read with psutil on the child's pid, the cache is the
-child's GRADIO_TEMP_DIR (Gradio's `hidream-ui-gradio-*` folder and its upload spools). The app is
-killed at the end of every probe, whatever happened.
+The findings of issue 19 (abuse_probes.py: run-bypass ... low) and issue 58 (abuse_booth.py:
+results-flood, kiosk-lockout, session-flood, history-cpu) run as bounded loops against a local app,
+as an attacker on 127.0.0.1 would send them over raw HTTP. Every probe launches its own app
+(`python -m hidream_ui app`, tiny model, CPU, a free 127.0.0.1 port, its own --output-dir and
+GRADIO_TEMP_DIR in a temporary folder), so the server's figures are its own: RSS is read with psutil
+on the child's pid, the cache is the child's GRADIO_TEMP_DIR (Gradio's `hidream-ui-gradio-*` folder
+and its upload spools). The app is killed at the end of every probe, whatever happened.
+
+Clients are told apart by the address they connect from, as the server keys its storage and its
+limits on it: the attacker uses 127.0.0.1, the honest client 127.0.0.2, newcomers and floods other
+127.x.y.z addresses (Linux answers on all of 127.0.0.0/8; where a machine does not, every client
+shares 127.0.0.1 and the record says so). `session-flood` launches the app through abuse_child.py,
+which caps Gradio's session table (10,000 by default, no app flag) so that a flood reaches it.
 
 Around every probe an honest client (its own session) uploads the bundled apple and edits it once
 (2 steps, draft) before the attack (the warm-up: the model loads then, so its memory is not counted
@@ -24,7 +31,9 @@ sampler asks `/status` every 0.2 s. Per probe the report says what was sent and:
 
 A probe is `held` when its check holds, the honest edit completed, `/status` stayed under 1 s, RSS
 grew by less than 200 MB and no file of another client was removed. Figures are reported as
-measured; nothing is tuned to pass. Exit status 0 when every probe held, 1 otherwise.
+measured; nothing is tuned to pass. Exit status 0 when every probe held, 1 otherwise. Each probe's
+attack has a budget (90 s, 25 s with --quick, unless the probe names its own: kiosk-lockout 600 s);
+docs/benchmarks.md ("bench abuse") lists every probe's figures.
 """
 
 from __future__ import annotations
@@ -35,9 +44,10 @@ import os
 import time
 from typing import Any
 
-from hidream_ui.bench import abuse_probes
+from hidream_ui.bench import abuse_booth, abuse_probes
 from hidream_ui.bench.abuse_client import (
     _MB,
+    HONEST_ADDRESS,
     STATUS_EVERY,
     TARGET_RSS_GROWTH_MB,
     TARGET_STATUS_S,
@@ -47,7 +57,18 @@ from hidream_ui.bench.abuse_client import (
     ProbeContext,
     RssSampler,
     StatusSampler,
+    client_address,
 )
+
+# Issue 19's probes, then issue 58's (booth storage and sessions).
+PROBES = {**abuse_probes.PROBES, **abuse_booth.PROBES}
+DEFAULT_BUDGET, QUICK_BUDGET = 90.0, 25.0
+DEFAULT_TIMEOUT = 1800.0
+
+
+def probe_name(name: str) -> str:
+    """A probe's name as PROBES spells it (`kiosk_lockout` is `kiosk-lockout`)."""
+    return name.replace("_", "-")
 
 
 def held(record: dict) -> bool:
@@ -84,18 +105,31 @@ def failed_targets(record: dict) -> list[str]:
 
 
 RECORD_KEYS = ("probe", "sent", "held", "honest_edit_completed", "status_max_s", "rss_growth_mb", "cache_growth_mb",
-               "other_client_files_removed", "notes", "check", "check_text", "figures", "app_args", "seconds", "error")
+               "other_client_files_removed", "notes", "check", "check_text", "figures", "app_args", "budget_s",
+               "seconds", "error")
+
+
+def budget_for(name: str, quick: bool, override: float | None = None) -> float:
+    """Seconds a probe's attack may take: `override` (--probe-budget), else the probe's own, else
+    DEFAULT_BUDGET (QUICK_BUDGET with --quick)."""
+    if override is not None:
+        return override
+    spec = PROBES[name]
+    if spec.budget is not None:
+        return spec.budget(quick)
+    return QUICK_BUDGET if quick else DEFAULT_BUDGET
 
 
 def run_probe(name: str, *, quick: bool, budget: float) -> dict:
     """One probe against its own app; always returns a record (a harness failure is its `error`)."""
-    spec = abuse_probes.PROBES[name]
+    spec = PROBES[name]
     started = time.monotonic()
     record: dict[str, Any] = {key: None for key in RECORD_KEYS}
-    record.update(probe=name, notes=[], figures={}, held=False)
+    record.update(probe=name, notes=[], figures={}, held=False, budget_s=budget)
     args, auth = spec.app_args(quick)
     record["app_args"] = args
-    apps = [AbuseApp(args, auth=auth)]
+    capacity = spec.session_capacity(quick) if spec.session_capacity is not None else None
+    apps = [AbuseApp(args, auth=auth, session_capacity=capacity)]
     statuses = rss = None
     try:
         try:
@@ -111,11 +145,14 @@ def run_probe(name: str, *, quick: bool, budget: float) -> dict:
                                    f"({str(exc).splitlines()[-1][:200]}); measured without it")
             args = fallback
             record["app_args"] = args
-            apps.append(AbuseApp(args, auth=auth))
+            apps.append(AbuseApp(args, auth=auth, session_capacity=capacity))
             apps[-1].start()
         app = apps[-1]
         honest_timeout = 60.0 if quick else 120.0
-        honest = HonestClient(app, timeout=honest_timeout)
+        honest = HonestClient(app, timeout=honest_timeout, address=client_address(HONEST_ADDRESS))
+        if honest.address is None:
+            record["notes"].append(f"this machine connects from 127.0.0.1 only: the honest client shares the "
+                                   f"attacker's address (wanted {HONEST_ADDRESS})")
         # Fast during the warm-up (the model load's progress messages last milliseconds), then
         # every STATUS_EVERY s during the probe.
         statuses = StatusSampler(app, every=0.01)
@@ -161,19 +198,19 @@ def run_probe(name: str, *, quick: bool, budget: float) -> dict:
     return record
 
 
-def run(probes: list[str] | None = None, *, quick: bool = False, timeout: float = 600.0,
+def run(probes: list[str] | None = None, *, quick: bool = False, timeout: float = DEFAULT_TIMEOUT,
         probe_budget: float | None = None) -> dict:
     """Runs the probes one after another (each against its own app) within `timeout` seconds in all;
     returns the report. Probes that no longer fit are reported as skipped."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    names = list(probes or abuse_probes.PROBES)
-    unknown = [n for n in names if n not in abuse_probes.PROBES]
+    names = [probe_name(n) for n in (probes or PROBES)]
+    unknown = [n for n in names if n not in PROBES]
     if unknown:
-        raise ValueError(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(abuse_probes.PROBES)}")
-    budget = probe_budget if probe_budget is not None else (25.0 if quick else 90.0)
+        raise ValueError(f"unknown probe(s) {', '.join(unknown)}; choose from {', '.join(PROBES)}")
     started = time.monotonic()
     records = []
     for name in names:
+        budget = budget_for(name, quick, probe_budget)
         # A probe needs its budget plus an app start, the warm-up edit and the honest edit's wait.
         if time.monotonic() - started + budget + 30 > timeout:
             records.append({**{key: None for key in RECORD_KEYS}, "probe": name, "held": False, "notes": [],
@@ -189,7 +226,7 @@ def run(probes: list[str] | None = None, *, quick: bool = False, timeout: float 
         "targets": {"honest_edit_completed": True, "status_max_s_under": TARGET_STATUS_S,
                     "rss_growth_mb_under": TARGET_RSS_GROWTH_MB, "other_client_files_removed": 0,
                     "check": "the probe's own check (see check_text)"},
-        "probe_budget_s": budget,
+        "probe_budget_s": probe_budget if probe_budget is not None else (QUICK_BUDGET if quick else DEFAULT_BUDGET),
         "probes": records,
         "summary": {"held": sum(1 for r in records if r["held"]), "probes": len(records),
                     "not_held": [r["probe"] for r in records if not r["held"]]},
@@ -227,17 +264,19 @@ def table(report: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hidream_ui bench abuse",
-        description="The findings of issue 19 as bounded loops against a local app (tiny model): per probe "
-                    "what was sent, server RSS and cache growth, the slowest /status, whether an honest "
+        description="The findings of issues 19 and 58 as bounded loops against a local app (tiny model): per "
+                    "probe what was sent, server RSS and cache growth, the slowest /status, whether an honest "
                     "client's edit completed and kept its files.")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--quick", action="store_true", help="smaller attacks and budgets (a smoke run, ~minutes)")
-    parser.add_argument("--probe", action="append", choices=list(abuse_probes.PROBES), metavar="NAME",
-                        help=f"run only this probe (repeatable): {', '.join(abuse_probes.PROBES)}")
-    parser.add_argument("--timeout", type=float, default=900.0,
-                        help="overall bound in seconds; probes that no longer fit are skipped (default 900)")
+    parser.add_argument("--probe", action="append", type=probe_name, choices=list(PROBES), metavar="NAME",
+                        help=f"run only this probe (repeatable): {', '.join(PROBES)}")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"overall bound in seconds; probes that no longer fit are skipped "
+                             f"(default {DEFAULT_TIMEOUT:.0f})")
     parser.add_argument("--probe-budget", type=float, default=None,
-                        help="seconds each probe's attack may take (default 90, 25 with --quick)")
+                        help="seconds each probe's attack may take (default: the probe's own; 90, 25 with --quick, "
+                             "for issue 19's; kiosk-lockout 600, 120 with --quick)")
     args = parser.parse_args(argv)
     if args.timeout <= 0 or (args.probe_budget is not None and args.probe_budget <= 0):
         parser.error("--timeout and --probe-budget must be positive")
@@ -249,5 +288,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report["summary"]["held"] == report["summary"]["probes"] else 1
 
 
-__all__ = ["main", "run", "run_probe", "held", "failed_targets", "table", "AbuseApp", "AppRefused",
-           "TARGET_STATUS_S", "TARGET_RSS_GROWTH_MB"]
+__all__ = ["main", "run", "run_probe", "held", "failed_targets", "table", "AbuseApp", "AppRefused", "PROBES",
+           "budget_for", "probe_name", "TARGET_STATUS_S", "TARGET_RSS_GROWTH_MB"]

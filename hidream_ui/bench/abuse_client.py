@@ -6,9 +6,11 @@ both build on it; it imports neither."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,30 @@ HONEST_INSTRUCTION = "honest client: make it green"
 APP_START_TIMEOUT = 90.0
 STATUS_EVERY = 0.2
 STATUS_TIMEOUT = 10.0
+# The honest client's own address: another client in the server's eyes (its storage, its quotas and its
+# new-session limit are keyed on the address), so that "another client's files" means what it says.
+# Linux answers on all of 127.0.0.0/8; where only 127.0.0.1 does, every client shares it (`client_address`).
+HONEST_ADDRESS = "127.0.0.2"
+# Gradio's session table is capped at this many sessions by the child launcher (abuse_child.py).
+SESSION_CAPACITY_ENV = "BENCH_ABUSE_SESSION_CAPACITY"
+SESSION_LOG_ENV = "BENCH_ABUSE_SESSION_LOG"
+CACHE_EVERY = 0.1
+
+
+@functools.lru_cache(maxsize=1)
+def loopback_aliases() -> bool:
+    """True when this machine lets a client connect from 127.0.0.x other than 127.0.0.1."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((HONEST_ADDRESS, 0))
+        return True
+    except OSError:
+        return False
+
+
+def client_address(address: str) -> str | None:
+    """`address` when the machine can connect from it, else None (the default, 127.0.0.1)."""
+    return address if loopback_aliases() else None
 
 
 def _apple() -> Path:
@@ -65,9 +91,11 @@ class AbuseApp:
     """`python -m hidream_ui app` in a child process on a free 127.0.0.1 port; use as a context
     manager (the process is killed on exit, the temporary folder removed)."""
 
-    def __init__(self, args: list[str], *, auth: tuple[str, str] | None = None):
+    def __init__(self, args: list[str], *, auth: tuple[str, str] | None = None, session_capacity: int | None = None):
         self.args = list(args)
         self.auth = auth
+        # Gradio's session table capped here (the app has no flag: abuse_child.py sets it), None: gradio's.
+        self.session_capacity = session_capacity
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.root = Path(tempfile.mkdtemp(prefix="hidream-bench-abuse-"))
@@ -79,11 +107,18 @@ class AbuseApp:
         self._dependencies: list[dict] | None = None
         self._cookies = None
         self._cookie_lock = threading.Lock()
+        self.exempt_files: set[str] = set()  # in the cache once the app serves: the examples' copies
 
     # ---- lifecycle
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "hidream_ui", "app", "--host", "127.0.0.1", "--port", str(self.port),
+        launcher = (["-m", "hidream_ui.bench.abuse_child"] if self.session_capacity is not None
+                    else ["-m", "hidream_ui", "app"])
+        return [sys.executable, *launcher, "--host", "127.0.0.1", "--port", str(self.port),
                 "--device", "cpu", "--output-dir", str(self.output_dir), *self.args]
+
+    @property
+    def session_log_path(self) -> Path:
+        return self.root / "sessions.jsonl"
 
     def _env(self) -> dict[str, str]:
         # Every HIDREAM_* setting of the caller is dropped (model paths, --auth, limits): the probe
@@ -92,6 +127,11 @@ class AbuseApp:
                if not k.startswith(("HIDREAM_", "GRADIO_")) or k == "HIDREAM_UI_CACHE"}
         env.update(GRADIO_TEMP_DIR=str(self.gradio_tmp), GRADIO_ANALYTICS_ENABLED="False",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        env.pop(SESSION_CAPACITY_ENV, None)
+        env.pop(SESSION_LOG_ENV, None)
+        if self.session_capacity is not None:
+            env[SESSION_CAPACITY_ENV] = str(self.session_capacity)
+            env[SESSION_LOG_ENV] = str(self.session_log_path)
         return env
 
     def __enter__(self) -> "AbuseApp":
@@ -109,6 +149,8 @@ class AbuseApp:
                 raise AppRefused(f"the app exited with {self.process.returncode} before serving: {self.log_tail()}")
             try:
                 if httpx.get(self.url + "/", timeout=1.0).status_code == 200:
+                    # What the app cached before any client (the examples' copies): its limits leave them out.
+                    self.exempt_files = {str(p) for p in _files(self.gradio_tmp)}
                     return
             except httpx.HTTPError:
                 pass
@@ -156,12 +198,31 @@ class AbuseApp:
     def cache_folder(self) -> Path | None:
         return next(iter(sorted(self.gradio_tmp.glob("hidream-ui-gradio-*"))), None)
 
+    def cache_counts(self) -> tuple[int, int]:
+        """(files, bytes) in the app's GRADIO_TEMP_DIR that count against --cache-max-files and
+        --cache-max-mb: everything but what was there when it started serving (the examples' copies)."""
+        files = [f for f in _files(self.gradio_tmp) if str(f) not in self.exempt_files]
+        return len(files), sum(_size(f) for f in files)
+
+    def session_log(self) -> list[dict]:
+        """The session table's size as abuse_child.py wrote it ({"t", "sessions", "worked", "capacity"}
+        per line); empty without a session cap or before the app served."""
+        out = []
+        with contextlib.suppress(OSError):
+            for line in self.session_log_path.read_text(encoding="utf-8").splitlines():
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
     # ---- HTTP
     @contextlib.contextmanager
-    def http(self, timeout: float = 60.0, **kwargs):
-        """`with app.http() as http`: an httpx client on the app, logged in when the app has --auth."""
+    def http(self, timeout: float = 60.0, address: str | None = None, **kwargs):
+        """`with app.http() as http`: an httpx client on the app, logged in when the app has --auth;
+        `address`: the local address it connects from (another client in the server's eyes)."""
         import httpx
 
+        if address is not None and address != "127.0.0.1":
+            kwargs.setdefault("transport", httpx.HTTPTransport(local_address=address))
         with httpx.Client(base_url=self.url, timeout=timeout, **kwargs) as client:
             if self.auth is not None:
                 client.cookies = self._login_cookies()
@@ -203,13 +264,15 @@ def _size(path: Path) -> int:
 
 
 def _files(folder: Path) -> list[Path]:
-    if not folder.is_dir():
-        return []
+    # os.walk, not Path.rglob: rglob raises when a folder goes mid-walk (the app's janitor prunes
+    # while the samplers count); os.walk skips it.
     out = []
-    for path in folder.rglob("*"):
-        with contextlib.suppress(OSError):
-            if path.is_file():
-                out.append(path)
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root, name)
+            with contextlib.suppress(OSError):
+                if path.is_file():
+                    out.append(path)
     return out
 
 
@@ -274,12 +337,27 @@ def run_direct(http, api_name: str, data: list, session: str, timeout: float = 1
     return CallResult(False, answer.status_code, str(error), seconds=seconds)
 
 
-def run_fn(http, fn_index: int, data: list, session: str, timeout: float = 120.0) -> CallResult:
+def _body(payload: dict, data: list | None, encoded_data: bytes | None) -> dict:
+    """The JSON request: `payload` with "data" (`encoded_data`: data already JSON-encoded, sent as is)."""
+    if encoded_data is None:
+        return {"json": {**payload, "data": data}}
+    head = json.dumps(payload)[:-1]  # '{"fn_index": ..., "session_hash": ...' without its closing brace
+    return {"content": head.encode() + b', "data": ' + encoded_data + b"}",
+            "headers": {"content-type": "application/json"}}
+
+
+def run_fn(http, fn_index: int, data: list | None, session: str, timeout: float = 120.0,
+           encoded_data: bytes | None = None) -> CallResult:
     """An unqueued event by its index (`/gradio_api/run/predict` with `fn_index`), as the browser's
     private events are called."""
+    import httpx
+
     started = time.monotonic()
-    answer = http.post("/gradio_api/run/predict", json={"fn_index": fn_index, "data": data, "session_hash": session},
-                       timeout=timeout)
+    try:
+        answer = http.post("/gradio_api/run/predict", timeout=timeout,
+                           **_body({"fn_index": fn_index, "session_hash": session}, data, encoded_data))
+    except httpx.TimeoutException:
+        return CallResult(False, None, f"no answer in {timeout:.0f} s", seconds=time.monotonic() - started)
     try:
         body = answer.json()
     except ValueError:
@@ -290,14 +368,19 @@ def run_fn(http, fn_index: int, data: list, session: str, timeout: float = 120.0
                       time.monotonic() - started)
 
 
-def queue_call(app: AbuseApp, http, fn_index: int, data: list, session: str, timeout: float = 120.0,
-               on_event: Callable[[dict], None] | None = None) -> CallResult:
-    """Joins the queue and reads the event stream until this event completes (or `timeout`)."""
+def queue_call(app: AbuseApp, http, fn_index: int, data: list | None, session: str, timeout: float = 120.0,
+               on_event: Callable[[dict], None] | None = None, encoded_data: bytes | None = None) -> CallResult:
+    """Joins the queue and reads the event stream until this event completes (or `timeout`);
+    `encoded_data`: the data already JSON-encoded (a large payload sent many times)."""
     import httpx
 
     started = time.monotonic()
-    joined = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session,
-                                                         "event_data": None, "trigger_id": None}, timeout=60)
+    try:
+        joined = http.post("/gradio_api/queue/join", timeout=60,
+                           **_body({"fn_index": fn_index, "session_hash": session, "event_data": None,
+                                    "trigger_id": None}, data, encoded_data))
+    except httpx.HTTPError as exc:
+        return CallResult(False, None, f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - started)
     if joined.status_code != 200:
         return CallResult(False, joined.status_code, joined.text[:500], seconds=time.monotonic() - started)
     event_id = joined.json().get("event_id")
@@ -440,6 +523,71 @@ class RssSampler:
         self._thread.join(timeout=5)
 
 
+class CacheSampler:
+    """The app's cache (`AbuseApp.cache_counts`: files and bytes that count against its limits),
+    sampled every CACHE_EVERY s on a thread: the peaks, and how often and how long it was over
+    `max_files` / `max_bytes`. Use as a context manager or call `stop()`."""
+
+    def __init__(self, app: AbuseApp, max_files: int, max_bytes: int, every: float = CACHE_EVERY):
+        self.app = app
+        self.max_files = max_files
+        self.max_bytes = max_bytes
+        self.every = every
+        self.samples: list[tuple[float, int, int]] = []  # (monotonic time, files, bytes)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="abuse-cache")
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            files, size = self.app.cache_counts()
+            self.samples.append((time.monotonic(), files, size))
+            self._stop.wait(self.every)
+
+    def stop(self) -> None:
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(timeout=10)
+            files, size = self.app.cache_counts()
+            self.samples.append((time.monotonic(), files, size))
+
+    def __enter__(self) -> "CacheSampler":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def figures(self) -> dict:
+        return cache_figures(self.samples, self.max_files, self.max_bytes)
+
+
+def cache_figures(samples: list[tuple[float, int, int]], max_files: int, max_bytes: int) -> dict:
+    """What a run of cache samples says: first, peak and last file counts and MB, the caps, how many
+    samples were over either cap, for how many seconds in all and at most in one stretch (a sample
+    over a cap counts until the next sample)."""
+    if not samples:
+        return {"cache_samples": 0, "cache_files_first": None, "cache_files_max": None, "cache_files_end": None,
+                "cache_mb_max": None, "cache_mb_end": None, "cache_max_files": max_files,
+                "cache_max_mb": round(max_bytes / _MB, 1), "cache_samples_over_cap": None,
+                "cache_seconds_over_cap": None, "cache_longest_over_cap_s": None}
+    over, seconds, longest, run_start = 0, 0.0, 0.0, None
+    for index, (at, files, size) in enumerate(samples):
+        ends = samples[index + 1][0] if index + 1 < len(samples) else at
+        if files > max_files or size > max_bytes:
+            over += 1
+            seconds += ends - at
+            run_start = at if run_start is None else run_start
+            longest = max(longest, ends - run_start)
+        else:
+            run_start = None
+    return {"cache_samples": len(samples), "cache_files_first": samples[0][1],
+            "cache_files_max": max(s[1] for s in samples), "cache_files_end": samples[-1][1],
+            "cache_mb_max": round(max(s[2] for s in samples) / _MB, 2), "cache_mb_end": round(samples[-1][2] / _MB, 2),
+            "cache_max_files": max_files, "cache_max_mb": round(max_bytes / _MB, 1),
+            "cache_samples_over_cap": over, "cache_seconds_over_cap": round(seconds, 2),
+            "cache_longest_over_cap_s": round(longest, 2)}
+
+
 # ---------------------------------------------------------------------------------------------
 # The honest client
 # ---------------------------------------------------------------------------------------------
@@ -449,9 +597,10 @@ class HonestClient:
     """Its own session; `warm_up()` uploads the apple and edits it (keeps the upload path and the
     result URL); `start()` edits again on a thread; `finish()` waits for that edit."""
 
-    def __init__(self, app: AbuseApp, timeout: float):
+    def __init__(self, app: AbuseApp, timeout: float, address: str | None = None):
         self.app = app
         self.timeout = timeout
+        self.address = address  # the local address it connects from (None: 127.0.0.1)
         self.session = new_session("honest")
         self.upload_path: str | None = None
         self.result_url: str | None = None
@@ -460,7 +609,7 @@ class HonestClient:
         self._thread: threading.Thread | None = None
 
     def warm_up(self) -> CallResult:
-        with self.app.http() as http:
+        with self.app.http(address=self.address) as http:
             code, paths = upload(http, [("apple.png", _apple().read_bytes())])
             if code != 200:
                 return CallResult(False, code, f"upload refused: {paths}")
@@ -485,7 +634,7 @@ class HonestClient:
 
     def _edit(self) -> None:
         try:
-            with self.app.http() as http:
+            with self.app.http(address=self.address) as http:
                 fn_index, _ = self.app.dependency("edit")
                 data = edit_data(file_data(self.upload_path, "apple.png"), HONEST_INSTRUCTION, seed=2)
                 self.result = queue_call(self.app, http, fn_index, data, self.session, timeout=self.timeout)
@@ -508,7 +657,7 @@ class HonestClient:
             notes.append("the honest client's upload was removed")
         if self.result_url:
             try:
-                with self.app.http(timeout=30) as http:
+                with self.app.http(timeout=30, address=self.address) as http:
                     code = http.get(self.result_url).status_code
             except httpx.HTTPError as exc:
                 code = f"{type(exc).__name__}"

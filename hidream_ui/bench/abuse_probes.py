@@ -26,6 +26,7 @@ from hidream_ui.bench.abuse_client import (
     ProbeOutcome,
     _apple,
     call_api,
+    client_address,
     edit_data,
     file_data,
     new_session,
@@ -49,6 +50,10 @@ class ProbeSpec:
     app_args: Callable[[bool], tuple[list[str], tuple[str, str] | None]]
     # Without the flag the probe needs (for a flag today's app may not know): what to run instead.
     fallback_args: Callable[[bool], tuple[list[str], tuple[str, str] | None]] | None = None
+    # Seconds its attack may take (quick -> seconds); None: the runner's default (90, 25 with --quick).
+    budget: Callable[[bool], float] | None = None
+    # Gradio's session table capped at this many sessions (abuse_child.py; quick -> cap); None: gradio's 10,000.
+    session_capacity: Callable[[bool], int] | None = None
 
 
 def attacker_png(tag: str = "", side: int = 96) -> bytes:
@@ -486,46 +491,121 @@ def login_bypass(ctx: ProbeContext) -> ProbeOutcome:
 # ---------------------------------------------------------------------------------------------
 
 
+# Sessions one address opens per minute in this probe: under the app's --max-new-sessions (120), so that
+# every session is admitted and costs what a session costs (a refused one costs nothing).
+SESSIONS_PER_ADDRESS = 100
+SESSION_SETTLE_S = 0.5  # after a round, before RSS is read: the last answers' buffers are freed
+
+
+def session_cost_kb(rounds: list[tuple[float, float, int]]) -> dict:
+    """The figure from measured rounds [(RSS MB before, RSS MB after, sessions admitted)]: KB per
+    session in each round, their median (the figure checked: one round in which the allocator grew
+    an arena, or something else of the server's happened, cannot move it), and the overall mean."""
+    per_round = [round((after - before) * 1024 / count, 1) for before, after, count in rounds if count > 0]
+    counted = sum(count for _, _, count in rounds)
+    overall = (round(sum(after - before for before, after, _ in rounds) * 1024 / counted, 1) if counted else None)
+    ordered = sorted(per_round)
+    median = None
+    if ordered:
+        middle = len(ordered) // 2
+        median = ordered[middle] if len(ordered) % 2 else round((ordered[middle - 1] + ordered[middle]) / 2, 1)
+    return {"kb_per_session": median, "kb_per_session_rounds": per_round, "kb_per_session_mean": overall}
+
+
+def sessions_check(figures: dict) -> bool:
+    """Held when every wanted session was sent and the median round cost under SESSION_TARGET_KB."""
+    kb = figures.get("kb_per_session")
+    return (kb is not None and kb < SESSION_TARGET_KB and figures.get("sessions") == figures.get("sessions_wanted")
+            and len(figures.get("kb_per_session_rounds") or []) >= 3)
+
+
 def sessions(ctx: ProbeContext) -> ProbeOutcome:
+    """Fresh sessions, each a POST /run/status and one queued /edit without an image (refused by the
+    handler). The first fifth run beside the honest client's edit (unmeasured: an edit's own memory
+    would land in the figure); then `rounds` rounds, RSS read before and after each once the server
+    settled; the figure is the median round's KB per session (an RSS step of a few MB in one or two
+    rounds, the allocator's, cannot move it). Sessions come from 127.0.2.x addresses,
+    SESSIONS_PER_ADDRESS each, so that the app's per-address limit on new sessions admits them all;
+    each worker keeps one connection per address, as a browser does."""
+    import contextlib
+
+    import httpx
+
     app = ctx.app
     wanted = 60 if ctx.quick else 500
+    rounds = 5 if ctx.quick else 7
     workers = 4
+    warm = wanted // 5
+    per_round = (wanted - warm) // rounds
+    warm = wanted - per_round * rounds
     fn_index = app.dependency("edit")[0]
-    done = [0]
+    counter = [0]
     lock = threading.Lock()
-    rss_before = app.rss_mb()
+    answers: dict[str, int] = {}
+
+    def open_sessions(count: int) -> int:
+        """Opens `count` fresh sessions (4 at a time); returns how many were admitted."""
+        target = counter[0] + count
+        admitted = [0]
+
+        def worker(_: int) -> None:
+            with contextlib.ExitStack() as stack:
+                clients: dict = {}
+                while ctx.left() > 2.0:
+                    with lock:
+                        if counter[0] >= target:
+                            return
+                        index = counter[0]
+                        counter[0] += 1
+                    address = client_address(f"127.0.2.{index // SESSIONS_PER_ADDRESS + 1}")
+                    if address not in clients:
+                        clients[address] = stack.enter_context(app.http(timeout=30, address=address))
+                    http = clients[address]
+                    session = new_session("fresh")
+                    try:
+                        status = http.post("/gradio_api/run/status", json={"data": [], "session_hash": session})
+                        # A queued call that costs the device nothing: no image, refused by the handler.
+                        queued = queue_call(app, http, fn_index, edit_data(None, "fresh session"), session, timeout=30)
+                        key = f"status {status.status_code}, edit {queued.status}"
+                        ok = status.status_code == 200
+                    except httpx.HTTPError as exc:
+                        key, ok = type(exc).__name__, False
+                    with lock:
+                        answers[key] = answers.get(key, 0) + 1
+                        admitted[0] += ok
+
+        _in_threads(workers, worker, ctx.left())
+        return admitted[0]
+
     ctx.honest.start()
-
-    def worker(_: int) -> None:
-        import httpx
-
-        with app.http(timeout=30) as http:
-            while ctx.left() > 2.0:
-                with lock:
-                    if done[0] >= wanted:
-                        return
-                    done[0] += 1
-                session = new_session("fresh")
-                try:
-                    http.post("/gradio_api/run/status", json={"data": [], "session_hash": session})
-                    # A queued call that costs the device nothing: no image, refused by the handler.
-                    queue_call(app, http, fn_index, edit_data(None, "fresh session"), session, timeout=30)
-                except httpx.HTTPError:
-                    continue
-
-    _in_threads(workers, worker, ctx.left())
+    open_sessions(warm)  # beside the honest edit
     ctx.honest.finish(ctx.deadline)
-    rss_after = app.rss_mb()
-    count = done[0]
-    per_session_kb = round((rss_after - rss_before) * 1024 / count, 1) if count else None
-    figures = {"sessions": count, "sessions_wanted": wanted, "rss_before_mb": round(rss_before, 1),
-               "rss_after_mb": round(rss_after, 1), "kb_per_session": per_session_kb,
-               "target_kb_per_session": SESSION_TARGET_KB}
-    check = per_session_kb is not None and per_session_kb < SESSION_TARGET_KB and count == wanted
-    text = (f"{count} fresh sessions: {per_session_kb} KB each (target < {SESSION_TARGET_KB:.0f} KB)"
+    measured: list[tuple[float, float, int]] = []
+    for _ in range(rounds):
+        if ctx.left() <= 2.0:
+            break
+        time.sleep(SESSION_SETTLE_S)
+        before = app.rss_mb()
+        count = open_sessions(per_round)
+        time.sleep(SESSION_SETTLE_S)
+        measured.append((before, app.rss_mb(), count))
+    cost = session_cost_kb(measured)
+    count = counter[0]
+    figures = {"sessions": count, "sessions_wanted": wanted, "sessions_unmeasured_beside_honest_edit": warm,
+               "rounds": [{"rss_before_mb": round(b, 1), "rss_after_mb": round(a, 1), "sessions": n}
+                          for b, a, n in measured],
+               **cost, "target_kb_per_session": SESSION_TARGET_KB, "answers": answers,
+               "addresses": (count - 1) // SESSIONS_PER_ADDRESS + 1 if client_address("127.0.2.1") and count else 1}
+    if not client_address("127.0.2.1"):
+        ctx.notes.append("this machine connects from 127.0.0.1 only: every fresh session shares one address, "
+                         "and the app's new-session limit refuses most of them")
+    check = sessions_check(figures)
+    text = (f"{count} fresh sessions: median {cost['kb_per_session']} KB each over {len(measured)} rounds "
+            f"(rounds: {cost['kb_per_session_rounds']}; target < {SESSION_TARGET_KB:.0f} KB)"
             + ("" if count == wanted else f"; only {count} of {wanted} within the budget"))
-    sent = (f"{wanted} fresh session_hash values, each POST /run/status + one queued /edit without an image "
-            f"({workers} at a time)")
+    sent = (f"{wanted} fresh session_hash values ({SESSIONS_PER_ADDRESS} per 127.0.2.x address), each POST /run/status "
+            f"+ one queued /edit without an image ({workers} at a time): {warm} beside the honest edit, then "
+            f"{rounds} measured rounds of {per_round}")
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -635,8 +715,10 @@ def _args(*extra: str) -> Callable[[bool], tuple[list[str], None]]:
 
 def _login_args(quick: bool) -> tuple[list[str], tuple[str, str]]:
     password = uuid.uuid4().hex[:16]
-    return ([*BASE_ARGS, "--auth", f"{LOGIN_USER}:{password}", "--max-login-failures", str(LOGIN_FAILURES)],
-            (LOGIN_USER, password))
+    # The probe spreads its guesses over X-Forwarded-For addresses, as clients behind a proxy would: the
+    # app trusts its local proxy here (--forwarded-allow-ips), so only the per-user limit can stop them.
+    return ([*BASE_ARGS, "--auth", f"{LOGIN_USER}:{password}", "--max-login-failures", str(LOGIN_FAILURES),
+             "--forwarded-allow-ips", "127.0.0.1"], (LOGIN_USER, password))
 
 
 PROBES: dict[str, ProbeSpec] = {

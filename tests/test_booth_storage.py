@@ -260,3 +260,21 @@ def test_a_body_of_55000_history_entries_is_refused_before_it_is_parsed(session_
         small = {"fn_index": index, "data": [[]] + [None] * (len(fn.inputs) - 1), "session_hash": "history-cpu"}
         assert http.post("/gradio_api/queue/join", json=small).status_code == 200  # a real History passes
     assert spent < 0.2, f"{spent:.2f} CPU-s for one refused request"
+
+
+def test_the_gate_says_expired_only_for_a_file_that_aged_out():
+    """Only a path the storage removed as a client's file is "expired"; any other unknown path keeps the
+    one generic refusal (it says nothing about whether a file exists)."""
+    import pickle
+
+    from hidream_ui.edits import RequestError
+    from hidream_ui.server.files import EXPIRED, NOT_UPLOADED, PictureExpired, UploadGate
+
+    gate = UploadGate(lambda path: False, expired=lambda path: path == "/cache/h1/old.png")
+    with pytest.raises(PictureExpired) as expired:
+        gate.path({"path": "/cache/h1/old.png", "orig_name": "old.png"}, "image")
+    assert str(expired.value) == EXPIRED and expired.value.field == "image"
+    assert str(pickle.loads(pickle.dumps(expired.value))) == EXPIRED  # it crosses a process as itself
+    with pytest.raises(RequestError) as other:
+        gate.path({"path": "/cache/h2/never.png", "orig_name": "never.png"}, "image")
+    assert not isinstance(other.value, PictureExpired) and other.value.expected == NOT_UPLOADED

@@ -48,6 +48,9 @@ class PictureExpired(RequestError):
     def __init__(self, field: str, name: str | None):
         super().__init__(field, name or "upload", EXPIRED)
 
+    def __reduce__(self):  # its own two-argument constructor (RequestError's takes three)
+        return (type(self), (self.field, self.value))
+
     def __str__(self) -> str:
         return EXPIRED
 

@@ -51,3 +51,20 @@ def write_picture(path, seed: int = 0, size: tuple[int, int] = (80, 60)):
     """`random_picture(seed, size)` saved as a PNG at `path`; returns the path."""
     random_picture(seed, size).save(path)
     return path
+
+
+def raw_edit(http, path: str, name: str, session: str, seed: int = 1, steps: int = 2) -> dict:
+    """A raw queued edit (`/gradio_api/call/edit` over an httpx.Client, as a script would send it) of the
+    uploaded `path`; returns {"event", "data"} of its last SSE event ({"event": "refused", "status"} when
+    the call itself is refused)."""
+    import json
+
+    file = {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": name}
+    data = [file, "make it blue", "", 3.0, 1.5, steps, 0.3, True, "draft", seed, False, True, False]
+    posted = http.post("/gradio_api/call/edit", json={"data": data, "session_hash": session})
+    if posted.status_code != 200:
+        return {"event": "refused", "status": posted.status_code, "data": posted.text}
+    text = http.get(f"/gradio_api/call/edit/{posted.json()['event_id']}").text
+    kinds = [line[6:].strip() for line in text.splitlines() if line.startswith("event:")]
+    payloads = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+    return {"event": kinds[-1], "data": json.loads(payloads[-1]) if payloads[-1] not in ("", "null") else None}

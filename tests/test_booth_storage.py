@@ -14,11 +14,9 @@ import json
 
 import httpx
 import pytest
-from helpers import random_picture, wait_for
+from helpers import random_picture, raw_edit, wait_for
 
 from hidream_ui.server import gradio_internals
-
-FILE_META = {"_type": "gradio.FileData"}
 
 
 def client(app, address: str, timeout: float = 120) -> httpx.Client:
@@ -38,16 +36,7 @@ def upload(http: httpx.Client, name: str, data: bytes) -> httpx.Response:
 
 
 def edit(http: httpx.Client, path: str, session: str, steps: int = 2, seed: int = 1) -> dict:
-    """A raw queued edit (`/gradio_api/call/edit`): {"event", "data"} of its last SSE event."""
-    data = [{"path": path, "meta": FILE_META, "orig_name": "p.png"}, "make it blue", "", 3.0, 1.5, steps, 0.3, True,
-            "draft", seed, False, True, False]
-    posted = http.post("/gradio_api/call/edit", json={"data": data, "session_hash": session})
-    if posted.status_code != 200:
-        return {"event": "refused", "status": posted.status_code, "data": posted.text}
-    text = http.get(f"/gradio_api/call/edit/{posted.json()['event_id']}").text
-    kinds = [line[6:].strip() for line in text.splitlines() if line.startswith("event:")]
-    payloads = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
-    return {"event": kinds[-1], "data": json.loads(payloads[-1]) if payloads[-1] not in ("", "null") else None}
+    return raw_edit(http, path, "p.png", session, seed=seed, steps=steps)
 
 
 def cache_count(app) -> int:

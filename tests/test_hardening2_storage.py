@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import run_info, wait_for
+from helpers import raw_edit, run_info, wait_for
 from PIL import Image, PngImagePlugin
 
 from hidream_ui.ui.layout import ASSETS_DIR
@@ -55,15 +55,7 @@ def all_files(app) -> set[Path]:
 
 def edit_call(http: httpx.Client, path: str, name: str, session: str, seed: int = 1) -> dict:
     """A raw queued edit (`/gradio_api/call/edit`); returns {"event", "data"} of its last SSE event."""
-    data = [{"path": path, "meta": FILE_META, "orig_name": name}, "make it blue", "", 3.0, 1.5, 2, 0.3, True,
-            "draft", seed, False, True, False]
-    posted = http.post("/gradio_api/call/edit", json={"data": data, "session_hash": session})
-    if posted.status_code != 200:
-        return {"event": "refused", "status": posted.status_code, "data": posted.text}
-    text = http.get(f"/gradio_api/call/edit/{posted.json()['event_id']}").text
-    kinds = [line[6:].strip() for line in text.splitlines() if line.startswith("event:")]
-    payloads = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
-    return {"event": kinds[-1], "data": json.loads(payloads[-1]) if payloads[-1] not in ("", "null") else None}
+    return raw_edit(http, path, name, session, seed=seed)
 
 
 def result_urls(data: list) -> list[str]:

@@ -205,7 +205,7 @@ _MODEL_OPTIONS = [
      "if it fails)"),
     ("--cache", ("HIDREAM_CACHE",), "cache",
      "default step cache of edits: none | interval:K | first-block:T | fbcache:T | taylorseer:N | magcache:T | "
-     "dbcache:T (or " + " | ".join(SPEED_PRESETS) + "; docs/speed.md)"),
+     "dbcache:T, each with @S for at most S steps (or " + " | ".join(SPEED_PRESETS) + "; docs/speed.md)"),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
     ("--retention", ("HIDREAM_RETENTION",), "retention", "keep at most this many results in --output-dir"),
     ("--preview-every", ("HIDREAM_PREVIEW_EVERY",), "preview_every",

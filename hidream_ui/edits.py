@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from PIL import Image
 
 from hidream_ui.config import VARIANTS
-from hidream_ui.pipeline.speed.settings import CACHE_GRAMMAR, cache_unavailable, parse_cache
+from hidream_ui.pipeline.speed.settings import CACHE_GRAMMAR, MAX_STEPS_RANGE, cache_unavailable, parse_cache
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.rewrite.prompt import RewriteResult
@@ -85,7 +85,7 @@ MAX_PROMPT_CHARS = 4000
 MAX_NAME_CHARS = 255
 GUIDANCE_RANGE = (0.0, 30.0)
 IMAGE_GUIDANCE_RANGE = (0.0, 30.0)
-STEPS_RANGE = (1, 200)
+STEPS_RANGE = MAX_STEPS_RANGE  # one home: a cache's `@S` cap takes the same range
 REFINE_RANGE = (0.0, 1.0)
 
 # Explicit working resolutions: a side length on the 16-px grid the VAE (8x) and the transformer's

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import statistics
 
+import numpy as np
 import pytest
 
 from hidream_ui.bench import quality
@@ -14,7 +15,8 @@ from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 
 CASES = 2
 STEPS = 3  # enough for interval:2 to skip a call in the edit stage (2 steps run every block)
-ONLY = ["interval:2", "memory:encoders-cpu", "attention:sdpa"]
+# A step count below exact's, alone and crossed with interval:2, ride along (`--steps-grid 2 --cross interval:2`).
+ONLY = ["interval:2", "steps:2", "interval:2@2", "memory:encoders-cpu", "attention:sdpa"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,7 +33,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def report(tiny_cache, one_thread):
-    return quality.run(cases=CASES, profile="tiny", device="cpu", steps=STEPS, only=ONLY, per_case=True)
+    return quality.run(cases=CASES, profile="tiny", device="cpu", steps=STEPS, only=ONLY, per_case=True,
+                       steps_grid=[STEPS, 2], cross=["interval:2"])
 
 
 def test_structure(report):
@@ -58,6 +61,11 @@ def test_structure(report):
     exact = report["configurations"]["exact"]
     assert exact["speedup_vs_exact"] == 1.0 and exact["transformer_speedup_vs_exact"] == 1.0
     assert report["configurations"]["memory:encoders-cpu"]["settings"]["memory"] == "encoders-cpu"
+    assert report["steps_grid"] == [2]  # exact's own count is not a configuration of its own
+    for name, row in report["configurations"].items():
+        assert set(row["fidelity_vs_exact"]) == set(quality.FIDELITY_KEYS), name
+        for figures in row["fidelity_vs_exact"].values():
+            assert set(figures) == {"median", "p5"} and figures["p5"] <= figures["median"], name
     # Random weights and 2 cases: the issue's targets are missed, and the report says which.
     assert report["targets"]["met"] is False
     assert any("cases" in m for m in report["targets"]["missed"])
@@ -72,6 +80,12 @@ def test_exact_modes_equal_exact_to_the_case(report):
         assert rows[name]["identical_to_exact_cases"] == CASES, name
         assert rows[name]["max_abs_diff_vs_exact"] == 0, name
         assert rows[name]["equal_to_exact_cases"] == CASES, name
+        # Identical pixels: PSNR at its cap, SSIM 1, over the whole picture and the untouched region.
+        fidelity = rows[name]["fidelity_vs_exact"]
+        for key in ("psnr_db", "untouched_psnr_db"):
+            assert fidelity[key] == {"median": quality.PSNR_CAP_DB, "p5": quality.PSNR_CAP_DB}, name
+        for key in ("ssim", "untouched_ssim"):
+            assert fidelity[key] == {"median": 1.0, "p5": 1.0}, name
     assert report["exact_modes_equal_exact"] is True
 
 
@@ -81,6 +95,31 @@ def test_cache_mode_is_applied_and_measured(report):
     assert row["skipped_fraction"] > 0  # the step cache really ran...
     assert row["max_abs_diff_vs_exact"] > 0  # ...and changed the pixels (an approximation)
     assert row["identical_to_exact_cases"] < CASES
+    assert row["fidelity_vs_exact"]["psnr_db"]["p5"] < quality.PSNR_CAP_DB
+    assert row["fidelity_vs_exact"]["ssim"]["p5"] < 1.0
+
+
+def test_steps_axis_runs_fewer_steps_against_exact_at_its_own(report):
+    rows = report["configurations"]
+    alone, crossed = rows["steps:2"], rows["interval:2@2"]
+    assert alone["group"] == "steps" and alone["settings"]["steps"] == 2 and alone["settings"]["cache"] == "none"
+    assert crossed["group"] == "cache" and crossed["settings"] == {**rows["interval:2"]["settings"], "steps": 2}
+    assert rows["exact"]["settings"]["steps"] is None and report["edit"]["num_inference_steps"] == STEPS
+    # 2 of exact's 3 steps really ran: the pixels moved, and the speedup is against exact at 3 steps.
+    assert alone["max_abs_diff_vs_exact"] > 0 and alone["transformer_speedup_vs_exact"] > 1.0
+    per_case = report["per_case"][0]["configurations"]
+    assert per_case["steps:2"]["fidelity_vs_exact"]["psnr_db"] < quality.PSNR_CAP_DB
+    assert quality.speed_value(crossed["settings"]) == "interval:2@2"
+    assert quality.speed_value(alone["settings"]) == "none@2"
+
+
+def test_fidelity_figures_follow_from_the_per_case_outputs(report):
+    for name, row in report["configurations"].items():
+        cells = [c["configurations"][name]["fidelity_vs_exact"] for c in report["per_case"]]
+        for key in quality.FIDELITY_KEYS:
+            values = [cell[key] for cell in cells]
+            assert row["fidelity_vs_exact"][key]["median"] == pytest.approx(statistics.median(values), abs=0.01)
+            assert row["fidelity_vs_exact"][key]["p5"] == pytest.approx(float(np.percentile(values, 5)), abs=0.01)
 
 
 def test_figures_follow_from_the_per_case_scores(report):
@@ -160,29 +199,46 @@ def test_a_cache_whose_library_is_absent_is_listed_with_its_hint(tiny_cache, mon
     assert {c.name: why for c, why in unavailable.items()}["dbcache:0.1"] == "pip it"
 
 
-def _row(group: str, success: float, speedup: float | None) -> dict:
-    return {"group": group, "success_rate": success, "transformer_speedup_vs_exact": speedup}
+def _row(group: str, success: float, speedup: float | None, psnr: float = 40.0, cache: str = "none",
+         steps: int | None = None) -> dict:
+    return {"group": group, "success_rate": success, "transformer_speedup_vs_exact": speedup,
+            "settings": {"cache": cache, "steps": steps},
+            "fidelity_vs_exact": {"psnr_db": {"median": psnr, "p5": psnr - 3}}}
 
 
-def test_presets_are_the_fastest_caches_that_keep_each_rule():
+def test_presets_are_the_fastest_caches_that_keep_each_rule(monkeypatch):
+    monkeypatch.setattr(quality, "SPEED_PRESETS", {"exact": "none", "fast": "interval:2", "faster": "interval:3@14"})
     report = {"configurations": {
         "exact": _row("exact", 0.90, 1.0),
-        "interval:2": _row("cache", 0.88, 1.9),   # fast: within 3 points, >= 1.8x
-        "taylorseer:2": _row("cache", 0.875, 2.2),  # fast too, and faster than interval:2
-        "interval:3": _row("cache", 0.85, 2.6),   # faster: within 10 points, >= 2.5x (5 points lost: not fast)
-        "magcache:0.24": _row("cache", 0.70, 4.0),  # too lossy for either
-        "attention:math": _row("attention", 0.90, 3.0),  # not a cache: never a preset
+        "interval:2": _row("cache", 0.88, 1.9, cache="interval:2"),  # fast: within 3 points, >= 1.8x, >= 30 dB
+        "taylorseer:2": _row("cache", 0.875, 2.2, cache="taylorseer:2"),  # fast too, and faster than interval:2
+        "taylorseer:3": _row("cache", 0.90, 2.3, psnr=29.0, cache="taylorseer:3"),  # fast but for its 29 dB
+        "interval:3@14": _row("cache", 0.85, 2.6, cache="interval:3", steps=14),  # faster: 5 points lost
+        "steps:10": _row("steps", 0.83, 2.8, psnr=26.0, steps=10),  # faster, and faster than interval:3@14
+        "magcache:0.24": _row("cache", 0.70, 4.0, cache="magcache:0.24"),  # too lossy for either
+        "attention:math": _row("attention", 0.90, 3.0),  # neither a cache nor steps: never a preset
         "fbcache:0.1": {"group": "cache", "error": "edit failed"},
     }}
     chosen = quality.presets(report)
-    assert chosen["fast"]["qualifying"] == ["taylorseer:2", "interval:2"] and chosen["fast"]["best"] == "taylorseer:2"
-    assert chosen["fast"]["meets_rule"] and chosen["fast"]["best_transformer_speedup"] == 2.2
-    assert chosen["faster"]["qualifying"] == ["interval:3"] and chosen["faster"]["best"] == "interval:3"
+    fast, faster = chosen["fast"], chosen["faster"]
+    assert fast["qualifying"] == ["taylorseer:2", "interval:2"] and fast["best"] == "taylorseer:2"
+    assert fast["meets_rule"] and fast["best_transformer_speedup"] == 2.2 and fast["best_psnr_vs_exact_db"] == 40.0
+    assert fast["best_speed_value"] == "taylorseer:2" and fast["targets"] == {"min_transformer_speedup": 2.0,
+                                                                             "met": True}
+    assert fast["current"] == "interval:2" and fast["current_keeps_rule"] is True and fast["current_misses"] == []
+    assert faster["qualifying"] == ["steps:10", "interval:3@14"] and faster["best_speed_value"] == "none@10"
+    assert faster["targets"]["met"] is False  # 2.8x < 3.0x
+    assert faster["current"] == "interval:3@14" and faster["current_keeps_rule"] is True
+    # The rule's fidelity part decides: 24 dB is not within `faster`'s 25.
+    report["configurations"]["steps:10"] = _row("steps", 0.83, 2.8, psnr=24.0, steps=10)
+    assert quality.presets(report)["faster"]["qualifying"] == ["interval:3@14"]
     # Nothing fast enough: the best trade-off within the quality part of the rule, marked as missing it.
-    report["configurations"]["interval:3"] = _row("cache", 0.85, 2.4)
+    report["configurations"]["interval:3@14"] = _row("cache", 0.85, 2.4, cache="interval:3", steps=14)
     slow = quality.presets(report)["faster"]
-    assert slow["qualifying"] == [] and slow["best"] == "interval:3" and slow["meets_rule"] is False
-    assert set(slow) >= {"current", "max_success_drop", "min_transformer_speedup", "best_success_rate"}
+    assert slow["qualifying"] == [] and slow["best"] == "interval:3@14" and slow["meets_rule"] is False
+    assert slow["current_keeps_rule"] is False and slow["current_misses"] == ["transformer 2.40x (at least 2.5x)"]
+    assert set(slow) >= {"current", "max_success_drop", "min_transformer_speedup", "min_psnr_vs_exact_db",
+                         "best_success_rate"}
 
 
 def test_cache_list_takes_any_cache_value():
@@ -203,7 +259,11 @@ def test_edit_settings_come_from_the_defaults_and_params():
 @pytest.mark.parametrize("argv, word", [(["--param", "guidance_scale"], "FIELD=VALUE"),
                                         (["--param", "cache=interval:2"], "cache"),
                                         (["--cases", "0"], "--cases"), (["--steps", "0"], "--steps"),
-                                        (["--threads", "0"], "--threads"), (["--caches", "interval:0"], "--caches")])
+                                        (["--threads", "0"], "--threads"), (["--caches", "interval:0"], "--caches"),
+                                        (["--steps-grid", "20,x"], "--steps-grid"),
+                                        (["--steps-grid", "0"], "--steps-grid"),
+                                        (["--cross", "interval:2"], "--cross needs --steps-grid"),
+                                        (["--record", "--tiny-profile", "tiny"], "--record")])
 def test_cli_refuses_bad_numbers(argv, word, capsys):
     with pytest.raises(SystemExit) as exc:
         quality.main(argv)

@@ -182,6 +182,8 @@ def test_host_sync_counter_sees_reads_and_data_dependent_shapes():
     ("none", CacheSpec()), ("exact", CacheSpec()), ("interval:2", CacheSpec("interval", interval=2)),
     (" Interval:3 ", CacheSpec("interval", interval=3)), ("fast", parse_cache(SPEED_PRESETS["fast"])),
     ("first-block:0.05", CacheSpec("first-block", threshold=0.05)),
+    ("taylorseer:4@14", CacheSpec("taylorseer", interval=4, max_steps=14)), (" NONE@8 ", CacheSpec(max_steps=8)),
+    ("magcache:0.24@20", CacheSpec("magcache", threshold=0.24, max_steps=20)),
 ])
 def test_cache_grammar(text, spec):
     assert parse_cache(text) == spec
@@ -189,7 +191,8 @@ def test_cache_grammar(text, spec):
 
 
 @pytest.mark.parametrize("bad", ["interval", "interval:0", "interval:x", "first-block:0", "first-block:-1",
-                                 "deepcache", "interval:2.5", "first-block:nan"])
+                                 "deepcache", "interval:2.5", "first-block:nan", "interval:2@0", "interval:2@x",
+                                 "interval:2@201", "@14", "interval@2", "interval:2@3@4"])
 def test_bad_cache_values_are_named(bad):
     with pytest.raises(ValueError, match=f"cache={bad!r}"):
         parse_cache(bad)
@@ -392,6 +395,27 @@ def test_engine_records_the_cache_mode_and_skipped_fraction(engine, transformer)
     again = engine.edit(EditRequest(image=image, params=edit_params(steps=4, seed=5)), save=False)
     assert again.image.tobytes() == exact.image.tobytes()  # the exact default is untouched afterwards
     assert engine.status().speed["last_cache"] == "none"
+
+
+def test_a_step_cap_runs_at_most_its_steps_and_the_metadata_says_so(engine, transformer):
+    """`CACHE@S` (a preset chosen at fewer steps): the edit runs min(its steps, S); params and metadata record
+    the count that ran, so the result reproduces from its own settings."""
+    from hidream_ui.outputs import load_settings
+
+    image = random_picture(4, (64, 64))
+    capped = engine.edit(EditRequest(image=image, params=edit_params(steps=5, seed=6, cache="interval:2@3")))
+    assert capped.params.num_inference_steps == 3 and capped.params.cache == "interval:2@3"
+    assert capped.info.speed["cache"] == "interval:2@3"
+    plain = engine.edit(EditRequest(image=image, params=edit_params(steps=3, seed=6, cache="interval:2")), save=False)
+    assert capped.image.tobytes() == plain.image.tobytes()
+    settings = load_settings(capped.saved_png)
+    assert settings.num_inference_steps == 3 and settings.cache == "interval:2@3"
+    replay = engine.edit(EditRequest(image=image, params=settings), save=False)
+    assert replay.image.tobytes() == capped.image.tobytes()
+    fewer = engine.edit(EditRequest(image=image, params=edit_params(steps=2, seed=6, cache="none@3")), save=False)
+    assert fewer.params.num_inference_steps == 2  # below the cap: the edit's own count
+    exact = engine.edit(EditRequest(image=image, params=edit_params(steps=2, seed=6)), save=False)
+    assert fewer.image.tobytes() == exact.image.tobytes()  # `none@S` installs no cache
 
 
 # ------------------------------------------------------------------ the Compare tab's speed axis

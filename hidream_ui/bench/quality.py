@@ -35,6 +35,7 @@ import numpy as np  # already loaded by the world (model/tiny/world.py)
 from PIL import Image  # already loaded by the edit schema (edits.py)
 
 from hidream_ui.bench import set_threads
+from hidream_ui.bench.fidelity import PSNR_CAP_DB, compare, spread
 from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
 from hidream_ui.config import TINY_PROFILES, AppConfig
 from hidream_ui.device.detect import resolve_device, resolve_dtype
@@ -45,23 +46,31 @@ from hidream_ui.model.planner import plan_for
 from hidream_ui.model.plans import PLANS
 from hidream_ui.model.tiny import world
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
-from hidream_ui.pipeline.speed.settings import MEASURED_CACHES, SPEED_PRESETS, cache_unavailable, parse_cache
+from hidream_ui.pipeline.speed.preset_rules import (
+    PRESET_GROUPS,
+    PRESET_RULES,
+    PRESET_TARGETS,
+    psnr_median,
+    rule_misses,
+    speed_value,
+)
+from hidream_ui.pipeline.speed.settings import (
+    MAX_STEPS_RANGE,
+    MEASURED_CACHES,
+    SPEED_PRESETS,
+    cache_unavailable,
+    parse_cache,
+)
 
 # The trained offline model (issue 22) when this checkout has it, else the random one.
 TRAINED_PROFILE = "trained"
 FIRST_BLOCK_THRESHOLDS = (0.05, 0.1, 0.2)
 # The step caches measured by default (`--caches` replaces the list with any `--cache` values).
 CACHE_MODES = MEASURED_CACHES
-# Issue 23's rules for the Speed presets, applied to the cache configurations of one run (`presets` key):
-# `fast` = no visible loss, `faster` = a small loss; each the fastest transformer that keeps its rule.
-PRESET_RULES = {"fast": {"max_success_drop": 0.03, "min_transformer_speedup": 1.8},
-                "faster": {"max_success_drop": 0.10, "min_transformer_speedup": 2.5}}
 DEFAULT_CASES = 96
 # Issue 22's "done when" for the trained model, reported beside the figures (a benchmark asserts nothing).
 TARGETS = {"cases_min": 96, "exact_success_rate_min": 0.85, "untouched_psnr_median_min_db": 28.0}
-# PSNR of identical pixels is infinite; JSON has no infinity, and a median needs a number: cap it.
-PSNR_CAP_DB = 100.0
-GROUPS = ("exact", "cache", "weights", "memory", "attention", "padding")
+GROUPS = ("exact", "cache", "steps", "weights", "memory", "attention", "padding")
 # The world's scenes are drawn with the held-out start; warm-up edits use a seed below it (a training
 # seed: never scored), so the first, slower edit of each configuration is not one of the measured ones.
 WARM_UP_SEED = world.HELD_OUT_SEED_START - 1
@@ -89,6 +98,7 @@ class Configuration:
     memory: str = "full"
     weights: str = "bf16"
     collapse_padding: bool = True
+    steps: int | None = None  # None: the run's step count (exact's); a step count of `--steps-grid` otherwise
 
     @property
     def engine_key(self) -> tuple[str, str]:
@@ -96,7 +106,7 @@ class Configuration:
 
     def settings(self) -> dict[str, Any]:
         return {"cache": self.cache, "attention": self.attention or "auto", "memory": self.memory,
-                "weights": self.weights, "collapse_padding": self.collapse_padding}
+                "weights": self.weights, "collapse_padding": self.collapse_padding, "steps": self.steps}
 
 
 EXACT = Configuration("exact", "exact", True)
@@ -113,19 +123,57 @@ def cache_specs(values: Iterable[str]) -> list[str]:
     return specs
 
 
-def all_configurations(device, dtype, profile: str, caches: Iterable[str] = CACHE_MODES
+def steps_name(cache: str, steps: int) -> str:
+    """The name of a step-count configuration: `steps:N` alone, `CACHE@N` crossed with a step cache."""
+    return f"steps:{steps}" if cache == "none" else f"{cache}@{steps}"
+
+
+def step_counts(values: Iterable[str | int], name: str = "--steps-grid") -> list[int]:
+    """The step counts of `values`, in order, once each. Raises ValueError naming a value that is not a
+    step count (MAX_STEPS_RANGE)."""
+    low, high = MAX_STEPS_RANGE
+    counts: list[int] = []
+    for value in values:
+        text = str(value).strip()
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if not low <= n <= high:
+            raise ValueError(f"{name}: {text!r} is not a step count (an integer from {low} to {high})")
+        if n not in counts:
+            counts.append(n)
+    return counts
+
+
+def all_configurations(device, dtype, profile: str, caches: Iterable[str] = CACHE_MODES,
+                       steps_grid: Iterable[int] = (), cross: Iterable[str] = (), steps: int | None = None
                        ) -> tuple[list[Configuration], dict[Configuration, str]]:
-    """Every configuration this device can run, exact first; and {configuration: reason} for those it cannot."""
+    """Every configuration this device can run, exact first; and {configuration: reason} for those it cannot.
+    `steps_grid`: step counts measured beside exact's `steps` (`steps:N`); `cross`: step caches also run at
+    each of them (`CACHE@N`)."""
     from hidream_ui.pipeline.attention.registry import AUTO, list_strategies
 
     configs = [EXACT]
     unavailable: dict[Configuration, str] = {}
+    exact_steps = steps or EditParams.defaults_for("e1.1").num_inference_steps
+    grid = [n for n in step_counts(steps_grid) if n != exact_steps]
+    crossed = cache_specs(cross)
     for spec in cache_specs(caches):  # an optional library that is not installed: listed with its hint
         config, missing = Configuration(spec, "cache", False, cache=spec), cache_unavailable(parse_cache(spec))
         if missing:
             unavailable[config] = missing
         else:
             configs.append(config)
+    for n in grid:  # fewer (or more) steps alone, then each crossed cache at that count
+        configs.append(Configuration(steps_name("none", n), "steps", False, steps=n))
+        for spec in crossed:
+            config = Configuration(steps_name(spec, n), "cache", False, cache=spec, steps=n)
+            missing = cache_unavailable(parse_cache(spec))
+            if missing:
+                unavailable[config] = missing
+            else:
+                configs.append(config)
     rows = plan_for(AppConfig(tiny_profile=profile, device=device.torch_device), device, dtype).rows
     notes = {(r.plan, r.weights): r.note for r in rows}
     candidates = [Configuration("fp8", "weights", False, weights="fp8")]
@@ -180,6 +228,7 @@ class _Row:
     equal_verdicts: int = 0
     identical: int = 0
     max_abs_diff: int = 0
+    fidelity: list[dict[str, float]] = field(default_factory=list)  # fidelity.compare against exact, per case
     error: str | None = None
 
 
@@ -231,8 +280,23 @@ class _Engine:
 
 
 def _params(base: dict, case_instruction: str, seed: int, config: Configuration) -> EditParams:
-    return EditParams.from_dict({**base, "instruction": case_instruction, "seed": seed, "randomize_seed": False,
-                                 "cache": config.cache, "collapse_padding": config.collapse_padding})
+    steps = {"num_inference_steps": config.steps} if config.steps is not None else {}
+    return EditParams.from_dict({**base, **steps, "instruction": case_instruction, "seed": seed,
+                                 "randomize_seed": False, "cache": config.cache,
+                                 "collapse_padding": config.collapse_padding})
+
+
+# What `fidelity_vs_exact` holds per configuration: fidelity.compare's figures, each as {median, p5}.
+FIDELITY_KEYS = ("psnr_db", "ssim", "untouched_psnr_db", "untouched_ssim")
+
+
+def _fidelity(row: _Row) -> dict[str, dict[str, float | None]]:
+    out = {}
+    for key in FIDELITY_KEYS:
+        figures = spread([case[key] for case in row.fidelity])
+        digits = 2 if key.endswith("_db") else 4
+        out[key] = {k: (round(v, digits) if v is not None else None) for k, v in figures.items()}
+    return out
 
 
 def _median(values: list[float]) -> float | None:
@@ -270,6 +334,7 @@ def _summary(row: _Row, exact: _Row) -> dict:
         "equal_to_exact_cases": row.equal_verdicts,
         "identical_to_exact_cases": row.identical,
         "max_abs_diff_vs_exact": row.max_abs_diff,
+        "fidelity_vs_exact": _fidelity(row),
     }
 
 
@@ -314,15 +379,16 @@ def _run_case(case, index: int, configs: list[Configuration], rows: dict[str, _R
             if config is EXACT:  # every other figure is against exact's output
                 raise RuntimeError(f"exact failed on seed {case.seed}: {exc}") from exc
             rows[config.name].error = f"edit failed on seed {case.seed}: {exc}"
-    exact_out = np.asarray(outputs["exact"][0].image.convert("RGB"))
+    exact_out = world.as_canvas(outputs["exact"][0].image.convert("RGB"))
     exact_ok = world.score(case, exact_out)["success"]
+    untouched = world.untouched_mask(case)
     record = {"seed": case.seed, "kind": case.edit.kind, "instruction": case.instruction, "configurations": {}}
     for config in live:  # recorded in the report's order, exact first
         if config.name not in outputs:
             continue
         result, seconds, tf_seconds = outputs[config.name]
         row = rows[config.name]
-        out = np.asarray(result.image.convert("RGB"))
+        out = world.as_canvas(result.image.convert("RGB"))  # the canvas exact's output and the masks are on
         score = world.score(case, out)
         diff = int(np.abs(out.astype(np.int16) - exact_out.astype(np.int16)).max())
         row.scores.append(score)
@@ -332,18 +398,23 @@ def _run_case(case, index: int, configs: list[Configuration], rows: dict[str, _R
         row.equal_verdicts += int(score["success"] == exact_ok)
         row.identical += int(diff == 0)
         row.max_abs_diff = max(row.max_abs_diff, diff)
+        close = compare(out, exact_out, untouched)
+        row.fidelity.append(close)
         record["configurations"][config.name] = {
             "success": score["success"], "colour_ok": score["colour_ok"], "got": score["got"],
             "untouched_psnr_db": round(min(score["untouched_psnr_db"], PSNR_CAP_DB), 2),
-            "seconds": round(seconds, 4), "max_abs_diff_vs_exact": diff}
+            "seconds": round(seconds, 4), "max_abs_diff_vs_exact": diff,
+            "fidelity_vs_exact": {k: round(v, 4) for k, v in close.items()}}
     return record
 
 
 def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "cpu", steps: int | None = None,
         only: Iterable[str] | None = None, per_case: bool = False, progress=None,
-        caches: Iterable[str] = CACHE_MODES, params: Mapping[str, Any] | None = None) -> dict:
+        caches: Iterable[str] = CACHE_MODES, params: Mapping[str, Any] | None = None,
+        steps_grid: Iterable[int] = (), cross: Iterable[str] = ()) -> dict:
     """Runs the benchmark; returns the report (keys: docs/benchmarks.md "bench quality").
-    `progress(done, total, text)` is called after each case; `params`: edit settings other than the defaults."""
+    `progress(done, total, text)` is called after each case; `params`: edit settings other than the defaults;
+    `steps_grid`: other step counts to measure (`steps:N`), `cross`: step caches run at each of them too."""
     import torch
 
     if cases < 1:
@@ -351,9 +422,10 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
     profile = profile or default_profile()
     dev = resolve_device(device)
     dtype = resolve_dtype("auto", dev)
-    everything, unavailable = all_configurations(dev, dtype, profile, caches)
-    configs, unavailable = select(everything, only, unavailable)
     base = edit_base(steps, params)
+    everything, unavailable = all_configurations(dev, dtype, profile, caches, steps_grid, cross,
+                                                 base["num_inference_steps"])
+    configs, unavailable = select(everything, only, unavailable)
     held_out = world.held_out_cases(cases)
     rows = {c.name: _Row(c) for c in configs}
     engines: dict[tuple[str, str], _Engine] = {}
@@ -428,6 +500,7 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
         "exact_attention": attention,
         "model_loads": len(engines),
         "load_seconds": load_seconds,
+        "steps_grid": sorted({c.steps for c in configs if c.steps is not None}, reverse=True),
         "exact_modes_equal_exact": all(s["equal_to_exact_cases"] == len(held_out) for s in exact_modes),
         "configurations": summaries,
         "unavailable": unavailable,
@@ -456,24 +529,39 @@ def targets(report: dict) -> dict:
 
 
 def presets(report: dict) -> dict:
-    """For each Speed preset: what the app uses now (`current`), the cache configurations of this run that keep
-    its rule (`qualifying`, fastest first) and `best`: the fastest of them, or, when none is fast enough, the
-    fastest that keeps the quality part of the rule (`meets_rule` false: the best trade-off reached)."""
+    """For each Speed preset: its rule, what the app uses now (`current`) and whether it keeps the rule in this
+    run (`current_keeps_rule`, `current_misses`), the cache and step configurations that keep it (`qualifying`,
+    fastest first) and `best`: the fastest of them, or, when none is fast enough, the fastest that keeps the
+    quality parts of the rule (`meets_rule` false: the best trade-off reached); `targets`: issue 54's speed
+    targets, and whether `best` reaches them."""
     configurations = report["configurations"]
     exact = configurations["exact"]["success_rate"]
-    caches = [(name, r) for name, r in configurations.items() if r["group"] == "cache" and "error" not in r]
+    candidates = [(name, r) for name, r in configurations.items()
+                  if r["group"] in PRESET_GROUPS and "error" not in r]
     result = {}
     for preset, rule in PRESET_RULES.items():
-        kept = [(name, r) for name, r in caches if exact - r["success_rate"] <= rule["max_success_drop"] + 1e-9]
+        kept = [(name, r) for name, r in candidates if not rule_misses(preset, r, exact, speed=False)]
         kept.sort(key=lambda item: item[1]["transformer_speedup_vs_exact"] or 0.0, reverse=True)
-        qualifying = [name for name, r in kept
-                      if (r["transformer_speedup_vs_exact"] or 0.0) >= rule["min_transformer_speedup"]]
+        qualifying = [name for name, r in kept if not rule_misses(preset, r, exact)]
         best = qualifying[0] if qualifying else (kept[0][0] if kept else None)
-        result[preset] = {**rule, "current": SPEED_PRESETS[preset], "qualifying": qualifying, "best": best,
-                          "meets_rule": bool(qualifying),
-                          "best_success_rate": configurations[best]["success_rate"] if best else None,
-                          "best_transformer_speedup": (configurations[best]["transformer_speedup_vs_exact"]
-                                                       if best else None)}
+        best_row = configurations[best] if best else {}
+        current = str(parse_cache(SPEED_PRESETS[preset]))
+        current_row = next((r for _, r in candidates if speed_value(r["settings"]) == current), None)
+        current_misses = (rule_misses(preset, current_row, exact) if current_row and "error" not in current_row
+                          else None)
+        target = PRESET_TARGETS[preset]["min_transformer_speedup"]
+        result[preset] = {
+            **rule, "current": current, "qualifying": qualifying, "best": best, "meets_rule": bool(qualifying),
+            "best_speed_value": speed_value(best_row["settings"]) if best else None,
+            "best_success_rate": best_row.get("success_rate"),
+            "best_transformer_speedup": best_row.get("transformer_speedup_vs_exact"),
+            "best_psnr_vs_exact_db": psnr_median(best_row) if best else None,
+            "current_keeps_rule": None if current_misses is None else not current_misses,
+            "current_misses": current_misses,
+            "targets": {"min_transformer_speedup": target,
+                        "met": bool(best and (best_row.get("transformer_speedup_vs_exact") or 0.0) >= target
+                                    and best in qualifying)},
+        }
     return result
 
 
@@ -492,39 +580,47 @@ def format_table(report: dict) -> str:
              f"{report['cases']} held-out cases {report['cases_by_kind']} · {edit['num_inference_steps']} steps · "
              f"working size {report['working_size'][0]}x{report['working_size'][1]} · {report['model_loads']} loads",
              f"{'configuration':24s} {'success':>7s} {'recol':>6s} {'remove':>6s} {'bkgd':>6s} {'PSNR':>6s} "
-             f"{'s/edit':>7s} {'speedup':>7s} {'tf s':>7s} {'tf spd':>7s} {'skip':>5s} {'=exact':>7s} {'max diff':>8s}"]
+             f"{'s/edit':>7s} {'speedup':>7s} {'tf s':>7s} {'tf spd':>7s} {'skip':>5s} {'=exact':>7s} {'max diff':>8s} "
+             f"{'PSNR>ex':>7s} {'p5':>5s} {'SSIM>ex':>7s}"]
     for name, r in report["configurations"].items():
         if "error" in r:
             lines.append(f"{name:24s} {r['error']}")
             continue
-        k = r["success_by_kind"]
+        k, fid = r["success_by_kind"], r["fidelity_vs_exact"]
         mark = "" if not r["exact_mode"] or r["equal_to_exact_cases"] == r["cases"] else " !"
         lines.append(
             f"{name:24s} {_pct(r['success_rate']):>7s} {_pct(k['recolour']):>6s} {_pct(k['remove']):>6s} "
             f"{_pct(k['background']):>6s} {r['untouched_psnr_median_db']:6.1f} {r['seconds_per_edit']:7.3f} "
             f"{_num(r['speedup_vs_exact'], '.2f'):>6s}x {r['transformer_seconds_per_edit']:7.3f} "
             f"{_num(r['transformer_speedup_vs_exact'], '.2f'):>6s}x {_pct(r['skipped_fraction']):>5s} "
-            f"{r['equal_to_exact_cases']:>3d}/{r['cases']:<3d} {r['max_abs_diff_vs_exact']:8d}{mark}")
+            f"{r['equal_to_exact_cases']:>3d}/{r['cases']:<3d} {r['max_abs_diff_vs_exact']:8d} "
+            f"{_num(fid['psnr_db']['median'], '7.1f')} {_num(fid['psnr_db']['p5'], '5.1f')} "
+            f"{_num(fid['ssim']['median'], '7.4f')}{mark}")
     for name, reason in report["unavailable"].items():
         lines.append(f"{name:24s} not run here: {reason}")
     if "padded" in report["configurations"] and report["image_tokens"] >= report["max_seq"]:
         lines.append(f"padded: this working size fills the model's {report['max_seq']} tokens, so there is no "
                      "padding to collapse: equal to exact by construction here")
     for preset, choice in report.get("presets", {}).items():
-        rule = f"success within {choice['max_success_drop']:.0%} of exact, transformer >= " \
-               f"{choice['min_transformer_speedup']:g}x"
+        rule = (f"success within {choice['max_success_drop']:.0%} of exact, PSNR to exact >= "
+                f"{choice['min_psnr_vs_exact_db']:g} dB, transformer >= {choice['min_transformer_speedup']:g}x")
+        now = choice["current"]
+        if choice["current_keeps_rule"] is not None:
+            kept = choice["current_keeps_rule"]
+            now += " (keeps it)" if kept else f" (misses: {'; '.join(choice['current_misses'])})"
         if choice["best"] is None:
-            lines.append(f"preset {preset} ({rule}): no cache configuration keeps the quality; now {choice['current']}")
+            lines.append(f"preset {preset} ({rule}): nothing here keeps the quality; now {now}")
             continue
         verdict = "meets the rule" if choice["meets_rule"] else "best trade-off, misses the speed-up"
         lines.append(f"preset {preset} ({rule}): best {choice['best']} ({verdict}: "
-                     f"{_pct(choice['best_success_rate'])}, {_num(choice['best_transformer_speedup'], '.2f')}x); "
-                     f"now {choice['current']}")
+                     f"{_pct(choice['best_success_rate'])}, {_num(choice['best_transformer_speedup'], '.2f')}x, "
+                     f"{_num(choice['best_psnr_vs_exact_db'], '.1f')} dB); now {now}")
     goal = report["targets"]
     lines.append("issue 22 targets: " + ("met" if goal["met"] else "missed: " + "; ".join(goal["missed"])))
     lines.append("PSNR: median untouched-region PSNR in dB (capped at 100); tf: transformer time; =exact: cases with "
                  "exact's success verdict; max diff: largest pixel difference from exact's output (0..255); "
-                 "'!': an exact mode that disagreed with exact")
+                 "PSNR>ex / p5 / SSIM>ex: median and 5th-percentile PSNR (dB), median SSIM of the output against "
+                 "exact's; '!': an exact mode that disagreed with exact")
     return "\n".join(lines)
 
 
@@ -543,10 +639,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
                         help="an edit setting for every edit, e.g. guidance_scale=2.5 (repeatable; default: the "
                              "edit defaults)")
+    parser.add_argument("--steps-grid", metavar="N,N,...",
+                        help="comma-separated step counts to measure beside exact's (e.g. 28,20,14,10,8): each "
+                             "runs as `steps:N`; every speedup stays against exact at --steps")
+    parser.add_argument("--cross", metavar="CACHES",
+                        help="comma-separated step caches (any `--cache` value) to run at each --steps-grid count "
+                             "too, as `CACHE@N`; `all`: every cache of --caches")
     parser.add_argument("--per-case", action="store_true", help="add every case's verdicts to the JSON")
     parser.add_argument("--threads", type=int, help="torch threads (default torch's; 1 leaves a shared machine "
                                                     "its other core)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--record", action="store_true",
+                        help="write the report as the shipped weights' record (assets/tiny_trained/quality.json, "
+                             "with this command and the weights' digest): the Speed presets are set from it")
     add_verbose_argument(parser)
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)  # before torch and the loaders are imported: they read it then
@@ -561,11 +666,18 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not field_name.strip():
             parser.error(f"--param {item!r}: expected FIELD=VALUE, e.g. guidance_scale=2.5")
         params[field_name.strip()] = value.strip()
+    cross = (caches if args.cross.strip() == "all" else args.cross.split(",")) if args.cross else []
     try:
         cache_specs(caches)
+        cache_specs(cross)
+        grid = step_counts(args.steps_grid.split(",")) if args.steps_grid else []
         edit_base(args.steps, params)
     except ValueError as exc:
         parser.error(str(exc))
+    if cross and not grid:
+        parser.error("--cross needs --steps-grid (the step counts to run the caches at)")
+    if args.record and args.tiny_profile != TRAINED_PROFILE:
+        parser.error(f"--record writes the shipped weights' record: it needs --tiny-profile {TRAINED_PROFILE}")
     set_threads(parser, args.threads)
 
     def progress(done: int, total: int, text: str) -> None:
@@ -573,9 +685,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         report = run(args.cases, args.tiny_profile, args.device, args.steps,
-                     args.only.split(",") if args.only else None, args.per_case, progress, caches, params)
+                     args.only.split(",") if args.only else None, args.per_case, progress, caches, params,
+                     grid, cross)
     except (RuntimeError, ValueError, OSError) as exc:  # OSError: model files missing (say which, no traceback)
         print(f"bench quality: {exc}", file=sys.stderr)
         return 1
+    if args.record:
+        from hidream_ui.model.tiny import quality_record
+
+        words = sys.argv[1:] if argv is None else ["bench", "quality", *argv]
+        path = quality_record.write(report, " ".join(["python -m hidream_ui", *words]))
+        print(f"bench quality: recorded as {path}", file=sys.stderr)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0

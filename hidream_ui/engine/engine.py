@@ -377,6 +377,12 @@ class EditEngine:
                 raise EditCancelled("edit cancelled before it started")
             self._state = "editing"
             first = params_list[0]
+            # A speed setting with a step cap (`CACHE@S`: a preset measured at fewer steps) runs at most S
+            # steps; the params, and so the metadata, record the count that ran.
+            steps = self._speed.resolve_cache(first.cache).steps_for(first.num_inference_steps)
+            if steps != first.num_inference_steps:
+                params_list = [dataclasses.replace(p, num_inference_steps=steps) for p in params_list]
+                first = params_list[0]
             total = first.num_inference_steps
             self._progress = Progress(step=0, total=total, stage="edit")
             working = []

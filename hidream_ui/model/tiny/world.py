@@ -36,6 +36,9 @@ UNTOUCHED_MIN_PSNR_DB = 22.0
 HELD_OUT_SEED_START = 1_000_000_000
 # The app's offline examples start here: held out from training, and past any `bench quality --cases N`.
 EXAMPLE_SEED_START = HELD_OUT_SEED_START + 500_000_000
+# The quality floor test's cases (tests/test_quality_floor.py) start here: held out from training, past any
+# `bench quality --cases N` and before the examples, so the floor is set on cases no choice was made on.
+FLOOR_SEED_START = HELD_OUT_SEED_START + 250_000_000
 # Every word an instruction can contain (the trained tokenizers must know each of them).
 WORDS = ("make", "the", "remove", "background", *SHAPES, *COLOURS, *BACKGROUNDS)
 
@@ -248,7 +251,7 @@ def nearest(rgb: np.ndarray, palette: dict[str, tuple[int, int, int]]) -> str:
     return min(palette, key=lambda k: float(np.sum((rgb - np.asarray(palette[k], np.float64)) ** 2)))
 
 
-def _as_canvas(image) -> np.ndarray:
+def as_canvas(image) -> np.ndarray:
     """Accept a uint8 array or a PIL image; other sizes are resized to the canvas (bilinear)."""
     arr = np.asarray(image)
     if arr.ndim != 3 or arr.shape[2] < 3:
@@ -261,10 +264,23 @@ def _as_canvas(image) -> np.ndarray:
     return arr.astype(np.uint8)
 
 
+def untouched_mask(case: Case) -> np.ndarray:
+    """(SIZE, SIZE) bool: the pixels the edit must leave as they were. A background edit: the shape interiors
+    (eroded, so anti-aliased rims that blend with the old background do not count); a shape edit: everything
+    outside the dilated target shape."""
+    masks = {s.kind: shape_mask(s) for s in case.scene.shapes}
+    if case.edit.kind == "background":
+        untouched = np.zeros((SIZE, SIZE), bool)
+        for m in masks.values():
+            untouched |= erode(m)
+        return untouched
+    return ~dilate(masks[case.edit.target])
+
+
 def score(case: Case, output) -> dict:
     """Success of one edit by the issue's rule: the named region has the named colour (nearest in the
     palette) and the untouched region keeps at least UNTOUCHED_MIN_PSNR_DB of PSNR against the source."""
-    out = _as_canvas(output)
+    out = as_canvas(output)
     src = case.source
     edit, scene = case.edit, case.scene
     masks = {s.kind: shape_mask(s) for s in scene.shapes}
@@ -275,10 +291,6 @@ def score(case: Case, output) -> dict:
         region = ~dilate(any_shape)
         got = nearest(out[region].astype(np.float64).mean(axis=0), BACKGROUNDS)
         colour_ok = got == edit.value
-        # The shape interiors (eroded, so anti-aliased rims that blend with the old background do not count).
-        untouched = np.zeros((SIZE, SIZE), bool)
-        for m in masks.values():
-            untouched |= erode(m)
     else:
         target = masks[edit.target]
         inner = erode(target)
@@ -291,8 +303,7 @@ def score(case: Case, output) -> dict:
         else:
             got = nearest(mean, {**COLOURS, **BACKGROUNDS})
             colour_ok = got == scene.background
-        untouched = ~dilate(target)
-    p = psnr(out, src, untouched)
+    p = psnr(out, src, untouched_mask(case))
     return {
         "seed": case.seed,
         "kind": edit.kind,

@@ -63,14 +63,15 @@ class SpeedRuntime:
         """Installs the step cache of this call (params.cache; "default": --cache)."""
         from hidream_ui.pipeline.speed.cache import apply_step_cache  # lazy: torch and diffusers (see at_load)
 
-        spec = apply_step_cache(transformer, self.resolve_cache(requested))
+        spec = self.resolve_cache(requested)
+        apply_step_cache(transformer, spec.cache_only)  # the hooks; the step cap is the engine's (steps_for)
         self.last_cache = str(spec)
         return spec
 
     def call_info(self, pipeline, spec: CacheSpec) -> dict[str, Any] | None:
         """The speed facts of the last call for RunInfo.speed (None when everything was exact)."""
         stats = getattr(pipeline, "step_cache_stats", None)
-        if self.exact and not spec.active:
+        if self.exact and not spec.active and spec.max_steps is None:
             return None
         return {
             "moe": self.moe_active,

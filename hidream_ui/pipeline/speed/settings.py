@@ -9,15 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The UI's "Speed" setting (and `--cache` accepts these names too).
-# `fast` / `faster`: the fastest measured step caches within issue 23's rules (bench/quality.py PRESET_RULES:
-# success within 3 / 10 points of exact, transformer >= 1.8x / 2.5x) on the trained model, confirmed on the deep
-# profile's 48 blocks (docs/benchmarks.md, docs/speed.md "Which cache the presets are").
-SPEED_PRESETS = {"exact": "none", "fast": "magcache:0.24", "faster": "taylorseer:5"}
+# `fast` / `faster`: what the rules (pipeline/speed/preset_rules.py) pick from the shipped weights' recorded
+# `bench quality` run (assets/tiny_trained/quality.json); tests/test_speed_presets.py re-applies them to the
+# record and fails when these are not the rules' choice. Their figures: docs/speed.md "Which cache the presets are".
+SPEED_PRESETS = {"exact": "none", "fast": "magcache:0.24@20", "faster": "magcache:0.24@10"}
 INTERVAL_RANGE = (1, 100)
 # --moe and --compile: their one home (config's flags and help read these).
 MOE_CHOICES = ("auto", "diffusers", "sync-free")  # auto: sync-free with --compile blocks, else diffusers
 COMPILE_CHOICES = ("none", "blocks")
 THRESHOLD_RANGE = (0.0, 10.0)  # T must be > 0 (0 would never skip: use none)
+# `CACHE@N`: the cache with at most N denoising steps (fewer steps are a speed axis too: bench quality
+# --steps-grid). An edit asking for more runs N; one asking for fewer keeps its own count. The range is the
+# Steps field's (edits.STEPS_RANGE is this one).
+MAX_STEPS_RANGE = (1, 200)
 # The step caches by kind: which number each takes ("interval": an integer K/N, "threshold": a float T).
 # `interval`, `first-block`: our own hooks (pipeline/speed/cache.py); `fbcache`, `taylorseer`, `magcache`:
 # diffusers' hooks on HiDream's blocks (pipeline/speed/library.py); `dbcache`: cache-dit's DBCache with
@@ -33,6 +37,7 @@ MEASURED_CACHES = ("interval:2", "interval:3", "interval:4", "first-block:0.05",
                    "magcache:0.06", "magcache:0.12", "magcache:0.24", "dbcache:0.05", "dbcache:0.1", "dbcache:0.2")
 CACHE_GRAMMAR = (f"none, interval:K or taylorseer:N ({INTERVAL_RANGE[0]}..{INTERVAL_RANGE[1]}), "
                  f"first-block:T, fbcache:T, magcache:T or dbcache:T (0 < T <= {THRESHOLD_RANGE[1]:g}), "
+                 f"any of them with @S for at most S steps (e.g. taylorseer:4@14), "
                  f"or {', '.join(SPEED_PRESETS)}")
 
 
@@ -43,18 +48,31 @@ class CacheSpec:
     kind: str = "none"
     interval: int = 1
     threshold: float = 0.0
+    max_steps: int | None = None  # `@N`: at most N denoising steps (None: the edit's own count)
 
     def __str__(self) -> str:
         number = CACHE_KINDS.get(self.kind)
         if number == "interval":
-            return f"{self.kind}:{self.interval}"
-        if number == "threshold":
-            return f"{self.kind}:{self.threshold:g}"
-        return "none"
+            text = f"{self.kind}:{self.interval}"
+        elif number == "threshold":
+            text = f"{self.kind}:{self.threshold:g}"
+        else:
+            text = "none"
+        return text if self.max_steps is None else f"{text}@{self.max_steps}"
 
     @property
     def active(self) -> bool:
+        """A step cache is installed (the step cap alone installs nothing)."""
         return self.kind != "none"
+
+    @property
+    def cache_only(self) -> CacheSpec:
+        """This spec without its step cap: what the transformer's hooks are."""
+        return CacheSpec(self.kind, self.interval, self.threshold)
+
+    def steps_for(self, requested: int) -> int:
+        """The denoising steps an edit asking for `requested` runs under this spec."""
+        return requested if self.max_steps is None else min(requested, self.max_steps)
 
 
 def parse_cache(text: object, name: str = "cache") -> CacheSpec:
@@ -63,19 +81,29 @@ def parse_cache(text: object, name: str = "cache") -> CacheSpec:
     Raises ValueError naming `name` and the value."""
     raw = str(text).strip().lower()
     raw = SPEED_PRESETS.get(raw, raw)
+    raw, at, cap = raw.partition("@")
+    max_steps = None
+    if at:
+        try:
+            max_steps = int(cap)
+        except ValueError:
+            max_steps = 0
+        if not MAX_STEPS_RANGE[0] <= max_steps <= MAX_STEPS_RANGE[1]:
+            raise ValueError(f"{name}={text!r} is not valid: @S takes a step count from {MAX_STEPS_RANGE[0]} to "
+                             f"{MAX_STEPS_RANGE[1]}; use {CACHE_GRAMMAR}")
     if raw == "none":
-        return CacheSpec()
+        return CacheSpec(max_steps=max_steps)
     kind, sep, value = raw.partition(":")
     number = CACHE_KINDS.get(kind) if sep else None
     try:
         if number == "interval":
             k = int(value)
             if INTERVAL_RANGE[0] <= k <= INTERVAL_RANGE[1]:
-                return CacheSpec(kind, interval=k)
+                return CacheSpec(kind, interval=k, max_steps=max_steps)
         elif number == "threshold":
             t = float(value)
             if THRESHOLD_RANGE[0] < t <= THRESHOLD_RANGE[1]:  # also refuses nan and inf
-                return CacheSpec(kind, threshold=t)
+                return CacheSpec(kind, threshold=t, max_steps=max_steps)
     except ValueError:
         pass
     raise ValueError(f"{name}={text!r} is not valid: use {CACHE_GRAMMAR}")

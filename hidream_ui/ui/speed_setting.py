@@ -29,6 +29,31 @@ def speed_choices(current: str) -> list[tuple[str, str]]:
     return choices
 
 
+def speed_info(record: dict | None = None) -> str:
+    """The dropdown's note: what each preset buys and costs by the offline model's recorded `bench quality`
+    run (model/tiny/quality_record.py; `record` None: the shipped one), in short words."""
+    from hidream_ui.model.tiny import quality_record
+
+    record = quality_record.read() if record is None else record
+    parts, cases = ["exact: every block, every step"], None
+    for preset in SPEED_PRESETS:
+        if preset == "exact":
+            continue
+        figures = quality_record.preset_figures(preset, record)
+        if figures is None:
+            parts.append(f"{preset}: not measured")
+            continue
+        cases = figures["cases"]
+        change = figures["success_change_points"]
+        more = "more" if change > 0 else "less"
+        success = "same success" if change == 0 else f"{abs(change):g} points {more} success"
+        text = (f"{preset}: transformer {figures['transformer_speedup']:.1f}x as fast, {success}, "
+                f"{figures['psnr_vs_exact_db']:.0f} dB from exact")
+        parts.append(text + (" (misses its rule)" if figures["misses"] else ""))
+    measured = f" (offline model, {cases} edits; docs/speed.md)" if cases else ""
+    return " · ".join(parts) + measured + ". Check your own pictures in Compare, axis speed."
+
+
 class SpeedSetting:
     """The handlers of the Speed dropdown and `/set_speed`. `allowed(request, what)` raises when the
     caller may not change engine-wide settings (--kiosk: only the operator may; see server/operator.py)."""
@@ -64,9 +89,7 @@ def build_speed_setting(engine: Engine, allowed: Callable[[Any, str], None] | No
     handlers = SpeedSetting(engine, allowed)
     current = str(parse_cache(engine.config.cache))
     dropdown = gr.Dropdown(label="Speed", choices=speed_choices(current), value=current, interactive=True,
-                           info="exact: every block every step · fast / faster: skip the transformer on about 6 of "
-                                "10 steps, reusing (MagCache) or extrapolating (TaylorSeer) its last output; "
-                                "check quality in Compare, axis speed",
+                           info=speed_info(),
                            elem_id="hui-speed")
     note = gr.Markdown(elem_id="hui-speed-note")
     # Queued (one way in: the app serves with api_open=False), on a lane of its own: it only changes
@@ -77,4 +100,4 @@ def build_speed_setting(engine: Engine, allowed: Callable[[Any, str], None] | No
     return dropdown
 
 
-__all__ = ["build_speed_setting", "speed_choices", "SpeedSetting"]
+__all__ = ["build_speed_setting", "speed_choices", "speed_info", "SpeedSetting"]

@@ -3,9 +3,12 @@
 What each speed and memory mode costs in quality, on edits whose right answer is known: N fresh cases
 of the synthetic world (model/tiny/world.py, seeds from `HELD_OUT_SEED_START` on, never used in
 training), each edited under every configuration and scored by the world's rule (the named region got
-the named colour, the untouched region kept >= 22 dB PSNR against the source). Configurations: `exact`
-(the default exact path), each step cache (`interval:2`, `interval:3`, `first-block:T`), fp8 weights,
-each other memory plan, each available attention strategy, padding collapse off.
+the named colour, the untouched region kept >= 22 dB PSNR against the source), and compared with exact's
+output for the same case (PSNR and SSIM, bench/fidelity.py). Configurations: `exact` (the default exact
+path), each step cache (MEASURED_CACHES or `--caches`), fewer steps (`--steps-grid`: `steps:N`, and with
+`--cross` a cache at N steps: `CACHE@N`), fp8 weights, each other memory plan, each available attention
+strategy, padding collapse off. The Speed presets are chosen from the cache and steps rows by the rules of
+pipeline/speed/preset_rules.py (`presets` key); `--record` keeps the run as the shipped weights' record.
 
 Measured side by side in one run: the cases are the outer loop and the configurations the inner one
 (their order turning by one per case), so a slow minute on a shared machine costs every configuration

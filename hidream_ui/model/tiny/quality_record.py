@@ -2,7 +2,7 @@
 
 `python -m hidream_ui bench quality --record` writes the run's report into the weights' folder
 (assets/tiny_trained/quality.json) with the command and the digest of the weights it measured. The Speed
-presets (pipeline/speed/settings.py SPEED_PRESETS) are set from that record by its rules (bench/quality.py
+presets (pipeline/speed/settings.py SPEED_PRESETS) are set from that record by its rules (preset_rules.py
 PRESET_RULES; tests/test_speed_presets.py re-applies them), and the Speed setting and docs/speed.md quote
 its figures through `preset_words`, so the words and the record cannot drift apart.
 

@@ -53,6 +53,7 @@ from hidream_ui.pipeline.speed.preset_rules import (
     PRESET_GROUPS,
     PRESET_RULES,
     PRESET_TARGETS,
+    configuration_for,
     psnr_median,
     rule_misses,
     speed_value,
@@ -549,9 +550,8 @@ def presets(report: dict) -> dict:
         best = qualifying[0] if qualifying else (kept[0][0] if kept else None)
         best_row = configurations[best] if best else {}
         current = str(parse_cache(SPEED_PRESETS[preset]))
-        current_row = next((r for _, r in candidates if speed_value(r["settings"]) == current), None)
-        current_misses = (rule_misses(preset, current_row, exact) if current_row and "error" not in current_row
-                          else None)
+        found = configuration_for(configurations, current)
+        current_misses = rule_misses(preset, found[1], exact) if found else None
         target = PRESET_TARGETS[preset]["min_transformer_speedup"]
         result[preset] = {
             **rule, "current": current, "qualifying": qualifying, "best": best, "meets_rule": bool(qualifying),

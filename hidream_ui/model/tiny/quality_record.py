@@ -52,14 +52,9 @@ def read(folder: Path | None = None) -> dict[str, Any] | None:
 
 def configuration_of(record: Mapping[str, Any], value: str) -> tuple[str, dict[str, Any]] | None:
     """(name, row) of the record's configuration that `value` (a `--cache` value, presets included) runs."""
-    from hidream_ui.pipeline.speed.preset_rules import PRESET_GROUPS, speed_value
-    from hidream_ui.pipeline.speed.settings import parse_cache
+    from hidream_ui.pipeline.speed.preset_rules import configuration_for
 
-    wanted = str(parse_cache(value))
-    for name, row in record.get("configurations", {}).items():
-        if row.get("group") in PRESET_GROUPS and "error" not in row and speed_value(row["settings"]) == wanted:
-            return name, row
-    return None
+    return configuration_for(record.get("configurations", {}), value)
 
 
 def preset_figures(preset: str, record: Mapping[str, Any] | None = None) -> dict[str, Any] | None:

@@ -51,3 +51,14 @@ def rule_misses(preset: str, row: Mapping[str, Any], exact_success: float, speed
     if speed and speedup < rule["min_transformer_speedup"]:
         misses.append(f"transformer {speedup:.2f}x (at least {rule['min_transformer_speedup']:g}x)")
     return misses
+
+
+def configuration_for(configurations: Mapping[str, Mapping[str, Any]], value: str
+                      ) -> tuple[str, Mapping[str, Any]] | None:
+    """(name, row) of the cache or steps configuration (that did not fail) that `value` (a `--cache` value,
+    presets included) runs; None when the report has none."""
+    wanted = str(parse_cache(value))
+    for name, row in configurations.items():
+        if row.get("group") in PRESET_GROUPS and "error" not in row and speed_value(row["settings"]) == wanted:
+            return name, row
+    return None

@@ -100,14 +100,26 @@ def mug() -> Image.Image:
 # file name -> (drawing function, instruction, target description). The instruction is what E1.1
 # takes; for E1-Full the app combines both as "Editing Instruction: ... Target Image Description: ...".
 EXAMPLES = {
-    "cottage.png": (cottage, "Turn the scene into a snowy winter evening",
-                    "A cottage with a snow-covered roof and a snowy tree under a dark blue evening sky."),
-    "apple.png": (apple, "Replace the red apple with a green pear",
-                  "A green pear on a wooden table against a plain cream wall."),
-    "sailboat.png": (sailboat, "Add a rainbow over the sea",
-                     "A white sailboat on a calm blue sea with a rainbow arching across the sky."),
-    "mug.png": (mug, "Make the mug blue with white polka dots",
-                "A blue mug with white polka dots, full of steaming coffee, on a wooden desk."),
+    "cottage.png": (
+        cottage,
+        "Turn the scene into a snowy winter evening",
+        "A cottage with a snow-covered roof and a snowy tree under a dark blue evening sky.",
+    ),
+    "apple.png": (
+        apple,
+        "Replace the red apple with a green pear",
+        "A green pear on a wooden table against a plain cream wall.",
+    ),
+    "sailboat.png": (
+        sailboat,
+        "Add a rainbow over the sea",
+        "A white sailboat on a calm blue sea with a rainbow arching across the sky.",
+    ),
+    "mug.png": (
+        mug,
+        "Make the mug blue with white polka dots",
+        "A blue mug with white polka dots, full of steaming coffee, on a wooden desk.",
+    ),
 }
 
 

@@ -129,13 +129,17 @@ def write_batch_zip(result: BatchResult, path: str | os.PathLike) -> Path:
                 "rejected": [{"name": name, "reason": reason} for name, reason in result.rejected],
                 "cancelled": result.cancelled,
                 "seconds": result.seconds,
-                "counts": {status: sum(1 for item in result.items if item.status == status)
-                           for status in ("ok", "error", "cancelled", "pending")},
+                "counts": {
+                    status: sum(1 for item in result.items if item.status == status)
+                    for status in ("ok", "error", "cancelled", "pending")
+                },
                 "stats": result.stats,
             }
-            archive.writestr(MANIFEST_NAME, json.dumps(manifest, indent=2, ensure_ascii=True, allow_nan=False,
-                                                       default=str) + "\n",
-                             compress_type=zipfile.ZIP_DEFLATED)
+            archive.writestr(
+                MANIFEST_NAME,
+                json.dumps(manifest, indent=2, ensure_ascii=True, allow_nan=False, default=str) + "\n",
+                compress_type=zipfile.ZIP_DEFLATED,
+            )
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -188,8 +192,9 @@ class ZipBudget:
     `/cancel` and a client that went away stop the expansion too.
     """
 
-    def __init__(self, limits: ZipLimits = ZipLimits(), cancel: Any = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, limits: ZipLimits = ZipLimits(), cancel: Any = None, clock: Callable[[], float] = time.monotonic
+    ):
         self.limits = limits
         self.spent = 0  # bytes decompressed so far, kept or not
         self.members = 0  # members looked at so far, every zip of the request
@@ -204,14 +209,17 @@ class ZipBudget:
     def exhausted(self) -> str | None:
         """Why nothing more may be read (bytes or time spent), or None."""
         if self.remaining <= 0:
-            return (f"not read: the zips of this request already decompressed "
-                    f"{self.limits.max_total_bytes // 2**20} MiB (images or not); split the batch")
+            return (
+                f"not read: the zips of this request already decompressed "
+                f"{self.limits.max_total_bytes // 2**20} MiB (images or not); split the batch"
+            )
         return self.out_of_time()
 
     def out_of_time(self) -> str | None:
         if self._clock() > self._deadline:
-            return (f"not read: reading the zips of this request took over {self.limits.max_seconds:g} s; "
-                    "split the batch")
+            return (
+                f"not read: reading the zips of this request took over {self.limits.max_seconds:g} s; split the batch"
+            )
         return None
 
     def check_cancel(self, label: str) -> None:
@@ -223,8 +231,9 @@ class ZipBudget:
         self.spent += size
 
 
-def read_zip_images(src: ZipSource, *, name: str | None = None, limits: ZipLimits = ZipLimits(),
-                    budget: ZipBudget | None = None) -> tuple[list[BatchSource], list[tuple[str, str]]]:
+def read_zip_images(
+    src: ZipSource, *, name: str | None = None, limits: ZipLimits = ZipLimits(), budget: ZipBudget | None = None
+) -> tuple[list[BatchSource], list[tuple[str, str]]]:
     """The images inside a zip, read into memory: (sources, rejected).
 
     `sources` are `BatchSource(display name, bytes)` in the zip's order, ready for a
@@ -282,8 +291,17 @@ def read_zip_images(src: ZipSource, *, name: str | None = None, limits: ZipLimit
             except _OutOfTime as exc:
                 rejected.append((display, str(exc)))
                 continue
-            except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, OSError, EOFError,
-                    zlib.error, lzma.LZMAError, struct.error, ValueError) as exc:
+            except (
+                zipfile.BadZipFile,
+                zipfile.LargeZipFile,
+                NotImplementedError,
+                OSError,
+                EOFError,
+                zlib.error,
+                lzma.LZMAError,
+                struct.error,
+                ValueError,
+            ) as exc:
                 # Each decompressor fails in its own way on damaged data (LZMA's options, a short
                 # header): one damaged member is one rejected member, never a failed batch.
                 rejected.append((display, f"cannot be read from the zip ({exc})"))
@@ -304,8 +322,7 @@ class _OutOfTime(Exception):
     pass
 
 
-def _read_capped(archive: zipfile.ZipFile, info: zipfile.ZipInfo, cap: int, budget: ZipBudget,
-                 label: str) -> bytes:
+def _read_capped(archive: zipfile.ZipFile, info: zipfile.ZipInfo, cap: int, budget: ZipBudget, label: str) -> bytes:
     # Counts what is really decompressed (the header's file_size is only a claim), charges it to
     # the budget as it goes, and stops at the first byte over `cap`: zipfile inflates no more than
     # each read asks for, so a bomb costs `cap` + 1 bytes, never its claimed size.
@@ -335,15 +352,19 @@ def _read_capped(archive: zipfile.ZipFile, info: zipfile.ZipInfo, cap: int, budg
 def _too_large(size: int | None, limits: ZipLimits, remaining: int) -> str:
     claimed = f" ({size / 2**20:.1f} MiB)" if size is not None else ""
     if remaining < limits.max_member_bytes:
-        return (f"too large{claimed}: the zips of one request may decompress to "
-                f"{limits.max_total_bytes // 2**20} MiB in all (images or not); split the zip")
+        return (
+            f"too large{claimed}: the zips of one request may decompress to "
+            f"{limits.max_total_bytes // 2**20} MiB in all (images or not); split the zip"
+        )
     return f"too large{claimed}: at most {limits.max_member_bytes // 2**20} MiB per image"
 
 
 def _too_many(label: str, count: int, limits: ZipLimits, before: int) -> str:
     if before:
-        return (f"{label}: holds {count} files; the zips of one request may hold {limits.max_members} files in "
-                f"all and the ones before it hold {before} (split the batch)")
+        return (
+            f"{label}: holds {count} files; the zips of one request may hold {limits.max_members} files in "
+            f"all and the ones before it hold {before} (split the batch)"
+        )
     return f"{label}: holds {count} files; at most {limits.max_members} are read from one zip (split it)"
 
 
@@ -370,15 +391,19 @@ def _check_directory(src: Any, label: str, room: int) -> None:
     at = tail.rfind(b"PK\x05\x06")
     if at < 0 or at + 22 > len(tail):
         return
-    entries = int.from_bytes(tail[at + 10:at + 12], "little")
-    directory = int.from_bytes(tail[at + 12:at + 16], "little")
+    entries = int.from_bytes(tail[at + 10 : at + 12], "little")
+    directory = int.from_bytes(tail[at + 12 : at + 16], "little")
     # 0xFFFF / 0xFFFFFFFF: the real figure is in a zip64 record; the member count is checked after parsing.
     if entries != 0xFFFF and entries > max(room, 1) * _ENTRIES_PER_MEMBER:
-        raise ArchiveError(f"{label}: holds {entries} entries; at most {room} files are read from "
-                           "the zips of one request (split the zip)")
+        raise ArchiveError(
+            f"{label}: holds {entries} entries; at most {room} files are read from "
+            "the zips of one request (split the zip)"
+        )
     if directory != 0xFFFFFFFF and directory > max(room, 1) * _DIRECTORY_BYTES_PER_MEMBER:
-        raise ArchiveError(f"{label}: its file list is {directory / 2**20:.1f} MiB, too long for the "
-                           f"{room} files that may still be read (split the zip)")
+        raise ArchiveError(
+            f"{label}: its file list is {directory / 2**20:.1f} MiB, too long for the "
+            f"{room} files that may still be read (split the zip)"
+        )
 
 
 def _not_an_image(data: bytes, display: str) -> str | None:
@@ -424,9 +449,13 @@ def _zip_label(src: object) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def sources_from_uploads(uploads: Iterable[tuple[str, str | os.PathLike]], *,
-                         limits: ZipLimits = ZipLimits(), cancel: Any = None,
-                         budget: ZipBudget | None = None) -> tuple[list[BatchSource], list[tuple[str, str]]]:
+def sources_from_uploads(
+    uploads: Iterable[tuple[str, str | os.PathLike]],
+    *,
+    limits: ZipLimits = ZipLimits(),
+    cancel: Any = None,
+    budget: ZipBudget | None = None,
+) -> tuple[list[BatchSource], list[tuple[str, str]]]:
     """Batch sources from uploaded files given as (display name, path): zips are expanded in memory
     (see `read_zip_images`; all the zips of one upload share one `ZipBudget` of bytes decompressed,
     members, time and the `cancel` token), anything else is passed on by path for the engine to open.

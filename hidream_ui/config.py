@@ -156,7 +156,7 @@ class AppConfig:
 
     @property
     def rewriter_backend(self) -> str:
-        """"off", "local" or "openai" ("auto" resolved: openai when a URL is configured)."""
+        """ "off", "local" or "openai" ("auto" resolved: openai when a URL is configured)."""
         if self.rewriter == "auto":
             return "openai" if self.rewriter_url else "off"
         return self.rewriter
@@ -167,49 +167,102 @@ class AppConfig:
 
 # (flag, env vars, dest, help). One table so flags and variables cannot drift apart.
 _MODEL_OPTIONS = [
-    ("--model-dir", ("HIDREAM_MODEL_DIR",), "model_dir",
-     "folder holding Llama-3.1-8B-Instruct/, HiDream-I1-Full/, HiDream-E1-1/ and/or HiDream-E1-Full/"),
+    (
+        "--model-dir",
+        ("HIDREAM_MODEL_DIR",),
+        "model_dir",
+        "folder holding Llama-3.1-8B-Instruct/, HiDream-I1-Full/, HiDream-E1-1/ and/or HiDream-E1-Full/",
+    ),
     ("--llama", ("HIDREAM_LLAMA",), "llama", "Llama-3.1-8B-Instruct: local folder or hub id"),
     ("--i1", ("HIDREAM_I1",), "i1", "HiDream-I1-Full: local folder or hub id"),
     ("--e1", ("HIDREAM_E1",), "e1", "HiDream-E1-1 (or HiDream-E1-Full for --variant e1-full): folder or hub id"),
     ("--variant", ("HIDREAM_VARIANT",), "variant", f"model variant: {' | '.join(VARIANTS)} (default e1.1)"),
-    ("--tiny-profile", ("HIDREAM_TINY_PROFILE",), "tiny_profile",
-     "offline model used when no weights are configured: " + " | ".join(TINY_PROFILES)
-     + f" (default {OFFLINE_DEFAULT_PROFILE}: trained on the shapes world; the others have random weights; "
-     f"{FULL_PROFILE_NAME}: release size, in memory)"),
+    (
+        "--tiny-profile",
+        ("HIDREAM_TINY_PROFILE",),
+        "tiny_profile",
+        "offline model used when no weights are configured: "
+        + " | ".join(TINY_PROFILES)
+        + f" (default {OFFLINE_DEFAULT_PROFILE}: trained on the shapes world; the others have random weights; "
+        f"{FULL_PROFILE_NAME}: release size, in memory)",
+    ),
     ("--device", ("HIDREAM_DEVICE", "PREFERRED_DEVICE"), "device", "auto | npu | npu:N | cuda | cuda:N | cpu"),
     ("--dtype", ("HIDREAM_DTYPE",), "dtype", "auto | bf16 | fp16 | fp32 (auto probes the device)"),
     ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),
-    ("--text-encoders", ("HIDREAM_TEXT_ENCODERS",), "text_encoders",
-     " | ".join(TEXT_ENCODER_MODES) + " (device: keep on the device, cpu: run on the host, offload: move to the "
-     "device only to encode)"),
-    ("--devices", ("HIDREAM_DEVICES",), "devices",
-     "one engine per device: a list such as npu:0,npu:1 or cuda:0,cuda:1 or cpu,cpu (splits the cores), or all "
-     "(every visible accelerator); not with --device"),
-    ("--placement", ("HIDREAM_PLACEMENT",), "placement",
-     "parts of one model on different devices: transformer=DEV,encoders=DEV[,vae=DEV]"),
-    ("--memory", ("HIDREAM_MEMORY",), "memory",
-     "memory plan: " + " | ".join(MEMORY_CHOICES) + " (auto: the fastest that fits)"),
-    ("--weights", ("HIDREAM_WEIGHTS",), "weights",
-     "transformer storage: " + " | ".join(WEIGHT_CHOICES) + " (auto: bf16 unless only fp8 fits without streaming)"),
-    ("--transformer-file", ("HIDREAM_TRANSFORMER_FILE",), "transformer_file",
-     "single-file transformer checkpoint (.safetensors, diffusers or ComfyUI keys) used in place of the folder"),
-    ("--refiner", ("HIDREAM_REFINER",), "refiner",
-     "weights of the refine stage: " + " | ".join(REFINERS) + " (e1: what upstream computes, zero copies; i1: "
-     "HiDream-I1-Full, swapped)"),
-    ("--moe", ("HIDREAM_MOE",), "moe",
-     "MoE forward: " + " | ".join(MOE_CHOICES) + " (auto: sync-free with --compile blocks, else diffusers; "
-     "diffusers: exact; sync-free: no host sync, fixed shapes, 2x routed FLOPs)"),
-    ("--compile", ("HIDREAM_COMPILE",), "compile",
-     " | ".join(COMPILE_CHOICES) + " (blocks: torch.compile / torchair on the repeated transformer blocks; eager "
-     "if it fails)"),
-    ("--cache", ("HIDREAM_CACHE",), "cache",
-     "default step cache of edits: none | interval:K | first-block:T | fbcache:T | taylorseer:N | magcache:T | "
-     "dbcache:T, each with @S for at most S steps (or " + " | ".join(SPEED_PRESETS) + "; docs/speed.md)"),
+    (
+        "--text-encoders",
+        ("HIDREAM_TEXT_ENCODERS",),
+        "text_encoders",
+        " | ".join(TEXT_ENCODER_MODES) + " (device: keep on the device, cpu: run on the host, offload: move to the "
+        "device only to encode)",
+    ),
+    (
+        "--devices",
+        ("HIDREAM_DEVICES",),
+        "devices",
+        "one engine per device: a list such as npu:0,npu:1 or cuda:0,cuda:1 or cpu,cpu (splits the cores), or all "
+        "(every visible accelerator); not with --device",
+    ),
+    (
+        "--placement",
+        ("HIDREAM_PLACEMENT",),
+        "placement",
+        "parts of one model on different devices: transformer=DEV,encoders=DEV[,vae=DEV]",
+    ),
+    (
+        "--memory",
+        ("HIDREAM_MEMORY",),
+        "memory",
+        "memory plan: " + " | ".join(MEMORY_CHOICES) + " (auto: the fastest that fits)",
+    ),
+    (
+        "--weights",
+        ("HIDREAM_WEIGHTS",),
+        "weights",
+        "transformer storage: " + " | ".join(WEIGHT_CHOICES) + " (auto: bf16 unless only fp8 fits without streaming)",
+    ),
+    (
+        "--transformer-file",
+        ("HIDREAM_TRANSFORMER_FILE",),
+        "transformer_file",
+        "single-file transformer checkpoint (.safetensors, diffusers or ComfyUI keys) used in place of the folder",
+    ),
+    (
+        "--refiner",
+        ("HIDREAM_REFINER",),
+        "refiner",
+        "weights of the refine stage: " + " | ".join(REFINERS) + " (e1: what upstream computes, zero copies; i1: "
+        "HiDream-I1-Full, swapped)",
+    ),
+    (
+        "--moe",
+        ("HIDREAM_MOE",),
+        "moe",
+        "MoE forward: " + " | ".join(MOE_CHOICES) + " (auto: sync-free with --compile blocks, else diffusers; "
+        "diffusers: exact; sync-free: no host sync, fixed shapes, 2x routed FLOPs)",
+    ),
+    (
+        "--compile",
+        ("HIDREAM_COMPILE",),
+        "compile",
+        " | ".join(COMPILE_CHOICES) + " (blocks: torch.compile / torchair on the repeated transformer blocks; eager "
+        "if it fails)",
+    ),
+    (
+        "--cache",
+        ("HIDREAM_CACHE",),
+        "cache",
+        "default step cache of edits: none | interval:K | first-block:T | fbcache:T | taylorseer:N | magcache:T | "
+        "dbcache:T, each with @S for at most S steps (or " + " | ".join(SPEED_PRESETS) + "; docs/speed.md)",
+    ),
     ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
     ("--retention", ("HIDREAM_RETENTION",), "retention", "keep at most this many results in --output-dir"),
-    ("--preview-every", ("HIDREAM_PREVIEW_EVERY",), "preview_every",
-     f"live preview of an edit every K denoising steps; 0 = off (default {PREVIEW_EVERY_DEFAULT})"),
+    (
+        "--preview-every",
+        ("HIDREAM_PREVIEW_EVERY",),
+        "preview_every",
+        f"live preview of an edit every K denoising steps; 0 = off (default {PREVIEW_EVERY_DEFAULT})",
+    ),
 ]
 
 _SERVER_OPTIONS = [
@@ -217,67 +270,159 @@ _SERVER_OPTIONS = [
     ("--port", ("HIDREAM_PORT",), "port", "port to listen on (default 7860)"),
     ("--auth", ("HIDREAM_AUTH",), "auth", "user:password required to open the app"),
     ("--auth-file", ("HIDREAM_AUTH_FILE",), "auth_file", "file with one user:password per line"),
-    ("--operator", ("HIDREAM_OPERATOR",), "operator",
-     "user:password of the operator, the one login that may change attention, speed and load the model "
-     "with --kiosk (logs in at /operator, or on the login page with --auth)"),
+    (
+        "--operator",
+        ("HIDREAM_OPERATOR",),
+        "operator",
+        "user:password of the operator, the one login that may change attention, speed and load the model "
+        "with --kiosk (logs in at /operator, or on the login page with --auth)",
+    ),
     ("--max-queue", ("HIDREAM_MAX_QUEUE",), "max_queue", "maximum queued requests (default 16)"),
     ("--max-batch-items", ("HIDREAM_MAX_BATCH_ITEMS",), "max_batch_items", "maximum items per batch"),
     ("--max-grid-cells", ("HIDREAM_MAX_GRID_CELLS",), "max_grid_cells", "maximum cells per compare grid"),
-    ("--max-upload-mb", ("HIDREAM_MAX_UPLOAD_MB",), "max_upload_mb",
-     "largest upload in MB, refused before it is stored (default 50)"),
-    ("--max-pixels", ("HIDREAM_MAX_PIXELS",), "max_pixels",
-     "largest image in pixels, read from the header before decoding (default 25000000)"),
-    ("--max-jobs-per-client", ("HIDREAM_MAX_JOBS_PER_CLIENT",), "max_jobs_per_client",
-     "jobs one client (browser tab or API client) may have queued or running (default 2)"),
-    ("--max-login-failures", ("HIDREAM_MAX_LOGIN_FAILURES",), "max_login_failures",
-     "failed logins per address or user name per minute before they pause for a minute (default 5)"),
-    ("--cache-max-files", ("HIDREAM_CACHE_MAX_FILES",), "cache_max_files",
-     "files in Gradio's upload/result cache for this app; when full, the heaviest client's least recently used "
-     "files go (default 1000)"),
-    ("--cache-max-mb", ("HIDREAM_CACHE_MAX_MB",), "cache_max_mb",
-     "MB in Gradio's upload/result cache for this app; when full, the heaviest client's least recently used "
-     "files go (default 4000)"),
-    ("--client-quota-mb", ("HIDREAM_CLIENT_QUOTA_MB",), "client_quota_mb",
-     "MB of uploads, result copies and previews one client (address, and login with --auth) keeps there; past "
-     "it, its own least recently used files go (default 500)"),
-    ("--client-quota-files", ("HIDREAM_CLIENT_QUOTA_FILES",), "client_quota_files",
-     "files of uploads, result copies and previews one client keeps in that cache; past it, its own least "
-     "recently used files go (default 200)"),
-    ("--cache-max-age", ("HIDREAM_CACHE_MAX_AGE",), "cache_max_age",
-     "seconds a cached upload or result copy is kept (default 3600)"),
-    ("--max-zip-mb", ("HIDREAM_MAX_ZIP_MB",), "max_zip_mb",
-     "MB decompressed from all the zips of one batch request, kept or rejected (default 512)"),
-    ("--max-body-kb", ("HIDREAM_MAX_BODY_KB",), "max_body_kb",
-     "largest request body other than a file upload, in KB (default 1024)"),
-    ("--session-idle-expiry", ("HIDREAM_SESSION_IDLE_EXPIRY",), "session_idle_expiry",
-     "seconds after which an idle session's state is dropped (default 3600)"),
-    ("--max-new-sessions", ("HIDREAM_MAX_NEW_SESSIONS",), "max_new_sessions",
-     "new sessions (page loads, API clients) one address may open per minute; more are refused (default 120)"),
-    ("--forwarded-allow-ips", ("HIDREAM_FORWARDED_ALLOW_IPS",), "forwarded_allow_ips",
-     "comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For names the client, "
-     "or * for any (default: none; every client is the address it connects from)"),
+    (
+        "--max-upload-mb",
+        ("HIDREAM_MAX_UPLOAD_MB",),
+        "max_upload_mb",
+        "largest upload in MB, refused before it is stored (default 50)",
+    ),
+    (
+        "--max-pixels",
+        ("HIDREAM_MAX_PIXELS",),
+        "max_pixels",
+        "largest image in pixels, read from the header before decoding (default 25000000)",
+    ),
+    (
+        "--max-jobs-per-client",
+        ("HIDREAM_MAX_JOBS_PER_CLIENT",),
+        "max_jobs_per_client",
+        "jobs one client (browser tab or API client) may have queued or running (default 2)",
+    ),
+    (
+        "--max-login-failures",
+        ("HIDREAM_MAX_LOGIN_FAILURES",),
+        "max_login_failures",
+        "failed logins per address or user name per minute before they pause for a minute (default 5)",
+    ),
+    (
+        "--cache-max-files",
+        ("HIDREAM_CACHE_MAX_FILES",),
+        "cache_max_files",
+        "files in Gradio's upload/result cache for this app; when full, the heaviest client's least recently used "
+        "files go (default 1000)",
+    ),
+    (
+        "--cache-max-mb",
+        ("HIDREAM_CACHE_MAX_MB",),
+        "cache_max_mb",
+        "MB in Gradio's upload/result cache for this app; when full, the heaviest client's least recently used "
+        "files go (default 4000)",
+    ),
+    (
+        "--client-quota-mb",
+        ("HIDREAM_CLIENT_QUOTA_MB",),
+        "client_quota_mb",
+        "MB of uploads, result copies and previews one client (address, and login with --auth) keeps there; past "
+        "it, its own least recently used files go (default 500)",
+    ),
+    (
+        "--client-quota-files",
+        ("HIDREAM_CLIENT_QUOTA_FILES",),
+        "client_quota_files",
+        "files of uploads, result copies and previews one client keeps in that cache; past it, its own least "
+        "recently used files go (default 200)",
+    ),
+    (
+        "--cache-max-age",
+        ("HIDREAM_CACHE_MAX_AGE",),
+        "cache_max_age",
+        "seconds a cached upload or result copy is kept (default 3600)",
+    ),
+    (
+        "--max-zip-mb",
+        ("HIDREAM_MAX_ZIP_MB",),
+        "max_zip_mb",
+        "MB decompressed from all the zips of one batch request, kept or rejected (default 512)",
+    ),
+    (
+        "--max-body-kb",
+        ("HIDREAM_MAX_BODY_KB",),
+        "max_body_kb",
+        "largest request body other than a file upload, in KB (default 1024)",
+    ),
+    (
+        "--session-idle-expiry",
+        ("HIDREAM_SESSION_IDLE_EXPIRY",),
+        "session_idle_expiry",
+        "seconds after which an idle session's state is dropped (default 3600)",
+    ),
+    (
+        "--max-new-sessions",
+        ("HIDREAM_MAX_NEW_SESSIONS",),
+        "max_new_sessions",
+        "new sessions (page loads, API clients) one address may open per minute; more are refused (default 120)",
+    ),
+    (
+        "--forwarded-allow-ips",
+        ("HIDREAM_FORWARDED_ALLOW_IPS",),
+        "forwarded_allow_ips",
+        "comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For names the client, "
+        "or * for any (default: none; every client is the address it connects from)",
+    ),
 ]
 
 
 _REWRITER_OPTIONS = [
-    ("--rewriter", ("HIDREAM_REWRITER",), "rewriter",
-     "instruction rewriting: " + " | ".join(REWRITERS) + " (auto: openai when --rewriter-url is set, else off; "
-     "local: the Llama text encoder + its LM head, text only, ~1 GB more in bf16)"),
-    ("--rewriter-url", ("HIDREAM_REWRITER_URL",), "rewriter_url",
-     "base URL of an OpenAI-compatible chat-completions server with image input, e.g. http://127.0.0.1:8000/v1 "
-     "(key from HIDREAM_REWRITER_API_KEY, else OPENAI_API_KEY)"),
-    ("--rewriter-model", ("HIDREAM_REWRITER_MODEL",), "rewriter_model",
-     "model name the rewriter server serves (e.g. Qwen/Qwen2.5-VL-7B-Instruct)"),
-    ("--rewriter-timeout", ("HIDREAM_REWRITER_TIMEOUT",), "rewriter_timeout",
-     "seconds to wait for the rewriter's answer (default 20)"),
+    (
+        "--rewriter",
+        ("HIDREAM_REWRITER",),
+        "rewriter",
+        "instruction rewriting: " + " | ".join(REWRITERS) + " (auto: openai when --rewriter-url is set, else off; "
+        "local: the Llama text encoder + its LM head, text only, ~1 GB more in bf16)",
+    ),
+    (
+        "--rewriter-url",
+        ("HIDREAM_REWRITER_URL",),
+        "rewriter_url",
+        "base URL of an OpenAI-compatible chat-completions server with image input, e.g. http://127.0.0.1:8000/v1 "
+        "(key from HIDREAM_REWRITER_API_KEY, else OPENAI_API_KEY)",
+    ),
+    (
+        "--rewriter-model",
+        ("HIDREAM_REWRITER_MODEL",),
+        "rewriter_model",
+        "model name the rewriter server serves (e.g. Qwen/Qwen2.5-VL-7B-Instruct)",
+    ),
+    (
+        "--rewriter-timeout",
+        ("HIDREAM_REWRITER_TIMEOUT",),
+        "rewriter_timeout",
+        "seconds to wait for the rewriter's answer (default 20)",
+    ),
 ]
 
 
-_INT_FIELDS = ("port", "max_queue", "retention", "preview_every", "max_batch_items", "max_grid_cells",
-               "max_upload_mb", "max_pixels",
-               "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age", "cache_max_mb",
-               "client_quota_mb", "client_quota_files", "max_zip_mb", "max_body_kb", "session_idle_expiry",
-               "max_new_sessions")
+_INT_FIELDS = (
+    "port",
+    "max_queue",
+    "retention",
+    "preview_every",
+    "max_batch_items",
+    "max_grid_cells",
+    "max_upload_mb",
+    "max_pixels",
+    "max_jobs_per_client",
+    "max_login_failures",
+    "cache_max_files",
+    "cache_max_age",
+    "cache_max_mb",
+    "client_quota_mb",
+    "client_quota_files",
+    "max_zip_mb",
+    "max_body_kb",
+    "session_idle_expiry",
+    "max_new_sessions",
+)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -292,12 +437,20 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, dest=dest, default=None, help=f"{help_text} [env {', '.join(envs)}]")
     group.add_argument("--share", action="store_true", default=None, help="create a public Gradio share link")
     group.add_argument("--mcp", action="store_true", default=None, help="also serve Gradio's MCP server")
-    group.add_argument("--kiosk", action="store_true", default=None,
-                       help="visitors edit, batch and compare; the engine-wide controls (attention, speed, load "
-                            "model) are the operator's (--operator) [env HIDREAM_KIOSK=1]")
-    group.add_argument("--run-history", action="store_true", default=None,
-                       help="turn on Gradio's run history (the /gradio_api/runs page and its routes; off by "
-                            "default) [env HIDREAM_RUN_HISTORY=1]")
+    group.add_argument(
+        "--kiosk",
+        action="store_true",
+        default=None,
+        help="visitors edit, batch and compare; the engine-wide controls (attention, speed, load "
+        "model) are the operator's (--operator) [env HIDREAM_KIOSK=1]",
+    )
+    group.add_argument(
+        "--run-history",
+        action="store_true",
+        default=None,
+        help="turn on Gradio's run history (the /gradio_api/runs page and its routes; off by "
+        "default) [env HIDREAM_RUN_HISTORY=1]",
+    )
 
 
 def add_rewriter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -359,8 +512,20 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
             fields[dest] = _to_float(source, value)
         elif dest in ("rewriter_url", "rewriter_model"):
             fields[dest] = str(value).strip() or None
-        elif dest in ("device", "dtype", "variant", "attention", "text_encoders", "refiner", "tiny_profile",
-                      "rewriter", "memory", "weights", "moe", "compile"):
+        elif dest in (
+            "device",
+            "dtype",
+            "variant",
+            "attention",
+            "text_encoders",
+            "refiner",
+            "tiny_profile",
+            "rewriter",
+            "memory",
+            "weights",
+            "moe",
+            "compile",
+        ):
             fields[dest] = str(value).strip().lower()
         else:
             fields[dest] = value
@@ -421,10 +586,25 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError(f"attention={config.attention!r} is not one of: {', '.join(strategy_names())}")
     if not 1 <= config.port <= 65535:
         raise ConfigError(f"port={config.port} must be between 1 and 65535")
-    for name in ("max_queue", "max_batch_items", "max_grid_cells", "prompt_cache_size", "max_upload_mb",
-                 "max_pixels", "max_jobs_per_client", "max_login_failures", "cache_max_files", "cache_max_age",
-                 "cache_max_mb", "client_quota_mb", "client_quota_files", "max_zip_mb", "max_body_kb",
-                 "session_idle_expiry", "max_new_sessions"):
+    for name in (
+        "max_queue",
+        "max_batch_items",
+        "max_grid_cells",
+        "prompt_cache_size",
+        "max_upload_mb",
+        "max_pixels",
+        "max_jobs_per_client",
+        "max_login_failures",
+        "cache_max_files",
+        "cache_max_age",
+        "cache_max_mb",
+        "client_quota_mb",
+        "client_quota_files",
+        "max_zip_mb",
+        "max_body_kb",
+        "session_idle_expiry",
+        "max_new_sessions",
+    ):
         if getattr(config, name) < 1:
             raise ConfigError(f"{name}={getattr(config, name)} must be at least 1")
     if config.retention < 0:
@@ -439,9 +619,12 @@ def validate(config: AppConfig) -> AppConfig:
     _validate_devices(config)
     try:
         config = validate_memory_options(config)
-        check_speed(config.moe, config.compile, config.cache,
-                    transformer_offloaded=config.memory in PLAN_SPECS and PLAN_SPECS[config.memory].transformer
-                    != "resident")
+        check_speed(
+            config.moe,
+            config.compile,
+            config.cache,
+            transformer_offloaded=config.memory in PLAN_SPECS and PLAN_SPECS[config.memory].transformer != "resident",
+        )
     except (MemoryOptionError, SpeedSettingError) as exc:
         raise ConfigError(str(exc)) from None
     return config
@@ -451,8 +634,10 @@ def _validate_operator(config: AppConfig) -> None:
     if config.operator is None:
         return
     if not config.kiosk:
-        raise ConfigError("--operator needs --kiosk: without it every visitor may change the engine settings "
-                          "(add --kiosk, or drop --operator)")
+        raise ConfigError(
+            "--operator needs --kiosk: without it every visitor may change the engine settings "
+            "(add --kiosk, or drop --operator)"
+        )
     check_operator_name(config.operator, [config.auth] if config.auth is not None else [])
 
 
@@ -460,8 +645,9 @@ def check_operator_name(operator: tuple[str, str] | None, users: list[tuple[str,
     """The operator's name must be its own: gradio keeps one password per user name, so a shared
     name would either lock the operator out or make an --auth user the operator."""
     if operator is not None and any(user == operator[0] for user, _ in users):
-        raise ConfigError(f"--operator user {operator[0]!r} is also an --auth/--auth-file user: give the operator "
-                          "a name of its own")
+        raise ConfigError(
+            f"--operator user {operator[0]!r} is also an --auth/--auth-file user: give the operator a name of its own"
+        )
 
 
 def _validate_devices(config: AppConfig) -> None:
@@ -509,8 +695,10 @@ def check_forwarded_allow_ips(source: str, proxies: tuple[str, ...], value: obje
         try:
             ipaddress.ip_network(item) if "/" in item else ipaddress.ip_address(item)
         except ValueError as exc:
-            raise ConfigError(f"{source}={shown}: {item!r} is not an IP address or network ({exc}); give addresses "
-                              "or networks such as 127.0.0.1, 10.0.0.0/8 or ::1, or * for any proxy") from None
+            raise ConfigError(
+                f"{source}={shown}: {item!r} is not an IP address or network ({exc}); give addresses "
+                "or networks such as 127.0.0.1, 10.0.0.0/8 or ::1, or * for any proxy"
+            ) from None
 
 
 def _validate_rewriter(config: AppConfig) -> None:
@@ -523,15 +711,20 @@ def _validate_rewriter(config: AppConfig) -> None:
     if url is not None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"rewriter_url={url!r} is not an http(s) URL; give the server's API base, "
-                              "e.g. http://127.0.0.1:8000/v1")
+            raise ConfigError(
+                f"rewriter_url={url!r} is not an http(s) URL; give the server's API base, e.g. http://127.0.0.1:8000/v1"
+            )
     if config.rewriter_backend == "openai":
         if not url:
-            raise ConfigError("rewriter='openai' needs --rewriter-url (or HIDREAM_REWRITER_URL): the base URL of an "
-                              "OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+            raise ConfigError(
+                "rewriter='openai' needs --rewriter-url (or HIDREAM_REWRITER_URL): the base URL of an "
+                "OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1"
+            )
         if not config.rewriter_model:
-            raise ConfigError("--rewriter-url needs --rewriter-model (or HIDREAM_REWRITER_MODEL): the model name "
-                              "the server serves, e.g. Qwen/Qwen2.5-VL-7B-Instruct")
+            raise ConfigError(
+                "--rewriter-url needs --rewriter-model (or HIDREAM_REWRITER_MODEL): the model name "
+                "the server serves, e.g. Qwen/Qwen2.5-VL-7B-Instruct"
+            )
 
 
 def read_auth_file(path: Path) -> list[tuple[str, str]]:

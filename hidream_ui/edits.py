@@ -126,7 +126,7 @@ def cap_name(name: object) -> str | None:
     if name is None:
         return None
     text = str(name)
-    return text if len(text) <= MAX_NAME_CHARS else "..." + text[-(MAX_NAME_CHARS - 3):]
+    return text if len(text) <= MAX_NAME_CHARS else "..." + text[-(MAX_NAME_CHARS - 3) :]
 
 
 def _short_repr(value: object, limit: int = 80) -> str:
@@ -222,16 +222,18 @@ def _as_text(name: str, value: object, *, allow_none: bool) -> str:
     if not isinstance(value, str):
         raise RequestError(name, value, "text")
     if len(value) > MAX_PROMPT_CHARS:
-        raise RequestError(
-            name, value, f"at most {MAX_PROMPT_CHARS} characters (got {len(value)}); shorten it"
-        )
+        raise RequestError(name, value, f"at most {MAX_PROMPT_CHARS} characters (got {len(value)}); shorten it")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         # A lone surrogate (half of an emoji, from a broken paste or a raw API client): the
         # tokenizers cannot take it. Say where it is instead of failing mid-edit.
-        raise RequestError(name, value, f"valid Unicode text (character {exc.start + 1} is an unpaired "
-                                        "surrogate; re-type or paste that part again)") from None
+        raise RequestError(
+            name,
+            value,
+            f"valid Unicode text (character {exc.start + 1} is an unpaired "
+            "surrogate; re-type or paste that part again)",
+        ) from None
     return value
 
 
@@ -256,11 +258,7 @@ def parse_working_resolution(value: object) -> str | int:
         side = _as_int_or_none(word)
     else:
         side = _as_int_or_none(value)
-    if (
-        side is None
-        or not WORKING_SIDE_MIN <= side <= WORKING_SIDE_MAX
-        or side % WORKING_SIDE_MULTIPLE
-    ):
+    if side is None or not WORKING_SIDE_MIN <= side <= WORKING_SIDE_MAX or side % WORKING_SIDE_MULTIPLE:
         raise RequestError(name, value, expected)
     return side
 
@@ -303,37 +301,133 @@ class FieldSpec:
 
 
 FIELDS: tuple[FieldSpec, ...] = (
-    FieldSpec("instruction", "text", "", "Instruction", settings=False, flag="--instruction",
-              help="what to change (E1-Full: 'Editing Instruction: ... Target Image Description: ...')"),
-    FieldSpec("negative_prompt", "text", DEFAULT_NEGATIVE, "Negative prompt", shared=True,
-              flag="--negative-prompt", help="what to steer away from"),
-    FieldSpec("guidance_scale", "float", 3.0, "Guidance scale", "how strongly to follow the instruction",
-              *GUIDANCE_RANGE, 0.1, shared=True, flag="--guidance-scale",
-              help="how strongly to follow the instruction"),
-    FieldSpec("image_guidance_scale", "float", 1.5, "Image guidance scale", "how closely to keep the source image",
-              *IMAGE_GUIDANCE_RANGE, 0.1, shared=True, flag="--image-guidance-scale",
-              help="how closely to keep the source image"),
-    FieldSpec("num_inference_steps", "int", 28, "Steps", "", *STEPS_RANGE, 1, shared=True, flag="--steps",
-              help="denoising steps"),
-    FieldSpec("refine_strength", "float", 0.3, "Refine strength", "share of the steps run by the refine stage",
-              *REFINE_RANGE, 0.05, shared=True, flag="--refine-strength",
-              help="share of the steps run by the refine stage"),
-    FieldSpec("clip_cfg_norm", "bool", True, "CLIP CFG norm", "rescale guidance to the conditional norm",
-              shared=True, flag="--no-clip-cfg-norm", flag_value=False, help="use plain two-scale guidance"),
-    FieldSpec("working_resolution", "resolution", "auto", "Working resolution",
-              "auto: the model's size · draft: half-size preview · or a side in px (multiple of 16)",
-              shared=True, flag="--working-resolution",
-              help="auto | draft | N (side of the working area in pixels, a multiple of 16)"),
-    FieldSpec("seed", "seed", 3, "Seed", "", -1, SEED_MAX, settings=False, flag="--seed",
-              help="-1 for random (the used seed is printed)"),
+    FieldSpec(
+        "instruction",
+        "text",
+        "",
+        "Instruction",
+        settings=False,
+        flag="--instruction",
+        help="what to change (E1-Full: 'Editing Instruction: ... Target Image Description: ...')",
+    ),
+    FieldSpec(
+        "negative_prompt",
+        "text",
+        DEFAULT_NEGATIVE,
+        "Negative prompt",
+        shared=True,
+        flag="--negative-prompt",
+        help="what to steer away from",
+    ),
+    FieldSpec(
+        "guidance_scale",
+        "float",
+        3.0,
+        "Guidance scale",
+        "how strongly to follow the instruction",
+        *GUIDANCE_RANGE,
+        0.1,
+        shared=True,
+        flag="--guidance-scale",
+        help="how strongly to follow the instruction",
+    ),
+    FieldSpec(
+        "image_guidance_scale",
+        "float",
+        1.5,
+        "Image guidance scale",
+        "how closely to keep the source image",
+        *IMAGE_GUIDANCE_RANGE,
+        0.1,
+        shared=True,
+        flag="--image-guidance-scale",
+        help="how closely to keep the source image",
+    ),
+    FieldSpec(
+        "num_inference_steps",
+        "int",
+        28,
+        "Steps",
+        "",
+        *STEPS_RANGE,
+        1,
+        shared=True,
+        flag="--steps",
+        help="denoising steps",
+    ),
+    FieldSpec(
+        "refine_strength",
+        "float",
+        0.3,
+        "Refine strength",
+        "share of the steps run by the refine stage",
+        *REFINE_RANGE,
+        0.05,
+        shared=True,
+        flag="--refine-strength",
+        help="share of the steps run by the refine stage",
+    ),
+    FieldSpec(
+        "clip_cfg_norm",
+        "bool",
+        True,
+        "CLIP CFG norm",
+        "rescale guidance to the conditional norm",
+        shared=True,
+        flag="--no-clip-cfg-norm",
+        flag_value=False,
+        help="use plain two-scale guidance",
+    ),
+    FieldSpec(
+        "working_resolution",
+        "resolution",
+        "auto",
+        "Working resolution",
+        "auto: the model's size · draft: half-size preview · or a side in px (multiple of 16)",
+        shared=True,
+        flag="--working-resolution",
+        help="auto | draft | N (side of the working area in pixels, a multiple of 16)",
+    ),
+    FieldSpec(
+        "seed",
+        "seed",
+        3,
+        "Seed",
+        "",
+        -1,
+        SEED_MAX,
+        settings=False,
+        flag="--seed",
+        help="-1 for random (the used seed is printed)",
+    ),
     # On: Edit twice gives two different images (the seed used is shown, and saved with the result).
-    FieldSpec("randomize_seed", "bool", True, "Random seed", "the seed used is shown with the result",
-              settings=False, why_no_flag="--seed -1"),
-    FieldSpec("collapse_padding", "bool", True, "Collapse padding",
-              "exact; skips the padded tokens of non-square images", flag="--padded", flag_value=False,
-              help="run the padded transformer (no padding collapse)"),
-    FieldSpec("cache", "cache", "default", "Step cache", form=False,
-              why_no_flag="the `--cache` model flag sets it for the whole run"),
+    FieldSpec(
+        "randomize_seed",
+        "bool",
+        True,
+        "Random seed",
+        "the seed used is shown with the result",
+        settings=False,
+        why_no_flag="--seed -1",
+    ),
+    FieldSpec(
+        "collapse_padding",
+        "bool",
+        True,
+        "Collapse padding",
+        "exact; skips the padded tokens of non-square images",
+        flag="--padded",
+        flag_value=False,
+        help="run the padded transformer (no padding collapse)",
+    ),
+    FieldSpec(
+        "cache",
+        "cache",
+        "default",
+        "Step cache",
+        form=False,
+        why_no_flag="the `--cache` model flag sets it for the whole run",
+    ),
 )
 FIELD_SPECS: Mapping[str, FieldSpec] = MappingProxyType({spec.name: spec for spec in FIELDS})
 # The Edit form's fields in the order of the /edit API's inputs (after the image).
@@ -345,10 +439,12 @@ SETTING_NAMES: tuple[str, ...] = tuple(spec.name for spec in FIELDS if spec.sett
 # Upstream's defaults per variant: what differs from FIELDS' defaults, which are E1.1's (the one
 # table of them; README and the flags' help read it through `default_text`).
 DEFAULT_VARIANT = "e1.1"
-VARIANT_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "e1.1": MappingProxyType({}),
-    "e1-full": MappingProxyType({"guidance_scale": 5.0, "image_guidance_scale": 4.0}),
-})
+VARIANT_DEFAULTS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "e1.1": MappingProxyType({}),
+        "e1-full": MappingProxyType({"guidance_scale": 5.0, "image_guidance_scale": 4.0}),
+    }
+)
 
 
 def _check_field(spec: FieldSpec, value: object) -> Any:
@@ -390,8 +486,9 @@ class EditSettings:
         already validated is returned as it is (so passing one on costs nothing)."""
         if _is_valid(self):
             return self
-        return _mark(EditSettings(**{name: _check_field(FIELD_SPECS[name], getattr(self, name))
-                                     for name in SETTING_NAMES}))
+        return _mark(
+            EditSettings(**{name: _check_field(FIELD_SPECS[name], getattr(self, name)) for name in SETTING_NAMES})
+        )
 
     def params(self, instruction: str, seed: int) -> "EditParams":
         """The full parameters of one item (not validated: call `EditParams.validated`)."""
@@ -420,7 +517,7 @@ def _is_valid(value) -> bool:
 
 
 def _as_cache(value: object) -> str:
-    """"default" or a canonical step-cache spec (hidream_ui.pipeline.speed.settings), else RequestError."""
+    """ "default" or a canonical step-cache spec (hidream_ui.pipeline.speed.settings), else RequestError."""
     text = str(value).strip().lower() if value is not None else "default"
     if text in ("", "default"):
         return "default"
@@ -470,8 +567,12 @@ class EditMask:
         return f"mask-{self.sha256[:16]}.png"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file_name, "sha256": self.sha256, "size": list(self.image.size),
-                "name": cap_name(self.name)}
+        return {
+            "file": self.file_name,
+            "sha256": self.sha256,
+            "size": list(self.image.size),
+            "name": cap_name(self.name),
+        }
 
 
 def validated_mask(value: object, name: str | None = None) -> "EditMask | None":
@@ -498,8 +599,9 @@ def validated_mask(value: object, name: str | None = None) -> "EditMask | None":
 def _check_mask_shape(mask: EditMask, size: tuple[int, int]) -> None:
     (mw, mh), (w, h) = mask.image.size, size
     if abs((mw / mh) / (w / h) - 1) > MASK_ASPECT_TOLERANCE:
-        raise RequestError("mask", f"a {mw}x{mh} image",
-                           f"a mask of the source image's shape ({w}x{h}, or a scaled copy of it)")
+        raise RequestError(
+            "mask", f"a {mw}x{mh} image", f"a mask of the source image's shape ({w}x{h}, or a scaled copy of it)"
+        )
 
 
 @dataclass(frozen=True, init=False)
@@ -523,8 +625,14 @@ class EditParams:
     settings: EditSettings
     mask: EditMask | None = None
 
-    def __init__(self, instruction: str, seed: int = FIELD_SPECS["seed"].default,
-                 settings: EditSettings | None = None, mask: EditMask | None = None, **setting_values: Any):
+    def __init__(
+        self,
+        instruction: str,
+        seed: int = FIELD_SPECS["seed"].default,
+        settings: EditSettings | None = None,
+        mask: EditMask | None = None,
+        **setting_values: Any,
+    ):
         unknown = set(setting_values) - set(SETTING_NAMES)
         if unknown:
             raise TypeError(f"EditParams got unknown fields {sorted(unknown)}; settings are {SETTING_NAMES}")
@@ -550,8 +658,11 @@ class EditParams:
                 self.instruction,
                 f'a description after "{TARGET_MARKER}" (or remove the marker)',
             )
-        return _mark(EditParams(instruction, validated_seed(self.seed), self.settings.validated(),
-                                mask=validated_mask(self.mask)))
+        return _mark(
+            EditParams(
+                instruction, validated_seed(self.seed), self.settings.validated(), mask=validated_mask(self.mask)
+            )
+        )
 
     @property
     def is_validated(self) -> bool:
@@ -640,8 +751,7 @@ def params_from_form(values: Mapping[str, Any]) -> EditParams:
 def form_values(params: EditParams) -> tuple:
     """Values for the Edit form's widgets, in EDIT_FORM order (randomize is switched off so the
     loaded seed is the one used)."""
-    values = {**params.to_dict(), "randomize_seed": False,
-              "working_resolution": str(params.working_resolution)}
+    values = {**params.to_dict(), "randomize_seed": False, "working_resolution": str(params.working_resolution)}
     return tuple(values[name] for name in EDIT_FORM)
 
 
@@ -652,8 +762,9 @@ def default_text(spec: FieldSpec) -> str:
     """A field's default as help texts and README show it: per variant where VARIANT_DEFAULTS differ."""
     per_variant = {variant: values[spec.name] for variant, values in VARIANT_DEFAULTS.items() if spec.name in values}
     if per_variant:
-        return ", ".join(f"{value:g} ({variant})" for variant, value in {DEFAULT_VARIANT: spec.default,
-                                                                          **per_variant}.items())
+        return ", ".join(
+            f"{value:g} ({variant})" for variant, value in {DEFAULT_VARIANT: spec.default, **per_variant}.items()
+        )
     if spec.kind == "bool":
         return str(spec.default).lower()
     return "" if spec.default == "" else str(spec.default)
@@ -671,18 +782,34 @@ def add_edit_arguments(parser) -> None:
         if spec.flag is None:
             continue
         if spec.kind == "bool":
-            parser.add_argument(spec.flag, dest=spec.name, action="store_const", const=spec.flag_value,
-                                default=None, help=flag_help(spec))
+            parser.add_argument(
+                spec.flag,
+                dest=spec.name,
+                action="store_const",
+                const=spec.flag_value,
+                default=None,
+                help=flag_help(spec),
+            )
         else:
-            parser.add_argument(spec.flag, dest=spec.name, type=_FLAG_TYPES[spec.kind],
-                                required=spec.name == "instruction", help=flag_help(spec))
+            parser.add_argument(
+                spec.flag,
+                dest=spec.name,
+                type=_FLAG_TYPES[spec.kind],
+                required=spec.name == "instruction",
+                help=flag_help(spec),
+            )
 
 
 def params_from_args(args, variant: str) -> EditParams:
     """Validated params from parsed `edit` flags: the variant's defaults, then every flag given."""
     values = EditParams.defaults_for(variant).to_dict()
-    values.update({spec.name: getattr(args, spec.name) for spec in FIELDS
-                   if spec.flag is not None and getattr(args, spec.name, None) is not None})
+    values.update(
+        {
+            spec.name: getattr(args, spec.name)
+            for spec in FIELDS
+            if spec.flag is not None and getattr(args, spec.name, None) is not None
+        }
+    )
     return EditParams.from_dict(values)
 
 
@@ -835,8 +962,11 @@ class EditResult:
             core["mask"] = {**self.params.mask.to_dict(), "feather": self.mask_feather}
         if self.rewrite is not None:
             composed = self.rewrite.compose(self.info.variant)
-            core["rewrite"] = {**self.rewrite.to_dict(), "prompt": composed,
-                               "edited": self.params.instruction != composed.strip()}
+            core["rewrite"] = {
+                **self.rewrite.to_dict(),
+                "prompt": composed,
+                "edited": self.params.instruction != composed.strip(),
+            }
         for key, value in self.info.to_dict().items():
             core.setdefault(str(key), value)
         return _jsonable(core)
@@ -848,7 +978,7 @@ def with_edit_flags_table(text: str) -> str:
     begin, end = text.find(EDIT_FLAGS_BEGIN), text.find(EDIT_FLAGS_END)
     if begin < 0 or end < begin:
         raise ValueError(f"no {EDIT_FLAGS_BEGIN} ... {EDIT_FLAGS_END} markers in the text")
-    return text[:begin + len(EDIT_FLAGS_BEGIN)] + "\n" + edit_flags_table() + "\n" + text[end:]
+    return text[: begin + len(EDIT_FLAGS_BEGIN)] + "\n" + edit_flags_table() + "\n" + text[end:]
 
 
 def _jsonable(value: Any) -> Any:

@@ -16,8 +16,17 @@ from PIL import Image
 from hidream_ui.config import VARIANTS
 from hidream_ui.edits import RequestError, parse_working_resolution
 
-__all__ = ["RESTORE_RESAMPLE", "WorkingPlan", "e11_plan", "e11_working_size", "prepare_working_image", "resize_plan",
-           "restore_size", "to_working_size", "working_plan"]
+__all__ = [
+    "RESTORE_RESAMPLE",
+    "WorkingPlan",
+    "e11_plan",
+    "e11_working_size",
+    "prepare_working_image",
+    "resize_plan",
+    "restore_size",
+    "to_working_size",
+    "working_plan",
+]
 
 # Bicubic is what upstream gets from `Image.resize(original_size)` (Pillow's default filter for RGB
 # since Pillow 7), so results are restored exactly as the reference scripts restore them.
@@ -202,8 +211,9 @@ def prepare_working_image(
     fixed_size: tuple[int, int] = (768, 768),
 ) -> tuple[Image.Image, WorkingPlan]:
     """Resize a normalised RGB image to the size the ``variant`` runs at (see :func:`working_plan`)."""
-    plan = working_plan(image.size, variant=variant, image_size=image_size,
-                        working_resolution=working_resolution, fixed_size=fixed_size)
+    plan = working_plan(
+        image.size, variant=variant, image_size=image_size, working_resolution=working_resolution, fixed_size=fixed_size
+    )
     return to_working_size(image, plan), plan
 
 

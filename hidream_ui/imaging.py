@@ -166,8 +166,10 @@ def open_mask(
     if hasattr(src, "read"):
         with open_header(src, label, max_pixels) as image:
             return _mask_plane(_decoded(image, label, max_pixels, min_side), layer)
-    raise ImageError(f"{label}: cannot read a mask from a {type(src).__name__}; pass bytes, a file path, "
-                     "a file object, a PIL image or a numpy array")
+    raise ImageError(
+        f"{label}: cannot read a mask from a {type(src).__name__}; pass bytes, a file path, "
+        "a file object, a PIL image or a numpy array"
+    )
 
 
 def _mask_plane(image: Image.Image, layer: bool = False) -> Image.Image:
@@ -215,8 +217,7 @@ def open_header(fp: IO[bytes], label: str, max_pixels: int | None = None) -> Ima
                 f"(whatever the file's name says); convert it to {ACCEPTED_NAMES}"
             ) from None
         raise UnreadableImage(
-            f"{label}: not a recognised image format (or the file is damaged); "
-            f"upload a {ACCEPTED_NAMES} image"
+            f"{label}: not a recognised image format (or the file is damaged); upload a {ACCEPTED_NAMES} image"
         ) from None
     except _DECODE_ERRORS as exc:
         raise UnreadableImage(f"{label}: the image header is damaged ({exc})") from None
@@ -307,13 +308,10 @@ def _check_size(label: str, size: tuple[int, int], max_pixels: int, min_side: in
     if width * height > max_pixels:
         raise ImageError(_bomb_message(label, width * height, max_pixels, size))
     if min(width, height) < min_side:
-        raise ImageError(
-            f"{label}: the image is {width}x{height} px; the minimum is {min_side} px on each side"
-        )
+        raise ImageError(f"{label}: the image is {width}x{height} px; the minimum is {min_side} px on each side")
 
 
-def _bomb_message(label: str, pixels: int | None, limit: int | None,
-                  size: tuple[int, int] | None = None) -> str:
+def _bomb_message(label: str, pixels: int | None, limit: int | None, size: tuple[int, int] | None = None) -> str:
     what = f"{pixels:,} pixels" if pixels else "more pixels than PIL accepts"
     if size:
         what = f"{size[0]}x{size[1]} = {what}"
@@ -333,9 +331,7 @@ def _pixels_from_message(exc: Exception) -> int | None:
 
 def _array_size(array: np.ndarray, label: str) -> tuple[int, int]:
     if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[2] not in (1, 2, 3, 4)):
-        raise ImageError(
-            f"{label}: an image array must be H x W or H x W x C with C in 1..4 (got shape {array.shape})"
-        )
+        raise ImageError(f"{label}: an image array must be H x W or H x W x C with C in 1..4 (got shape {array.shape})")
     return int(array.shape[1]), int(array.shape[0])
 
 

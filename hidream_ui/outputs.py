@@ -338,8 +338,10 @@ def read_png_text(fp: IO[bytes], key: str, *, label: str = "image") -> str | Non
     if signature != PNG_SIGNATURE:
         fmt = sniff_format(signature + reader.read(16 - len(signature))) if len(signature) == 8 else None
         if fmt is not None:
-            raise MetadataError(f"{label}: this image has no {METADATA_KEY} settings: it is in {fmt} format, and only "
-                                "PNGs saved by this app carry them")
+            raise MetadataError(
+                f"{label}: this image has no {METADATA_KEY} settings: it is in {fmt} format, and only "
+                "PNGs saved by this app carry them"
+            )
         raise ImageError(f"{label}: not a readable image (not a PNG file)")
     wanted = key.encode("latin-1")
     for _ in range(PNG_MAX_CHUNKS):
@@ -357,17 +359,18 @@ def read_png_text(fp: IO[bytes], key: str, *, label: str = "image") -> str | Non
             reader.skip(length - len(head) + 4)
             continue
         if length > TEXT_CHUNK_MAX:
-            raise MetadataError(f"{label}: the {key} chunk is {length / 2**20:.1f} MiB; settings chunks of "
-                                f"this app are a few KB (at most {TEXT_CHUNK_MAX // 2**20} MiB is read)")
+            raise MetadataError(
+                f"{label}: the {key} chunk is {length / 2**20:.1f} MiB; settings chunks of "
+                f"this app are a few KB (at most {TEXT_CHUNK_MAX // 2**20} MiB is read)"
+            )
         data = head + reader.read(length - len(head))
         crc = reader.read(4)
         if len(data) < length or len(crc) < 4:
             return None
         if zlib.crc32(kind + data) != int.from_bytes(crc, "big"):
             raise MetadataError(f"{label}: the {key} chunk is damaged (CRC mismatch); re-download the file")
-        return _text_value(kind, data[len(wanted) + 1:], label, key)
-    raise MetadataError(f"{label}: the PNG has over {PNG_MAX_CHUNKS:,} chunks before its {key} chunk; "
-                        "not read further")
+        return _text_value(kind, data[len(wanted) + 1 :], label, key)
+    raise MetadataError(f"{label}: the PNG has over {PNG_MAX_CHUNKS:,} chunks before its {key} chunk; not read further")
 
 
 def _text_value(kind: bytes, body: bytes, label: str, key: str) -> str:
@@ -391,8 +394,10 @@ def _inflate(data: bytes, label: str, key: str) -> bytes:
     inflater = zlib.decompressobj()
     out = inflater.decompress(data, TEXT_CHUNK_MAX)  # a deflated chunk can claim any size: capped
     if inflater.unconsumed_tail:
-        raise MetadataError(f"{label}: the {key} chunk inflates to over {TEXT_CHUNK_MAX // 2**20} MiB; "
-                            "settings chunks of this app are a few KB")
+        raise MetadataError(
+            f"{label}: the {key} chunk inflates to over {TEXT_CHUNK_MAX // 2**20} MiB; "
+            "settings chunks of this app are a few KB"
+        )
     return out
 
 
@@ -410,8 +415,10 @@ class _BoundedReader:
 
     def read(self, size: int) -> bytes:
         if self._read + size > TEXT_READ_MAX:
-            raise MetadataError(f"{self._label}: no settings found in the first {TEXT_READ_MAX // 2**20} MiB of "
-                                "PNG chunks read; not read further")
+            raise MetadataError(
+                f"{self._label}: no settings found in the first {TEXT_READ_MAX // 2**20} MiB of "
+                "PNG chunks read; not read further"
+            )
         data = self._fp.read(size)
         self._read += len(data)
         return data

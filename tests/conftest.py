@@ -57,8 +57,13 @@ def launch_app(tiny_cache, tmp_path_factory):
     started = []
 
     def start(name: str, **overrides):
-        values = {"device": "cpu", "output_dir": tmp_path_factory.mktemp(f"{name}_outputs"), "port": free_port(),
-                  "max_queue": 8, **overrides}
+        values = {
+            "device": "cpu",
+            "output_dir": tmp_path_factory.mktemp(f"{name}_outputs"),
+            "port": free_port(),
+            "max_queue": 8,
+            **overrides,
+        }
         config = AppConfig(**values)
         engine = EnginePool.for_config(config, hide_paths=is_public(config))  # as the app builds it
         demo, url = launch(config, engine=engine, prevent_thread_lock=True, quiet=True)

@@ -30,9 +30,11 @@ SLOW_SECONDS = 2.5
 
 
 def canned_lines(instruction: str) -> tuple[str, str, str]:
-    return ("A small picture of coloured noise on a plain background.",
-            f"Apply this change to the noise picture: {instruction}",
-            f"The noise picture after the change ({instruction}).")
+    return (
+        "A small picture of coloured noise on a plain background.",
+        f"Apply this change to the noise picture: {instruction}",
+        f"The noise picture after the change ({instruction}).",
+    )
 
 
 def user_text(body: dict) -> str:
@@ -64,10 +66,20 @@ def user_images(body: dict) -> list:
 
 
 def completion(content: str | None, finish: str = "stop", refusal: str | None = None) -> dict:
-    return {"id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()), "model": "fake-vlm",
-            "choices": [{"index": 0, "finish_reason": finish,
-                         "message": {"role": "assistant", "content": content, "refusal": refusal}}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}}
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": "fake-vlm",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": finish,
+                "message": {"role": "assistant", "content": content, "refusal": refusal},
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+    }
 
 
 class FakeVLM:

@@ -24,8 +24,17 @@ def run_info(**overrides):
     """A `RunInfo` for results built by hand (tests of outputs, archives, grids)."""
     from hidream_ui.edits import RunInfo
 
-    values = dict(variant="e1.1", model_source="tiny", model_paths=None, device="cpu", device_name="test CPU",
-                  dtype="fp32", attention="sdpa", refiner="e1", versions={"hidream_ui": "test"})
+    values = dict(
+        variant="e1.1",
+        model_source="tiny",
+        model_paths=None,
+        device="cpu",
+        device_name="test CPU",
+        dtype="fp32",
+        attention="sdpa",
+        refiner="e1",
+        versions={"hidream_ui": "test"},
+    )
     return RunInfo(**{**values, **overrides})
 
 
@@ -42,8 +51,13 @@ def edit_params(instruction: str = "make the sky purple", *, steps: int = 2, **o
     """Validated E1.1 defaults, made fast: `steps` steps at the draft working size."""
     from hidream_ui.edits import EditParams
 
-    values = {**EditParams.defaults_for("e1.1").to_dict(), "instruction": instruction, "num_inference_steps": steps,
-              "working_resolution": "draft", **overrides}
+    values = {
+        **EditParams.defaults_for("e1.1").to_dict(),
+        "instruction": instruction,
+        "num_inference_steps": steps,
+        "working_resolution": "draft",
+        **overrides,
+    }
     return EditParams.from_dict(values)
 
 

@@ -60,8 +60,10 @@ WHEEL_PLATFORM = "manylinux_2_28_x86_64"
 _ROOT_ALIASES = {"torch_npu": "torch_npu", "torchair": "torch_npu.dynamo.torchair"}
 # Custom ops: torch_npu exports every torch.ops.npu op as torch_npu.<op> at import time
 # (torch_npu/_init/core/_exports.py); their schemas are declared here.
-_SCHEMA_FILES = ("torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml",
-                 "torch_npu/csrc/aten/npu_native_functions.yaml")
+_SCHEMA_FILES = (
+    "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml",
+    "torch_npu/csrc/aten/npu_native_functions.yaml",
+)
 _META_FILE = "torch_npu/op_plugin/meta/_meta_registrations.py"
 
 
@@ -108,9 +110,22 @@ def fetch_wheel(version: str, dest: Path, runner: Callable[..., Any] = subproces
     dest.mkdir(parents=True, exist_ok=True)
     python = f"{sys.version_info.major}{sys.version_info.minor}"
     with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--platform", WHEEL_PLATFORM, "--python-version", python, "--disable-pip-version-check",
-                   "-d", tmp, f"torch_npu=={version}"]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--platform",
+            WHEEL_PLATFORM,
+            "--python-version",
+            python,
+            "--disable-pip-version-check",
+            "-d",
+            tmp,
+            f"torch_npu=={version}",
+        ]
         try:
             done = runner(command, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -120,7 +135,8 @@ def fetch_wheel(version: str, dest: Path, runner: Callable[..., Any] = subproces
             tail = "\n".join((done.stderr or done.stdout or "").strip().splitlines()[-6:])
             raise ContractError(
                 f"could not fetch the torch_npu=={version} wheel (exit {done.returncode}) with "
-                f"`{' '.join(command)}`:\n{tail or '(pip printed nothing)'}")
+                f"`{' '.join(command)}`:\n{tail or '(pip printed nothing)'}"
+            )
         target = dest / wheels[0].name
         shutil.move(str(wheels[0]), target)
     return target
@@ -200,8 +216,10 @@ def signature_from_schema(schema: str) -> inspect.Signature:
     parsed = FunctionSchema.parse(schema)
     P = inspect.Parameter
     params = []
-    for kind, arguments in ((P.POSITIONAL_OR_KEYWORD, parsed.arguments.flat_positional),
-                            (P.KEYWORD_ONLY, list(parsed.arguments.flat_kwarg_only) + list(parsed.arguments.out))):
+    for kind, arguments in (
+        (P.POSITIONAL_OR_KEYWORD, parsed.arguments.flat_positional),
+        (P.KEYWORD_ONLY, list(parsed.arguments.flat_kwarg_only) + list(parsed.arguments.out)),
+    ):
         for argument in arguments:
             default: Any = P.empty
             if argument.default is not None:
@@ -223,11 +241,16 @@ def binds(signature: inspect.Signature, positional: int, keywords: Iterable[str]
     P = inspect.Parameter
     if not any(p.kind == P.VAR_KEYWORD for p in signature.parameters.values()):
         # Named first: Python's own message would report a missing argument before an unknown keyword.
-        unknown = [k for k in keywords if k not in signature.parameters
-                   or signature.parameters[k].kind in (P.POSITIONAL_ONLY, P.VAR_POSITIONAL)]
+        unknown = [
+            k
+            for k in keywords
+            if k not in signature.parameters or signature.parameters[k].kind in (P.POSITIONAL_ONLY, P.VAR_POSITIONAL)
+        ]
         if unknown:
-            return (f"got an unexpected keyword argument {unknown[0]!r} "
-                    f"(its parameters: {', '.join(signature.parameters) or 'none'})")
+            return (
+                f"got an unexpected keyword argument {unknown[0]!r} "
+                f"(its parameters: {', '.join(signature.parameters) or 'none'})"
+            )
     try:
         signature.bind(*[_POSITIONAL] * positional, **{name: _POSITIONAL for name in keywords})
     except TypeError as exc:
@@ -413,8 +436,13 @@ class Release:
             if isinstance(node, ast.ClassDef) and node.lineno == owner.line:
                 for item in node.body:
                     if isinstance(item, ast.FunctionDef) and item.name == name:
-                        return Definition(f"{owner.name}.{name}", "function", owner.file, item.lineno,
-                                          signature_from_ast(item.args, drop_first=True))
+                        return Definition(
+                            f"{owner.name}.{name}",
+                            "function",
+                            owner.file,
+                            item.lineno,
+                            signature_from_ast(item.args, drop_first=True),
+                        )
         return None
 
     # -- meta functions --------------------------------------------------------------------------
@@ -426,8 +454,12 @@ class Release:
         for node in ast.parse(source, filename=_META_FILE).body:
             if isinstance(node, ast.FunctionDef):
                 for decorator in node.decorator_list:
-                    if (isinstance(decorator, ast.Call) and len(decorator.args) >= 2
-                            and isinstance(decorator.args[1], ast.Constant) and decorator.args[1].value == op):
+                    if (
+                        isinstance(decorator, ast.Call)
+                        and len(decorator.args) >= 2
+                        and isinstance(decorator.args[1], ast.Constant)
+                        and decorator.args[1].value == op
+                    ):
                         return node
         return None
 
@@ -558,8 +590,11 @@ class _ModuleScanner:
 
     # -- environments ------------------------------------------------------------------------
     def _bind_imports(self, root: ast.AST, env: dict[str, str]) -> None:
-        nodes = [root] if isinstance(root, (ast.Import, ast.ImportFrom)) else [
-            n for n in _walk_same_scope(root) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        nodes = (
+            [root]
+            if isinstance(root, (ast.Import, ast.ImportFrom))
+            else [n for n in _walk_same_scope(root) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        )
         for node in nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -645,8 +680,12 @@ class _ModuleScanner:
             return
         parameters = {a.arg for a in init.args.args + init.args.kwonlyargs}
         for node in _walk_same_scope(init):
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and _is_self_attribute(node.targets[0])
-                    and node.targets[0].attr == attribute):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and _is_self_attribute(node.targets[0])
+                and node.targets[0].attr == attribute
+            ):
                 value = node.value.values[0] if isinstance(node.value, ast.BoolOp) else node.value
                 if isinstance(value, ast.Name) and value.id in parameters:
                     self.injections[(cls, value.id)] = Injection(cls, value.id, kind, target, self.path)
@@ -709,8 +748,9 @@ class _ModuleScanner:
                         seen.add(item.name)
                         self._scan_function(item, cls, f"{cls}.{item.name}")
 
-    def _scan_function(self, function: ast.AST, cls: str | None, context: str,
-                       outer: Mapping[str, str] | None = None) -> None:
+    def _scan_function(
+        self, function: ast.AST, cls: str | None, context: str, outer: Mapping[str, str] | None = None
+    ) -> None:
         env = self._env(function, cls, outer)
         self._scan_body(function, env, cls, context)
         for node in _walk_same_scope(function):
@@ -724,13 +764,24 @@ class _ModuleScanner:
                 target = self._eval(node.func, env, cls)
                 if target and target != "torch":
                     called.add(id(node.func))
-                    self._add(Use(target, f"{self.path}:{node.lineno}", context, True, len(
-                        [a for a in node.args if not isinstance(a, ast.Starred)]),
-                        tuple(k.arg for k in node.keywords if k.arg is not None),
-                        any(isinstance(a, ast.Starred) for a in node.args),
-                        any(k.arg is None for k in node.keywords)))
-                if (isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr")
-                        and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)):
+                    self._add(
+                        Use(
+                            target,
+                            f"{self.path}:{node.lineno}",
+                            context,
+                            True,
+                            len([a for a in node.args if not isinstance(a, ast.Starred)]),
+                            tuple(k.arg for k in node.keywords if k.arg is not None),
+                            any(isinstance(a, ast.Starred) for a in node.args),
+                            any(k.arg is None for k in node.keywords),
+                        )
+                    )
+                if (
+                    isinstance(node.func, ast.Name)
+                    and node.func.id in ("hasattr", "getattr")
+                    and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant)
+                ):
                     base = self._eval(node.args[0], env, cls)
                     if base and base != "torch":
                         self._add(Use(f"{base}.{node.args[1].value}", f"{self.path}:{node.lineno}", context, False))
@@ -823,21 +874,42 @@ def check_use(use: Use, release: Release) -> CallCheck:
     if not use.call:
         return CallCheck(use, definition, (), {})
     if definition.signature is None:
-        return CallCheck(use, definition, (
-            f"{where}: calls {use.describe()} but torch_npu {release.version} defines {use.target} as a "
-            f"{definition.kind} ({definition.file}:{definition.line}) whose signature its sources do not give",), {})
+        return CallCheck(
+            use,
+            definition,
+            (
+                f"{where}: calls {use.describe()} but torch_npu {release.version} defines {use.target} as a "
+                f"{definition.kind} ({definition.file}:{definition.line}) whose signature its sources do not give",
+            ),
+            {},
+        )
     if use.star_args or use.star_kwargs:
-        return CallCheck(use, definition, (
-            f"{where}: {use.describe()} passes *args/**kwargs, which cannot be checked against "
-            f"{use.target}{definition.signature}: pass the arguments explicitly",), {})
+        return CallCheck(
+            use,
+            definition,
+            (
+                f"{where}: {use.describe()} passes *args/**kwargs, which cannot be checked against "
+                f"{use.target}{definition.signature}: pass the arguments explicitly",
+            ),
+            {},
+        )
     why = binds(definition.signature, use.positional, use.keywords)
     if why is not None:
-        return CallCheck(use, definition, (
-            f"{where}: {use.describe()} is refused by torch_npu {release.version}'s {use.target}"
-            f"{definition.signature} ({definition.file}:{definition.line}): {why}",), {})
+        return CallCheck(
+            use,
+            definition,
+            (
+                f"{where}: {use.describe()} is refused by torch_npu {release.version}'s {use.target}"
+                f"{definition.signature} ({definition.file}:{definition.line}): {why}",
+            ),
+            {},
+        )
     bound = definition.signature.bind(*[_POSITIONAL] * use.positional, **{k: _POSITIONAL for k in use.keywords})
-    relied = {name: p.default for name, p in definition.signature.parameters.items()
-              if name not in bound.arguments and p.default is not inspect.Parameter.empty}
+    relied = {
+        name: p.default
+        for name, p in definition.signature.parameters.items()
+        if name not in bound.arguments and p.default is not inspect.Parameter.empty
+    }
     return CallCheck(use, definition, (), relied, tuple(bound.arguments))
 
 
@@ -847,8 +919,9 @@ def record(checks: Sequence[CallCheck], version: str) -> dict:
     for check in checks:
         if check.use.call and not check.problems:
             calls[check.use.key] = {
-                "passed": [f"{name} (by {'keyword' if name in check.use.keywords else 'position'})"
-                           for name in check.passed],
+                "passed": [
+                    f"{name} (by {'keyword' if name in check.use.keywords else 'position'})" for name in check.passed
+                ],
                 "relied_defaults": {k: repr(v) for k, v in sorted(check.relied_defaults.items())},
             }
     return {"torch_npu": version, "calls": dict(sorted(calls.items()))}
@@ -879,8 +952,13 @@ def compare_fake(fake: inspect.Signature, real: inspect.Signature) -> list[str]:
     problems: dict[str, str] = {}
     for count in range(len(positional) + (2 if var_positional else 1)):
         covered = {p.name for p in positional[:count]}
-        required = [p for p in fake_params if p.default is P.empty and p.kind in (
-            P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY) and p.name not in covered]
+        required = [
+            p
+            for p in fake_params
+            if p.default is P.empty
+            and p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)
+            and p.name not in covered
+        ]
         if any(p.kind == P.POSITIONAL_ONLY for p in required):
             continue  # the fake refuses every call with this many positional arguments
         forced = [p.name for p in required]
@@ -900,8 +978,9 @@ def compare_fake(fake: inspect.Signature, real: inspect.Signature) -> list[str]:
         if r is None or p.default is P.empty or r.default is P.empty:
             continue
         if not _same_default(p.default, r.default):
-            problems[f"default {name}"] = (f"the fake's default {name}={p.default!r} differs from the real "
-                                           f"{name}={r.default!r}")
+            problems[f"default {name}"] = (
+                f"the fake's default {name}={p.default!r} differs from the real {name}={r.default!r}"
+            )
     return list(problems.values())
 
 
@@ -995,8 +1074,13 @@ def _value_class(modules, module, expr: ast.AST):
     if isinstance(expr, ast.Name):
         for scope in _enclosing_scopes(module, expr):
             for item in _walk_same_scope(scope):
-                if (isinstance(item, ast.Assign) and len(item.targets) == 1 and isinstance(item.targets[0], ast.Name)
-                        and item.targets[0].id == expr.id and isinstance(item.value, ast.Call)):
+                if (
+                    isinstance(item, ast.Assign)
+                    and len(item.targets) == 1
+                    and isinstance(item.targets[0], ast.Name)
+                    and item.targets[0].id == expr.id
+                    and isinstance(item.value, ast.Call)
+                ):
                     return _value_class(modules, module, item.value)
     return None
 
@@ -1009,13 +1093,15 @@ def _returned_expressions(module: _TestModule, expr: ast.AST) -> list[ast.AST]:
         for scope in _enclosing_scopes(module, expr):
             for item in _walk_same_scope(scope):
                 if isinstance(item, ast.FunctionDef) and item.name == expr.id:
-                    return [n.value for n in _walk_same_scope(item)
-                            if isinstance(n, ast.Return) and n.value is not None]
+                    return [
+                        n.value for n in _walk_same_scope(item) if isinstance(n, ast.Return) and n.value is not None
+                    ]
     return []
 
 
-def _object_fakes(modules, module, cls: ast.ClassDef, target: str, call: ast.Call | None,
-                  call_module: _TestModule | None = None) -> list[Fake]:
+def _object_fakes(
+    modules, module, cls: ast.ClassDef, target: str, call: ast.Call | None, call_module: _TestModule | None = None
+) -> list[Fake]:
     """An instance of ``cls`` (defined in ``module``) stands for the torch_npu object ``target``.
 
     Its public methods fake ``target.<method>``; a constructor parameter stored as ``self.<attr>`` fakes
@@ -1028,29 +1114,47 @@ def _object_fakes(modules, module, cls: ast.ClassDef, target: str, call: ast.Cal
     for name, method in sorted(methods.items()):
         if name.startswith("_"):
             continue
-        fakes.append(Fake(f"{label}.{name}", f"{target}.{name}", signature_from_ast(method.args, drop_first=True),
-                          method.lineno))
+        fakes.append(
+            Fake(f"{label}.{name}", f"{target}.{name}", signature_from_ast(method.args, drop_first=True), method.lineno)
+        )
     init = methods.get("__init__")
     if init is not None:
         parameters = [a.arg for a in init.args.args[1:]]
         for node in _walk_same_scope(init):
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and _is_self_attribute(node.targets[0])
-                    and isinstance(node.value, ast.Name) and node.value.id in parameters):
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and _is_self_attribute(node.targets[0])
+                and isinstance(node.value, ast.Name)
+                and node.value.id in parameters
+            ):
                 attribute = node.targets[0].attr
                 fakes.append(Fake(f"{label}.{attribute}", f"{target}.{attribute}", None, node.lineno))
                 if call is not None:
                     index = parameters.index(node.value.id)
-                    argument = call.args[index] if index < len(call.args) else next(
-                        (k.value for k in call.keywords if k.arg == node.value.id), None)
+                    argument = (
+                        call.args[index]
+                        if index < len(call.args)
+                        else next((k.value for k in call.keywords if k.arg == node.value.id), None)
+                    )
                     inner = _value_class(modules, call_module, argument) if argument is not None else None
                     if inner is not None:
-                        fakes.extend(_object_fakes(modules, inner[0], inner[1], f"{target}.{attribute}",
-                                                   argument if isinstance(argument, ast.Call) else None, call_module))
+                        fakes.extend(
+                            _object_fakes(
+                                modules,
+                                inner[0],
+                                inner[1],
+                                f"{target}.{attribute}",
+                                argument if isinstance(argument, ast.Call) else None,
+                                call_module,
+                            )
+                        )
     return fakes
 
 
-def find_fakes(sources: Mapping[str, str], injections: Sequence[Injection],
-               backend_methods: Iterable[str] = ()) -> list[Fake]:
+def find_fakes(
+    sources: Mapping[str, str], injections: Sequence[Injection], backend_methods: Iterable[str] = ()
+) -> list[Fake]:
     """Every fake NPU object in the test ``sources`` (``{path: source}``), found by how tests inject it.
 
     * A value passed for an injection parameter of the project (`Injection`, derived from the project's
@@ -1077,33 +1181,67 @@ def find_fakes(sources: Mapping[str, str], injections: Sequence[Injection],
             if isinstance(node, ast.Call):
                 pairs = [(k.arg, k.value) for k in node.keywords if k.arg in by_parameter]
             elif isinstance(node, ast.Dict):
-                pairs = [(k.value, v) for k, v in zip(node.keys, node.values)
-                         if isinstance(k, ast.Constant) and k.value in by_parameter]
+                pairs = [
+                    (k.value, v)
+                    for k, v in zip(node.keys, node.values)
+                    if isinstance(k, ast.Constant) and k.value in by_parameter
+                ]
             for parameter, value in pairs:
                 injection = by_parameter[parameter]
                 if injection.kind == "is":
                     if isinstance(value, ast.Lambda):
-                        add([Fake(f"{module.path}:{value.lineno}::<lambda>", injection.target,
-                                  signature_from_ast(value.args), value.lineno)])
+                        add(
+                            [
+                                Fake(
+                                    f"{module.path}:{value.lineno}::<lambda>",
+                                    injection.target,
+                                    signature_from_ast(value.args),
+                                    value.lineno,
+                                )
+                            ]
+                        )
                         continue
                     found = _value_class(modules, module, value)
                     if found is not None:
                         call = _class_methods(modules, found[0], found[1]).get("__call__")
-                        add([Fake(f"{found[0].path}::{found[1].name}.__call__", injection.target,
-                                  signature_from_ast(call.args, drop_first=True) if call else None,
-                                  found[1].lineno)])
+                        add(
+                            [
+                                Fake(
+                                    f"{found[0].path}::{found[1].name}.__call__",
+                                    injection.target,
+                                    signature_from_ast(call.args, drop_first=True) if call else None,
+                                    found[1].lineno,
+                                )
+                            ]
+                        )
                 else:
                     for returned in _returned_expressions(module, value):
                         found = _value_class(modules, module, returned)
                         if found is not None:
-                            add(_object_fakes(modules, found[0], found[1], injection.target,
-                                              returned if isinstance(returned, ast.Call) else None, module))
+                            add(
+                                _object_fakes(
+                                    modules,
+                                    found[0],
+                                    found[1],
+                                    injection.target,
+                                    returned if isinstance(returned, ast.Call) else None,
+                                    module,
+                                )
+                            )
         for node in ast.walk(module.tree):
             if isinstance(node, ast.ClassDef) and _class_attribute(modules, module, node, "type") == "npu":
                 for name, method in sorted(_class_methods(modules, module, node).items()):
                     if name in backend_methods:
-                        add([Fake(f"{module.path}::{node.name}.{name}", f"hidream_ui.device.backends.NPUBackend.{name}",
-                                  signature_from_ast(method.args, drop_first=True), method.lineno)])
+                        add(
+                            [
+                                Fake(
+                                    f"{module.path}::{node.name}.{name}",
+                                    f"hidream_ui.device.backends.NPUBackend.{name}",
+                                    signature_from_ast(method.args, drop_first=True),
+                                    method.lineno,
+                                )
+                            ]
+                        )
     return sorted(fakes.values(), key=lambda f: (f.label, f.target))
 
 
@@ -1129,7 +1267,7 @@ class FakeCheck:
 def check_fake(fake: Fake, release: Release, protocol: Mapping[str, inspect.Signature]) -> FakeCheck:
     prefix = "hidream_ui.device.backends.NPUBackend."
     if fake.target.startswith(prefix):
-        name = fake.target[len(prefix):]
+        name = fake.target[len(prefix) :]
         if name not in protocol:
             return FakeCheck(fake, (f"{fake.label} fakes NPUBackend.{name}, which is not a Backend method",))
         problems = compare_fake(fake.signature, protocol[name])
@@ -1140,16 +1278,20 @@ def check_fake(fake: Fake, release: Release, protocol: Mapping[str, inspect.Sign
     if fake.signature is None or definition.kind in ("module", "value"):
         return FakeCheck(fake, ())  # an attribute: existing is all it must do
     if definition.signature is None:
-        return FakeCheck(fake, (f"{fake.label} fakes {fake.target}, "
-                                "whose signature the release's sources do not give",))
+        return FakeCheck(
+            fake, (f"{fake.label} fakes {fake.target}, whose signature the release's sources do not give",)
+        )
     problems = compare_fake(fake.signature, definition.signature)
     return FakeCheck(fake, tuple(f"{fake.label} (fake of {fake.target}{definition.signature}): {p}" for p in problems))
 
 
 def sources_of_tests(tests_dir: Path = TESTS_DIR) -> dict[str, str]:
     """The test files whose fakes are checked; this contract's own files (synthetic fakes) excluded."""
-    return {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in sorted(tests_dir.glob("*.py"))
-            if not p.name.startswith(("npu_contract", "test_npu_contract"))}
+    return {
+        str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+        for p in sorted(tests_dir.glob("*.py"))
+        if not p.name.startswith(("npu_contract", "test_npu_contract"))
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1165,7 +1307,8 @@ class MetaUnavailable(ContractError):
 META_STUBS: Mapping[str, tuple[Callable[..., Any], str]] = {
     "_warn_npu_fusion_attention_compile_once": (
         lambda: None,
-        "prints a torch.compile caveat on Ascend950 only; it reads the SoC version from torch_npu's C extension"),
+        "prints a torch.compile caveat on Ascend950 only; it reads the SoC version from torch_npu's C extension",
+    ),
 }
 
 
@@ -1183,8 +1326,10 @@ def meta_callable(release: Release, op: str) -> Callable[..., Any]:
     free = sorted(_free_names(stripped) - set(dir(builtins)) - {"torch"})
     missing = [name for name in free if name not in META_STUBS]
     if missing:
-        raise MetaUnavailable(f"the meta function of {op} ({_META_FILE}:{node.lineno}) needs {', '.join(missing)} "
-                              "from torch_npu, which cannot be imported without CANN")
+        raise MetaUnavailable(
+            f"the meta function of {op} ({_META_FILE}:{node.lineno}) needs {', '.join(missing)} "
+            "from torch_npu, which cannot be imported without CANN"
+        )
     import torch
 
     module = ast.Module([stripped], [])
@@ -1271,8 +1416,11 @@ def _main(argv: Sequence[str]) -> int:
     for op in fused_ops(scan, release):
         try:
             meta_callable(release, op)
-            stubbed = [f"{name} ({why})" for name, (_, why) in META_STUBS.items()
-                       if name in _free_names(release.meta_function(op))]
+            stubbed = [
+                f"{name} ({why})"
+                for name, (_, why) in META_STUBS.items()
+                if name in _free_names(release.meta_function(op))
+            ]
             print(f"  meta {op}: runs on plain torch" + (f"; stubbed: {'; '.join(stubbed)}" if stubbed else ""))
         except MetaUnavailable as exc:
             print(f"  meta {op}: cannot run: {exc}")

@@ -18,8 +18,9 @@ def test_acceptance_end_to_end_on_cpu(tiny_cache, tmp_path, monkeypatch, capsys)
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(acceptance.Runner, "moe", oom)
-    code = acceptance.main(["--out", str(out), "--steps", "1", "--working-resolution", "draft", "--image-side", "32",
-                            "--device", "cpu"])
+    code = acceptance.main(
+        ["--out", str(out), "--steps", "1", "--working-resolution", "draft", "--image-side", "32", "--device", "cpu"]
+    )
     assert code == 0, capsys.readouterr()
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     steps = report["steps"]
@@ -42,8 +43,7 @@ def test_acceptance_end_to_end_on_cpu(tiny_cache, tmp_path, monkeypatch, capsys)
     assert "| memory | skipped |" in md and "| moe | oom |" in md
     with zipfile.ZipFile(out / "acceptance.zip") as archive:
         names = set(archive.namelist())
-    assert {"report.json", "report.md", "samples/sample-1.png", "samples/sample-2.png",
-            "samples/sample-3.png"} <= names
+    assert {"report.json", "report.md", "samples/sample-1.png", "samples/sample-2.png", "samples/sample-3.png"} <= names
 
 
 def test_acceptance_names_bad_flags(capsys, tmp_path):
@@ -73,15 +73,28 @@ def test_memory_step_on_an_accelerator_measures_each_fitting_plan(tiny_cache, mo
     gpu = DeviceInfo(type="cuda", index=0, torch_device="cuda:0", name="fake")
     monkeypatch.setattr(detect, "resolve_device", lambda name, backends=None: gpu)
     monkeypatch.setattr(detect, "resolve_dtype", lambda name, device: torch.bfloat16)
-    rows = (PlanEstimate("full", "bf16", 90, 0, 1.0, {}, fits=False),
-            PlanEstimate("full", "fp8", 60, 0, 1.0, {}, fits=True),
-            PlanEstimate("blocks", "fp8", 10, 40, 0.5, {}, fits=True),
-            PlanEstimate("sequential", "bf16", 5, 60, 0.15, {}, fits=False, note="needs 60 GB of host RAM"))
+    rows = (
+        PlanEstimate("full", "bf16", 90, 0, 1.0, {}, fits=False),
+        PlanEstimate("full", "fp8", 60, 0, 1.0, {}, fits=True),
+        PlanEstimate("blocks", "fp8", 10, 40, 0.5, {}, fits=True),
+        PlanEstimate("sequential", "bf16", 5, 60, 0.15, {}, fits=False, note="needs 60 GB of host RAM"),
+    )
     asked = {}
-    monkeypatch.setattr(planner, "plan_for", lambda config, device, dtype: asked.update(
-        memory=config.memory, weights=config.weights) or PlanChoice(rows=rows, chosen=None, refusal=None, free=80))
-    monkeypatch.setattr(planner, "estimate", lambda sizes, plan, weights, size, element, prefetch: dc.make_dataclass(
-        "E", ["peak"])(peak={"full": 66, "blocks": 11}[plan] * size[0]))
+    monkeypatch.setattr(
+        planner,
+        "plan_for",
+        lambda config, device, dtype: (
+            asked.update(memory=config.memory, weights=config.weights)
+            or PlanChoice(rows=rows, chosen=None, refusal=None, free=80)
+        ),
+    )
+    monkeypatch.setattr(
+        planner,
+        "estimate",
+        lambda sizes, plan, weights, size, element, prefetch: dc.make_dataclass("E", ["peak"])(
+            peak={"full": 66, "blocks": 11}[plan] * size[0]
+        ),
+    )
     config = AppConfig(device="cuda", memory="full", weights="bf16")
     args = argparse.Namespace(image=None, image_side=32, steps=1, working_resolution="draft")
     runner = acceptance.Runner(config, args)

@@ -38,8 +38,9 @@ def client(app):
 
 
 def edit(client, image=EXAMPLE, instruction="Replace the red apple with a green pear", **kwargs):
-    return client.predict(image=handle_file(str(image)), instruction=instruction,
-                          **{**FAST, **kwargs}, api_name="/edit")
+    return client.predict(
+        image=handle_file(str(image)), instruction=instruction, **{**FAST, **kwargs}, api_name="/edit"
+    )
 
 
 def test_edit_returns_image_and_used_seed(client, app):
@@ -198,8 +199,9 @@ def test_history_settings_round_trip(client, app):
     from hidream_ui.ui.common import form_values
     from hidream_ui.ui.handlers import Handlers
 
-    _, saved, seed_used, _ = edit(client, seed=99, randomize_seed=False, guidance_scale=4.5,
-                                  instruction="Add a rainbow over the sea")
+    _, saved, seed_used, _ = edit(
+        client, seed=99, randomize_seed=False, guidance_scale=4.5, instruction="Add a rainbow over the sea"
+    )
     # In-process, the PNG's folder is trusted the way the bundled examples are (the app's own event
     # opens only what gradio stored as an upload: see test_hardening2_queue).
     services = AppServices.for_config(app["config"], trusted_roots=[Path(saved).parent])
@@ -222,8 +224,9 @@ def test_settings_from_a_png_without_metadata_is_a_readable_error(tmp_path):
     with pytest.raises(MetadataError) as expected:
         load_settings(plain)
     with pytest.raises(gr.Error) as got:
-        Handlers(engine=None, services=AppServices.for_config(AppConfig(), trusted_roots=[tmp_path])
-                 ).settings_from_file(str(plain))
+        Handlers(
+            engine=None, services=AppServices.for_config(AppConfig(), trusted_roots=[tmp_path])
+        ).settings_from_file(str(plain))
     assert got.value.message == str(expected.value)
     # A path this app neither stored nor trusts is refused without being opened.
     with pytest.raises(gr.Error, match="uploaded to this app"):
@@ -257,14 +260,34 @@ def test_status_panel_shows_accelerator_memory_and_escapes_text():
 
     gib = 1024**3
     status = EngineStatus(
-        state="editing", progress=Progress(step=3, total=28, stage="edit"), loaded=True,
-        device="npu:0", device_type="npu", device_name="Ascend <910B>", dtype="bf16",
-        variant="e1.1", model_source="real", attention="npu_fusion", attention_note=None, refiner="e1",
-        text_encoders="device", prompt_cache=PromptCacheStats(0, 0, 0),
+        state="editing",
+        progress=Progress(step=3, total=28, stage="edit"),
+        loaded=True,
+        device="npu:0",
+        device_type="npu",
+        device_name="Ascend <910B>",
+        dtype="bf16",
+        variant="e1.1",
+        model_source="real",
+        attention="npu_fusion",
+        attention_note=None,
+        refiner="e1",
+        text_encoders="device",
+        prompt_cache=PromptCacheStats(0, 0, 0),
         queue=QueueFigures(waiting=2, running=1),
-        memory=MemorySnapshot(device="npu:0", allocated=30 * gib, reserved=40 * gib, peak=50 * gib, free=10 * gib,
-                              total=64 * gib, utilization=87.0, host_total=512 * gib, host_available=256 * gib,
-                              process_rss=20 * gib, timestamp=0.0),
+        memory=MemorySnapshot(
+            device="npu:0",
+            allocated=30 * gib,
+            reserved=40 * gib,
+            peak=50 * gib,
+            free=10 * gib,
+            total=64 * gib,
+            utilization=87.0,
+            host_total=512 * gib,
+            host_available=256 * gib,
+            process_rss=20 * gib,
+            timestamp=0.0,
+        ),
     )
     html_text = render_status(status)
     assert "editing · step 3/28" in html_text
@@ -320,22 +343,32 @@ def test_an_edit_with_a_left_half_mask_keeps_the_right_half(client, tmp_path):
     painted = Image.new("L", (128, 96), 0)
     painted.paste(255, (0, 0, 64, 96))
     painted.save(mask)
-    (_, after), saved, _, _ = edit(client, image=source, instruction="make it blue", mask=handle_file(str(mask)),
-                                   seed=5, randomize_seed=False, num_inference_steps=4)
+    (_, after), saved, _, _ = edit(
+        client,
+        image=source,
+        instruction="make it blue",
+        mask=handle_file(str(mask)),
+        seed=5,
+        randomize_seed=False,
+        num_inference_steps=4,
+    )
     meta = read_metadata(saved)
     feather = meta["mask"]["feather"]
     src = np.asarray(Image.open(source), dtype=np.int16)
     with Image.open(after) as shown:
         out = np.asarray(shown.convert("RGB"), dtype=np.int16)
-    assert np.abs(out[:, 64 + feather:] - src[:, 64 + feather:]).max() <= 2
-    assert np.abs(out[:, :64 - feather] - src[:, :64 - feather]).mean() > 10
+    assert np.abs(out[:, 64 + feather :] - src[:, 64 + feather :]).max() <= 2
+    assert np.abs(out[:, : 64 - feather] - src[:, : 64 - feather]).mean() > 10
     assert meta["mask"]["name"] == "left.png" and meta["parent"]["file"] == "noise.png"
     # Without the mask the right half changes: the mask is what kept it.
-    (_, free), _, _, _ = edit(client, image=source, instruction="make it blue", seed=5, randomize_seed=False,
-                              num_inference_steps=4)
+    (_, free), _, _, _ = edit(
+        client, image=source, instruction="make it blue", seed=5, randomize_seed=False, num_inference_steps=4
+    )
     with Image.open(free) as shown:
-        assert np.abs(np.asarray(shown.convert("RGB"), dtype=np.int16)[:, 64 + feather:]
-                      - src[:, 64 + feather:]).mean() > 10
+        assert (
+            np.abs(np.asarray(shown.convert("RGB"), dtype=np.int16)[:, 64 + feather :] - src[:, 64 + feather :]).mean()
+            > 10
+        )
 
 
 def test_a_mask_that_is_not_an_image_is_refused_before_any_work(client, tmp_path, app):
@@ -361,8 +394,13 @@ def test_edit_streams_live_previews_before_its_result(client, monkeypatch):
         return write_bytes(self, data)
 
     monkeypatch.setattr(Path, "write_bytes", recording)
-    job = client.submit(image=handle_file(str(EXAMPLE)), instruction="make it blue", num_inference_steps=9,
-                        working_resolution="draft", api_name="/edit")
+    job = client.submit(
+        image=handle_file(str(EXAMPLE)),
+        instruction="make it blue",
+        num_inference_steps=9,
+        working_resolution="draft",
+        api_name="/edit",
+    )
     final = job.result()
     outputs = job.outputs()
     assert len(outputs) == 3  # previews after steps 4 and 8, then the result

@@ -37,27 +37,68 @@ def png_bytes(seed: int = 0, size=(24, 16)) -> bytes:
 def edit_result(instruction: str, seed: int, source: str) -> EditResult:
     image = Image.open(io.BytesIO(png_bytes(seed))).convert("RGB")
     params = EditParams(instruction=instruction, seed=seed, num_inference_steps=2).validated()
-    return EditResult(image=image, source_image=image, params=params, working_size=(256, 176),
-                      source_size=image.size, timings=Timings(total=0.25, denoise=0.2), peak_memory_bytes=None,
-                      info=run_info(), source_name=source)
+    return EditResult(
+        image=image,
+        source_image=image,
+        params=params,
+        working_size=(256, 176),
+        source_size=image.size,
+        timings=Timings(total=0.25, denoise=0.2),
+        peak_memory_bytes=None,
+        info=run_info(),
+        source_name=source,
+    )
 
 
 @pytest.fixture
 def batch_result(tmp_path) -> BatchResult:
     out = tmp_path / "outputs"
     items = []
-    for index, (source, instruction, seed) in enumerate([("a.png", "make it red", 3), ("a.png", "make it blue", 4),
-                                                         ("b.png", "make it red", 5)]):
+    for index, (source, instruction, seed) in enumerate(
+        [("a.png", "make it red", 3), ("a.png", "make it blue", 4), ("b.png", "make it red", 5)]
+    ):
         result = save_result(edit_result(instruction, seed, source), out)
-        items.append(BatchItem(index=index, source_index=index // 2, source_name=source, instruction=instruction,
-                               seed=seed, status="ok", result=result, seconds=0.3))
-    items.append(BatchItem(index=3, source_index=1, source_name="b.png", instruction="make it blue", seed=6,
-                           status="error", error="out of memory editing 1 image(s)"))
-    items.append(BatchItem(index=4, source_index=2, source_name="c.png", instruction="make it red", seed=7,
-                           status="cancelled", error="not started: the batch was cancelled"))
-    return BatchResult(items=items, rejected=[("notes.txt", "not a recognised image format")], cancelled=True,
-                       seconds=1.5, stats={"text_encoder_calls": 3, "transformer_calls": 4,
-                                           "batch_sizes": {"256x176": 2}})
+        items.append(
+            BatchItem(
+                index=index,
+                source_index=index // 2,
+                source_name=source,
+                instruction=instruction,
+                seed=seed,
+                status="ok",
+                result=result,
+                seconds=0.3,
+            )
+        )
+    items.append(
+        BatchItem(
+            index=3,
+            source_index=1,
+            source_name="b.png",
+            instruction="make it blue",
+            seed=6,
+            status="error",
+            error="out of memory editing 1 image(s)",
+        )
+    )
+    items.append(
+        BatchItem(
+            index=4,
+            source_index=2,
+            source_name="c.png",
+            instruction="make it red",
+            seed=7,
+            status="cancelled",
+            error="not started: the batch was cancelled",
+        )
+    )
+    return BatchResult(
+        items=items,
+        rejected=[("notes.txt", "not a recognised image format")],
+        cancelled=True,
+        seconds=1.5,
+        stats={"text_encoder_calls": 3, "transformer_calls": 4, "batch_sizes": {"256x176": 2}},
+    )
 
 
 def test_zip_holds_exactly_images_sidecars_and_a_matching_manifest(batch_result, tmp_path):
@@ -75,7 +116,11 @@ def test_zip_holds_exactly_images_sidecars_and_a_matching_manifest(batch_result,
         assert [row["index"] for row in rows] == [item.index for item in batch_result.items]
         for item, row in zip(batch_result.items, rows):
             assert (row["source"], row["instruction"], row["seed"], row["status"]) == (
-                item.source_name, item.instruction, item.seed, item.status)
+                item.source_name,
+                item.instruction,
+                item.seed,
+                item.status,
+            )
             if item.status != "ok":
                 assert row["output"] is None and row["sidecar"] is None and row["error"] == item.error
                 continue
@@ -117,20 +162,26 @@ def make_zip(members: dict[str, bytes], compression=zipfile.ZIP_DEFLATED) -> byt
 
 def test_read_zip_images_keeps_images_and_lists_the_rest(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a path-traversal name would land here or above if anything extracted
-    data = make_zip({
-        "one.png": png_bytes(1),
-        "nested/dir/two.png": png_bytes(2),
-        "../../evil.png": png_bytes(3),
-        "/abs/root.png": png_bytes(4),
-        "readme.txt": b"these are my photos",
-        "empty.png": b"",
-        "__MACOSX/._one.png": b"\x00\x05\x16\x07",
-        "nested/": b"",
-    })
+    data = make_zip(
+        {
+            "one.png": png_bytes(1),
+            "nested/dir/two.png": png_bytes(2),
+            "../../evil.png": png_bytes(3),
+            "/abs/root.png": png_bytes(4),
+            "readme.txt": b"these are my photos",
+            "empty.png": b"",
+            "__MACOSX/._one.png": b"\x00\x05\x16\x07",
+            "nested/": b"",
+        }
+    )
     before = sorted(p.name for p in tmp_path.parent.iterdir())
     sources, rejected = read_zip_images(data, name="photos.zip")
-    assert [s.name for s in sources] == ["photos.zip/one.png", "photos.zip/nested/dir/two.png",
-                                         "photos.zip/evil.png", "photos.zip/abs/root.png"]
+    assert [s.name for s in sources] == [
+        "photos.zip/one.png",
+        "photos.zip/nested/dir/two.png",
+        "photos.zip/evil.png",
+        "photos.zip/abs/root.png",
+    ]
     assert sources[0].data == png_bytes(1) and sources[2].data == png_bytes(3)
     reasons = dict(rejected)
     assert set(reasons) == {"photos.zip/readme.txt", "photos.zip/empty.png"}
@@ -156,9 +207,9 @@ def test_zip_bomb_members_are_refused_by_bytes_actually_read():
     info = zipfile.ZipFile(io.BytesIO(data)).getinfo("bomb.png")
     central = lying.rfind(b"PK\x01\x02", 0, len(lying))
     while central != -1:
-        name_len = int.from_bytes(lying[central + 28:central + 30], "little")
-        if lying[central + 46:central + 46 + name_len] == b"bomb.png":
-            lying[central + 24:central + 28] = (1000).to_bytes(4, "little")  # uncompressed size field
+        name_len = int.from_bytes(lying[central + 28 : central + 30], "little")
+        if lying[central + 46 : central + 46 + name_len] == b"bomb.png":
+            lying[central + 24 : central + 28] = (1000).to_bytes(4, "little")  # uncompressed size field
             break
         central = lying.rfind(b"PK\x01\x02", 0, central)
     assert info.file_size == len(bomb)
@@ -215,10 +266,12 @@ def test_a_damaged_lzma_member_is_one_rejected_member():
     data = bytearray(buffer.getvalue())
     with zipfile.ZipFile(io.BytesIO(bytes(data))) as archive:
         info = archive.getinfo("bad.png")
-    name_len, extra_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
-        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    name_len, extra_len = (
+        int.from_bytes(data[info.header_offset + 26 : info.header_offset + 28], "little"),
+        int.from_bytes(data[info.header_offset + 28 : info.header_offset + 30], "little"),
+    )
     start = info.header_offset + 30 + name_len + extra_len
-    data[start + 4:start + 9] = b"\xff" * 5  # the LZMA properties after zip's 4-byte LZMA header
+    data[start + 4 : start + 9] = b"\xff" * 5  # the LZMA properties after zip's 4-byte LZMA header
     sources, rejected = read_zip_images(bytes(data), name="mixed.zip")
     assert [s.name for s in sources] == ["mixed.zip/good.png"]
     assert len(rejected) == 1 and rejected[0][0] == "mixed.zip/bad.png" and "cannot be read" in rejected[0][1], rejected

@@ -97,8 +97,20 @@ class FakeNpuFusion:
         self.pse_rows = pse_rows
         self.calls = []
 
-    def __call__(self, query, key, value, head_num, input_layout, *, pse=None, padding_mask=None,
-                 atten_mask=None, scale=1.0, keep_prob=1.0):
+    def __call__(
+        self,
+        query,
+        key,
+        value,
+        head_num,
+        input_layout,
+        *,
+        pse=None,
+        padding_mask=None,
+        atten_mask=None,
+        scale=1.0,
+        keep_prob=1.0,
+    ):
         assert input_layout == self.layout, f"layout {input_layout!r}, expected {self.layout!r}"
         assert query.dtype in (torch.float16, torch.bfloat16), f"dtype {query.dtype}"
         assert key.dtype == value.dtype == query.dtype
@@ -133,8 +145,19 @@ class FakeFlashAttn:
         self.dtypes = dtypes
         self.calls = []
 
-    def __call__(self, q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                 alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    def __call__(
+        self,
+        q,
+        k,
+        v,
+        dropout_p=0.0,
+        softmax_scale=None,
+        causal=False,
+        window_size=(-1, -1),
+        alibi_slopes=None,
+        deterministic=False,
+        return_attn_probs=False,
+    ):
         assert q.dtype in self.dtypes and k.dtype == v.dtype == q.dtype, f"dtype {q.dtype}"
         assert q.dim() == 4 and q.shape == k.shape == v.shape
         assert softmax_scale == pytest.approx(q.shape[-1] ** -0.5)
@@ -178,7 +201,8 @@ def test_npu_fusion_against_fake(layout, pse_layout, dtype):
     q, k, v, bias, multiplicity = kernel_inputs(dtype)
     fake = FakeNpuFusion(layout=layout, pse_rows="1" if pse_layout == "BN1S" else "S")
     processor = registry.get_strategy("npu_fusion").make_processor(
-        fusion_fn=fake, input_layout=layout, pse_layout=pse_layout)
+        fusion_fn=fake, input_layout=layout, pse_layout=pse_layout
+    )
     out = processor.attend(q, k, v, bias)
     assert out.shape == q.shape and out.dtype == dtype
     assert relative_error(out, expanded_reference(q, k, v, multiplicity)) <= BF16_TOL
@@ -207,8 +231,10 @@ def test_flash_attn_against_fake(dtype):
     out = processor.attend(q, k, v, bias)
     assert out.dtype == dtype
     assert relative_error(out, expanded_reference(q, k, v, multiplicity)) <= BF16_TOL
-    assert relative_error(processor.attend(q, k, v, None),
-                          expanded_reference(q, k, v, torch.ones_like(multiplicity))) <= BF16_TOL
+    assert (
+        relative_error(processor.attend(q, k, v, None), expanded_reference(q, k, v, torch.ones_like(multiplicity)))
+        <= BF16_TOL
+    )
     # The log-sum-exp is only requested when there is a bias to add.
     assert [c["return_attn_probs"] for c in fake.calls] == [True, False]
 
@@ -264,10 +290,14 @@ def module_case(single, axes, seed=0):
         text_ids = torch.zeros(img.shape[0], n_text, 3)
         rope = HiDreamImageEmbedND(theta=10000, axes_dim=list(axes))(torch.cat([ids, text_ids], dim=1))
         if single:
-            return dict(norm_hidden_states=torch.cat([img, txt], dim=1), image_rotary_emb=rope,
-                        hidden_states_masks=torch.cat([m, torch.ones(img.shape[0], n_text)], dim=1))
-        return dict(norm_hidden_states=img, norm_encoder_hidden_states=txt, image_rotary_emb=rope,
-                    hidden_states_masks=m)
+            return dict(
+                norm_hidden_states=torch.cat([img, txt], dim=1),
+                image_rotary_emb=rope,
+                hidden_states_masks=torch.cat([m, torch.ones(img.shape[0], n_text)], dim=1),
+            )
+        return dict(
+            norm_hidden_states=img, norm_encoder_hidden_states=txt, image_rotary_emb=rope, hidden_states_masks=m
+        )
 
     expanded = []
     for b in range(batch):
@@ -370,8 +400,18 @@ class Device(SimpleNamespace):
 
 def test_registry_lists_every_strategy_with_reasons():
     names = registry.strategy_names()
-    for required in ("auto", "sdpa", "math", "chunked", "npu_fusion", "flash_attn", "sdpa_flash",
-                     "sdpa_efficient", "sdpa_cudnn", "sdpa_math"):
+    for required in (
+        "auto",
+        "sdpa",
+        "math",
+        "chunked",
+        "npu_fusion",
+        "flash_attn",
+        "sdpa_flash",
+        "sdpa_efficient",
+        "sdpa_cudnn",
+        "sdpa_math",
+    ):
         assert required in names
     statuses = registry.list_strategies(Device(type="cpu", index=None), torch.float32)
     assert [s.name for s in statuses] == list(names)
@@ -410,10 +450,22 @@ def test_unknown_name_lists_valid_names():
         registry.get_strategy("auto").make_processor()
 
 
-TINY_GEOMETRY = dict(patch_size=2, in_channels=16, out_channels=16, num_layers=2, num_single_layers=2,
-                     num_attention_heads=2, attention_head_dim=16, axes_dims_rope=(8, 4, 4), num_routed_experts=4,
-                     num_activated_experts=2, max_resolution=(16, 16), llama_layers=[0, 1, 2, 3],
-                     caption_channels=[32, 32], text_emb_dim=32)
+TINY_GEOMETRY = dict(
+    patch_size=2,
+    in_channels=16,
+    out_channels=16,
+    num_layers=2,
+    num_single_layers=2,
+    num_attention_heads=2,
+    attention_head_dim=16,
+    axes_dims_rope=(8, 4, 4),
+    num_routed_experts=4,
+    num_activated_experts=2,
+    max_resolution=(16, 16),
+    llama_layers=[0, 1, 2, 3],
+    caption_channels=[32, 32],
+    text_emb_dim=32,
+)
 
 
 @pytest.fixture
@@ -424,10 +476,13 @@ def tiny_transformer():
 
 def transformer_kwargs(batch=2, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    return dict(timesteps=torch.tensor([300.0] * batch),
-                encoder_hidden_states_t5=torch.randn(batch, 6, 32, generator=gen),
-                encoder_hidden_states_llama3=torch.randn(4, batch, 5, 32, generator=gen),
-                pooled_embeds=torch.randn(batch, 32, generator=gen), return_dict=False)
+    return dict(
+        timesteps=torch.tensor([300.0] * batch),
+        encoder_hidden_states_t5=torch.randn(batch, 6, 32, generator=gen),
+        encoder_hidden_states_llama3=torch.randn(4, batch, 5, 32, generator=gen),
+        pooled_embeds=torch.randn(batch, 32, generator=gen),
+        return_dict=False,
+    )
 
 
 def collapsed_transformer_inputs(latents, transformer):
@@ -444,8 +499,12 @@ def collapsed_transformer_inputs(latents, transformer):
     ids[:n, 2] = torch.arange(pw).repeat(ph)
     mask = torch.ones(batch, n + 1)
     mask[:, n] = -float(pad)
-    return dict(hidden_states=tokens, hidden_states_masks=mask, img_ids=ids.expand(batch, -1, -1),
-                img_sizes=torch.tensor([[ph, pw]] * batch))
+    return dict(
+        hidden_states=tokens,
+        hidden_states_masks=mask,
+        img_ids=ids.expand(batch, -1, -1),
+        img_sizes=torch.tensor([[ph, pw]] * batch),
+    )
 
 
 def snapshot(transformer):
@@ -508,14 +567,17 @@ def test_apply_auto_reports_what_it_resolved_to(tiny_transformer):
     assert registry.current_strategy(tiny_transformer) == "sdpa"
 
 
-@pytest.mark.parametrize("name,options,error,match", [
-    ("npu_fusion", {}, attention_processor.AttentionUnavailable, "needs an Ascend NPU"),
-    ("flash_attn", {}, attention_processor.AttentionUnavailable, "CUDA"),
-    ("sdpa_efficient", {}, attention_processor.AttentionUnavailable, "cuda"),
-    ("nope", {}, ValueError, "unknown attention strategy"),
-    ("chunked", {"chunk_size": 0}, ValueError, "chunk_size"),
-    ("math", {"bogus": 1}, TypeError, "bogus"),
-])
+@pytest.mark.parametrize(
+    "name,options,error,match",
+    [
+        ("npu_fusion", {}, attention_processor.AttentionUnavailable, "needs an Ascend NPU"),
+        ("flash_attn", {}, attention_processor.AttentionUnavailable, "CUDA"),
+        ("sdpa_efficient", {}, attention_processor.AttentionUnavailable, "cuda"),
+        ("nope", {}, ValueError, "unknown attention strategy"),
+        ("chunked", {"chunk_size": 0}, ValueError, "chunk_size"),
+        ("math", {"bogus": 1}, TypeError, "bogus"),
+    ],
+)
 def test_failed_apply_leaves_the_transformer_untouched(tiny_transformer, name, options, error, match):
     registry.apply(tiny_transformer, "math", "cpu", torch.float32)
     processors = [m.processor for m in registry.hidream_attention_modules(tiny_transformer)]
@@ -577,8 +639,14 @@ def test_bench_attention_tiny_report_structure(capsys):
 def test_bench_skips_what_does_not_fit_the_budget():
     from hidream_ui.bench import attention as bench_attention
 
-    report = bench_attention.run(profile="tiny", repeats=1, sizes=(128,), strategies=["sdpa", "math"],
-                                 memory_budget_gb=0.5 * 2 * 3 * 2 * 152 * 152 * 4 / 1024**3, transformer=False)
+    report = bench_attention.run(
+        profile="tiny",
+        repeats=1,
+        sizes=(128,),
+        strategies=["sdpa", "math"],
+        memory_budget_gb=0.5 * 2 * 3 * 2 * 152 * 152 * 4 / 1024**3,
+        transformer=False,
+    )
     results = report["kernels"][0]["strategies"]
     assert "median_s" in results["sdpa"]
     assert results["math"]["skipped"].startswith("needs ") and "budget" in results["math"]["skipped"]

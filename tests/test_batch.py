@@ -50,8 +50,13 @@ def fresh_engine(tmp_path, tiny_cache):
 
 
 def test_matrix_gives_every_pair_in_a_stable_order_with_metadata(engine):
-    request = BatchRequest(sources=sources(3), instructions=("make it red", "make it blue"),
-                           **shared(params(seed=11)), mode="matrix", seed_policy="increment")
+    request = BatchRequest(
+        sources=sources(3),
+        instructions=("make it red", "make it blue"),
+        **shared(params(seed=11)),
+        mode="matrix",
+        seed_policy="increment",
+    )
     result = engine.run_batch(request)
     expected = [(f"img{i}.png", text) for i in range(3) for text in ("make it red", "make it blue")]
     assert [(item.source_name, item.instruction) for item in result.items] == expected
@@ -74,11 +79,14 @@ def test_matrix_gives_every_pair_in_a_stable_order_with_metadata(engine):
 
 
 def test_paired_mode_pairs_line_i_with_image_i(engine):
-    request = BatchRequest(sources=sources(2), instructions=("first edit", "second edit"), **shared(params(seed=3)),
-                           mode="paired")
+    request = BatchRequest(
+        sources=sources(2), instructions=("first edit", "second edit"), **shared(params(seed=3)), mode="paired"
+    )
     result = engine.run_batch(request)
     assert [(i.source_name, i.instruction, i.seed, i.status) for i in result.items] == [
-        ("img0.png", "first edit", 3, "ok"), ("img1.png", "second edit", 3, "ok")]
+        ("img0.png", "first edit", 3, "ok"),
+        ("img1.png", "second edit", 3, "ok"),
+    ]
 
 
 def test_paired_count_mismatch_fails_before_any_work(fresh_engine):
@@ -98,8 +106,11 @@ def test_too_many_items_are_refused_before_any_work(fresh_engine):
 
 
 def test_corrupt_upload_is_rejected_and_the_rest_run(engine):
-    files = (BatchSource("good0.png", picture(0)), BatchSource("broken.png", b"\x89PNG\r\n\x1a\n not really"),
-             BatchSource("good1.png", picture(1)))
+    files = (
+        BatchSource("good0.png", picture(0)),
+        BatchSource("broken.png", b"\x89PNG\r\n\x1a\n not really"),
+        BatchSource("good1.png", picture(1)),
+    )
     request = BatchRequest(sources=files, instructions=("make it red", "make it blue"), **shared(params()))
     result = engine.run_batch(request)
     assert len(result.rejected) == 1
@@ -132,15 +143,21 @@ def test_cancel_keeps_finished_items(engine):
 
 def test_batched_transformer_calls_equal_one_by_one_edits(engine):
     images = sources(3, start=20)
-    request = BatchRequest(sources=images, instructions=("turn it into a painting",), **shared(params(seed=40)),
-                           seed_policy="increment", batch_size=3)
+    request = BatchRequest(
+        sources=images,
+        instructions=("turn it into a painting",),
+        **shared(params(seed=40)),
+        seed_policy="increment",
+        batch_size=3,
+    )
     result = engine.run_batch(request)
     # One pipeline call for the three items: STEPS transformer calls, not 3 * STEPS.
     assert result.stats["transformer_calls"] == STEPS
     assert list(result.stats["batch_sizes"].values()) == [3]
     for item, source in zip(result.items, images):
-        single = engine.edit(EditRequest(image=source.data, params=params(instruction=item.instruction,
-                                                                          seed=item.seed)), save=False)
+        single = engine.edit(
+            EditRequest(image=source.data, params=params(instruction=item.instruction, seed=item.seed)), save=False
+        )
         batched = np.asarray(item.result.image, dtype=np.int16)
         alone = np.asarray(single.image, dtype=np.int16)
         # Not bitwise: a batch of 3 runs the matmuls with other shapes, so BLAS picks other blockings
@@ -151,8 +168,12 @@ def test_batched_transformer_calls_equal_one_by_one_edits(engine):
 def test_text_encoders_run_once_per_unique_text(engine):
     tag = uuid.uuid4().hex[:8]  # texts this engine's prompt cache has never seen
     first, second = f"make it purple {tag}", f"make it orange {tag}"
-    request = BatchRequest(sources=sources(2), instructions=(first, second, first),
-                           **shared(params(negative_prompt=f"blurry {tag}")), batch_size=2)
+    request = BatchRequest(
+        sources=sources(2),
+        instructions=(first, second, first),
+        **shared(params(negative_prompt=f"blurry {tag}")),
+        batch_size=2,
+    )
     result = engine.run_batch(request)
     assert len(result.items) == 6 and all(item.status == "ok" for item in result.items)
     # Two unique instructions and one negative prompt, across six items and three pipeline calls.

@@ -44,8 +44,9 @@ def files(tmp_path_factory):
 
 def batch(client, files, instructions, **kwargs):
     values = {"mode": "matrix", "seed": 5, "seed_policy": "increment", "batch_size": 0, **FAST, **kwargs}
-    return client.predict(files=[handle_file(str(f)) for f in files], instructions=instructions,
-                          **values, api_name="/batch_edit")
+    return client.predict(
+        files=[handle_file(str(f)) for f in files], instructions=instructions, **values, api_name="/batch_edit"
+    )
 
 
 def test_batch_edit_returns_gallery_report_and_zip(client, files):
@@ -63,7 +64,8 @@ def test_batch_edit_returns_gallery_report_and_zip(client, files):
     with zipfile.ZipFile(archive) as zipped:
         manifest = json.loads(zipped.read(MANIFEST_NAME))
         assert [(row["instruction"], row["seed"], row["status"]) for row in manifest["items"]] == [
-            (text, seed, "ok") for text, seed in expected]
+            (text, seed, "ok") for text, seed in expected
+        ]
         assert [row["name"] for row in manifest["rejected"]] == ["broken.png"]
         pngs = sorted(n for n in zipped.namelist() if n.endswith(".png"))
         assert pngs == sorted(row["output"] for row in manifest["items"])
@@ -79,12 +81,15 @@ def test_batch_edit_accepts_a_zip_of_images(client, files, tmp_path):
     assert "bundle.zip/notes.txt" in report
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"instructions": "one\ntwo\nthree", "mode": "paired"}, "exactly one line per image"),
-    ({"instructions": "a\nb\nc\nd"}, "at most 6 items"),  # 2 images x 4 lines > max_batch_items
-    ({"instructions": "   \n "}, "at least one instruction"),
-    ({"instructions": "x", "guidance_scale": 99}, "guidance_scale"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"instructions": "one\ntwo\nthree", "mode": "paired"}, "exactly one line per image"),
+        ({"instructions": "a\nb\nc\nd"}, "at most 6 items"),  # 2 images x 4 lines > max_batch_items
+        ({"instructions": "   \n "}, "at least one instruction"),
+        ({"instructions": "x", "guidance_scale": 99}, "guidance_scale"),
+    ],
+)
 def test_batch_edit_refuses_bad_requests_with_a_message(client, files, app, kwargs, fragment):
     edits = app["engine"].counters["edits"]
     instructions = kwargs.pop("instructions")
@@ -96,16 +101,25 @@ def test_batch_edit_refuses_bad_requests_with_a_message(client, files, app, kwar
 
 
 def compare(client, image, **kwargs):
-    values = {"instruction": "make the sky purple", "axis_x": "seed", "values_x": "1, 2, 3", "axis_y": "steps",
-              "values_y": "1, 2", "seed": 3, **FAST, **kwargs}
+    values = {
+        "instruction": "make the sky purple",
+        "axis_x": "seed",
+        "values_x": "1, 2, 3",
+        "axis_y": "steps",
+        "values_y": "1, 2",
+        "seed": 3,
+        **FAST,
+        **kwargs,
+    }
     return client.predict(image=handle_file(str(image)), **values, api_name="/compare")
 
 
 def test_compare_returns_a_labelled_grid_and_the_cells(client, files):
     grid_path, cells, report = compare(client, files["good"][0])
     assert len(cells) == 6
-    assert [entry["caption"] for entry in cells] == [f"seed {seed} · steps {steps}"
-                                                    for steps in (1, 2) for seed in (1, 2, 3)]
+    assert [entry["caption"] for entry in cells] == [
+        f"seed {seed} · steps {steps}" for steps in (1, 2) for seed in (1, 2, 3)
+    ]
     for entry, (steps, seed) in zip(cells, [(s, d) for s in (1, 2) for d in (1, 2, 3)]):
         params = read_metadata(entry["image"])["params"]
         assert (params["seed"], params["num_inference_steps"]) == (seed, steps)
@@ -116,11 +130,14 @@ def test_compare_returns_a_labelled_grid_and_the_cells(client, files):
     assert "6/6" in report
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"values_x": "1:9"}, "at most 8 cells"),
-    ({"axis_x": "attention", "values_x": "sdpa, warp_drive", "axis_y": "none"}, "one of auto, sdpa"),
-    ({"values_x": "1, x"}, "seed values"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"values_x": "1:9"}, "at most 8 cells"),
+        ({"axis_x": "attention", "values_x": "sdpa, warp_drive", "axis_y": "none"}, "one of auto, sdpa"),
+        ({"values_x": "1, x"}, "seed values"),
+    ],
+)
 def test_compare_refuses_bad_axes_with_a_message(client, files, app, kwargs, fragment):
     edits = app["engine"].counters["edits"]
     with pytest.raises(AppError) as info:
@@ -176,10 +193,21 @@ def tab(app, files, tmp_path):
 
 
 def run_tab(tab, files, **kwargs):
-    values = dict(files=[str(f) for f in files], instructions="make it teal", mode="matrix",
-                  negative_prompt="blurry", guidance_scale=3.0, image_guidance_scale=1.5, refine_strength=0.3,
-                  clip_cfg_norm=True, seed=1, seed_policy="increment", batch_size=1, request=session("me"),
-                  **{**FAST, **kwargs})
+    values = dict(
+        files=[str(f) for f in files],
+        instructions="make it teal",
+        mode="matrix",
+        negative_prompt="blurry",
+        guidance_scale=3.0,
+        image_guidance_scale=1.5,
+        refine_strength=0.3,
+        clip_cfg_norm=True,
+        seed=1,
+        seed_policy="increment",
+        batch_size=1,
+        request=session("me"),
+        **{**FAST, **kwargs},
+    )
     return tab.run(**values)
 
 
@@ -227,8 +255,17 @@ def test_report_lists_item_errors_and_rejections_as_inert_markdown():
     from hidream_ui.ui.batch_tab import BatchRun
 
     run = BatchRun(2, [("x_<b>.png", "x_<b>.png: not a recognised image")])
-    run.add(BatchItem(index=0, source_index=0, source_name="a*.png", instruction="make it *bold*", seed=3,
-                      status="error", error="out of memory on cpu"))
+    run.add(
+        BatchItem(
+            index=0,
+            source_index=0,
+            source_name="a*.png",
+            instruction="make it *bold*",
+            seed=3,
+            status="error",
+            error="out of memory on cpu",
+        )
+    )
     text = run.report()
     assert text.startswith("**1/2** done")
     assert "**Errors**" in text and r"- a\*.png × “make it \*bold\*”: out of memory on cpu" in text

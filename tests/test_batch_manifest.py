@@ -49,22 +49,31 @@ def folder(tmp_path):
 
 
 def test_bad_lines_are_reported_with_their_number_and_skipped(folder, tiny_cache, capsys):
-    manifest = write_manifest(folder, [
-        {"image": "pics/p0.png", "instruction": "make it red", **FAST},
-        "{not json",
-        {"image": "pics/nowhere.png", "instruction": "x"},
-        {"image": "pics/p1.png", "instruction": "x", "guidance_scale": 99},
-        {"image": "pics/p1.png", "instruction": "x", "guidanse_scale": 2},
-        "[1, 2]",
-        "",
-        {"image": "pics/p1.png", **FAST},
-    ])
+    manifest = write_manifest(
+        folder,
+        [
+            {"image": "pics/p0.png", "instruction": "make it red", **FAST},
+            "{not json",
+            {"image": "pics/nowhere.png", "instruction": "x"},
+            {"image": "pics/p1.png", "instruction": "x", "guidance_scale": 99},
+            {"image": "pics/p1.png", "instruction": "x", "guidanse_scale": 2},
+            "[1, 2]",
+            "",
+            {"image": "pics/p1.png", **FAST},
+        ],
+    )
     summary = run(manifest, folder / "out", capsys)
     assert summary["done"] == 1 and summary["bad_lines"] == 6 and not summary["ok"]
     by_line = {row["line"]: row for row in rows(folder / "out")}
     assert by_line[1]["status"] == "ok" and (folder / "out" / by_line[1]["output"]).is_file()
-    expected = {2: "not JSON", 3: "no file at", 4: "guidance_scale: got 99", 5: "unknown key(s) 'guidanse_scale'",
-                6: "expected a JSON object", 8: "instruction"}
+    expected = {
+        2: "not JSON",
+        3: "no file at",
+        4: "guidance_scale: got 99",
+        5: "unknown key(s) 'guidanse_scale'",
+        6: "expected a JSON object",
+        8: "instruction",
+    }
     for line, words in expected.items():
         assert by_line[line]["status"] == "error" and by_line[line]["error"].startswith(f"line {line}: ")
         assert words in by_line[line]["error"], by_line[line]
@@ -75,8 +84,10 @@ def test_bad_lines_are_reported_with_their_number_and_skipped(folder, tiny_cache
 
 
 def test_rerun_skips_finished_items_and_a_changed_setting_runs_again(folder, tiny_cache, capsys):
-    lines = [{"image": "pics/p0.png", "instruction": "make it red", **FAST},
-             {"image": f"{folder}/pics/p1.png", "instruction": "make it blue", "seed": 7, **FAST}]
+    lines = [
+        {"image": "pics/p0.png", "instruction": "make it red", **FAST},
+        {"image": f"{folder}/pics/p1.png", "instruction": "make it blue", "seed": 7, **FAST},
+    ]
     out = folder / "out"
     first = run(write_manifest(folder, lines), out, capsys)
     assert first["done"] == 2 and first["skipped"] == 0 and first["ok"]
@@ -118,8 +129,13 @@ def test_random_seed_is_drawn_from_the_line_so_a_rerun_finds_it(folder):
 
 def test_mask_is_checked_and_reported_until_edits_take_one(folder, tiny_cache, capsys):
     write_picture(folder / "pics" / "m.png", seed=5)
-    manifest = write_manifest(folder, [{"image": "pics/p0.png", "instruction": "x", "mask": "pics/m.png", **FAST},
-                                       {"image": "pics/p0.png", "instruction": "x", "mask": "pics/none.png"}])
+    manifest = write_manifest(
+        folder,
+        [
+            {"image": "pics/p0.png", "instruction": "x", "mask": "pics/m.png", **FAST},
+            {"image": "pics/p0.png", "instruction": "x", "mask": "pics/none.png"},
+        ],
+    )
     summary = run(manifest, folder / "out", capsys)
     by_line = {row["line"]: row for row in rows(folder / "out")}
     assert "mask: no file at" in by_line[2]["error"]

@@ -56,7 +56,7 @@ def test_the_ico_declares_256_and_embeds_a_png_of_the_stated_size():
     width, height, _, _, _, _, length, offset = struct.unpack("<BBBBHHII", ico[6:22])
     assert (reserved, kind, count) == (0, 1, 1)
     assert (width, height) == (0, 0)  # 0 means 256 in an ICO directory
-    assert ico[offset:offset + length] == png
+    assert ico[offset : offset + length] == png
     embedded = ico[offset:]
     assert embedded[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", embedded[16:24]) == (700, 500)  # IHDR width, height
@@ -92,9 +92,15 @@ def test_the_chunked_multipart_body_carries_every_part_in_full():
         assert len(content) == size and content.startswith(b"\x89PNG")
 
 
-@pytest.mark.parametrize("bad", [lambda: abuse_files.zip_bomb(0, 10), lambda: abuse_files.zip_bomb(1, 1 << 32),
-                                 lambda: abuse_files.png_of_zeros(0, 5),
-                                 lambda: abuse_files.ico_with_png(b"", declared=300)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: abuse_files.zip_bomb(0, 10),
+        lambda: abuse_files.zip_bomb(1, 1 << 32),
+        lambda: abuse_files.png_of_zeros(0, 5),
+        lambda: abuse_files.ico_with_png(b"", declared=300),
+    ],
+)
 def test_impossible_files_are_refused(bad):
     with pytest.raises(ValueError):
         bad()
@@ -104,8 +110,16 @@ def test_impossible_files_are_refused(bad):
 # The verdict, from recorded observations
 # ---------------------------------------------------------------------------------------------
 
-GOOD = {"probe": "x", "check": True, "honest_edit_completed": True, "status_max_s": 0.2, "rss_growth_mb": 12.0,
-        "cache_growth_mb": 1.0, "other_client_files_removed": 0, "error": None}
+GOOD = {
+    "probe": "x",
+    "check": True,
+    "honest_edit_completed": True,
+    "status_max_s": 0.2,
+    "rss_growth_mb": 12.0,
+    "cache_growth_mb": 1.0,
+    "other_client_files_removed": 0,
+    "error": None,
+}
 
 
 def test_a_record_that_meets_every_target_held():
@@ -113,18 +127,21 @@ def test_a_record_that_meets_every_target_held():
     assert bench_abuse.held({**GOOD, "check": None})  # a probe with no check of its own
 
 
-@pytest.mark.parametrize("change, miss", [
-    ({"check": False}, "check"),
-    ({"honest_edit_completed": False}, "honest edit"),
-    ({"honest_edit_completed": None}, "honest edit"),
-    ({"status_max_s": bench_abuse.TARGET_STATUS_S}, "/status"),
-    ({"status_max_s": None}, "/status"),
-    ({"rss_growth_mb": bench_abuse.TARGET_RSS_GROWTH_MB}, "RSS"),
-    ({"rss_growth_mb": None}, "RSS"),
-    ({"other_client_files_removed": 1}, "files removed"),
-    ({"other_client_files_removed": None}, "files removed"),
-    ({"error": "RuntimeError: boom"}, "harness error"),
-])
+@pytest.mark.parametrize(
+    "change, miss",
+    [
+        ({"check": False}, "check"),
+        ({"honest_edit_completed": False}, "honest edit"),
+        ({"honest_edit_completed": None}, "honest edit"),
+        ({"status_max_s": bench_abuse.TARGET_STATUS_S}, "/status"),
+        ({"status_max_s": None}, "/status"),
+        ({"rss_growth_mb": bench_abuse.TARGET_RSS_GROWTH_MB}, "RSS"),
+        ({"rss_growth_mb": None}, "RSS"),
+        ({"other_client_files_removed": 1}, "files removed"),
+        ({"other_client_files_removed": None}, "files removed"),
+        ({"error": "RuntimeError: boom"}, "harness error"),
+    ],
+)
 def test_missing_any_target_is_not_held(change, miss):
     record = {**GOOD, **change}
     assert not bench_abuse.held(record)
@@ -132,8 +149,15 @@ def test_missing_any_target_is_not_held(change, miss):
 
 
 def test_the_table_names_each_probe_and_its_misses():
-    record = {**GOOD, "probe": "zip-bomb", "held": False, "status_max_s": 5.0, "sent": "a zip",
-              "check_text": "busy 120 s", "notes": ["n1"]}
+    record = {
+        **GOOD,
+        "probe": "zip-bomb",
+        "held": False,
+        "status_max_s": 5.0,
+        "sent": "a zip",
+        "check_text": "busy 120 s",
+        "notes": ["n1"],
+    }
     report = {"probes": [record], "summary": {"held": 0, "probes": 1}, "seconds_total": 3.0}
     text = bench_abuse.table(report)
     assert "zip-bomb" in text and "misses: /status" in text and "sent: a zip" in text and "note: n1" in text
@@ -147,8 +171,17 @@ def test_the_command_is_in_the_bench_table_and_bad_flags_exit_2(capsys):
     assert exc.value.code == 2
     with pytest.raises(ValueError, match="unknown probe"):
         bench_abuse.run(["no-such-probe"])
-    assert list(abuse_probes.PROBES) == ["run-bypass", "zip-bomb", "ico-decode", "cache-evict", "long-name",
-                                         "login-bypass", "sessions", "engine-settings", "low"]
+    assert list(abuse_probes.PROBES) == [
+        "run-bypass",
+        "zip-bomb",
+        "ico-decode",
+        "cache-evict",
+        "long-name",
+        "login-bypass",
+        "sessions",
+        "engine-settings",
+        "low",
+    ]
 
 
 def test_an_app_that_refuses_its_flags_is_reported_and_nothing_is_left(tiny_cache):
@@ -170,8 +203,17 @@ def test_one_probe_end_to_end_reports_every_figure(tiny_cache, capsys):
     (record,) = report["probes"]
     assert code == (0 if record["held"] else 1)
     assert record["error"] is None, record
-    for key in ("probe", "sent", "held", "honest_edit_completed", "status_max_s", "rss_growth_mb", "cache_growth_mb",
-                "other_client_files_removed", "notes"):
+    for key in (
+        "probe",
+        "sent",
+        "held",
+        "honest_edit_completed",
+        "status_max_s",
+        "rss_growth_mb",
+        "cache_growth_mb",
+        "other_client_files_removed",
+        "notes",
+    ):
         assert key in record, key
     assert record["probe"] == "engine-settings" and record["sent"]
     assert record["held"] == bench_abuse.held(record)
@@ -226,8 +268,13 @@ def test_issue_58_probes_are_registered_after_issue_19s_and_take_either_spelling
 
 
 def _cache(files_max=60, cap=60, mb_max=1.0, cap_mb=4000.0, samples=10):
-    return {"cache_samples": samples, "cache_files_max": files_max, "cache_max_files": cap, "cache_mb_max": mb_max,
-            "cache_max_mb": cap_mb}
+    return {
+        "cache_samples": samples,
+        "cache_files_max": files_max,
+        "cache_max_files": cap,
+        "cache_mb_max": mb_max,
+        "cache_max_mb": cap_mb,
+    }
 
 
 def test_cache_figures_count_samples_and_seconds_over_either_cap():
@@ -287,14 +334,17 @@ def test_the_cache_sampler_samples_until_stopped():
 FLOOD_GOOD = {"newcomer": {"upload_status": 200, "edit": "ran", "ok": True}, "honest_saw_503": False, **_cache()}
 
 
-@pytest.mark.parametrize("change, held", [
-    ({}, True),
-    ({"newcomer": {"upload_status": 503, "edit": None, "ok": False}}, False),  # the issue's finding
-    ({"newcomer": {"upload_status": 200, "edit": "refused (503: full)", "ok": False}}, False),
-    ({"honest_saw_503": True}, False),
-    (_cache(files_max=134), False),  # 17 -> 134 files against a cap of 60
-    ({"cache_samples": 0}, False),
-])
+@pytest.mark.parametrize(
+    "change, held",
+    [
+        ({}, True),
+        ({"newcomer": {"upload_status": 503, "edit": None, "ok": False}}, False),  # the issue's finding
+        ({"newcomer": {"upload_status": 200, "edit": "refused (503: full)", "ok": False}}, False),
+        ({"honest_saw_503": True}, False),
+        (_cache(files_max=134), False),  # 17 -> 134 files against a cap of 60
+        ({"cache_samples": 0}, False),
+    ],
+)
 def test_results_flood_holds_only_when_the_newcomer_gets_in_and_the_cache_stays_capped(change, held):
     assert abuse_booth.results_flood_check({**FLOOD_GOOD, **change}) is held
 
@@ -305,46 +355,66 @@ def test_a_503_is_what_the_results_flood_looks_for():
     assert not abuse_booth._is_full({"upload_status": 200, "edit": "ran"})
 
 
-KIOSK_GOOD = {"edits_wanted": 300, "uploads_ok": 300, "edits_ran": 300,
-              "newcomers": [{"ok": True}, {"ok": True}], **_cache(files_max=900, cap=1000)}
+KIOSK_GOOD = {
+    "edits_wanted": 300,
+    "uploads_ok": 300,
+    "edits_ran": 300,
+    "newcomers": [{"ok": True}, {"ok": True}],
+    **_cache(files_max=900, cap=1000),
+}
 
 
-@pytest.mark.parametrize("change, held", [
-    ({}, True),
-    ({"uploads_ok": 200, "edits_ran": 200}, False),  # the 201st upload got 429 for an hour
-    ({"edits_ran": 299}, False),
-    ({"edits_wanted": 300, "uploads_ok": 120, "edits_ran": 120}, False),  # the budget ran out
-    ({"newcomers": [{"ok": True}, {"ok": False}]}, False),
-    ({"newcomers": []}, False),
-    (_cache(files_max=1001, cap=1000), False),
-])
+@pytest.mark.parametrize(
+    "change, held",
+    [
+        ({}, True),
+        ({"uploads_ok": 200, "edits_ran": 200}, False),  # the 201st upload got 429 for an hour
+        ({"edits_ran": 299}, False),
+        ({"edits_wanted": 300, "uploads_ok": 120, "edits_ran": 120}, False),  # the budget ran out
+        ({"newcomers": [{"ok": True}, {"ok": False}]}, False),
+        ({"newcomers": []}, False),
+        (_cache(files_max=1001, cap=1000), False),
+    ],
+)
 def test_the_kiosk_holds_only_when_every_picture_and_every_newcomer_succeeds_within_the_caps(change, held):
     assert abuse_booth.kiosk_check({**KIOSK_GOOD, **change}) is held
 
 
-SESSION_FLOOD_GOOD = {"session_capacity": 300, "flood_sessions_after_honest_job": 450, "flood_refused_429": 80,
-                      "edit_result_before": "picture", "edit_result_after": "picture"}
+SESSION_FLOOD_GOOD = {
+    "session_capacity": 300,
+    "flood_sessions_after_honest_job": 450,
+    "flood_refused_429": 80,
+    "edit_result_before": "picture",
+    "edit_result_after": "picture",
+}
 
 
-@pytest.mark.parametrize("change, held", [
-    ({}, True),
-    ({"edit_result_after": "no picture (ran)"}, False),  # the issue's finding: "Edit the result" did nothing
-    ({"edit_result_before": "no picture (ran)"}, False),  # the control failed: the check proves nothing
-    ({"flood_sessions_after_honest_job": 299}, False),  # Gradio's LRU alone would have kept it
-    ({"session_capacity": None, "flood_sessions_after_honest_job": 0}, True),  # uncapped: refused by the limit
-    ({"session_capacity": None, "flood_refused_429": 0}, False),
-])
+@pytest.mark.parametrize(
+    "change, held",
+    [
+        ({}, True),
+        ({"edit_result_after": "no picture (ran)"}, False),  # the issue's finding: "Edit the result" did nothing
+        ({"edit_result_before": "no picture (ran)"}, False),  # the control failed: the check proves nothing
+        ({"flood_sessions_after_honest_job": 299}, False),  # Gradio's LRU alone would have kept it
+        ({"session_capacity": None, "flood_sessions_after_honest_job": 0}, True),  # uncapped: refused by the limit
+        ({"session_capacity": None, "flood_refused_429": 0}, False),
+    ],
+)
 def test_the_session_flood_holds_when_the_honest_session_survives_a_flood_that_would_evict_it(change, held):
     assert abuse_booth.session_flood_check({**SESSION_FLOOD_GOOD, **change}) is held
 
 
 def test_edit_the_result_counts_only_when_it_returned_a_picture():
-    picture = {"path": "/tmp/gradio/x/result.png", "url": "http://127.0.0.1/file=x",
-               "meta": {"_type": "gradio.FileData"}}
+    picture = {
+        "path": "/tmp/gradio/x/result.png",
+        "url": "http://127.0.0.1/file=x",
+        "meta": {"_type": "gradio.FileData"},
+    }
     ok = abuse_client.CallResult(True, 200, data=[picture, "The result is the source now"])
     assert abuse_booth.edit_result_picture(ok)
-    assert abuse_booth.edit_result_picture(abuse_client.CallResult(True, 200, data=[{"__type__": "update",
-                                                                                      "value": picture}, ""]))
+    assert abuse_booth.edit_result_picture(
+        abuse_client.CallResult(True, 200, data=[{"__type__": "update", "value": picture}, ""])
+    )
     gone = abuse_client.CallResult(True, 200, data=[{"__type__": "update"}, {"__type__": "update"}])
     assert not abuse_booth.edit_result_picture(gone)
     assert not abuse_booth.edit_result_picture(abuse_client.CallResult(False, 404, "gone"))
@@ -353,15 +423,18 @@ def test_edit_the_result_counts_only_when_it_returned_a_picture():
 HISTORY_GOOD = {"single_request_cpu_s": 0.05, "flood_cpu_s_per_request": 0.08, "flood_answered": 40}
 
 
-@pytest.mark.parametrize("change, held", [
-    ({}, True),
-    ({"single_request_cpu_s": 2.8}, False),  # the issue's finding
-    ({"flood_cpu_s_per_request": abuse_booth.HISTORY_CPU_TARGET_S}, False),
-    ({"flood_cpu_s_per_request": None, "flood_answered": 0}, False),
-    ({"adapted": HISTORY_GOOD}, True),
-    ({"adapted": {**HISTORY_GOOD, "single_request_cpu_s": 0.7}}, False),  # cheap only while refused by count
-    ({"adapted": {**HISTORY_GOOD, "flood_answered": 0, "flood_cpu_s_per_request": None}}, False),
-])
+@pytest.mark.parametrize(
+    "change, held",
+    [
+        ({}, True),
+        ({"single_request_cpu_s": 2.8}, False),  # the issue's finding
+        ({"flood_cpu_s_per_request": abuse_booth.HISTORY_CPU_TARGET_S}, False),
+        ({"flood_cpu_s_per_request": None, "flood_answered": 0}, False),
+        ({"adapted": HISTORY_GOOD}, True),
+        ({"adapted": {**HISTORY_GOOD, "single_request_cpu_s": 0.7}}, False),  # cheap only while refused by count
+        ({"adapted": {**HISTORY_GOOD, "flood_answered": 0, "flood_cpu_s_per_request": None}}, False),
+    ],
+)
 def test_history_cpu_holds_when_a_large_refresh_costs_the_server_little(change, held):
     assert abuse_booth.history_cpu_check({**HISTORY_GOOD, **change}) is held
 
@@ -385,13 +458,16 @@ def test_a_pre_encoded_body_is_the_same_json_request():
     assert abuse_client._body(payload, data, None) == {"json": {**payload, "data": data}}
 
 
-@pytest.mark.parametrize("rounds, median", [
-    ([(100.0, 100.5, 80)] * 5, 6.4),
-    # One round in which the allocator grew an arena (or the server did something else): the
-    # median is the other rounds' figure; the mean would have been 41 KB.
-    ([(100.0, 100.5, 80), (100.5, 101.0, 80), (101.0, 116.0, 80), (116.0, 116.5, 80), (116.5, 117.0, 80)], 6.4),
-    ([(100.0, 100.0, 80), (100.0, 100.0, 0)], 0.0),  # a round that admitted nothing is left out
-])
+@pytest.mark.parametrize(
+    "rounds, median",
+    [
+        ([(100.0, 100.5, 80)] * 5, 6.4),
+        # One round in which the allocator grew an arena (or the server did something else): the
+        # median is the other rounds' figure; the mean would have been 41 KB.
+        ([(100.0, 100.5, 80), (100.5, 101.0, 80), (101.0, 116.0, 80), (116.0, 116.5, 80), (116.5, 117.0, 80)], 6.4),
+        ([(100.0, 100.0, 80), (100.0, 100.0, 0)], 0.0),  # a round that admitted nothing is left out
+    ],
+)
 def test_the_session_cost_is_the_median_of_its_rounds(rounds, median):
     figures = abuse_probes.session_cost_kb(rounds)
     assert figures["kb_per_session"] == median

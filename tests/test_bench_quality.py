@@ -33,8 +33,16 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def report(tiny_cache, one_thread):
-    return quality.run(cases=CASES, profile="tiny", device="cpu", steps=STEPS, only=ONLY, per_case=True,
-                       steps_grid=[STEPS, 2], cross=["interval:2"])
+    return quality.run(
+        cases=CASES,
+        profile="tiny",
+        device="cpu",
+        steps=STEPS,
+        only=ONLY,
+        per_case=True,
+        steps_grid=[STEPS, 2],
+        cross=["interval:2"],
+    )
 
 
 def test_structure(report):
@@ -124,13 +132,15 @@ def test_fidelity_figures_follow_from_the_per_case_outputs(report):
 
 def test_figures_follow_from_the_per_case_scores(report):
     rows = report["configurations"]
-    assert [c["seed"] for c in report["per_case"]] == list(range(world.HELD_OUT_SEED_START,
-                                                                 world.HELD_OUT_SEED_START + CASES))
+    assert [c["seed"] for c in report["per_case"]] == list(
+        range(world.HELD_OUT_SEED_START, world.HELD_OUT_SEED_START + CASES)
+    )
     for name, row in rows.items():
         cells = [c["configurations"][name] for c in report["per_case"]]
         assert row["success_rate"] == pytest.approx(sum(c["success"] for c in cells) / CASES, abs=1e-4)
         assert row["untouched_psnr_median_db"] == pytest.approx(
-            statistics.median(c["untouched_psnr_db"] for c in cells), abs=0.01)
+            statistics.median(c["untouched_psnr_db"] for c in cells), abs=0.01
+        )
         exact_cells = [c["configurations"]["exact"] for c in report["per_case"]]
         assert row["equal_to_exact_cases"] == sum(a["success"] == b["success"] for a, b in zip(cells, exact_cells))
 
@@ -146,16 +156,23 @@ def test_scores_are_the_world_rule_on_the_real_edit(report, tiny_cache, tmp_path
     from hidream_ui.engine.pool import EnginePool
 
     case = world.make_case(world.HELD_OUT_SEED_START)
-    engine = EnginePool.for_config(AppConfig(tiny_profile="tiny", device="cpu", memory="full",
-                                             output_dir=tmp_path)).primary
-    params = EditParams.from_dict({**EditParams.defaults_for("e1.1").to_dict(), "instruction": case.instruction,
-                                   "seed": case.seed, "num_inference_steps": STEPS, "cache": "none"})
+    engine = EnginePool.for_config(
+        AppConfig(tiny_profile="tiny", device="cpu", memory="full", output_dir=tmp_path)
+    ).primary
+    params = EditParams.from_dict(
+        {
+            **EditParams.defaults_for("e1.1").to_dict(),
+            "instruction": case.instruction,
+            "seed": case.seed,
+            "num_inference_steps": STEPS,
+            "cache": "none",
+        }
+    )
     out = np.asarray(engine.edit(EditRequest(image=Image.fromarray(case.source), params=params), save=False).image)
     expected = world.score(case, out)
     got = report["per_case"][0]["configurations"]["exact"]
     assert got["success"] == expected["success"] and got["got"] == expected["got"]
-    assert got["untouched_psnr_db"] == pytest.approx(min(expected["untouched_psnr_db"], quality.PSNR_CAP_DB),
-                                                     abs=0.01)
+    assert got["untouched_psnr_db"] == pytest.approx(min(expected["untouched_psnr_db"], quality.PSNR_CAP_DB), abs=0.01)
 
 
 def test_table_names_every_configuration(report):
@@ -172,9 +189,20 @@ def test_every_mode_is_listed_on_cpu(tiny_cache):
     configs, unavailable = quality.all_configurations(device, resolve_dtype("auto", device), "tiny")
     names = [c.name for c in configs]
     assert names[0] == "exact"
-    for name in ("interval:2", "interval:3", "first-block:0.05", "fp8", "memory:encoders-offload",
-                 "memory:encoders-cpu", "memory:blocks", "memory:sequential", "attention:sdpa", "attention:math",
-                 "attention:chunked", "padded"):
+    for name in (
+        "interval:2",
+        "interval:3",
+        "first-block:0.05",
+        "fp8",
+        "memory:encoders-offload",
+        "memory:encoders-cpu",
+        "memory:blocks",
+        "memory:sequential",
+        "attention:sdpa",
+        "attention:math",
+        "attention:chunked",
+        "padded",
+    ):
         assert name in names
     assert "memory:full" not in names  # that is exact's own plan
     assert any(c.name == "attention:flash_attn" for c in unavailable)  # CUDA only: reported, not run
@@ -193,38 +221,48 @@ def test_a_cache_whose_library_is_absent_is_listed_with_its_hint(tiny_cache, mon
 
     monkeypatch.setattr(quality, "cache_unavailable", lambda spec: "pip it" if spec.kind == "dbcache" else None)
     device = resolve_device("cpu")
-    configs, unavailable = quality.all_configurations(device, resolve_dtype("auto", device), "tiny",
-                                                      ["interval:2", "dbcache:0.1"])
+    configs, unavailable = quality.all_configurations(
+        device, resolve_dtype("auto", device), "tiny", ["interval:2", "dbcache:0.1"]
+    )
     assert "interval:2" in [c.name for c in configs] and "dbcache:0.1" not in [c.name for c in configs]
     assert {c.name: why for c, why in unavailable.items()}["dbcache:0.1"] == "pip it"
 
 
-def _row(group: str, success: float, speedup: float | None, psnr: float = 40.0, cache: str = "none",
-         steps: int | None = None) -> dict:
-    return {"group": group, "success_rate": success, "transformer_speedup_vs_exact": speedup,
-            "settings": {"cache": cache, "steps": steps},
-            "fidelity_vs_exact": {"psnr_db": {"median": psnr, "p5": psnr - 3}}}
+def _row(
+    group: str, success: float, speedup: float | None, psnr: float = 40.0, cache: str = "none", steps: int | None = None
+) -> dict:
+    return {
+        "group": group,
+        "success_rate": success,
+        "transformer_speedup_vs_exact": speedup,
+        "settings": {"cache": cache, "steps": steps},
+        "fidelity_vs_exact": {"psnr_db": {"median": psnr, "p5": psnr - 3}},
+    }
 
 
 def test_presets_are_the_fastest_caches_that_keep_each_rule(monkeypatch):
     monkeypatch.setattr(quality, "SPEED_PRESETS", {"exact": "none", "fast": "interval:2", "faster": "interval:3@14"})
-    report = {"configurations": {
-        "exact": _row("exact", 0.90, 1.0),
-        "interval:2": _row("cache", 0.88, 1.9, cache="interval:2"),  # fast: within 3 points, >= 1.8x, >= 30 dB
-        "taylorseer:2": _row("cache", 0.875, 2.2, cache="taylorseer:2"),  # fast too, and faster than interval:2
-        "taylorseer:3": _row("cache", 0.90, 2.3, psnr=29.0, cache="taylorseer:3"),  # fast but for its 29 dB
-        "interval:3@14": _row("cache", 0.85, 2.6, cache="interval:3", steps=14),  # faster: 5 points lost
-        "steps:10": _row("steps", 0.83, 2.8, psnr=26.0, steps=10),  # faster, and faster than interval:3@14
-        "magcache:0.24": _row("cache", 0.70, 4.0, cache="magcache:0.24"),  # too lossy for either
-        "attention:math": _row("attention", 0.90, 3.0),  # neither a cache nor steps: never a preset
-        "fbcache:0.1": {"group": "cache", "error": "edit failed"},
-    }}
+    report = {
+        "configurations": {
+            "exact": _row("exact", 0.90, 1.0),
+            "interval:2": _row("cache", 0.88, 1.9, cache="interval:2"),  # fast: within 3 points, >= 1.8x, >= 30 dB
+            "taylorseer:2": _row("cache", 0.875, 2.2, cache="taylorseer:2"),  # fast too, and faster than interval:2
+            "taylorseer:3": _row("cache", 0.90, 2.3, psnr=29.0, cache="taylorseer:3"),  # fast but for its 29 dB
+            "interval:3@14": _row("cache", 0.85, 2.6, cache="interval:3", steps=14),  # faster: 5 points lost
+            "steps:10": _row("steps", 0.83, 2.8, psnr=26.0, steps=10),  # faster, and faster than interval:3@14
+            "magcache:0.24": _row("cache", 0.70, 4.0, cache="magcache:0.24"),  # too lossy for either
+            "attention:math": _row("attention", 0.90, 3.0),  # neither a cache nor steps: never a preset
+            "fbcache:0.1": {"group": "cache", "error": "edit failed"},
+        }
+    }
     chosen = quality.presets(report)
     fast, faster = chosen["fast"], chosen["faster"]
     assert fast["qualifying"] == ["taylorseer:2", "interval:2"] and fast["best"] == "taylorseer:2"
     assert fast["meets_rule"] and fast["best_transformer_speedup"] == 2.2 and fast["best_psnr_vs_exact_db"] == 40.0
-    assert fast["best_speed_value"] == "taylorseer:2" and fast["targets"] == {"min_transformer_speedup": 2.0,
-                                                                             "met": True}
+    assert fast["best_speed_value"] == "taylorseer:2" and fast["targets"] == {
+        "min_transformer_speedup": 2.0,
+        "met": True,
+    }
     assert fast["current"] == "interval:2" and fast["current_keeps_rule"] is True and fast["current_misses"] == []
     assert faster["qualifying"] == ["steps:10", "interval:3@14"] and faster["best_speed_value"] == "none@10"
     assert faster["targets"]["met"] is False  # 2.8x < 3.0x
@@ -237,8 +275,13 @@ def test_presets_are_the_fastest_caches_that_keep_each_rule(monkeypatch):
     slow = quality.presets(report)["faster"]
     assert slow["qualifying"] == [] and slow["best"] == "interval:3@14" and slow["meets_rule"] is False
     assert slow["current_keeps_rule"] is False and slow["current_misses"] == ["transformer 2.40x (at least 2.5x)"]
-    assert set(slow) >= {"current", "max_success_drop", "min_transformer_speedup", "min_psnr_vs_exact_db",
-                         "best_success_rate"}
+    assert set(slow) >= {
+        "current",
+        "max_success_drop",
+        "min_transformer_speedup",
+        "min_psnr_vs_exact_db",
+        "best_success_rate",
+    }
 
 
 def test_cache_list_takes_any_cache_value():
@@ -256,14 +299,21 @@ def test_edit_settings_come_from_the_defaults_and_params():
             quality.edit_base(None, params)
 
 
-@pytest.mark.parametrize("argv, word", [(["--param", "guidance_scale"], "FIELD=VALUE"),
-                                        (["--param", "cache=interval:2"], "cache"),
-                                        (["--cases", "0"], "--cases"), (["--steps", "0"], "--steps"),
-                                        (["--threads", "0"], "--threads"), (["--caches", "interval:0"], "--caches"),
-                                        (["--steps-grid", "20,x"], "--steps-grid"),
-                                        (["--steps-grid", "0"], "--steps-grid"),
-                                        (["--cross", "interval:2"], "--cross needs --steps-grid"),
-                                        (["--record", "--tiny-profile", "tiny"], "--record")])
+@pytest.mark.parametrize(
+    "argv, word",
+    [
+        (["--param", "guidance_scale"], "FIELD=VALUE"),
+        (["--param", "cache=interval:2"], "cache"),
+        (["--cases", "0"], "--cases"),
+        (["--steps", "0"], "--steps"),
+        (["--threads", "0"], "--threads"),
+        (["--caches", "interval:0"], "--caches"),
+        (["--steps-grid", "20,x"], "--steps-grid"),
+        (["--steps-grid", "0"], "--steps-grid"),
+        (["--cross", "interval:2"], "--cross needs --steps-grid"),
+        (["--record", "--tiny-profile", "tiny"], "--record"),
+    ],
+)
 def test_cli_refuses_bad_numbers(argv, word, capsys):
     with pytest.raises(SystemExit) as exc:
         quality.main(argv)

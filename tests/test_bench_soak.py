@@ -17,9 +17,23 @@ def report(tiny_cache):
 
 def test_report_has_the_figures_and_targets(report):
     json.dumps(report)  # JSON-able as it is
-    for key in ("benchmark", "edits", "retention", "cache_max_files", "sample_at_edit", "rss_mb", "cache_files",
-                "output_files", "output_pngs", "failures", "seconds_total", "seconds_per_edit",
-                "series", "targets", "janitor_forced_before_sample"):
+    for key in (
+        "benchmark",
+        "edits",
+        "retention",
+        "cache_max_files",
+        "sample_at_edit",
+        "rss_mb",
+        "cache_files",
+        "output_files",
+        "output_pngs",
+        "failures",
+        "seconds_total",
+        "seconds_per_edit",
+        "series",
+        "targets",
+        "janitor_forced_before_sample",
+    ):
         assert key in report, key
     assert report["benchmark"] == "soak" and report["edits"] == 6 and report["sample_at_edit"] == 2
     assert report["janitor_forced_before_sample"] is True

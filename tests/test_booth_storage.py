@@ -47,8 +47,9 @@ def cache_count(app) -> int:
 
 def within_cap(app, cap: int) -> int:
     """The cache's file count once the janitor has had its round (it is woken by every charge past a cap)."""
-    return wait_for(lambda: (n := cache_count(app)) <= cap and n + 1, what=f"the cache within {cap} files",
-                    timeout=20) - 1
+    return (
+        wait_for(lambda: (n := cache_count(app)) <= cap and n + 1, what=f"the cache within {cap} files", timeout=20) - 1
+    )
 
 
 def visitor_edits(app, address: str, seed: int) -> None:
@@ -214,9 +215,13 @@ def test_the_storage_rule_in_the_docs_states_the_codes_figures():
     after = text.split("**Storage ages out per client; nobody is locked out.**", 1)[1]
     rule = " ".join(" ".join(after.split("\n- ")[:2]).split())
     config = AppConfig()
-    for flag, value in (("client-quota-files", config.client_quota_files), ("client-quota-mb", config.client_quota_mb),
-                        ("cache-max-files", config.cache_max_files), ("cache-max-mb", config.cache_max_mb),
-                        ("max-new-sessions", config.max_new_sessions)):
+    for flag, value in (
+        ("client-quota-files", config.client_quota_files),
+        ("client-quota-mb", config.client_quota_mb),
+        ("cache-max-files", config.cache_max_files),
+        ("cache-max-mb", config.cache_max_mb),
+        ("max-new-sessions", config.max_new_sessions),
+    ):
         assert f"`--{flag}` ({value})" in rule, flag
     assert f"`--cache-max-age` ({config.cache_max_age} s)" in rule
     assert f"for {LATEST_HOLD / 60:.0f} minutes" in rule
@@ -235,8 +240,10 @@ def test_a_body_of_55000_history_entries_is_refused_before_it_is_parsed(session_
     demo = session_app["demo"]
     index, fn = _history_refresh(demo)
     flood = [{"params": {}}] * 55_000
-    body = json.dumps({"fn_index": index, "data": [flood] + [None] * (len(fn.inputs) - 1),
-                       "session_hash": "history-cpu"}, separators=(",", ":")).encode()
+    body = json.dumps(
+        {"fn_index": index, "data": [flood] + [None] * (len(fn.inputs) - 1), "session_hash": "history-cpu"},
+        separators=(",", ":"),
+    ).encode()
     assert len(body) < session_app["config"].max_body_kb * 1024  # under the body limit: the finding's request
     with client(session_app, "127.0.7.1") as http:
         http.get("/gradio_api/info")  # the connection is made before the clock starts

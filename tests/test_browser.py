@@ -21,8 +21,14 @@ from playwright import sync_api
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 EXAMPLE_INSTRUCTION = "Turn the scene into a snowy winter evening"  # assets/examples.json, first entry
 
 
@@ -136,7 +142,6 @@ def test_batch_in_the_browser(app, page, tmp_path):
     page.mouse.move(0, 0)
     page.screenshot(path=str(ARTIFACTS / "batch_tab_after.png"), full_page=True)
     assert app["engine"].counters["edits"] >= 4
-
 
 
 def test_stop_in_the_browser_stops_within_one_step_and_saves_nothing(app, page):

@@ -142,8 +142,9 @@ def test_stop_leaves_stopped_and_no_error(app, page, monkeypatch):
     page.locator("#hui-edit").click()
     # The panel's state line shows the steps the bar shows, from the same source (any step from 3 on:
     # on a fast machine the line may jump from 2 to 28 to 137 between two looks).
-    sync_api.expect(page.locator("#hui-status-state")).to_contain_text(re.compile(r"step ([3-9]|[1-9]\d+)/200"),
-                                                                      timeout=120_000)
+    sync_api.expect(page.locator("#hui-status-state")).to_contain_text(
+        re.compile(r"step ([3-9]|[1-9]\d+)/200"), timeout=120_000
+    )
     page.locator("#hui-stop").click()
     stopped = re.compile(r"Stopped (after \d+ of 200 steps|before)")
     sync_api.expect(page.locator("#hui-summary")).to_contain_text(stopped)

@@ -65,9 +65,27 @@ def test_edit_cli_prints_a_json_summary(tiny_cache, tmp_path, capsys):
     src = tmp_path / "in.png"
     Image.new("RGB", (48, 40), (200, 30, 30)).save(src)
     out = tmp_path / "result.png"
-    code = cli.main(["edit", "--image", str(src), "--instruction", "make it blue", "--steps", "2",
-                     "--working-resolution", "draft", "--device", "cpu", "--seed", "-1",
-                     "--output-dir", str(tmp_path / "outputs"), "--out", str(out)])
+    code = cli.main(
+        [
+            "edit",
+            "--image",
+            str(src),
+            "--instruction",
+            "make it blue",
+            "--steps",
+            "2",
+            "--working-resolution",
+            "draft",
+            "--device",
+            "cpu",
+            "--seed",
+            "-1",
+            "--output-dir",
+            str(tmp_path / "outputs"),
+            "--out",
+            str(out),
+        ]
+    )
     summary = json.loads(capsys.readouterr().out)
     assert code == 0 and summary["ok"] is True
     assert out.is_file() and Image.open(out).size == (48, 40)
@@ -86,8 +104,11 @@ def test_make_tiny_cli_twice_gives_identical_bytes(tmp_path):
     import hashlib
 
     def digest(root):
-        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(root.rglob("*")) if p.is_file()}
+        return {
+            str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))
+            if p.is_file()
+        }
 
     assert cli.main(["make-tiny", str(tmp_path / "a"), "--seed", "3"]) == 0
     assert cli.main(["make-tiny", str(tmp_path / "b"), "--seed", "3"]) == 0
@@ -119,7 +140,22 @@ def test_edit_cli_runs_on_the_first_of_devices_not_on_the_auto_device(tmp_path, 
     no NPU here the edit must fail naming it, not run quietly on the auto device (the CPU)."""
     src = tmp_path / "in.png"
     Image.new("RGB", (48, 40), (200, 30, 30)).save(src)
-    code = cli.main(["edit", "--image", str(src), "--instruction", "make it blue", "--steps", "1",
-                     "--working-resolution", "draft", "--devices", "npu:1", "--output-dir", str(tmp_path / "out")])
+    code = cli.main(
+        [
+            "edit",
+            "--image",
+            str(src),
+            "--instruction",
+            "make it blue",
+            "--steps",
+            "1",
+            "--working-resolution",
+            "draft",
+            "--devices",
+            "npu:1",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
     summary = json.loads(capsys.readouterr().out)
     assert code == 1 and summary["ok"] is False and "npu" in summary["error"], summary

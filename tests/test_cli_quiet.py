@@ -25,14 +25,30 @@ ROOT = Path(__file__).resolve().parents[1]
 def _run(args: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in QUIET_ENVIRONMENT}
     environ.update(PYTHONPATH=str(ROOT), **env)
-    return subprocess.run([sys.executable, *args], cwd=tmp_path, env=environ, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, *args], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_edit_is_quiet_by_default_with_one_bar_of_ours_and_verbose_shows_the_libraries(tmp_path, tiny_cache):
     source = write_picture(tmp_path / "in.png")
-    common = ["-m", "hidream_ui", "edit", "--image", str(source), "--instruction", "make it blue", "--steps", "2",
-              "--working-resolution", "draft", "--output-dir", str(tmp_path / "out"), "--device", "cpu"]
+    common = [
+        "-m",
+        "hidream_ui",
+        "edit",
+        "--image",
+        str(source),
+        "--instruction",
+        "make it blue",
+        "--steps",
+        "2",
+        "--working-resolution",
+        "draft",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--device",
+        "cpu",
+    ]
     quiet = _run(common, tmp_path)
     assert quiet.returncode == 0, quiet.stderr
     assert json.loads(quiet.stdout)["ok"] is True  # stdout is the JSON summary alone
@@ -74,8 +90,10 @@ def test_a_taken_port_names_our_flag_not_gradios_variable(tmp_path, tiny_cache, 
     from hidream_ui.cli.app import main, serve_error
 
     config = AppConfig(port=7990)
-    gradio_says = OSError("Cannot find empty port in range: 7990-7990. You can specify a different port by setting "
-                          "the GRADIO_SERVER_PORT environment variable or passing the `server_port` parameter")
+    gradio_says = OSError(
+        "Cannot find empty port in range: 7990-7990. You can specify a different port by setting "
+        "the GRADIO_SERVER_PORT environment variable or passing the `server_port` parameter"
+    )
     for exc in (gradio_says, OSError(errno.EADDRINUSE, "Address already in use")):
         message = serve_error(config, exc)
         assert "--port 7991" in message and "HIDREAM_PORT" in message and "GRADIO_SERVER_PORT" not in message
@@ -105,8 +123,7 @@ def test_plan_says_which_model_it_planned_and_how_to_plan_the_release(tiny_cache
 def test_a_missing_torch_is_one_line_with_the_install_command(tmp_path):
     # sys.modules["torch"] = None makes `import torch` raise ModuleNotFoundError(name="torch"), as on a
     # machine without it (installing and removing torch here is not an option).
-    code = ("import sys; sys.modules['torch'] = None; from hidream_ui.__main__ import main; "
-            "sys.exit(main(['doctor']))")
+    code = "import sys; sys.modules['torch'] = None; from hidream_ui.__main__ import main; sys.exit(main(['doctor']))"
     result = _run(["-c", code], tmp_path)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr

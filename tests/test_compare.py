@@ -28,40 +28,46 @@ from hidream_ui.engine.pool import EnginePool
 # Parsing
 
 
-@pytest.mark.parametrize("axis, text, expected", [
-    ("steps", "1,2,3", (1, 2, 3)),
-    ("steps", " 4  8 ;12 ", (4, 8, 12)),
-    ("guidance", "1.5:4.5:1.0", (1.5, 2.5, 3.5, 4.5)),
-    ("guidance", "1.5 : 4.5 : 1", (1.5, 2.5, 3.5, 4.5)),
-    ("refine", "0:1:0.1", tuple(round(0.1 * i, 10) for i in range(11))),  # end included despite 0.1 rounding
-    ("refine", "0:0.45:0.2", (0.0, 0.2, 0.4)),  # an end between steps is not reached
-    ("image_guidance", "2:1:-0.5", (2.0, 1.5, 1.0)),
-    ("seed", "7:10", (7, 8, 9, 10)),
-    ("seed", "3, 0:1", (3, 0, 1)),
-    ("attention", "sdpa, MATH", ("sdpa", "math")),
-    ("resolution", "draft, Auto, 512:768:256", ("draft", "auto", "512", "768")),
-    ("guidance_scale", [2, "3.5"], (2.0, 3.5)),  # field names and lists work too
-])
+@pytest.mark.parametrize(
+    "axis, text, expected",
+    [
+        ("steps", "1,2,3", (1, 2, 3)),
+        ("steps", " 4  8 ;12 ", (4, 8, 12)),
+        ("guidance", "1.5:4.5:1.0", (1.5, 2.5, 3.5, 4.5)),
+        ("guidance", "1.5 : 4.5 : 1", (1.5, 2.5, 3.5, 4.5)),
+        ("refine", "0:1:0.1", tuple(round(0.1 * i, 10) for i in range(11))),  # end included despite 0.1 rounding
+        ("refine", "0:0.45:0.2", (0.0, 0.2, 0.4)),  # an end between steps is not reached
+        ("image_guidance", "2:1:-0.5", (2.0, 1.5, 1.0)),
+        ("seed", "7:10", (7, 8, 9, 10)),
+        ("seed", "3, 0:1", (3, 0, 1)),
+        ("attention", "sdpa, MATH", ("sdpa", "math")),
+        ("resolution", "draft, Auto, 512:768:256", ("draft", "auto", "512", "768")),
+        ("guidance_scale", [2, "3.5"], (2.0, 3.5)),  # field names and lists work too
+    ],
+)
 def test_parse_axis_values(axis, text, expected):
     assert parse_axis_values(axis, text) == expected
 
 
-@pytest.mark.parametrize("axis, text, fragment", [
-    ("attention", "sdpa, flashy", "one of auto, sdpa"),
-    ("attention", "sdpa:math", "strategy names"),
-    ("steps", "1.5", "whole number"),
-    ("steps", "1:4:0.5", "whole numbers"),
-    ("guidance", "2, 50", "from 0 to 30"),
-    ("refine", "0:2:0.5", "from 0 to 1"),
-    ("guidance", "1:3:0", "step that is not 0"),
-    ("guidance", "3:1:1", "towards stop"),
-    ("guidance", "1:x", "a number"),
-    ("seed", "-1", "not -1"),
-    ("steps", "4, 4", "listed twice"),
-    ("steps", "  ", "at least one value"),
-    ("resolution", "500", "multiple of 16"),
-    ("seed", "0:100000", "at most 256 values"),
-])
+@pytest.mark.parametrize(
+    "axis, text, fragment",
+    [
+        ("attention", "sdpa, flashy", "one of auto, sdpa"),
+        ("attention", "sdpa:math", "strategy names"),
+        ("steps", "1.5", "whole number"),
+        ("steps", "1:4:0.5", "whole numbers"),
+        ("guidance", "2, 50", "from 0 to 30"),
+        ("refine", "0:2:0.5", "from 0 to 1"),
+        ("guidance", "1:3:0", "step that is not 0"),
+        ("guidance", "3:1:1", "towards stop"),
+        ("guidance", "1:x", "a number"),
+        ("seed", "-1", "not -1"),
+        ("steps", "4, 4", "listed twice"),
+        ("steps", "  ", "at least one value"),
+        ("resolution", "500", "multiple of 16"),
+        ("seed", "0:100000", "at most 256 values"),
+    ],
+)
 def test_bad_axis_values_name_the_axis(axis, text, fragment):
     with pytest.raises(RequestError) as info:
         parse_axis_values(axis, text)
@@ -81,7 +87,8 @@ def test_plan_is_row_major_and_resolves_a_random_seed_once():
     assert (plan.rows, plan.cols) == (2, 3)
     assert [(c.row, c.col) for c in plan.cells] == [(r, c) for r in range(2) for c in range(3)]
     assert [(c.params.guidance_scale, c.params.num_inference_steps) for c in plan.cells] == [
-        (g, s) for s in (1, 2) for g in (2.0, 3.0, 4.0)]
+        (g, s) for s in (1, 2) for g in (2.0, 3.0, 4.0)
+    ]
     seeds = {c.params.seed for c in plan.cells}
     assert len(seeds) == 1 and seeds.pop() >= 0
     with pytest.raises(RequestError, match=r"3 x 2 = 6 cells.*at most 5 cells"):
@@ -128,8 +135,16 @@ def engine(tmp_path_factory, tiny_cache):
 
 def test_two_by_three_grid_runs_row_major_and_renders_with_labels(engine):
     seen = []
-    result = run_compare(engine, picture(1), params(), "seed", "1,2,3", "steps", "1,2",
-                         on_cell=lambda cell, res: seen.append((cell.row, cell.col)))
+    result = run_compare(
+        engine,
+        picture(1),
+        params(),
+        "seed",
+        "1,2,3",
+        "steps",
+        "1,2",
+        on_cell=lambda cell, res: seen.append((cell.row, cell.col)),
+    )
     assert (result.rows, result.cols) == (2, 3) and len(result.cells) == 6 and not result.cancelled
     assert seen == [(r, c) for r in range(2) for c in range(3)]
     for row, steps in enumerate((1, 2)):
@@ -152,11 +167,12 @@ def test_two_by_three_grid_runs_row_major_and_renders_with_labels(engine):
     # Each cell is the result, scaled, at its box.
     for index, box in enumerate(layout.cell_boxes):
         expected = result.cells[index].image.resize((cell_w, cell_h), Image.Resampling.LANCZOS)
-        assert np.array_equal(pixels[box[1]:box[3], box[0]:box[2]], np.asarray(expected))
+        assert np.array_equal(pixels[box[1] : box[3], box[0] : box[2]], np.asarray(expected))
     # Boxes: inside the image, row-major, not overlapping.
     assert all(0 <= x0 < x1 <= width and 0 <= y0 < y1 <= height for x0, y0, x1, y1 in layout.cell_boxes)
     assert layout.cell_boxes[0][0] < layout.cell_boxes[1][0] < layout.cell_boxes[2][0]
     assert layout.cell_boxes[0][3] <= layout.cell_boxes[3][1]
+
     # Labels: the title line, one column header above each column, one row label left of each row.
     def inked(region) -> bool:
         return bool((np.asarray(region).min(axis=-1) < 100).any())
@@ -165,12 +181,12 @@ def test_two_by_three_grid_runs_row_major_and_renders_with_labels(engine):
     left_of_cells = layout.cell_boxes[0][0]
     assert inked(pixels[: layout.header_band[1], :])  # "columns: seed   rows: steps"
     for x0, _, x1, _ in layout.cell_boxes[:3]:
-        assert inked(pixels[layout.header_band[1]:top_of_cells, x0:x1])
+        assert inked(pixels[layout.header_band[1] : top_of_cells, x0:x1])
     for row in range(2):
         _, y0, _, y1 = layout.cell_boxes[row * 3]
         assert inked(pixels[y0:y1, :left_of_cells])
     # Nothing drawn where no label belongs: left of the header values, above the row labels.
-    assert not inked(pixels[layout.header_band[1]:top_of_cells, :left_of_cells])
+    assert not inked(pixels[layout.header_band[1] : top_of_cells, :left_of_cells])
 
 
 def test_attention_axis_switches_and_restores(engine, monkeypatch):
@@ -221,8 +237,15 @@ def test_stop_keeps_finished_cells_and_the_grid_marks_the_rest(engine):
     from hidream_ui.engine.jobs import CancelToken
 
     token = CancelToken()
-    result = run_compare(engine, picture(4), params(num_inference_steps=1), "seed", "5, 6, 7",
-                         on_cell=lambda cell, res: token.cancel(), cancel=token)
+    result = run_compare(
+        engine,
+        picture(4),
+        params(num_inference_steps=1),
+        "seed",
+        "5, 6, 7",
+        on_cell=lambda cell, res: token.cancel(),
+        cancel=token,
+    )
     assert result.cancelled and len(result.cells) == 1
     assert result.cell(0, 0) is result.cells[0] and result.cell(0, 1) is None
     layout = grid_layout(result, cell_side=64)
@@ -236,9 +259,19 @@ def test_stop_keeps_finished_cells_and_the_grid_marks_the_rest(engine):
 def test_grid_without_a_y_axis_has_no_row_labels():
     image = picture(5, size=(40, 40))
     plan = plan_compare(params(), "guidance", "2, 3", max_cells=4)
-    fake = [EditResult(image=image, source_image=image, params=c.params, working_size=(256, 256),
-                       source_size=(40, 40), timings=Timings(), peak_memory_bytes=None, info=run_info())
-            for c in plan.cells]
+    fake = [
+        EditResult(
+            image=image,
+            source_image=image,
+            params=c.params,
+            working_size=(256, 256),
+            source_size=(40, 40),
+            timings=Timings(),
+            peak_memory_bytes=None,
+            info=run_info(),
+        )
+        for c in plan.cells
+    ]
     result = CompareResult(plan=plan, source_image=image, cells=fake)
     layout = grid_layout(result, cell_side=100)
     assert layout.label_band is None and (result.rows, result.cols) == (1, 2)
@@ -250,6 +283,12 @@ def test_a_resolution_the_model_cannot_take_fails_the_grid_before_any_cell(engin
     finished = []
     edits = engine.counters["edits"]
     with pytest.raises(EngineError, match="choose 'auto' or 'draft'"):
-        run_compare(engine, picture(6), params(num_inference_steps=1), "resolution", "draft, 512",
-                    on_cell=lambda cell, result: finished.append(cell))
+        run_compare(
+            engine,
+            picture(6),
+            params(num_inference_steps=1),
+            "resolution",
+            "draft, 512",
+            on_cell=lambda cell, result: finished.append(cell),
+        )
     assert finished == [] and engine.counters["edits"] == edits

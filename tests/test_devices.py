@@ -69,8 +69,13 @@ class ProbeCountingCPU(CPUBackend):
 
 @pytest.mark.parametrize(
     "spec, expected",
-    [("auto", ("auto", None)), ("npu", ("npu", None)), ("NPU:3", ("npu", 3)), (" cuda:1 ", ("cuda", 1)),
-     ("cpu", ("cpu", None))],
+    [
+        ("auto", ("auto", None)),
+        ("npu", ("npu", None)),
+        ("NPU:3", ("npu", 3)),
+        (" cuda:1 ", ("cuda", 1)),
+        ("cpu", ("cpu", None)),
+    ],
 )
 def test_parse_device_spec_accepts_documented_forms(spec, expected):
     assert parse_device_spec(spec) == expected
@@ -155,7 +160,10 @@ def test_detect_is_a_json_able_survey_for_doctor():
     assert json.loads(json.dumps(survey)) == survey
     assert survey["device"]["torch_device"] == "cuda:0"
     assert [(b["type"], b["available"], b["device_count"]) for b in survey["backends"]] == [
-        ("npu", False, 0), ("cuda", True, 3), ("cpu", True, 1)]
+        ("npu", False, 0),
+        ("cuda", True, 3),
+        ("cpu", True, 1),
+    ]
     assert survey["skipped"] == [["npu", CANN_MISSING]]
 
 
@@ -172,8 +180,13 @@ def test_detect_devices_reports_a_bad_spec_instead_of_raising():
 
 @pytest.mark.parametrize(
     "spec, torch_device, name",
-    [("npu", "npu:0", "A0"), ("npu:1", "npu:1", "A1"), ("cuda", "cuda:0", "G0"), ("cuda:1", "cuda:1", "G1"),
-     ("cpu", "cpu", None)],
+    [
+        ("npu", "npu:0", "A0"),
+        ("npu:1", "npu:1", "A1"),
+        ("cuda", "cuda:0", "G0"),
+        ("cuda:1", "cuda:1", "G1"),
+        ("cpu", "cpu", None),
+    ],
 )
 def test_explicit_override_is_taken_literally(spec, torch_device, name):
     backends = table(npu=FakeNPUBackend(names=["A0", "A1"]), cuda=FakeCUDABackend(names=["G0", "G1"]))
@@ -254,7 +267,11 @@ def test_real_npu_backend_wraps_torch_npu_when_it_imports():
     backend = NPUBackend(import_module=lambda name: FakeTorchNPUModule(TwoNPUs()))
     info = resolve_device("npu:1", backends=table(npu=backend), environ=NO_ENV)
     assert (info.torch_device, info.name, info.total_memory, info.bf16_supported) == (
-        "npu:1", "Ascend910B-1", 100, True)
+        "npu:1",
+        "Ascend910B-1",
+        100,
+        True,
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="this machine has torch_npu")
@@ -292,16 +309,18 @@ def test_index_beyond_the_visible_devices_names_the_variable():
     # The runtime may report more devices than the variable exposes (here a fake with 8):
     # the variable wins.
     with pytest.raises(DeviceError) as info:
-        resolve_device("npu:2", backends=table(npu=FakeNPUBackend(count=8)),
-                       environ={"ASCEND_RT_VISIBLE_DEVICES": "4,5"})
+        resolve_device(
+            "npu:2", backends=table(npu=FakeNPUBackend(count=8)), environ={"ASCEND_RT_VISIBLE_DEVICES": "4,5"}
+        )
     message = str(info.value)
     assert "ASCEND_RT_VISIBLE_DEVICES" in message and "only 2 npu device(s)" in message
     assert "npu:1 is physical 5" in message
 
 
 def test_visible_devices_that_hide_everything_are_named_in_the_auto_reason():
-    report = detect_devices("auto", backends=table(npu=FakeNPUBackend()), environ={"ASCEND_RT_VISIBLE_DEVICES": ""},
-                            survey=False)
+    report = detect_devices(
+        "auto", backends=table(npu=FakeNPUBackend()), environ={"ASCEND_RT_VISIBLE_DEVICES": ""}, survey=False
+    )
     assert report.device.type == "cpu"
     assert "ASCEND_RT_VISIBLE_DEVICES" in dict(report.skipped)["npu"]
 
@@ -368,8 +387,9 @@ def test_explicit_dtype_that_fails_its_probe_names_device_and_dtype():
     assert "bf16" in message and "npu:0" in message and "Ascend910A" in message and "no bf16 kernels" in message
 
 
-@pytest.mark.parametrize("spec, expected", [("fp16", torch.float16), ("float32", torch.float32),
-                                            ("BF16", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "spec, expected", [("fp16", torch.float16), ("float32", torch.float32), ("BF16", torch.bfloat16)]
+)
 def test_explicit_dtype_that_passes_is_used(spec, expected):
     device, backends, _ = npu_device()
     assert resolve_dtype(spec, device, backends=backends) == expected
@@ -487,8 +507,12 @@ def test_housekeeping_goes_to_the_right_backend_and_index():
 
 def test_housekeeping_on_cpu_is_harmless():
     device = resolve_device("cpu", backends={"cpu": CPUBackend()}, environ=NO_ENV)
-    for operation in (devices_runtime.synchronize, devices_runtime.empty_cache, devices_runtime.reset_peak,
-                      devices_runtime.free_memory):
+    for operation in (
+        devices_runtime.synchronize,
+        devices_runtime.empty_cache,
+        devices_runtime.reset_peak,
+        devices_runtime.free_memory,
+    ):
         operation(device, backends={"cpu": CPUBackend()})
 
 
@@ -530,8 +554,12 @@ def test_oom_errors_are_recognised(exc):
 
 @pytest.mark.parametrize(
     "exc",
-    [RuntimeError("mat1 and mat2 shapes cannot be multiplied"), ValueError("out of memory budget is not a number"),
-     KeyError("memory"), DeviceError("device 'npu' was requested but npu is not usable")],
+    [
+        RuntimeError("mat1 and mat2 shapes cannot be multiplied"),
+        ValueError("out of memory budget is not a number"),
+        KeyError("memory"),
+        DeviceError("device 'npu' was requested but npu is not usable"),
+    ],
 )
 def test_other_errors_are_not_oom(exc):
     assert not is_oom_error(exc)

@@ -49,8 +49,9 @@ def broken_links(pages: list[Path]) -> list[str]:
 
 def test_the_readme_is_a_front_page():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
-    assert len(lines) < README_MAX_LINES, (f"README.md has {len(lines)} lines; move topics to docs/ "
-                                           f"(at most {README_MAX_LINES - 1})")
+    assert len(lines) < README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; move topics to docs/ (at most {README_MAX_LINES - 1})"
+    )
     text = "\n".join(lines)
     assert "python -m pytest -q tests" in text  # the test command people copy
     assert "<!-- edit-flags:begin -->" in text and "<!-- edit-flags:end -->" in text
@@ -64,5 +65,7 @@ def test_every_relative_link_resolves():
 def test_the_link_check_sees_a_broken_link(tmp_path):
     (tmp_path / "other.md").write_text("# A title\n")
     page = tmp_path / "page.md"
-    page.write_text("[ok](other.md) [ok](other.md#a-title) [gone](missing.md) [bad](other.md#nope) [web](https://x.y)\n")
+    page.write_text(
+        "[ok](other.md) [ok](other.md#a-title) [gone](missing.md) [bad](other.md#nope) [web](https://x.y)\n"
+    )
     assert broken_links([page]) == [f"{page}: missing.md (no such file)", f"{page}: other.md#nope (no such heading)"]

@@ -45,7 +45,8 @@ def test_the_edit_command_has_one_flag_per_field_and_no_other_for_a_field():
             by_field.setdefault(action.dest, []).extend(action.option_strings)
     # One flag per field that has one, and no hand-written second flag for a field of the schema.
     assert {name: options for name, options in by_field.items() if FIELD_SPECS[name].flag is not None} == {
-        spec.name: [spec.flag] for spec in FLAGGED}
+        spec.name: [spec.flag] for spec in FLAGGED
+    }
     # The fields without a flag of their own say why (the step cache: the app-wide --cache sets it).
     assert all(spec.why_no_flag for spec in FIELDS if spec.flag is None)
     for name, options in by_field.items():
@@ -56,11 +57,32 @@ def test_the_edit_command_has_one_flag_per_field_and_no_other_for_a_field():
 def test_the_edit_flags_become_params_over_the_variants_defaults():
     from hidream_ui.cli.edit import _parser
 
-    args = _parser().parse_args(["--image", "x.png", "--instruction", " snow ", "--steps", "5", "--padded",
-                                 "--no-clip-cfg-norm", "--seed", "9", "--working-resolution", "512"])
+    args = _parser().parse_args(
+        [
+            "--image",
+            "x.png",
+            "--instruction",
+            " snow ",
+            "--steps",
+            "5",
+            "--padded",
+            "--no-clip-cfg-norm",
+            "--seed",
+            "9",
+            "--working-resolution",
+            "512",
+        ]
+    )
     params = edits.params_from_args(args, "e1-full")
-    assert params == EditParams("snow", 9, EditSettings.defaults_for("e1-full"), num_inference_steps=5,
-                                collapse_padding=False, clip_cfg_norm=False, working_resolution="512")
+    assert params == EditParams(
+        "snow",
+        9,
+        EditSettings.defaults_for("e1-full"),
+        num_inference_steps=5,
+        collapse_padding=False,
+        clip_cfg_norm=False,
+        working_resolution="512",
+    )
     plain = edits.params_from_args(_parser().parse_args(["--image", "x", "--instruction", "a"]), "e1.1")
     assert plain == EditParams.defaults_for("e1.1", "a").validated()
 
@@ -74,7 +96,8 @@ def test_params_are_instruction_seed_settings_and_an_optional_mask():
     assert params.settings is settings and params.guidance_scale == 4.0 and params.working_resolution == "draft"
     assert EditParams("x", guidance_scale=2).settings == EditSettings(guidance_scale=2)
     assert dataclasses.replace(params, num_inference_steps=9).settings == dataclasses.replace(
-        settings, num_inference_steps=9)
+        settings, num_inference_steps=9
+    )
     # DESIGN.md: EditParams = settings + instruction + seed + optional mask (not a setting: not in to_dict).
     assert [f.name for f in dataclasses.fields(EditParams)] == ["instruction", "seed", "settings", "mask"]
     assert params.mask is None
@@ -92,8 +115,9 @@ def test_the_readme_flag_table_is_the_generated_one():
     table = text.split(EDIT_FLAGS_BEGIN)[1].split(EDIT_FLAGS_END)[0].strip()
     assert table == edit_flags_table(), (
         "README's edit flag table drifted from hidream_ui.edits.FIELDS; regenerate it with: python -c "
-        "\"from pathlib import Path; from hidream_ui.edits import with_edit_flags_table as w; "
-        "p = Path('README.md'); p.write_text(w(p.read_text()))\"")
+        '"from pathlib import Path; from hidream_ui.edits import with_edit_flags_table as w; '
+        "p = Path('README.md'); p.write_text(w(p.read_text()))\""
+    )
     rows = [line for line in table.splitlines()[2:]]
     assert [row.split("`")[1] for row in rows] == [spec.flag for spec in FLAGGED]
 
@@ -120,10 +144,27 @@ def test_the_handlers_take_the_forms_fields_in_their_order():
 
     assert _parameters(Handlers.edit) == ["image", *EDIT_FORM, "rewrite", "mask"]
     assert _parameters(Handlers.edit_rewritten) == ["image", "rewritten", "rewrite", *EDIT_FORM[1:], "mask"]
-    assert _parameters(BatchTab.run) == ["files", "instructions", "mode", *SHARED_FORM, "seed", "seed_policy",
-                                         "batch_size", "rewrite"]
-    assert _parameters(CompareTab.run) == ["image", "instruction", "axis_x", "values_x", "axis_y", "values_y",
-                                           *SHARED_FORM, "seed", "mask"]
+    assert _parameters(BatchTab.run) == [
+        "files",
+        "instructions",
+        "mode",
+        *SHARED_FORM,
+        "seed",
+        "seed_policy",
+        "batch_size",
+        "rewrite",
+    ]
+    assert _parameters(CompareTab.run) == [
+        "image",
+        "instruction",
+        "axis_x",
+        "values_x",
+        "axis_y",
+        "values_y",
+        *SHARED_FORM,
+        "seed",
+        "mask",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -146,18 +187,23 @@ def _check_widgets(widgets, names) -> None:
         spec = FIELD_SPECS[name]
         if spec.kind in ("float", "int"):
             assert (type(widget).__name__, widget.minimum, widget.maximum, widget.step) == (
-                "Slider", spec.lo, spec.hi, spec.step), name
+                "Slider",
+                spec.lo,
+                spec.hi,
+                spec.step,
+            ), name
 
 
 def test_the_widgets_of_each_api_are_the_fields_in_order(demo):
     edit = _event(demo, "edit").inputs
     _check_widgets(edit[1:-2], EDIT_FORM)
     _check_widgets(_event(demo, "edit_rewritten").inputs[3:-1], EDIT_FORM[1:])
-    _check_widgets(_event(demo, "batch_edit").inputs[3:3 + len(SHARED_FORM)], SHARED_FORM)
-    _check_widgets(_event(demo, "compare").inputs[6:6 + len(SHARED_FORM)], SHARED_FORM)
+    _check_widgets(_event(demo, "batch_edit").inputs[3 : 3 + len(SHARED_FORM)], SHARED_FORM)
+    _check_widgets(_event(demo, "compare").inputs[6 : 6 + len(SHARED_FORM)], SHARED_FORM)
     # The form round trip (History's "Load these settings", a PNG's settings) fills the same widgets.
-    loaders = [fn for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") in ("apply_history",
-                                                                                    "settings_from_file")]
+    loaders = [
+        fn for fn in demo.fns.values() if getattr(fn.fn, "__name__", "") in ("apply_history", "settings_from_file")
+    ]
     assert len(loaders) == 2
     for fn in loaders:
         assert [id(w) for w in fn.outputs[:-1]] == [id(w) for w in edit[1:-2]]
@@ -167,9 +213,18 @@ def test_the_widgets_of_each_api_are_the_fields_in_order(demo):
 
 
 def test_the_form_round_trip_gives_back_the_params():
-    params = EditParams("a cat", 77, negative_prompt="blur", guidance_scale=4.5, image_guidance_scale=2.0,
-                        num_inference_steps=12, refine_strength=0.1, clip_cfg_norm=False,
-                        working_resolution="768", collapse_padding=False).validated()
+    params = EditParams(
+        "a cat",
+        77,
+        negative_prompt="blur",
+        guidance_scale=4.5,
+        image_guidance_scale=2.0,
+        num_inference_steps=12,
+        refine_strength=0.1,
+        clip_cfg_norm=False,
+        working_resolution="768",
+        collapse_padding=False,
+    ).validated()
     values = form_values(params)
     assert len(values) == len(EDIT_FORM)
     assert params_from_form(dict(zip(EDIT_FORM, values))) == params
@@ -195,8 +250,13 @@ def test_choice_help_texts_name_every_choice():
     from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 
     helps = {flag: text for flag, _, _, text in _MODEL_OPTIONS}
-    for flag, choices in (("--memory", MEMORY_CHOICES), ("--weights", WEIGHT_CHOICES), ("--moe", MOE_CHOICES),
-                          ("--compile", COMPILE_CHOICES), ("--cache", tuple(SPEED_PRESETS))):
+    for flag, choices in (
+        ("--memory", MEMORY_CHOICES),
+        ("--weights", WEIGHT_CHOICES),
+        ("--moe", MOE_CHOICES),
+        ("--compile", COMPILE_CHOICES),
+        ("--cache", tuple(SPEED_PRESETS)),
+    ):
         assert " | ".join(choices) in helps[flag], flag
 
 
@@ -205,8 +265,15 @@ def test_the_pipelines_defaults_are_the_schemas():
 
     signature = inspect.signature(HiDreamEditPipeline.__call__).parameters
     defaults = EditSettings()
-    for name in ("negative_prompt", "guidance_scale", "image_guidance_scale", "num_inference_steps",
-                 "refine_strength", "clip_cfg_norm", "collapse_padding"):
+    for name in (
+        "negative_prompt",
+        "guidance_scale",
+        "image_guidance_scale",
+        "num_inference_steps",
+        "refine_strength",
+        "clip_cfg_norm",
+        "collapse_padding",
+    ):
         assert signature[name].default == getattr(defaults, name), name
 
 
@@ -255,10 +322,19 @@ def test_the_docs_flag_tables_name_every_choice_of_its_home():
     from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 
     rows = _doc_rows()
-    homes = {"--variant": VARIANTS, "--tiny-profile": TINY_PROFILES, "--memory": MEMORY_CHOICES,
-             "--weights": WEIGHT_CHOICES, "--moe": MOE_CHOICES, "--compile": COMPILE_CHOICES,
-             "--rewriter": REWRITERS, "--text-encoders": TEXT_ENCODER_MODES, "--refiner": REFINERS,
-             "--dtype": tuple(DTYPE_SPECS), "--cache": tuple(SPEED_PRESETS)}
+    homes = {
+        "--variant": VARIANTS,
+        "--tiny-profile": TINY_PROFILES,
+        "--memory": MEMORY_CHOICES,
+        "--weights": WEIGHT_CHOICES,
+        "--moe": MOE_CHOICES,
+        "--compile": COMPILE_CHOICES,
+        "--rewriter": REWRITERS,
+        "--text-encoders": TEXT_ENCODER_MODES,
+        "--refiner": REFINERS,
+        "--dtype": tuple(DTYPE_SPECS),
+        "--cache": tuple(SPEED_PRESETS),
+    }
     for flag, choices in homes.items():
         # README's common-flags table and docs/command-line.md may both list a flag: each row must be whole.
         found = [line for line in rows if line.startswith(f"| `{flag}`")]

@@ -104,11 +104,19 @@ def test_request_error_is_a_value_error_and_pickles():
 
 def test_valid_boundaries_pass():
     p = _params(
-        guidance_scale=0, image_guidance_scale=30, num_inference_steps=200, refine_strength=1,
-        seed=SEED_MAX, working_resolution="4096",
+        guidance_scale=0,
+        image_guidance_scale=30,
+        num_inference_steps=200,
+        refine_strength=1,
+        seed=SEED_MAX,
+        working_resolution="4096",
     ).validated()
     assert (p.guidance_scale, p.image_guidance_scale, p.num_inference_steps, p.refine_strength, p.seed) == (
-        0.0, 30.0, 200, 1.0, SEED_MAX,
+        0.0,
+        30.0,
+        200,
+        1.0,
+        SEED_MAX,
     )
     assert _params(seed=-1, num_inference_steps=1, working_resolution="256").validated().seed == -1
 

@@ -75,8 +75,12 @@ def test_a_pool_of_one_runs_a_batch_without_threads(tmp_path, tiny_cache, monkey
     pool = EnginePool.for_config(AppConfig(device="cpu", output_dir=tmp_path))
     pool.load()  # the load's own background bookkeeping is not the batch's
     monkeypatch.setattr(threading.Thread, "start", counting_start)
-    batch = BatchRequest(sources=(BatchSource("a.png", random_picture(1)),), instructions=("make it blue",),
-                         settings=EditSettings(num_inference_steps=1, working_resolution="draft"), seed=3)
+    batch = BatchRequest(
+        sources=(BatchSource("a.png", random_picture(1)),),
+        instructions=("make it blue",),
+        settings=EditSettings(num_inference_steps=1, working_resolution="draft"),
+        seed=3,
+    )
     result = pool.run_batch(batch)
     assert [item.status for item in result.items] == ["ok"]
     assert started == []

@@ -29,8 +29,12 @@ def test_identical_pictures_are_at_the_cap_and_one():
     a, _ = _pair()
     mask = np.zeros(a.shape[:2], bool)
     mask[10:20, 10:20] = True
-    assert fidelity.compare(a, a.copy(), mask) == {"psnr_db": fidelity.PSNR_CAP_DB, "ssim": 1.0,
-                                                   "untouched_psnr_db": fidelity.PSNR_CAP_DB, "untouched_ssim": 1.0}
+    assert fidelity.compare(a, a.copy(), mask) == {
+        "psnr_db": fidelity.PSNR_CAP_DB,
+        "ssim": 1.0,
+        "untouched_psnr_db": fidelity.PSNR_CAP_DB,
+        "untouched_ssim": 1.0,
+    }
 
 
 def test_psnr_of_a_known_error_and_over_a_region_only():

@@ -19,7 +19,7 @@ def direct_edit(u, ic, fc, g, ig, norm):
                 uu, ii, ff = u[bi, :, y, x], ic[bi, :, y, x], fc[bi, :, y, x]
                 if norm:
                     t = ii + g * (ff - ii)
-                    norm_ff, norm_t = math.sqrt(float((ff ** 2).sum())), math.sqrt(float((t ** 2).sum()))
+                    norm_ff, norm_t = math.sqrt(float((ff**2).sum())), math.sqrt(float((t**2).sum()))
                     scale = min(max(norm_ff / (norm_t + 1e-8), 0.0), 1.0)
                     t = t * scale
                     out[bi, :, y, x] = uu + ig * (t - uu)

@@ -36,8 +36,9 @@ def results(folder: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def app(launch_app):
-    return launch_app("hardening", max_queue=12, max_jobs_per_client=2, cache_max_files=16, max_upload_mb=1,
-                      max_pixels=2_000_000)
+    return launch_app(
+        "hardening", max_queue=12, max_jobs_per_client=2, cache_max_files=16, max_upload_mb=1, max_pixels=2_000_000
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,15 +73,19 @@ def raw_call(url: str, api: str, data: list, session: str = "raw-client") -> dic
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("api, data", [
-    ("edit", lambda f: [f, "make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, False, True, False]),
-    ("compare", lambda f: [f, "make it blue", "seed", "1", "none", "", "", 3.0, 1.5, 2, 0.3, True, "draft", 1]),
-    ("batch_edit", lambda f: [[f], "make it blue", "matrix", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, "fixed", 0,
-                              False]),
-])
+@pytest.mark.parametrize(
+    "api, data",
+    [
+        ("edit", lambda f: [f, "make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, False, True, False]),
+        ("compare", lambda f: [f, "make it blue", "seed", "1", "none", "", "", 3.0, 1.5, 2, 0.3, True, "draft", 1]),
+        (
+            "batch_edit",
+            lambda f: [[f], "make it blue", "matrix", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, "fixed", 0, False],
+        ),
+    ],
+)
 @pytest.mark.parametrize("meta", [None, {"_type": "gradio.FileData"}], ids=["no-meta", "file-meta"])
-def test_a_server_path_from_a_raw_client_is_refused_without_saying_whether_it_exists(app, tmp_path, api, data,
-                                                                                      meta):
+def test_a_server_path_from_a_raw_client_is_refused_without_saying_whether_it_exists(app, tmp_path, api, data, meta):
     secret = write_picture(tmp_path / "secret.png", 7)  # a real image the server can read
     edits = app["engine"].counters["edits"]
     messages = []
@@ -106,8 +111,9 @@ def test_a_file_in_the_apps_own_cache_that_nobody_uploaded_is_refused(app):
     write_picture(planted, 9)
     edits = app["engine"].counters["edits"]
     for value in ({"path": str(planted)}, {"path": str(planted), "meta": {"_type": "gradio.FileData"}}):
-        answer = raw_call(app["url"], "edit", [value, "make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 1,
-                                               False, True, False])
+        answer = raw_call(
+            app["url"], "edit", [value, "make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, False, True, False]
+        )
         assert answer["event"] == "error" and NOT_UPLOADED.split(" (")[0] in json.dumps(answer["data"])
     assert app["engine"].counters["edits"] == edits
 
@@ -128,9 +134,14 @@ def test_no_event_serves_a_server_file_a_client_names(app, tmp_path):
             if dependency.get("api_name") in ("edit", "compare", "batch_edit", "edit_rewritten"):
                 continue  # queued device work: covered by the raw-path tests above
             for value in forged:
-                answer = http.post("/gradio_api/run/predict", json={
-                    "fn_index": index, "data": [value] * len(dependency.get("inputs", [])),
-                    "session_hash": "probe"})
+                answer = http.post(
+                    "/gradio_api/run/predict",
+                    json={
+                        "fn_index": index,
+                        "data": [value] * len(dependency.get("inputs", [])),
+                        "session_hash": "probe",
+                    },
+                )
                 for url in set(re.findall(r'"url":\s*"([^"]+)"', answer.text)):
                     fetched = http.get(url if url.startswith("http") else url)
                     assert marker not in fetched.content, (index, url)
@@ -138,8 +149,9 @@ def test_no_event_serves_a_server_file_a_client_names(app, tmp_path):
 
 def test_uploads_and_bundled_examples_still_work(client, app):
     # handle_file uploads the file first (gradio stores it for this app): accepted.
-    (before, after), saved, seed, _ = client.predict(image=handle_file(str(EXAMPLE)), instruction="make it blue",
-                                                     **FAST, api_name="/edit")
+    (before, after), saved, seed, _ = client.predict(
+        image=handle_file(str(EXAMPLE)), instruction="make it blue", **FAST, api_name="/edit"
+    )
     assert Path(saved).is_file() and seed >= 0
     # An app without login names model folders in the results it hands out, never their paths.
     from hidream_ui.outputs import read_metadata
@@ -152,8 +164,9 @@ def test_uploads_and_bundled_examples_still_work(client, app):
 
 def test_only_results_the_app_wrote_are_served_from_the_output_folder(client, app):
     output_dir = Path(app["config"].output_dir).resolve()
-    _, saved, _, _ = client.predict(image=handle_file(str(EXAMPLE)), instruction="make it red", **FAST,
-                                    api_name="/edit")
+    _, saved, _, _ = client.predict(
+        image=handle_file(str(EXAMPLE)), instruction="make it red", **FAST, api_name="/edit"
+    )
     result = sorted(output_dir.glob("*.png"))[-1]
     private = output_dir / "operator-notes.txt"
     private.write_text("not for visitors")
@@ -201,8 +214,9 @@ def test_an_image_over_the_pixel_limit_is_refused_from_its_header(client, app, t
 
 
 def submit_slow(client: Client, seed: int = 1):
-    return client.submit(image=handle_file(str(EXAMPLE)), instruction=f"slow edit {seed}", seed=seed, **SLOW,
-                         api_name="/edit")
+    return client.submit(
+        image=handle_file(str(EXAMPLE)), instruction=f"slow edit {seed}", seed=seed, **SLOW, api_name="/edit"
+    )
 
 
 def test_status_answers_within_a_second_while_the_queue_is_full(app):
@@ -211,8 +225,10 @@ def test_status_answers_within_a_second_while_the_queue_is_full(app):
     jobs = [submit_slow(c, i) for c in clients for i in range(2)]  # one running + a full queue
     try:
         wait_for(lambda: app["engine"].status().state == "editing", what="the first slow edit to start")
-        wait_for(lambda: (gradio_internals.queue_figures(app["demo"], "device") or {}).get("waiting", 0) == limit,
-                 what="the queue to fill")
+        wait_for(
+            lambda: (gradio_internals.queue_figures(app["demo"], "device") or {}).get("waiting", 0) == limit,
+            what="the queue to fill",
+        )
         extra = Client(app["url"], verbose=False)
         with pytest.raises(Exception, match="(?i)queue is full"):
             submit_slow(extra).result(timeout=30)
@@ -232,8 +248,10 @@ def test_one_client_cannot_hold_more_than_its_share_of_the_queue(app):
     try:
         for index, c in enumerate(clients):
             jobs[index] = [submit_slow(c, seed) for seed in range(2)]
-            wait_for(lambda c=c: gradio_internals.session_jobs(app["demo"], c.session_hash, "device") == 2,
-                     what="both jobs queued")
+            wait_for(
+                lambda c=c: gradio_internals.session_jobs(app["demo"], c.session_hash, "device") == 2,
+                what="both jobs queued",
+            )
             with pytest.raises(Exception, match="already have 2 job"):
                 submit_slow(c, 9).result(timeout=30)
         # Everyone got exactly two places: nobody was starved by the first client.
@@ -250,8 +268,10 @@ def test_one_client_cannot_hold_more_than_its_share_of_the_queue(app):
 
 
 def running_job(app, kind: str):
-    return wait_for(lambda: next((j for j in app["demo"].hidream_services.jobs.running() if j.kind == kind), None),
-                    what=f"a running {kind} job")
+    return wait_for(
+        lambda: next((j for j in app["demo"].hidream_services.jobs.running() if j.kind == kind), None),
+        what=f"a running {kind} job",
+    )
 
 
 def test_job_cancel_stops_a_200_step_edit_within_one_step_and_saves_nothing(app):
@@ -292,8 +312,17 @@ def test_a_cancelled_batch_keeps_its_finished_items(app, tmp_path):
     output_dir = Path(app["config"].output_dir)
     before = set(results(output_dir))
     sources = [handle_file(str(write_picture(tmp_path / f"b{i}.png", i))) for i in range(3)]
-    job = c.submit(files=sources, instructions="make it teal", mode="matrix", seed=1, seed_policy="increment",
-                   batch_size=1, num_inference_steps=30, working_resolution="draft", api_name="/batch_edit")
+    job = c.submit(
+        files=sources,
+        instructions="make it teal",
+        mode="matrix",
+        seed=1,
+        seed_policy="increment",
+        batch_size=1,
+        num_inference_steps=30,
+        working_resolution="draft",
+        api_name="/batch_edit",
+    )
     running = running_job(app, "batch")
     wait_for(lambda: len(set(results(output_dir)) - before) >= 1, what="the first item")
     job.cancel()
@@ -309,12 +338,25 @@ def test_a_client_that_goes_away_stops_its_edit(app):
     with httpx.Client(base_url=app["url"], timeout=60) as http:
         upload = http.post("/gradio_api/upload", files={"files": ("apple.png", EXAMPLE.read_bytes(), "image/png")})
         path = upload.json()[0]
-        fn_index = next(i for i, dep in enumerate(http.get("/config").json()["dependencies"])
-                        if dep.get("api_name") == "edit")
-        data = [{"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "apple.png"}, "leave me", "",
-                3.0, 1.5, 200, 0.3, True, "draft", 4, False, True, False]
-        joined = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index,
-                                                           "session_hash": session})
+        fn_index = next(
+            i for i, dep in enumerate(http.get("/config").json()["dependencies"]) if dep.get("api_name") == "edit"
+        )
+        data = [
+            {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "apple.png"},
+            "leave me",
+            "",
+            3.0,
+            1.5,
+            200,
+            0.3,
+            True,
+            "draft",
+            4,
+            False,
+            True,
+            False,
+        ]
+        joined = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": fn_index, "session_hash": session})
         assert joined.status_code == 200, joined.text
         with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as stream:
             lines = stream.iter_lines()
@@ -336,8 +378,7 @@ def test_a_client_that_goes_away_stops_its_edit(app):
 def test_gradios_cache_stays_within_the_file_limit_after_30_edits(client, app):
     services = app["demo"].hidream_services
     for seed in range(30):
-        client.predict(image=handle_file(str(EXAMPLE)), instruction="make it blue", seed=seed, **FAST,
-                       api_name="/edit")
+        client.predict(image=handle_file(str(EXAMPLE)), instruction="make it blue", seed=seed, **FAST, api_name="/edit")
     services.janitor.run_once()  # the janitor runs every few seconds; this is the same call
     cached = gradio_internals.app_cache_files(app["demo"], services.cache_folder)
     assert len(cached) <= app["config"].cache_max_files

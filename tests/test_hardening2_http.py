@@ -62,17 +62,28 @@ def test_a_locked_user_stays_locked_whatever_the_body_looks_like(private_app):
     right = f"password={PASSWORD}"
     tries = {
         # The guard once read the first user name; gradio's form parser reads the last.
-        "duplicated user name": dict(content=f"username=nobody&username=booth&{right}",
-                                     headers={"content-type": "application/x-www-form-urlencoded"}),
+        "duplicated user name": dict(
+            content=f"username=nobody&username=booth&{right}",
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        ),
         # The browser's own login form is multipart: it must be read, not skipped.
         "multipart": dict(files={"username": (None, "booth"), "password": (None, PASSWORD)}),
         # Bodies over 64 KB were passed on unread.
-        "oversized": dict(content=f"pad={'x' * 70_000}&username=booth&{right}",
-                          headers={"content-type": "application/x-www-form-urlencoded"}),
-        "oversized, chunked": dict(content=iter([b"pad=" + b"x" * 70_000, f"&username=booth&{right}".encode()]),
-                                   headers={"content-type": "application/x-www-form-urlencoded"}),
-        "a file in the form": dict(files={"username": (None, "booth"), "password": (None, PASSWORD),
-                                          "avatar": ("a.png", b"\x89PNG" + b"0" * 100, "image/png")}),
+        "oversized": dict(
+            content=f"pad={'x' * 70_000}&username=booth&{right}",
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        ),
+        "oversized, chunked": dict(
+            content=iter([b"pad=" + b"x" * 70_000, f"&username=booth&{right}".encode()]),
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        ),
+        "a file in the form": dict(
+            files={
+                "username": (None, "booth"),
+                "password": (None, PASSWORD),
+                "avatar": ("a.png", b"\x89PNG" + b"0" * 100, "image/png"),
+            }
+        ),
     }
     answers = {name: login(url, f"10.2.0.{i}", **body) for i, (name, body) in enumerate(tries.items())}
     codes = {name: answer.status_code for name, answer in answers.items()}
@@ -89,8 +100,10 @@ def test_the_browsers_multipart_login_still_works_and_counts(private_app):
     assert ok.status_code == 200, ok.text
     assert any(name.startswith("access-token") for name in ok.cookies)
     # Wrong passwords in multipart count for the user just as urlencoded ones do.
-    codes = [login(url, f"10.3.1.{i}", files={"username": (None, "visitor"), "password": (None, f"g{i}")}).status_code
-             for i in range(4)]
+    codes = [
+        login(url, f"10.3.1.{i}", files={"username": (None, "visitor"), "password": (None, f"g{i}")}).status_code
+        for i in range(4)
+    ]
     assert codes == [400, 400, 400, 429], codes
 
 
@@ -107,8 +120,9 @@ def test_oversized_login_bodies_count_against_their_address(private_app):
 
 
 def big_join(size: int) -> bytes:
-    return json.dumps({"data": ["x" * size], "fn_index": 0, "session_hash": "big-body", "event_id": None,
-                       "trigger_id": None}).encode()
+    return json.dumps(
+        {"data": ["x" * size], "fn_index": 0, "session_hash": "big-body", "event_id": None, "trigger_id": None}
+    ).encode()
 
 
 def test_a_2mb_json_body_to_the_queue_is_refused_with_413(public_app):
@@ -118,7 +132,7 @@ def test_a_2mb_json_body_to_the_queue_is_refused_with_413(public_app):
         assert declared.status_code == 413, declared.text
         assert "larger than 1 MB" in declared.json()["detail"]
         # Without a declared length (chunked), the body is cut while it streams.
-        chunks = iter([body[i:i + 65536] for i in range(0, len(body), 65536)])
+        chunks = iter([body[i : i + 65536] for i in range(0, len(body), 65536)])
         streamed = http.post("/gradio_api/queue/join", content=chunks, headers={"content-type": "application/json"})
         assert streamed.status_code == 413, streamed.text
         for route in ("/gradio_api/call/status", "/gradio_api/run/status", "/gradio_api/cancel"):
@@ -152,8 +166,9 @@ def test_a_file_named_by_url_is_refused_and_leaves_nothing_behind(public_app, ro
         assert answer.status_code == 400, answer.text
         assert "cannot be named by URL" in answer.json()["detail"] and url in answer.json()["detail"]
         # Nested (an editor's layers, a gallery) and https alike.
-        nested = dict(body, data=[{"background": None, "layers": [dict(remote, path="https://x.invalid/a.png")]},
-                                  *EDIT_ARGS])
+        nested = dict(
+            body, data=[{"background": None, "layers": [dict(remote, path="https://x.invalid/a.png")]}, *EDIT_ARGS]
+        )
         assert http.post(route, json=nested).status_code == 400
     assert tree(folder) - before == set()  # no download folder (gradio made one per try)
 
@@ -165,8 +180,12 @@ def test_a_browser_style_file_whose_url_points_at_the_app_still_works(public_app
         uploaded = http.post("/gradio_api/upload", files={"files": ("p.png", _png(), "image/png")})
         assert uploaded.status_code == 200, uploaded.text
         path = uploaded.json()[0]
-        value = {"path": path, "url": f"{public_app['url']}gradio_api/file={path}", "orig_name": "p.png",
-                 "meta": {"_type": "gradio.FileData"}}
+        value = {
+            "path": path,
+            "url": f"{public_app['url']}gradio_api/file={path}",
+            "orig_name": "p.png",
+            "meta": {"_type": "gradio.FileData"},
+        }
         posted = http.post("/gradio_api/call/edit", json={"data": [value, *EDIT_ARGS], "session_hash": "browser"})
         assert posted.status_code == 200, posted.text
         text = http.get(f"/gradio_api/call/edit/{posted.json()['event_id']}").text
@@ -187,6 +206,7 @@ def _png() -> bytes:
 # Sessions cost little, and idle ones go
 # ---------------------------------------------------------------------------------------------
 
+
 def test_a_flood_of_fresh_sessions_evicts_its_own_kind_not_a_session_with_state(public_app):
     """Gradio keeps at most `capacity` sessions and pushes the oldest out: a flood of fresh ones
     (each costs a request) must not push out a visitor's history."""
@@ -197,8 +217,10 @@ def test_a_flood_of_fresh_sessions_evicts_its_own_kind_not_a_session_with_state(
         # A session that did work (an edit; issue 58: only a job makes a session worth keeping) ...
         path = http.post("/gradio_api/upload", files={"files": ("apple.png", EXAMPLE.read_bytes(), "image/png")})
         image = {"path": path.json()[0], "meta": {"_type": "gradio.FileData"}, "orig_name": "apple.png"}
-        joined = http.post("/gradio_api/queue/join", json={"data": [image, *EDIT_ARGS], "fn_index": edit_index,
-                                                           "session_hash": "honest"})
+        joined = http.post(
+            "/gradio_api/queue/join",
+            json={"data": [image, *EDIT_ARGS], "fn_index": edit_index, "session_hash": "honest"},
+        )
         assert joined.status_code == 200, joined.text
         with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": "honest"}) as stream:
             finished = next(line for line in stream.iter_lines() if "process_completed" in line)
@@ -216,8 +238,10 @@ def test_a_flood_of_fresh_sessions_evicts_its_own_kind_not_a_session_with_state(
             # real page does: a flood of them must not push out a session that did work either.
             page_load = next(i for i, fn in demo.fns.items() if getattr(fn.fn, "__name__", "") == "page_load")
             for _ in range(holder.capacity + 5):
-                loaded = http.post("/gradio_api/run/predict", json={"fn_index": page_load, "data": [],
-                                                                    "session_hash": uuid.uuid4().hex})
+                loaded = http.post(
+                    "/gradio_api/run/predict",
+                    json={"fn_index": page_load, "data": [], "session_hash": uuid.uuid4().hex},
+                )
                 assert loaded.status_code == 200, loaded.text
             assert len(holder.session_data) <= holder.capacity
             assert "honest" in holder.session_data
@@ -252,6 +276,7 @@ def bytes_per_session(demo, call, count: int) -> float:
 def test_a_fresh_session_calling_status_costs_under_20_kb(public_app):
     assert gradio_internals.lean_sessions(public_app["demo"])  # made lean at start-up (True: already done)
     with httpx.Client(base_url=public_app["url"], timeout=30) as http:
+
         def status(session: str) -> None:
             answer = http.post("/gradio_api/run/status", json={"data": [], "session_hash": session})
             assert answer.status_code == 200, answer.text
@@ -264,10 +289,18 @@ def test_a_fresh_session_joining_the_queue_costs_under_20_kb(public_app):
     """A queued event that ends at once (an edit with no image: a clear error, no job)."""
     edit_index = next(i for i, fn in public_app["demo"].fns.items() if fn.api_name == "edit")
     with httpx.Client(base_url=public_app["url"], timeout=30) as http:
+
         def queued(session: str) -> None:
-            joined = http.post("/gradio_api/queue/join", json={
-                "data": [None, *EDIT_ARGS], "fn_index": edit_index, "session_hash": session, "event_id": None,
-                "trigger_id": None})
+            joined = http.post(
+                "/gradio_api/queue/join",
+                json={
+                    "data": [None, *EDIT_ARGS],
+                    "fn_index": edit_index,
+                    "session_hash": session,
+                    "event_id": None,
+                    "trigger_id": None,
+                },
+            )
             assert joined.status_code == 200, joined.text
             with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as stream:
                 for line in stream.iter_lines():

@@ -65,10 +65,36 @@ def bomb_zip(members: int, member_bytes: int, *, bad_crc: bool = True) -> bytes:
     for index in range(members):
         name = f"m{index:03d}.png".encode()
         offset = len(out)
-        out += struct.pack("<4s2B4HL2L2H", b"PK\x03\x04", 20, 0, 0, 8, 0, 0x21, crc, len(data), member_bytes,
-                           len(name), 0) + name + data
-        central += struct.pack("<4s4B4HL2L5H2L", b"PK\x01\x02", 20, 0, 20, 0, 0, 8, 0, 0x21, crc, len(data),
-                               member_bytes, len(name), 0, 0, 0, 0, 0, offset) + name
+        out += (
+            struct.pack("<4s2B4HL2L2H", b"PK\x03\x04", 20, 0, 0, 8, 0, 0x21, crc, len(data), member_bytes, len(name), 0)
+            + name
+            + data
+        )
+        central += (
+            struct.pack(
+                "<4s4B4HL2L5H2L",
+                b"PK\x01\x02",
+                20,
+                0,
+                20,
+                0,
+                0,
+                8,
+                0,
+                0x21,
+                crc,
+                len(data),
+                member_bytes,
+                len(name),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + name
+        )
     end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, members, members, len(central), len(out), 0)
     return bytes(out + central + end)
 
@@ -83,10 +109,15 @@ def zero_png(width: int, height: int, *, text_after: dict[str, str] | None = Non
     deflate = zlib.compressobj(9)
     row = bytes(1 + 3 * width)
     pixels = b"".join(deflate.compress(row) for _ in range(height)) + deflate.flush()
-    out = [b"\x89PNG\r\n\x1a\n", _chunk(b"IHDR", struct.pack(">2L5B", width, height, 8, 2, 0, 0, 0)),
-           _chunk(b"IDAT", pixels)]
-    out += [_chunk(b"tEXt", key.encode("latin-1") + b"\0" + value.encode("latin-1"))
-            for key, value in (text_after or {}).items()]
+    out = [
+        b"\x89PNG\r\n\x1a\n",
+        _chunk(b"IHDR", struct.pack(">2L5B", width, height, 8, 2, 0, 0, 0)),
+        _chunk(b"IDAT", pixels),
+    ]
+    out += [
+        _chunk(b"tEXt", key.encode("latin-1") + b"\0" + value.encode("latin-1"))
+        for key, value in (text_after or {}).items()
+    ]
     return b"".join(out + [_chunk(b"IEND", b"")])
 
 
@@ -97,10 +128,19 @@ def ico_with_png(png: bytes) -> bytes:
 
 def our_metadata_text() -> str:
     image = random_picture(0, (40, 24))
-    params = EditParams(instruction="make it blue", num_inference_steps=9, seed=11,
-                        working_resolution="draft").validated()
-    result = EditResult(image=image, source_image=image, params=params, working_size=(512, 304),
-                        source_size=(40, 24), timings=Timings(total=0.5), peak_memory_bytes=None, info=run_info())
+    params = EditParams(
+        instruction="make it blue", num_inference_steps=9, seed=11, working_resolution="draft"
+    ).validated()
+    result = EditResult(
+        image=image,
+        source_image=image,
+        params=params,
+        working_size=(512, 304),
+        source_size=(40, 24),
+        timings=Timings(total=0.5),
+        peak_memory_bytes=None,
+        info=run_info(),
+    )
     return metadata_json(result.metadata(), indent=None)
 
 
@@ -194,8 +234,9 @@ def test_a_zip_listed_twice_is_read_once_by_path_or_by_content(tmp_path, monkeyp
     with zipfile.ZipFile(other, "w") as archive:
         archive.writestr("b.png", member.getvalue())
     inflated = Inflated(monkeypatch)
-    sources, rejected = sources_from_uploads([("photos.zip", first), ("again.zip", first),
-                                              ("photos (1).zip", copy), ("other.zip", other)])
+    sources, rejected = sources_from_uploads(
+        [("photos.zip", first), ("again.zip", first), ("photos (1).zip", copy), ("other.zip", other)]
+    )
     assert [s.name for s in sources] == ["photos.zip/a.png", "other.zip/b.png"]
     assert [name for name, _ in rejected] == ["again.zip", "photos (1).zip"]
     assert all("the same zip as photos.zip" in reason for _, reason in rejected)
@@ -306,8 +347,7 @@ def test_every_accepted_format_still_opens(fmt):
     assert open_image(buffer.getvalue(), name=f"x.{fmt.lower()}").size == (40, 30)
 
 
-def test_settings_of_a_25_megapixel_png_with_the_text_after_the_pixels_are_read_without_decoding(tmp_path,
-                                                                                                   decodes):
+def test_settings_of_a_25_megapixel_png_with_the_text_after_the_pixels_are_read_without_decoding(tmp_path, decodes):
     """Finding 3: reading settings from a 97 KB 25-MP PNG whose text chunk sits after the pixels
     decoded it (+1.2 GB for 16 parallel reads). The chunk walk skips the pixels by seeking."""
     path = tmp_path / "late.png"
@@ -380,10 +420,13 @@ def test_a_cancel_stops_a_zip_expansion_over_http_and_frees_the_lane(app, tmp_pa
         upload = http.post("/gradio_api/upload", files={"files": ("bomb.zip", bomb, "application/zip")})
         assert upload.status_code == 200, upload.text
         stored = {"path": upload.json()[0], "meta": {"_type": "gradio.FileData"}, "orig_name": "bomb.zip"}
-        fn_index = next(i for i, dep in enumerate(http.get("/config").json()["dependencies"])
-                        if dep.get("api_name") == "batch_edit")
-        joined = http.post("/gradio_api/queue/join", json={"data": [[stored, stored], *BATCH_ARGS],
-                                                           "fn_index": fn_index, "session_hash": session})
+        fn_index = next(
+            i for i, dep in enumerate(http.get("/config").json()["dependencies"]) if dep.get("api_name") == "batch_edit"
+        )
+        joined = http.post(
+            "/gradio_api/queue/join",
+            json={"data": [[stored, stored], *BATCH_ARGS], "fn_index": fn_index, "session_hash": session},
+        )
         assert joined.status_code == 200, joined.text
         event_id = joined.json()["event_id"]
         messages = []
@@ -397,31 +440,49 @@ def test_a_cancel_stops_a_zip_expansion_over_http_and_frees_the_lane(app, tmp_pa
                 assert answer.status_code == 200, answer.text
                 assert answer.json()["data"] == ["stopped 1 job(s)"]
             elif how == "gradio cancel":
-                http.post("/gradio_api/cancel", json={"session_hash": session, "fn_index": fn_index,
-                                                      "event_id": event_id})
+                http.post(
+                    "/gradio_api/cancel", json={"session_hash": session, "fn_index": fn_index, "event_id": event_id}
+                )
             if how != "disconnect":
                 for line in lines:  # until gradio says the event ended (bounded by the client timeout)
                     messages.append(line)
                     if "process_completed" in line:
                         break
         # The expansion itself stops (not just gradio's task): the job leaves the registry.
-        wait_for(lambda: not [job for job in services.jobs.running() if job.session == session],
-                 what="the batch job to end", timeout=15)
+        wait_for(
+            lambda: not [job for job in services.jobs.running() if job.session == session],
+            what="the batch job to end",
+            timeout=15,
+        )
         stopped_after = time.monotonic() - cancelled_at
     assert stopped_after < 5, stopped_after
     job = next(job for job in reversed(services.jobs.history) if job.session == session)
     assert job.kind == "batch" and job.token.cancelled
-    assert job.token.reason == {"/cancel": "cancelled through /cancel", "gradio cancel": "cancelled by the client",
-                                "disconnect": "the client went away"}[how]
+    assert (
+        job.token.reason
+        == {
+            "/cancel": "cancelled through /cancel",
+            "gradio cancel": "cancelled by the client",
+            "disconnect": "the client went away",
+        }[how]
+    )
     assert inflated.reads - reads_at_cancel < 200, (reads_at_cancel, inflated.reads)  # not 65,536 reads
     assert inflated.bytes < 512 * MiB
     if how == "/cancel":
         assert "Stopped while reading bomb.zip" in "".join(messages)
     # The lane is free: an honest edit gets through at once.
-    wait_for(lambda: (gradio_internals.queue_figures(app["demo"], "device") or {}).get("running") == 0,
-             what="the device lane to be free", timeout=15)
+    wait_for(
+        lambda: (gradio_internals.queue_figures(app["demo"], "device") or {}).get("running") == 0,
+        what="the device lane to be free",
+        timeout=15,
+    )
     monkeypatch.undo()
     client = Client(app["url"], verbose=False)
-    _, saved, _, _ = client.predict(image=handle_file(str(ASSETS_DIR / "apple.png")), instruction="make it red",
-                                    num_inference_steps=2, working_resolution="draft", api_name="/edit")
+    _, saved, _, _ = client.predict(
+        image=handle_file(str(ASSETS_DIR / "apple.png")),
+        instruction="make it red",
+        num_inference_steps=2,
+        working_resolution="draft",
+        api_name="/edit",
+    )
     assert Path(saved).is_file()

@@ -65,8 +65,11 @@ def sse_result(text: str) -> dict:
     events = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("event:")]
     payloads = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("data:")]
     data = payloads[-1] if payloads else ""
-    return {"event": events[-1] if events else None, "data": json.loads(data) if data not in ("", "null") else None,
-            "text": text}
+    return {
+        "event": events[-1] if events else None,
+        "data": json.loads(data) if data not in ("", "null") else None,
+        "text": text,
+    }
 
 
 def raw_call(http: httpx.Client, api: str, data: list, session: str = "raw-client") -> dict:
@@ -115,8 +118,11 @@ def test_a_direct_post_of_a_queued_event_is_refused_and_runs_nothing(app, route)
         file = upload(http)
         for api, data in direct_calls(file).items():
             answer = http.post(route.format(api=api), json={"data": data, "session_hash": "direct"})
-            assert answer.status_code == 404 and "join the queue" in answer.text, (api, answer.status_code,
-                                                                                  answer.text[:300])
+            assert answer.status_code == 404 and "join the queue" in answer.text, (
+                api,
+                answer.status_code,
+                answer.text[:300],
+            )
     assert engine.status().speed["cache_default"] == speed and engine.status().attention == attention
     assert engine.counters["edits"] == edits and results(app["config"].output_dir) == saved
     assert not engine.loaded
@@ -126,10 +132,15 @@ def test_private_queued_events_are_refused_by_index_too(app):
     """The browser's own events (the attention dropdown, the Speed dropdown, the settings reader)
     have no public name, but `/run/predict` with their index reached them unqueued."""
     with httpx.Client(base_url=app["url"], timeout=60) as http:
-        for name, data in (("change_attention", ["auto", "all"]), ("change_speed", [SPEED_PRESETS["faster"]]),
-                           ("settings_from_file", [upload(http)])):
-            answer = http.post("/gradio_api/run/predict", json={"fn_index": fn_index(http, name), "data": data,
-                                                                "session_hash": "direct"})
+        for name, data in (
+            ("change_attention", ["auto", "all"]),
+            ("change_speed", [SPEED_PRESETS["faster"]]),
+            ("settings_from_file", [upload(http)]),
+        ):
+            answer = http.post(
+                "/gradio_api/run/predict",
+                json={"fn_index": fn_index(http, name), "data": data, "session_hash": "direct"},
+            )
             assert answer.status_code == 404 and "join the queue" in answer.text, (name, answer.text[:300])
     assert app["engine"].status().speed["cache_default"] == "none"
 
@@ -152,9 +163,15 @@ def test_the_queue_routes_still_work_for_raw_callers_and_gradio_client(app):
         assert answer["event"] == "complete", answer["text"][:500]
         assert raw_call(http, "set_speed", ["exact"])["data"] == ["none"]
     client = Client(app["url"], verbose=False)
-    _, png, seed, _ = client.predict(image=handle_file(str(EXAMPLE)), instruction="make it green", seed=3,
-                                     randomize_seed=False,  # on by default (issue 21)
-                                     num_inference_steps=2, working_resolution="draft", api_name="/edit")
+    _, png, seed, _ = client.predict(
+        image=handle_file(str(EXAMPLE)),
+        instruction="make it green",
+        seed=3,
+        randomize_seed=False,  # on by default (issue 21)
+        num_inference_steps=2,
+        working_resolution="draft",
+        api_name="/edit",
+    )
     assert seed == 3 and Path(png).is_file()
 
 
@@ -162,8 +179,15 @@ def test_the_settings_reader_runs_queued_on_its_own_small_lane(app):
     fn = next(f for f in app["demo"].fns.values() if f.api_name == "settings_from_file")
     assert fn.queue and fn.concurrency_id == "settings-file" and fn.concurrency_limit == 2
     client = Client(app["url"], verbose=False)
-    png = client.predict(image=handle_file(str(EXAMPLE)), instruction="make it red", seed=11, randomize_seed=False,
-                         num_inference_steps=2, working_resolution="draft", api_name="/edit")[1]
+    png = client.predict(
+        image=handle_file(str(EXAMPLE)),
+        instruction="make it red",
+        seed=11,
+        randomize_seed=False,
+        num_inference_steps=2,
+        working_resolution="draft",
+        api_name="/edit",
+    )[1]
     with httpx.Client(base_url=app["url"], timeout=60) as http:
         answer = raw_call(http, "settings_from_file", [upload(http, Path(png))])
     assert answer["event"] == "complete", answer["text"][:500]
@@ -199,10 +223,14 @@ def test_the_per_client_limit_holds_for_raw_callers(app):
         with httpx.Client(base_url=app["url"], timeout=30) as http:
             for code, text in codes["call"]:
                 if code == 200:
-                    http.post("/gradio_api/cancel", json={"session_hash": session, "fn_index": 0,
-                                                          "event_id": json.loads(text)["event_id"]})
-        wait_for(lambda: gradio_internals.session_jobs(app["demo"], session, "device") == 0,
-                 what="the greedy client's jobs to go")
+                    http.post(
+                        "/gradio_api/cancel",
+                        json={"session_hash": session, "fn_index": 0, "event_id": json.loads(text)["event_id"]},
+                    )
+        wait_for(
+            lambda: gradio_internals.session_jobs(app["demo"], session, "device") == 0,
+            what="the greedy client's jobs to go",
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,8 +258,10 @@ def controls_visible(http: httpx.Client) -> bool:
     column = next(c["id"] for c in config["components"] if c["props"].get("elem_id") == "hui-engine-controls")
     dependency = fn_index(http, "page_load")
     outputs = config["dependencies"][dependency]["outputs"]
-    answer = http.post("/gradio_api/run/predict", json={"fn_index": dependency, "data": [],
-                                                        "session_hash": f"page-{time.monotonic_ns()}"})
+    answer = http.post(
+        "/gradio_api/run/predict",
+        json={"fn_index": dependency, "data": [], "session_hash": f"page-{time.monotonic_ns()}"},
+    )
     assert answer.status_code == 200, answer.text
     return answer.json()["data"][outputs.index(column)]["visible"]
 
@@ -265,16 +295,27 @@ def test_kiosk_visitors_are_refused_over_gradio_client_and_the_raw_queue(kiosk):
         with pytest.raises(AppError, match="only the operator controls"):
             client.predict(*args, api_name=api)
     with httpx.Client(base_url=kiosk["url"], timeout=60) as http:
-        for api, data in (("set_attention", ["math", "all"]), ("set_speed", ["faster"]), ("load_model", []),
-                          # The dropdowns' own events take only their choices (gradio checks that first).
-                          ("change_attention", ["auto", "all"]), ("change_speed", [SPEED_PRESETS["faster"]])):
+        for api, data in (
+            ("set_attention", ["math", "all"]),
+            ("set_speed", ["faster"]),
+            ("load_model", []),
+            # The dropdowns' own events take only their choices (gradio checks that first).
+            ("change_attention", ["auto", "all"]),
+            ("change_speed", [SPEED_PRESETS["faster"]]),
+        ):
             answer = raw_call(http, api, data, session="visitor")
             assert answer["event"] == "error" and "only the operator controls" in answer["text"], (api, answer)
     assert engine.status().speed["cache_default"] == speed and engine.status().attention == attention
     assert not engine.loaded
     # Visitors still edit: the model loads on the first edit, as without --kiosk.
-    _, png, _, _ = client.predict(image=handle_file(str(EXAMPLE)), instruction="make it blue", seed=2,
-                                  num_inference_steps=2, working_resolution="draft", api_name="/edit")
+    _, png, _, _ = client.predict(
+        image=handle_file(str(EXAMPLE)),
+        instruction="make it blue",
+        seed=2,
+        num_inference_steps=2,
+        working_resolution="draft",
+        api_name="/edit",
+    )
     assert Path(png).is_file() and engine.loaded
 
 
@@ -303,8 +344,11 @@ def test_a_wrong_operator_password_signs_nobody_in_and_guessing_is_throttled(lau
         assert not http.cookies
         assert raw_call(http, "set_speed", ["faster"], session="guesser")["event"] == "error"
         # Two name fields (one right, one wrong): refused, whichever a reader would pick.
-        doubled = http.post("/operator/login", content=f"username={OPERATOR[0]}&username=x&password={OPERATOR[1]}",
-                            headers={"content-type": "application/x-www-form-urlencoded"})
+        doubled = http.post(
+            "/operator/login",
+            content=f"username={OPERATOR[0]}&username=x&password={OPERATOR[1]}",
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
         assert doubled.status_code in (400, 429) and not http.cookies
     assert codes[:3] == [401] * 3 and codes[3:] == [429] * 2, codes
 
@@ -316,17 +360,26 @@ def test_two_content_types_do_not_escape_the_operators_lock(launch_app):
     body = f"username={OPERATOR[0]}&password=wrong"
     codes = []
     for i in range(4):
-        headers = [("X-Forwarded-For", f"10.9.0.{i}"), ("content-type", "text/plain"),
-                   ("content-type", "application/x-www-form-urlencoded")]
+        headers = [
+            ("X-Forwarded-For", f"10.9.0.{i}"),
+            ("content-type", "text/plain"),
+            ("content-type", "application/x-www-form-urlencoded"),
+        ]
         with httpx.Client(base_url=locked["url"], timeout=30) as http:
             codes.append(http.post("/operator/login", content=body, headers=httpx.Headers(headers)).status_code)
     assert codes == [400] * 4, codes
     with httpx.Client(base_url=locked["url"], timeout=30) as http:
         for i in range(2):  # lock the operator's name, each try from an address of its own
-            http.post("/operator/login", data={"username": OPERATOR[0], "password": f"x{i}"},
-                      headers={"X-Forwarded-For": f"10.9.1.{i}"})
-        right = http.post("/operator/login", data={"username": OPERATOR[0], "password": OPERATOR[1]},
-                          headers={"X-Forwarded-For": "10.9.2.1"})
+            http.post(
+                "/operator/login",
+                data={"username": OPERATOR[0], "password": f"x{i}"},
+                headers={"X-Forwarded-For": f"10.9.1.{i}"},
+            )
+        right = http.post(
+            "/operator/login",
+            data={"username": OPERATOR[0], "password": OPERATOR[1]},
+            headers={"X-Forwarded-For": "10.9.2.1"},
+        )
         assert right.status_code == 429 and not http.cookies, right.status_code
 
 
@@ -334,9 +387,13 @@ def test_the_operator_form_posts_to_the_login_route_from_every_page(kiosk):
     """After a wrong password the form is served from /operator/login: its action must still be
     /operator/login (a relative one posted to /operator/operator/login, a 404 that counted as a try)."""
     with httpx.Client(base_url=kiosk["url"], timeout=30) as http:
-        pages = [http.get("/operator").text, http.get("/operator/").text,
-                 http.post("/operator/login", data={"username": "nobody", "password": "x"},
-                           headers={"X-Forwarded-For": "10.9.3.1"}).text]
+        pages = [
+            http.get("/operator").text,
+            http.get("/operator/").text,
+            http.post(
+                "/operator/login", data={"username": "nobody", "password": "x"}, headers={"X-Forwarded-For": "10.9.3.1"}
+            ).text,
+        ]
     for page in pages:
         assert re.search(r'action="/operator/login"', page), page[:400]
 
@@ -420,8 +477,14 @@ def test_a_cancel_that_arrives_while_the_result_is_saved_saves_nothing(app, monk
     folder = Path(app["config"].output_dir)
     before = sorted(folder.iterdir())
     client = Client(app["url"], verbose=False)
-    job = client.submit(image=handle_file(str(EXAMPLE)), instruction="make it blue", seed=4, num_inference_steps=2,
-                        working_resolution="draft", api_name="/edit")
+    job = client.submit(
+        image=handle_file(str(EXAMPLE)),
+        instruction="make it blue",
+        seed=4,
+        num_inference_steps=2,
+        working_resolution="draft",
+        api_name="/edit",
+    )
     assert saving.wait(60), "the edit never reached its save"
     with httpx.Client(base_url=app["url"], timeout=30) as http:
         answer = http.post("/gradio_api/run/cancel", json={"data": [], "session_hash": client.session_hash})
@@ -473,8 +536,7 @@ def test_status_redacts_the_model_path_of_a_load_in_progress(launch_app, tiny_di
             status = http.post("/gradio_api/run/status", json={"data": []}).json()["data"][0]
         assert status["state"] == "loading" and status["progress"]["message"]
         text = json.dumps(status)
-        assert str(Path(tiny_dir).parent) not in text and os.environ["HIDREAM_UI_CACHE"] not in text, \
-            status["progress"]
+        assert str(Path(tiny_dir).parent) not in text and os.environ["HIDREAM_UI_CACHE"] not in text, status["progress"]
         assert status["devices"][0]["progress"]["message"] == status["progress"]["message"]
     finally:
         release.set()
@@ -506,8 +568,11 @@ def test_a_compare_range_with_a_tiny_step_gets_a_message(app):
     with httpx.Client(base_url=app["url"], timeout=60) as http:
         file = upload(http)
         for values in ("1:2:1e-320", "-1e308:1e308:1e308", "1:2:5e-324"):
-            answer = raw_call(http, "compare", [file, "make it blue", "guidance", values, "none", "", "", 3.0, 1.5,
-                                                2, 0.3, True, "draft", 1])
+            answer = raw_call(
+                http,
+                "compare",
+                [file, "make it blue", "guidance", values, "none", "", "", 3.0, 1.5, 2, 0.3, True, "draft", 1],
+            )
             assert answer["event"] == "error", answer["text"][:300]
             assert "at most 256 values" in answer["text"] and "Overflow" not in answer["text"], answer["text"][:300]
 
@@ -566,8 +631,14 @@ def test_the_settings_reader_fills_the_form_in_the_browser_through_the_queue(app
     from test_browser import open_app
 
     client = Client(app["url"], verbose=False)
-    png = client.predict(image=handle_file(str(EXAMPLE)), instruction="make it violet", seed=23,
-                         num_inference_steps=2, working_resolution="draft", api_name="/edit")[1]
+    png = client.predict(
+        image=handle_file(str(EXAMPLE)),
+        instruction="make it violet",
+        seed=23,
+        num_inference_steps=2,
+        working_resolution="draft",
+        api_name="/edit",
+    )[1]
     with new_page(browser) as page:
         open_app(page, app["url"])
         page.get_by_role("tab", name="History").click()

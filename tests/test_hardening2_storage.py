@@ -30,14 +30,21 @@ FILE_META = {"_type": "gradio.FileData"}
 @pytest.fixture(scope="module")
 def app(launch_app):
     # Small limits: a client keeps at most 8 files / 2 MB; the cache at most 40 files.
-    return launch_app("storage", max_queue=8, max_jobs_per_client=2, max_upload_mb=1, cache_max_files=40,
-                      cache_max_mb=50, client_quota_files=8, client_quota_mb=2)
+    return launch_app(
+        "storage",
+        max_queue=8,
+        max_jobs_per_client=2,
+        max_upload_mb=1,
+        cache_max_files=40,
+        cache_max_mb=50,
+        client_quota_files=8,
+        client_quota_mb=2,
+    )
 
 
 def client(app, address: str = "127.0.0.1", timeout: float = 60) -> httpx.Client:
     """A raw HTTP client whose connections come from `address` (any 127.x.y.z reaches the app)."""
-    return httpx.Client(base_url=app["url"], timeout=timeout,
-                        transport=httpx.HTTPTransport(local_address=address))
+    return httpx.Client(base_url=app["url"], timeout=timeout, transport=httpx.HTTPTransport(local_address=address))
 
 
 def cache_folder(app) -> Path:
@@ -138,8 +145,9 @@ def test_an_upload_cut_at_413_leaves_no_file(app):
         yield b"--xx--\r\n"
 
     with client(app, "127.0.0.4") as http:
-        answer = http.post("/gradio_api/upload", content=body(),
-                           headers={"content-type": "multipart/form-data; boundary=xx"})
+        answer = http.post(
+            "/gradio_api/upload", content=body(), headers={"content-type": "multipart/form-data; boundary=xx"}
+        )
     assert answer.status_code == 413, answer.text  # over the 2 MB quota (and the 8 MB request limit)
     assert spool_files(app) == []
     assert all_files(app) - before == set()
@@ -147,10 +155,14 @@ def test_an_upload_cut_at_413_leaves_no_file(app):
 
 def test_an_upload_broken_off_midway_leaves_no_file(app):
     host, port = httpx.URL(app["url"]).host, httpx.URL(app["url"]).port
-    part = (b'--xx\r\nContent-Disposition: form-data; name="files"; filename="half.png"\r\n'
-            b"Content-Type: image/png\r\n\r\n\x89PNG" + bytes(200_000))
-    head = (f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}:{port}\r\n"
-            "Content-Type: multipart/form-data; boundary=xx\r\nContent-Length: 900000\r\n\r\n").encode()
+    part = (
+        b'--xx\r\nContent-Disposition: form-data; name="files"; filename="half.png"\r\n'
+        b"Content-Type: image/png\r\n\r\n\x89PNG" + bytes(200_000)
+    )
+    head = (
+        f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Content-Type: multipart/form-data; boundary=xx\r\nContent-Length: 900000\r\n\r\n"
+    ).encode()
     with socket.create_connection((host, port), timeout=30) as sock:
         sock.sendall(head + part)
         wait_for(lambda: spool_files(app), what="the upload's spool file")  # the route is receiving it
@@ -166,8 +178,10 @@ def test_a_file_still_arriving_is_not_pruned(app):
 
     def body():
         for i in range(45):
-            yield (b'--xx\r\nContent-Disposition: form-data; name="files"; filename="a%d.png"\r\n'
-                   b"Content-Type: image/png\r\n\r\n\x89PNG-arriving-%d\r\n" % (i, i))
+            yield (
+                b'--xx\r\nContent-Disposition: form-data; name="files"; filename="a%d.png"\r\n'
+                b"Content-Type: image/png\r\n\r\n\x89PNG-arriving-%d\r\n" % (i, i)
+            )
             if i == 43:
                 release.wait(60)  # the last file is still to come
         yield b"--xx--\r\n"
@@ -176,8 +190,9 @@ def test_a_file_still_arriving_is_not_pruned(app):
 
     def send():
         with client(app, "127.0.0.5") as http:
-            answer["response"] = http.post("/gradio_api/upload", content=body(),
-                                           headers={"content-type": "multipart/form-data; boundary=xx"})
+            answer["response"] = http.post(
+                "/gradio_api/upload", content=body(), headers={"content-type": "multipart/form-data; boundary=xx"}
+            )
 
     sender = threading.Thread(target=send)
     sender.start()
@@ -201,8 +216,21 @@ def test_a_running_jobs_upload_is_in_use_and_its_outputs_are_charged_to_its_clie
     with client(app, "127.0.0.7") as http:
         upload = http.post("/gradio_api/upload", files={"files": ("apple.png", EXAMPLE.read_bytes(), "image/png")})
         path = upload.json()[0]
-        data = [{"path": path, "meta": FILE_META, "orig_name": "apple.png"}, "slowly", "", 3.0, 1.5, 200, 0.3, True,
-                "draft", 1, False, True, False]
+        data = [
+            {"path": path, "meta": FILE_META, "orig_name": "apple.png"},
+            "slowly",
+            "",
+            3.0,
+            1.5,
+            200,
+            0.3,
+            True,
+            "draft",
+            1,
+            False,
+            True,
+            False,
+        ]
         assert http.post("/gradio_api/call/edit", json={"data": data, "session_hash": "busy"}).status_code == 200
         job = wait_for(lambda: services.jobs.running(), what="the edit to run")[0]
         try:
@@ -248,9 +276,17 @@ def test_the_gate_and_the_metadata_cap_client_names(tmp_path):
     gate = UploadGate(lambda path: True)
     _, name = gate.path({"path": str(picture), "orig_name": "x" * 2_000_000 + ".png"})
     assert len(name) == MAX_NAME_CHARS and name.endswith(".png")
-    result = EditResult(image=Image.new("RGB", (8, 8)), source_image=Image.new("RGB", (8, 8)),
-                        params=EditParams(instruction="a").validated(), working_size=(8, 8), source_size=(8, 8),
-                        timings=Timings(), peak_memory_bytes=None, info=run_info(), source_name="y" * 1_000_000)
+    result = EditResult(
+        image=Image.new("RGB", (8, 8)),
+        source_image=Image.new("RGB", (8, 8)),
+        params=EditParams(instruction="a").validated(),
+        working_size=(8, 8),
+        source_size=(8, 8),
+        timings=Timings(),
+        peak_memory_bytes=None,
+        info=run_info(),
+        source_name="y" * 1_000_000,
+    )
     assert len(result.metadata()["source_name"]) == MAX_NAME_CHARS
 
 
@@ -265,8 +301,9 @@ def test_retention_prunes_its_own_pngs_whose_metadata_pillow_refuses(tmp_path, m
     info.add_text("hidream_ui", json.dumps({"format": "hidream_ui/1", "source_name": "z" * 2_000_000}))
     huge = tmp_path / "20240101-000000-000000-s1-0123abcd.png"
     Image.new("RGB", (8, 8)).save(huge, pnginfo=info)
-    huge.with_suffix(".json").write_text(json.dumps({"format": "hidream_ui/1", "source_name": "z" * 2_000_000},
-                                                    indent=2))
+    huge.with_suffix(".json").write_text(
+        json.dumps({"format": "hidream_ui/1", "source_name": "z" * 2_000_000}, indent=2)
+    )
     with pytest.raises(ValueError):
         Image.open(huge).load()  # Pillow refuses the chunk: this is the file the old retention kept forever
     newer = []
@@ -310,8 +347,11 @@ def test_the_cache_cap_takes_files_charged_to_nobody_then_the_heaviest_clients_o
     storage = _storage(client_files=100)
     a = [f"/c/a{i}" for i in range(4)]  # a: 4 files, its oldest older than anything else
     b = [f"/c/b{i}" for i in range(2)]  # b: 2 files, the newest
-    entries = ([_entry(p, 900.0 + i) for i, p in enumerate(a)] + [_entry("/c/n0", 950.0)]
-               + [_entry(p, 960.0 + i) for i, p in enumerate(b)])
+    entries = (
+        [_entry(p, 900.0 + i) for i, p in enumerate(a)]
+        + [_entry("/c/n0", 950.0)]
+        + [_entry(p, 960.0 + i) for i, p in enumerate(b)]
+    )
     storage.record_upload("address:a", a)
     storage.record_upload("address:b", b)
     # 7 files, cap 5: the file nobody holds goes first, then a's oldest (a is the heaviest), never b's.
@@ -373,8 +413,12 @@ def test_an_upload_alone_over_the_quota_is_refused_before_and_after_its_body():
 def test_arriving_and_queued_files_are_never_pruned():
     storage = _storage(cache_files=1)
     upload = storage.begin_upload("address:c")
-    entries = [_entry("/c/tmpabc", 900.0, spool=True), _entry("/c/fresh", 998.0), _entry("/c/queued", 800.0),
-               _entry("/c/old", 800.0)]
+    entries = [
+        _entry("/c/tmpabc", 900.0, spool=True),
+        _entry("/c/fresh", 998.0),
+        _entry("/c/queued", 800.0),
+        _entry("/c/old", 800.0),
+    ]
     assert storage.plan(entries, referenced=["/c/queued"], now=1000.0) == ["/c/old"]
     storage.end_upload(upload)  # no upload in flight: an old spool file is an orphan now
     assert set(storage.plan(entries, referenced=["/c/queued"], now=1000.0)) == {"/c/tmpabc", "/c/old"}
@@ -445,8 +489,15 @@ def test_emptied_and_abandoned_folders_are_removed(tmp_path):
 @pytest.fixture(scope="module")
 def tight(launch_app):
     # A client keeps at most 2 files; the whole cache (examples excluded) at most 2 MB.
-    return launch_app("storage-tight", max_queue=8, max_upload_mb=1, cache_max_files=40, cache_max_mb=2,
-                      client_quota_files=2, client_quota_mb=2)
+    return launch_app(
+        "storage-tight",
+        max_queue=8,
+        max_upload_mb=1,
+        cache_max_files=40,
+        cache_max_mb=2,
+        client_quota_files=2,
+        client_quota_mb=2,
+    )
 
 
 def test_a_refused_upload_does_not_delete_an_examples_cached_copy(tight):
@@ -458,10 +509,14 @@ def test_a_refused_upload_does_not_delete_an_examples_cached_copy(tight):
     assert copies and all(Path(p).is_file() for p in copies)
     with client(tight, "127.0.1.1") as http:
         assert upload_one(http, "junk.png", b"\x89PNG-junk")[0] == 200
-        answer = http.post("/gradio_api/upload", files=[
-            ("files", ("junk2.png", b"\x89PNG-junk2", "image/png")),
-            ("files", ("junk3.png", b"\x89PNG-junk3", "image/png")),
-            ("files", ("apple.png", EXAMPLE.read_bytes(), "image/png"))])
+        answer = http.post(
+            "/gradio_api/upload",
+            files=[
+                ("files", ("junk2.png", b"\x89PNG-junk2", "image/png")),
+                ("files", ("junk3.png", b"\x89PNG-junk3", "image/png")),
+                ("files", ("apple.png", EXAMPLE.read_bytes(), "image/png")),
+            ],
+        )
         assert answer.status_code == 413, answer.text  # 3 files in one request, quota 2: undone and refused
         assert all(Path(p).is_file() for p in copies), "the example's cached copy was deleted"
         # The example still works through the app (the gate allows its copy, the edit reads it).
@@ -477,8 +532,10 @@ def test_uploads_in_flight_count_against_the_cache_cap(tight):
     chunk = bytes(900_000)
 
     def body(i, hold):
-        yield (b'--xx\r\nContent-Disposition: form-data; name="files"; filename="big%d.png"\r\n'
-               b"Content-Type: image/png\r\n\r\n\x89PNG" % i + chunk)
+        yield (
+            b'--xx\r\nContent-Disposition: form-data; name="files"; filename="big%d.png"\r\n'
+            b"Content-Type: image/png\r\n\r\n\x89PNG" % i + chunk
+        )
         if hold:
             release.wait(60)  # held open: its bytes are in flight, not yet a stored file
         yield b"\r\n--xx--\r\n"
@@ -486,8 +543,11 @@ def test_uploads_in_flight_count_against_the_cache_cap(tight):
     def send(i, hold=True):
         with client(tight, f"127.0.2.{i + 1}") as http:
             try:
-                return http.post("/gradio_api/upload", content=body(i, hold),
-                                 headers={"content-type": "multipart/form-data; boundary=xx"}).status_code
+                return http.post(
+                    "/gradio_api/upload",
+                    content=body(i, hold),
+                    headers={"content-type": "multipart/form-data; boundary=xx"},
+                ).status_code
             except httpx.HTTPError as exc:
                 return repr(exc)
 

@@ -35,8 +35,13 @@ def _served_entry(tmp_path, name="a.png", served=None, secret=BROWSER, **params)
     Image.new("RGB", (16, 12), (10, 200, 30)).save(path)
     served.add(path)
     picture = Image.new("RGB", (16, 12))
-    entry = new_entry(result=served.result_id(path), name=path.name,
-                      params={"instruction": "make it <b>red</b>", "seed": 7, **params}, before=picture, after=picture)
+    entry = new_entry(
+        result=served.result_id(path),
+        name=path.name,
+        params={"instruction": "make it <b>red</b>", "seed": 7, **params},
+        before=picture,
+        after=picture,
+    )
     return served, signed(entry, lambda result: served.ticket(result, secret))
 
 
@@ -145,8 +150,16 @@ def _chained(tmp_path, instructions: list[str], served: ServedResults) -> list[d
 def test_history_draws_the_chain_an_edit_was_made_in(tmp_path):
     served = ServedResults()
     history = _chained(tmp_path, ["make it blue", "add a hat", "make it <i>night</i>"], served)
-    history = added(history, new_entry(result=None, name=None, params={"instruction": "alone", "seed": 1},
-                                       before=Image.new("RGB", (8, 8)), after=Image.new("RGB", (8, 8))))
+    history = added(
+        history,
+        new_entry(
+            result=None,
+            name=None,
+            params={"instruction": "alone", "seed": 1},
+            before=Image.new("RGB", (8, 8)),
+            after=Image.new("RGB", (8, 8)),
+        ),
+    )
     checked = check_entries(history, opener(served))  # newest first: alone, night, hat, blue
     links = chains(checked)
     assert 0 not in links  # an edit of an upload: no chain

@@ -40,15 +40,19 @@ def inputs(demo, index: int, **values) -> list:
     """The `data` list of event `index`: each input by its storage key or elem_id (None otherwise:
     a gr.State input is read from the session, whatever the client sends)."""
     keyed = {STORAGE_KEY: values.get("stored"), SECRET_KEY: values.get("secret")}
-    return [keyed.get(getattr(block, "storage_key", None), values.get(getattr(block, "elem_id", None) or ""))
-            for block in demo.fns[index].inputs]
+    return [
+        keyed.get(getattr(block, "storage_key", None), values.get(getattr(block, "elem_id", None) or ""))
+        for block in demo.fns[index].inputs
+    ]
 
 
 def queued(url: str, index: int, data: list, session: str) -> dict:
     """Joins the queue as the browser does and returns the event's `process_completed` message."""
     with httpx.Client(base_url=url, timeout=120) as http:
-        joined = http.post("/gradio_api/queue/join", json={"data": data, "fn_index": index, "session_hash": session,
-                                                           "event_id": None, "trigger_id": None})
+        joined = http.post(
+            "/gradio_api/queue/join",
+            json={"data": data, "fn_index": index, "session_hash": session, "event_id": None, "trigger_id": None},
+        )
         assert joined.status_code == 200, joined.text
         event_id = joined.json()["event_id"]
         with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}) as stream:
@@ -173,9 +177,11 @@ def test_each_entry_is_looked_at_only_as_far_as_its_settings():
     params = CountingMapping(instruction="red")
     [checked] = history_entries.check_entries([{"params": params}], lambda *_: None)
     assert checked.params.instruction == "red" and params.reads < 50, params.reads
-    entries = [{"params": {"instruction": ["x"] * 2_000_000}},
-               {"params": {"instruction": "red", "seed": {"x": "y" * 10_000_000}}},
-               {"params": {"instruction": "x" * 2_000_000}}]
+    entries = [
+        {"params": {"instruction": ["x"] * 2_000_000}},
+        {"params": {"instruction": "red", "seed": {"x": "y" * 10_000_000}}},
+        {"params": {"instruction": "x" * 2_000_000}},
+    ]
     started = time.thread_time()
     assert history_entries.check_entries(entries, lambda *_: None) == []
     assert time.thread_time() - started < 0.02, f"{time.thread_time() - started:.3f} CPU-s"
@@ -200,8 +206,10 @@ def test_the_refresh_runs_on_a_small_lane_of_its_own_never_beside_the_queue(app)
     assert HISTORY_GROUP in ALL_LANES  # admission limits apply (cli/app.py hands ALL_LANES to admit_jobs)
     with httpx.Client(base_url=app["url"], timeout=30) as http:
         index = fn_index(demo, "refresh_history")
-        direct = http.post("/gradio_api/run/predict", json={"fn_index": index, "session_hash": "direct",
-                                                            "data": inputs(demo, index, stored=[])})
+        direct = http.post(
+            "/gradio_api/run/predict",
+            json={"fn_index": index, "session_hash": "direct", "data": inputs(demo, index, stored=[])},
+        )
     assert direct.status_code == 404, direct.text  # gradio's "join the queue"
 
 
@@ -264,7 +272,14 @@ def test_served_results_bound_what_a_browser_sends_before_hashing(tmp_path):
     ticket = served.ticket(result, secret)
     assert served.stored(result, ticket, secret) == str(path)
     assert str(tmp_path) not in result and len(result) == ServedResults.ID_CHARS
-    for bad in ((result * 50_000, ticket, secret), (result, ticket * 2, secret), (result, ticket, "x" * 10**6),
-                (result, ticket, ""), (str(path), ticket, secret), (None, ticket, secret), (result, "é" * 64, secret),
-                (result, "\ud800" * 64, secret)):
+    for bad in (
+        (result * 50_000, ticket, secret),
+        (result, ticket * 2, secret),
+        (result, ticket, "x" * 10**6),
+        (result, ticket, ""),
+        (str(path), ticket, secret),
+        (None, ticket, secret),
+        (result, "é" * 64, secret),
+        (result, "\ud800" * 64, secret),
+    ):
         assert served.stored(*bad) is None

@@ -31,8 +31,14 @@ def pipe(tiny_dir):
 
 
 def _edit(pipe, seed=3):
-    return pipe(image=random_picture(seed, (64, 64)), prompt="make it blue", num_inference_steps=STEPS,
-                refine_strength=STRENGTH, generator=torch.Generator().manual_seed(seed), output_type="latent").images
+    return pipe(
+        image=random_picture(seed, (64, 64)),
+        prompt="make it blue",
+        num_inference_steps=STEPS,
+        refine_strength=STRENGTH,
+        generator=torch.Generator().manual_seed(seed),
+        output_type="latent",
+    ).images
 
 
 def _by_hand(pipe, seed=3) -> list[float]:
@@ -48,10 +54,12 @@ def _by_hand(pipe, seed=3) -> list[float]:
 
     def after(module, args, kwargs, output):
         image = inputs[-1]
-        residuals.append(output[:, :image.shape[1]] - image)
+        residuals.append(output[:, : image.shape[1]] - image)
 
-    handles = [first.register_forward_pre_hook(before, with_kwargs=True),
-               last.register_forward_hook(after, with_kwargs=True)]
+    handles = [
+        first.register_forward_pre_hook(before, with_kwargs=True),
+        last.register_forward_hook(after, with_kwargs=True),
+    ]
     try:
         _edit(pipe, seed)
     finally:
@@ -124,12 +132,15 @@ def test_the_loader_attaches_a_checkpoints_calibration_and_names_a_broken_one(ti
         load()
 
 
-@pytest.mark.parametrize("data, fault", [
-    ({"edit": [], "refine": [1.0], "steps": 1, "refine_strength": 0.3, "cases": 1}, "edit stage"),
-    ({"edit": [1.0], "refine": [0.0], "steps": 2, "refine_strength": 0.3, "cases": 1}, "refine stage"),
-    ({"edit": [1.0], "steps": 2, "refine_strength": 0.3, "cases": 1}, "refine"),
-    ({"edit": ["x"], "refine": [1.0], "steps": 2, "refine_strength": 0.3, "cases": 1}, "not a MagCache"),
-])
+@pytest.mark.parametrize(
+    "data, fault",
+    [
+        ({"edit": [], "refine": [1.0], "steps": 1, "refine_strength": 0.3, "cases": 1}, "edit stage"),
+        ({"edit": [1.0], "refine": [0.0], "steps": 2, "refine_strength": 0.3, "cases": 1}, "refine stage"),
+        ({"edit": [1.0], "steps": 2, "refine_strength": 0.3, "cases": 1}, "refine"),
+        ({"edit": ["x"], "refine": [1.0], "steps": 2, "refine_strength": 0.3, "cases": 1}, "not a MagCache"),
+    ],
+)
 def test_bad_calibrations_are_refused_naming_the_fault(data, fault):
     with pytest.raises(ValueError, match=fault):
         MagRatios.from_json(data, "f.json")

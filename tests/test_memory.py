@@ -16,7 +16,12 @@ from hidream_ui.device.memory import MemorySnapshot, format_bytes, snapshot
 MiB = 1024**2
 # What a status poll may touch: reads only; never set_device, probes or synchronize.
 READ_ONLY_CALLS = {
-    "mem_get_info", "memory_stats", "memory_allocated", "memory_reserved", "max_memory_allocated", "utilization",
+    "mem_get_info",
+    "memory_stats",
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory_allocated",
+    "utilization",
 }
 
 
@@ -28,8 +33,16 @@ def npu(fake: FakeNPUBackend, spec: str = "npu:1"):
 
 
 def test_fake_numbers_give_the_expected_fields_and_free_computation():
-    fake = FakeNPUBackend(count=2, free=20 * GiB, total=64 * GiB, allocated=3 * GiB, reserved=6 * GiB,
-                          active=4 * GiB, peak=5 * GiB, utilization=42.5)
+    fake = FakeNPUBackend(
+        count=2,
+        free=20 * GiB,
+        total=64 * GiB,
+        allocated=3 * GiB,
+        reserved=6 * GiB,
+        active=4 * GiB,
+        peak=5 * GiB,
+        utilization=42.5,
+    )
     device, backends = npu(fake)
     snap = snapshot(device, backends=backends)
     assert snap.device == "npu:1"

@@ -38,8 +38,9 @@ def release() -> contract.Release:
     try:
         return contract.Release(contract.release_wheel())
     except contract.ContractError as exc:
-        pytest.fail(f"NPU contract: the torch_npu release cannot be read, so nothing NPU is verified: {exc}",
-                    pytrace=False)
+        pytest.fail(
+            f"NPU contract: the torch_npu release cannot be read, so nothing NPU is verified: {exc}", pytrace=False
+        )
 
 
 @pytest.fixture(scope="session")
@@ -58,19 +59,23 @@ def test_torch_npu_pin_is_the_twin_of_the_torch_pin_and_of_doctor():
 
     assert pins["torch_npu"].split(".post")[0] == pins["torch"], (
         f"requirements_npu.txt pins torch=={pins['torch']} with torch_npu=={pins['torch_npu']}: torch_npu "
-        "releases are built for one torch release; move them together")
+        "releases are built for one torch release; move them together"
+    )
     installed = torch.__version__.split("+")[0]
     assert pins["torch"] == installed, (
         f"requirements_npu.txt pins torch=={pins['torch']} but tests run on torch {installed}: move the "
-        "torch/torch_npu pair in requirements_npu.txt (and the contract with it) to the torch CI tests")
+        "torch/torch_npu pair in requirements_npu.txt (and the contract with it) to the torch CI tests"
+    )
     assert doctor.NPU_CONTRACT_TORCH_NPU == pins["torch_npu"], (
         f"hidream_ui/cli/doctor.py says the contract was checked against torch_npu {doctor.NPU_CONTRACT_TORCH_NPU} "
-        f"but requirements_npu.txt pins torch_npu=={pins['torch_npu']}")
+        f"but requirements_npu.txt pins torch_npu=={pins['torch_npu']}"
+    )
 
 
 def test_the_wheel_read_is_the_pinned_release(release):
     assert release.version == contract.pinned_versions()["torch_npu"], (
-        f"{release.wheel} is torch_npu {release.version}, not the pinned release")
+        f"{release.wheel} is torch_npu {release.version}, not the pinned release"
+    )
 
 
 def test_uses_are_derived_from_the_project_code(project):
@@ -84,7 +89,8 @@ def test_uses_are_derived_from_the_project_code(project):
     assert not [c for c in calls if c.context.startswith("CUDABackend.")], "torch.cuda is not torch_npu"
     assert {(i.owner, i.parameter, i.kind, i.target) for i in project.injections} >= {
         ("NPUBackend", "import_module", "returns", "torch_npu"),
-        ("NpuFusionProcessor", "fusion_fn", "is", "torch_npu.npu_fusion_attention")}
+        ("NpuFusionProcessor", "fusion_fn", "is", "torch_npu.npu_fusion_attention"),
+    }
 
 
 def test_every_torch_npu_name_we_use_exists_and_every_call_binds(checks):
@@ -94,7 +100,7 @@ def test_every_torch_npu_name_we_use_exists_and_every_call_binds(checks):
 
 def test_readme_names_the_checked_release_and_every_name_we_use(project):
     text = (contract.ROOT / "docs" / "npu.md").read_text(encoding="utf-8")
-    section = text[text.index("## What the NPU code was checked against"):text.index("## Never run on hardware")]
+    section = text[text.index("## What the NPU code was checked against") : text.index("## Never run on hardware")]
     assert f"torch_npu {contract.pinned_versions()['torch_npu']}" in section
     missing = sorted({c.target for c in project.calls if f"`{c.target.rsplit('.', 1)[1]}`" not in section})
     assert not missing, f"docs/npu.md does not list these torch_npu names the code now uses: {missing}"
@@ -107,10 +113,14 @@ def test_recorded_defaults_are_the_release_defaults(checks, release):
     saved = json.loads(contract.RECORD_PATH.read_text(encoding="utf-8"))
     if current != saved:
         changed = sorted(set(current["calls"]) ^ set(saved["calls"])) + sorted(
-            k for k in set(current["calls"]) & set(saved["calls"]) if current["calls"][k] != saved["calls"][k])
-        pytest.fail(f"NPU calls or the defaults they rely on changed (torch_npu {saved['torch_npu']} -> "
-                    f"{current['torch_npu']}): {changed}. Review, then run `python tests/npu_contract.py "
-                    "write-record`", pytrace=False)
+            k for k in set(current["calls"]) & set(saved["calls"]) if current["calls"][k] != saved["calls"][k]
+        )
+        pytest.fail(
+            f"NPU calls or the defaults they rely on changed (torch_npu {saved['torch_npu']} -> "
+            f"{current['torch_npu']}): {changed}. Review, then run `python tests/npu_contract.py "
+            "write-record`",
+            pytrace=False,
+        )
 
 
 def test_npu_fusion_attention_defaults_our_processor_relies_on(checks):
@@ -142,7 +152,8 @@ def test_meta_function_agrees_with_the_op_schema(release, project):
             names = list(contract.signature_from_ast(release.meta_function(op).args).parameters)
             assert names == META_NAMES_DIFFER[op] and len(problems) == 1 and "parameters differ" in problems[0]
             assert all(not c.keywords for c in project.calls if c.target == f"torch_npu.{op}"), (
-                f"{op} must be called with positional arguments only: its meta and schema names differ")
+                f"{op} must be called with positional arguments only: its meta and schema names differ"
+            )
         else:
             assert problems == []
 
@@ -175,11 +186,20 @@ def _mutated(path: str, target: str, change) -> str:
     use = next(u for u in contract.scan_source(source, path).calls if u.target == target)
     line, name = int(use.where.rsplit(":", 1)[1]), target.rsplit(".", 1)[1]
     tree = ast.parse(source)
-    candidates = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno == line
-                  and len(n.args) == use.positional and tuple(k.arg for k in n.keywords) == use.keywords]
+    candidates = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and n.lineno == line
+        and len(n.args) == use.positional
+        and tuple(k.arg for k in n.keywords) == use.keywords
+    ]
     # The call itself, not a helper call on the same line (``self._module()`` in ``self._module().x(i)``):
-    [call] = [n for n in candidates if isinstance(n.func, ast.Call)
-              or (isinstance(n.func, ast.Attribute) and n.func.attr == name)]
+    [call] = [
+        n
+        for n in candidates
+        if isinstance(n.func, ast.Call) or (isinstance(n.func, ast.Attribute) and n.func.attr == name)
+    ]
     change(call)
     return ast.unparse(tree)
 
@@ -197,19 +217,38 @@ def _drop_last_positional(call):
 def _positional_to_keyword(name):
     import ast
 
-    return lambda call: (call.keywords.append(ast.keyword(name, call.args.pop(0))))
+    return lambda call: call.keywords.append(ast.keyword(name, call.args.pop(0)))
 
 
-@pytest.mark.parametrize("path, target, change, expected", [
-    ("hidream_ui/pipeline/attention/npu.py", "torch_npu.npu_fusion_attention", _add_keyword("scale_value"),
-     "unexpected keyword argument 'scale_value'"),
-    ("hidream_ui/pipeline/attention/npu.py", "torch_npu.npu_fusion_attention", _drop_last_positional,
-     "missing a required argument: 'input_layout'"),
-    ("hidream_ui/device/backends.py", "torch_npu.npu.mem_get_info", _positional_to_keyword("index"),
-     "unexpected keyword argument 'index'"),
-    ("hidream_ui/device/backends.py", "torch_npu.npu.set_device", _add_keyword("index"),
-     "unexpected keyword argument 'index'"),
-])
+@pytest.mark.parametrize(
+    "path, target, change, expected",
+    [
+        (
+            "hidream_ui/pipeline/attention/npu.py",
+            "torch_npu.npu_fusion_attention",
+            _add_keyword("scale_value"),
+            "unexpected keyword argument 'scale_value'",
+        ),
+        (
+            "hidream_ui/pipeline/attention/npu.py",
+            "torch_npu.npu_fusion_attention",
+            _drop_last_positional,
+            "missing a required argument: 'input_layout'",
+        ),
+        (
+            "hidream_ui/device/backends.py",
+            "torch_npu.npu.mem_get_info",
+            _positional_to_keyword("index"),
+            "unexpected keyword argument 'index'",
+        ),
+        (
+            "hidream_ui/device/backends.py",
+            "torch_npu.npu.set_device",
+            _add_keyword("index"),
+            "unexpected keyword argument 'index'",
+        ),
+    ],
+)
 def test_the_contract_fails_on_a_broken_copy_of_our_own_calls(release, path, target, change, expected):
     """Our real call sites, broken in memory (the files are not touched): the contract must refuse them."""
     scan = contract.scan_source(_mutated(path, target, change), path)
@@ -218,6 +257,7 @@ def test_the_contract_fails_on_a_broken_copy_of_our_own_calls(release, path, tar
 
 
 # -- meta (shape) functions of the fused ops we call ---------------------------------------------
+
 
 def _fusion_cases():
     from hidream_ui.bench import attention as bench
@@ -229,9 +269,13 @@ def _fusion_cases():
             for layout in ("BSND", "BNSD"):
                 for pse_layout in ("BN1S", "BNSS"):
                     for biased in (True, False):
-                        yield pytest.param(shape, layout, pse_layout, biased,
-                                           id=f"{profile_name}-{shape.label}-{layout}-{pse_layout}-"
-                                              f"{'bias' if biased else 'nobias'}")
+                        yield pytest.param(
+                            shape,
+                            layout,
+                            pse_layout,
+                            biased,
+                            id=f"{profile_name}-{shape.label}-{layout}-{pse_layout}-{'bias' if biased else 'nobias'}",
+                        )
 
 
 @pytest.mark.parametrize("shape, layout, pse_layout, biased", list(_fusion_cases()))
@@ -288,6 +332,7 @@ def test_rms_norm_and_rotary_mul_meta_give_the_shapes_our_processor_expects(rele
         def call(*args, **kwargs):
             seen[op] = (args, kwargs)
             return metas[op](*args, **kwargs)
+
         return call
 
     processor = NpuFusionProcessor(rms_norm_fn=recorder("npu_rms_norm"), rotary_mul_fn=recorder("npu_rotary_mul"))
@@ -317,30 +362,37 @@ SYNTHETIC = {
         "from .memory import *\n"
         "def get_device_name(device_name=None):\n    return 'x'\n"
         "config = object()\n"
-        "try:\n    def is_available():\n        return True\nexcept ImportError:\n    pass\n"),
+        "try:\n    def is_available():\n        return True\nexcept ImportError:\n    pass\n"
+    ),
     "torch_npu/npu/utils.py": "def set_device(device):\n    pass\ndef mem_get_info(device=None):\n    return 0, 0\n",
     "torch_npu/npu/memory.py": (
         "__all__ = ['memory_stats']\n"
         "def memory_stats(device=None):\n    return {}\n"
-        "def not_exported(device=None):\n    return {}\n"),
+        "def not_exported(device=None):\n    return {}\n"
+    ),
     "torch_npu/dynamo/__init__.py": "",
     "torch_npu/dynamo/torchair/__init__.py": (
         "from torchair.npu_fx_compiler import get_npu_backend\n"
-        "from torchair.configs.compiler_config import CompilerConfig\n"),
+        "from torchair.configs.compiler_config import CompilerConfig\n"
+    ),
     "torch_npu/dynamo/torchair/npu_fx_compiler.py": (
-        "def get_npu_backend(*, compiler_config=None, custom_decompositions={}):\n    pass\n"),
+        "def get_npu_backend(*, compiler_config=None, custom_decompositions={}):\n    pass\n"
+    ),
     "torch_npu/dynamo/torchair/configs/__init__.py": "",
     "torch_npu/dynamo/torchair/configs/compiler_config.py": (
-        "from .base import NpuBaseConfig\nclass CompilerConfig(NpuBaseConfig):\n    pass\n"),
-    "torch_npu/dynamo/torchair/configs/base.py":
-        "class NpuBaseConfig:\n    def __init__(self, strict=True):\n        pass\n",
+        "from .base import NpuBaseConfig\nclass CompilerConfig(NpuBaseConfig):\n    pass\n"
+    ),
+    "torch_npu/dynamo/torchair/configs/base.py": (
+        "class NpuBaseConfig:\n    def __init__(self, strict=True):\n        pass\n"
+    ),
     "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml": (
         "custom:\n"
         "- func: npu_fusion_attention(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, "
         "Tensor? pse=None, Tensor? atten_mask=None, float scale=1., float keep_prob=1., "
-        "int pre_tockens=2147483647, str softmax_layout=\"\") -> (Tensor, Tensor, Tensor, Tensor, int, int, int)\n"
+        'int pre_tockens=2147483647, str softmax_layout="") -> (Tensor, Tensor, Tensor, Tensor, int, int, int)\n'
         "- func: npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)\n"
-        "- func: npu_needs_c(Tensor x, *, int mode=0) -> Tensor\n"),
+        "- func: npu_needs_c(Tensor x, *, int mode=0) -> Tensor\n"
+    ),
     "torch_npu/op_plugin/meta/_meta_registrations.py": (
         "@impl(m, 'npu_fusion_attention')\n"
         "def npu_fusion_attention_forward(query, key, value, head_num, input_layout, pse=None, atten_mask=None,\n"
@@ -354,7 +406,8 @@ SYNTHETIC = {
         "def npu_needs_c_meta(x, *, mode=0):\n"
         "    if get_soc_version() >= 260:\n"
         "        return x.new_empty([1])\n"
-        "    return torch.empty_like(x)\n"),
+        "    return torch.empty_like(x)\n"
+    ),
 }
 
 
@@ -391,7 +444,8 @@ def test_release_resolves_through_imports_star_exports_and_torchair(synthetic):
 
 def test_schema_signature_keeps_keyword_only_arguments_and_defaults():
     signature = contract.signature_from_schema(
-        "f(Tensor a, int b=2147483647, *, float scale=1., str layout=\"BSND\", int[]? p=None, bool s=False) -> Tensor")
+        'f(Tensor a, int b=2147483647, *, float scale=1., str layout="BSND", int[]? p=None, bool s=False) -> Tensor'
+    )
     assert str(signature) == "(a, b=2147483647, *, scale=1.0, layout='BSND', p=None, s=False)"
 
 
@@ -399,31 +453,43 @@ def test_correct_calls_pass_and_record_the_defaults_they_rely_on(synthetic):
     source = (
         "import torch_npu\n"
         "def attend(q, k, v):\n"
-        "    return torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', pse=None, scale=0.125)\n")
+        "    return torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', pse=None, scale=0.125)\n"
+    )
     [use] = [u for u in contract.scan_source(source).uses if u.call]
     check = contract.check_use(use, synthetic)
     assert check.problems == ()
     assert check.passed == ("query", "key", "value", "head_num", "input_layout", "pse", "scale")
-    assert check.relied_defaults == {"atten_mask": None, "keep_prob": 1.0, "pre_tockens": 2147483647,
-                                     "softmax_layout": ""}
+    assert check.relied_defaults == {
+        "atten_mask": None,
+        "keep_prob": 1.0,
+        "pre_tockens": 2147483647,
+        "softmax_layout": "",
+    }
 
 
-@pytest.mark.parametrize("call, expected", [
-    ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', scale_value=0.1)",
-     "unexpected keyword argument 'scale_value'"),
-    ("torch_npu.npu_fusion_attention(q, k, v, input_layout='BSND')", "missing a required argument: 'head_num'"),
-    ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', input_layout='BNSD')",
-     "multiple values for argument 'input_layout'"),
-    ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', None, None, 1.0, 1.0, 1, '', 0)", "too many positional"),
-    ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', **options)", "cannot be checked"),
-    ("torch_npu.npu_fusion_attenton(q, k, v, 8, 'BSND')", "has no torch_npu.npu_fusion_attenton"),
-    ("torch.npu.set_device(index=0)", "unexpected keyword argument 'index'"),
-    ("torch.npu.mem_get_info(0, 1)", "too many positional"),
-    ("torch.npu.not_exported(0)", "has no torch_npu.npu.not_exported"),
-    ("torch.npu.config()", "signature its sources do not give"),
-    ("torchair.get_npu_backend(torchair.CompilerConfig())", "too many positional"),
-    ("torchair.CompilerConfig(strict=True, verbose=True)", "unexpected keyword argument 'verbose'"),
-])
+@pytest.mark.parametrize(
+    "call, expected",
+    [
+        (
+            "torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', scale_value=0.1)",
+            "unexpected keyword argument 'scale_value'",
+        ),
+        ("torch_npu.npu_fusion_attention(q, k, v, input_layout='BSND')", "missing a required argument: 'head_num'"),
+        (
+            "torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', input_layout='BNSD')",
+            "multiple values for argument 'input_layout'",
+        ),
+        ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', None, None, 1.0, 1.0, 1, '', 0)", "too many positional"),
+        ("torch_npu.npu_fusion_attention(q, k, v, 8, 'BSND', **options)", "cannot be checked"),
+        ("torch_npu.npu_fusion_attenton(q, k, v, 8, 'BSND')", "has no torch_npu.npu_fusion_attenton"),
+        ("torch.npu.set_device(index=0)", "unexpected keyword argument 'index'"),
+        ("torch.npu.mem_get_info(0, 1)", "too many positional"),
+        ("torch.npu.not_exported(0)", "has no torch_npu.npu.not_exported"),
+        ("torch.npu.config()", "signature its sources do not give"),
+        ("torchair.get_npu_backend(torchair.CompilerConfig())", "too many positional"),
+        ("torchair.CompilerConfig(strict=True, verbose=True)", "unexpected keyword argument 'verbose'"),
+    ],
+)
 def test_wrong_calls_fail_with_the_reason(synthetic, call, expected):
     source = f"import torch\nimport torch_npu\nimport torchair\ndef run(q, k, v, options):\n    return {call}\n"
     problems = problems_of(source, synthetic)
@@ -432,18 +498,20 @@ def test_wrong_calls_fail_with_the_reason(synthetic, call, expected):
 
 
 def test_right_torch_npu_and_torchair_calls_pass(synthetic):
-    source = ("import torch\nimport torchair as tng\nfrom torch_npu.npu import memory_stats\n"
-              "def run():\n"
-              "    torch.npu.set_device(device=1)\n"
-              "    memory_stats(0)\n"
-              "    return tng.get_npu_backend(compiler_config=tng.CompilerConfig())\n")
+    source = (
+        "import torch\nimport torchair as tng\nfrom torch_npu.npu import memory_stats\n"
+        "def run():\n"
+        "    torch.npu.set_device(device=1)\n"
+        "    memory_stats(0)\n"
+        "    return tng.get_npu_backend(compiler_config=tng.CompilerConfig())\n"
+    )
     assert problems_of(source, synthetic) == []
 
 
 def test_calls_are_derived_through_injected_importers_and_methods(synthetic):
     """The NPUBackend / NpuFusionProcessor patterns: the module comes from an injected importer and a
     method; the op from a method that returns either the injected fake or the real one."""
-    source = '''
+    source = """
 import importlib, sys
 
 class Base:
@@ -488,16 +556,19 @@ def helper_and_closure():
     def inner():
         return npu.mem_get_info(device=0)
     return inner
-'''
+"""
     scan = contract.scan_source(source, "snippet.py")
     calls = {(u.context, u.target, u.keywords) for u in scan.calls}
-    assert calls == {("NPU.name", "torch_npu.npu.get_device_name", ("index",)),
-                     ("Fusion.attend", "torch_npu.npu_fusion_attention", ("scale_value",)),
-                     ("available", "torch_npu.npu.is_available", ()),
-                     ("helper_and_closure.inner", "torch_npu.npu.mem_get_info", ("device",))}
+    assert calls == {
+        ("NPU.name", "torch_npu.npu.get_device_name", ("index",)),
+        ("Fusion.attend", "torch_npu.npu_fusion_attention", ("scale_value",)),
+        ("available", "torch_npu.npu.is_available", ()),
+        ("helper_and_closure.inner", "torch_npu.npu.mem_get_info", ("device",)),
+    }
     assert {(i.owner, i.parameter, i.kind, i.target) for i in scan.injections} == {
         ("NPU", "import_module", "returns", "torch_npu"),
-        ("Fusion", "fusion_fn", "is", "torch_npu.npu_fusion_attention")}
+        ("Fusion", "fusion_fn", "is", "torch_npu.npu_fusion_attention"),
+    }
     problems = [p for use in scan.uses for p in contract.check_use(use, synthetic).problems]
     assert len(problems) == 3, problems
     assert any("'index'" in p for p in problems) and any("'scale_value'" in p for p in problems)
@@ -506,47 +577,57 @@ def helper_and_closure():
 
 # -- the fake rule --------------------------------------------------------------------------------
 
+
 def sig(text: str) -> inspect.Signature:
     import ast
 
     return contract.signature_from_ast(ast.parse(f"def f{text}: pass").body[0].args)
 
 
-@pytest.mark.parametrize("fake, real, expected", [
-    ("(index)", "(device=None)", "unexpected keyword argument 'index'"),          # a keyword the real one lacks
-    ("(q, *, scale=1.0, **unused)", "(q, *, scale=1.0)", "<any other keyword>"),  # **kwargs the real one lacks
-    ("(q, layout='BSND')", "(q, layout)", "missing a required argument: 'layout'"),  # optional what is required
-    ("(q, *args)", "(q)", "too many positional"),                                 # *args the real one lacks
-    ("(q, k, v)", "(q, k)", "too many positional"),
-    ("(k, q)", "(q, k)", "multiple values"),                                      # same names, other order
-    ("(q, scale=0.5)", "(q, scale=1.0)", "default scale=0.5 differs from the real scale=1.0"),
-    ("(q, flag=1)", "(q, flag=True)", "default flag=1 differs"),
-])
+@pytest.mark.parametrize(
+    "fake, real, expected",
+    [
+        ("(index)", "(device=None)", "unexpected keyword argument 'index'"),  # a keyword the real one lacks
+        ("(q, *, scale=1.0, **unused)", "(q, *, scale=1.0)", "<any other keyword>"),  # **kwargs the real one lacks
+        ("(q, layout='BSND')", "(q, layout)", "missing a required argument: 'layout'"),  # optional what is required
+        ("(q, *args)", "(q)", "too many positional"),  # *args the real one lacks
+        ("(q, k, v)", "(q, k)", "too many positional"),
+        ("(k, q)", "(q, k)", "multiple values"),  # same names, other order
+        ("(q, scale=0.5)", "(q, scale=1.0)", "default scale=0.5 differs from the real scale=1.0"),
+        ("(q, flag=1)", "(q, flag=True)", "default flag=1 differs"),
+    ],
+)
 def test_a_fake_more_lenient_than_the_real_function_is_refused(fake, real, expected):
     problems = contract.compare_fake(sig(fake), sig(real))
     assert any(expected in p for p in problems), problems
 
 
-@pytest.mark.parametrize("fake, real", [
-    ("(device=None)", "(device=None)"),
-    ("(index, /)", "(device=None)"),                 # stricter: positional only
-    ("(q, k, *, scale=1.0)", "(q, k, scale=1.0, keep_prob=1.0)"),  # stricter: keyword-only, fewer options
-    ("(q, keep_prob=1)", "(q, keep_prob=1.0)"),      # 1 == 1.0 as a default
-    ("()", "(including_emulation=False)"),
-    ("(q, **kwargs)", "(q, **kwargs)"),
-])
+@pytest.mark.parametrize(
+    "fake, real",
+    [
+        ("(device=None)", "(device=None)"),
+        ("(index, /)", "(device=None)"),  # stricter: positional only
+        ("(q, k, *, scale=1.0)", "(q, k, scale=1.0, keep_prob=1.0)"),  # stricter: keyword-only, fewer options
+        ("(q, keep_prob=1)", "(q, keep_prob=1.0)"),  # 1 == 1.0 as a default
+        ("()", "(including_emulation=False)"),
+        ("(q, **kwargs)", "(q, **kwargs)"),
+    ],
+)
 def test_a_fake_as_strict_or_stricter_than_the_real_function_passes(fake, real):
     assert contract.compare_fake(sig(fake), sig(real)) == []
 
 
 def test_fakes_are_found_by_how_tests_inject_them_and_checked(synthetic):
     """Wrong fakes in synthetic test files: found through the project's injection points, refused."""
-    injections = [contract.Injection("NPUBackend", "import_module", "returns", "torch_npu"),
-                  contract.Injection("NpuFusionProcessor", "fusion_fn", "is", "torch_npu.npu_fusion_attention")]
+    injections = [
+        contract.Injection("NPUBackend", "import_module", "returns", "torch_npu"),
+        contract.Injection("NpuFusionProcessor", "fusion_fn", "is", "torch_npu.npu_fusion_attention"),
+    ]
     sources = {
         "tests/fakes_x.py": (
             "class ModuleFake:\n    def __init__(self, npu):\n        self.npu = npu\n"
-            "class Backend:\n    type = 'npu'\n    def mem_get_info(self, index, extra=None):\n        return 0, 0\n"),
+            "class Backend:\n    type = 'npu'\n    def mem_get_info(self, index, extra=None):\n        return 0, 0\n"
+        ),
         "tests/test_x.py": (
             "from fakes_x import ModuleFake, Backend\n"
             "class Sub(Backend):\n    pass\n"
@@ -559,7 +640,8 @@ def test_fakes_are_found_by_how_tests_inject_them_and_checked(synthetic):
             "def test_b():\n"
             "    fake = Fusion()\n"
             "    run(fusion_fn=fake)\n"
-            "    options = {'fusion_fn': lambda query, key, value, head_num, input_layout, pse=None: query}\n"),
+            "    options = {'fusion_fn': lambda query, key, value, head_num, input_layout, pse=None: query}\n"
+        ),
     }
     protocol = {"mem_get_info": sig("(index)")}
     fakes = contract.find_fakes(sources, injections, protocol)
@@ -586,6 +668,7 @@ def test_fakes_are_found_by_how_tests_inject_them_and_checked(synthetic):
 
 # -- meta functions -------------------------------------------------------------------------------
 
+
 def test_meta_functions_run_with_stubbed_helpers_only(synthetic):
     import torch
 
@@ -605,10 +688,12 @@ def test_meta_that_needs_torch_npu_is_reported_not_guessed(synthetic):
 def test_meta_and_schema_disagreement_is_found(synthetic):
     assert contract.meta_matches_schema(synthetic, "npu_fusion_attention") == []
     assert contract.meta_matches_schema(synthetic, "npu_rms_norm") == [
-        "npu_rms_norm: default of epsilon: meta 1e-05 vs schema 1e-06"]
+        "npu_rms_norm: default of epsilon: meta 1e-05 vs schema 1e-06"
+    ]
 
 
 # -- fetching the wheel ---------------------------------------------------------------------------
+
 
 def test_pins_are_read_from_requirements_npu(tmp_path):
     good = tmp_path / "req.txt"
@@ -625,8 +710,9 @@ def test_fetch_failure_is_an_error_with_pips_reason(tmp_path):
 
     def failing(command, **kwargs):
         calls.append(command)
-        return SimpleNamespace(returncode=1, stdout="",
-                               stderr="ERROR: No matching distribution found for torch_npu==0.0.1")
+        return SimpleNamespace(
+            returncode=1, stdout="", stderr="ERROR: No matching distribution found for torch_npu==0.0.1"
+        )
 
     with pytest.raises(contract.ContractError, match="No matching distribution found") as info:
         contract.fetch_wheel("0.0.1", tmp_path / "wheels", runner=failing)
@@ -664,8 +750,11 @@ def test_a_given_wheel_that_is_missing_or_not_torch_npu_is_an_error(tmp_path, mo
 # ------------------------------------------------------------------------------------------------
 # doctor: the installed torch_npu against the checked release
 
-@pytest.mark.parametrize("installed, warns", [(None, False), ("2.13.0", False), ("2.13.0+gitc798c65", False),
-                                              ("2.14.0", True), ("2.13.0.post1", True)])
+
+@pytest.mark.parametrize(
+    "installed, warns",
+    [(None, False), ("2.13.0", False), ("2.13.0+gitc798c65", False), ("2.14.0", True), ("2.13.0.post1", True)],
+)
 def test_doctor_warns_when_torch_npu_is_not_the_checked_release(installed, warns):
     asked = []
 

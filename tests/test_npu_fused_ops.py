@@ -37,7 +37,8 @@ class FakeRotaryMul:
         assert x.dim() == 4, f"x must be 4-D (B, S, N, D), got {tuple(x.shape)}"
         batch, seq, _, dim = x.shape
         assert r1.shape == r2.shape and r1.dim() == 4 and r1.shape[1:] == (seq, 1, dim) and r1.shape[0] in (1, batch), (
-            f"r1/r2 must be (B or 1, S, 1, D) = (.., {seq}, 1, {dim}), got {tuple(r1.shape)}")
+            f"r1/r2 must be (B or 1, S, 1, D) = (.., {seq}, 1, {dim}), got {tuple(r1.shape)}"
+        )
         assert r1.dtype == r2.dtype == x.dtype, f"dtypes {x.dtype}, {r1.dtype}, {r2.dtype}"
         assert rotary_mode == "interleave", f"HiDream's rope rotates pairs: mode {rotary_mode!r}"
         pairs = x.unflatten(-1, (-1, 2))
@@ -56,8 +57,7 @@ def test_fused_norm_and_rope_match_the_torch_reference(single, axes):
     strategy = registry.get_strategy("npu_fusion")
     rms, rope = FakeRmsNorm(), FakeRotaryMul()
     results = {}
-    for label, options in (("reference", {"fused_ops": False}),
-                           ("fused", {"rms_norm_fn": rms, "rotary_mul_fn": rope})):
+    for label, options in (("reference", {"fused_ops": False}), ("fused", {"rms_norm_fn": rms, "rotary_mul_fn": rope})):
         module.set_processor(strategy.make_processor(fusion_fn=FakeNpuFusion(), **options))
         assert module.processor.fused_ops == (label == "fused")
         with torch.no_grad():

@@ -101,40 +101,38 @@ def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsy
     from hidream_ui.model.tiny import train
 
     for argv, says in (
-        ([str(tmp_path), "--eval-only"],
-         "--eval-only needs --eval N"),
-        ([str(tmp_path), "--init-from", str(tmp_path), "--vae-from", str(tmp_path)],
-         "--init-from and --vae-from exclude each other"),
-        ([str(tmp_path), "--init-from", str(tmp_path / "nothing")],
-         "--init-from: no trained weights in"),
-        ([str(tmp_path), "--lr", "0"],
-         "--lr must be in (0, 1], got 0.0"),
-        ([str(tmp_path), "--edit-noise-min", "1"],
-         "--edit-noise-min must be in [0, 1), got 1.0"),
-        ([str(tmp_path), "--background-share", "1.5"],
-         "--background-share must be in [0, 1], got 1.5"),
-        ([str(tmp_path), "--self-drift", "1.5"],
-         "--self-drift must be in [0, 1], got 1.5"),
-        ([str(tmp_path), "--refine-self-drift", "-0.5"],
-         "--refine-self-drift must be in [0, 1], got -0.5"),
-        ([str(tmp_path), "--decoder-own", "5"],
-         "--decoder-own samples edits with the weights of --decoder-from DIR"),
-        ([str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own", "-1"],
-         "--decoder-own must be >= 0, got -1"),
-        ([str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own-share", "0.5"],
-         "--decoder-own-share weighs the latents of --decoder-own N: give --decoder-own"),
-        ([str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own", "5", "--decoder-own-share", "0"],
-         "--decoder-own-share must be in (0, 1], got 0.0"),
-        ([str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own", "5", "--decoder-own-share", "1.5"],
-         "--decoder-own-share must be in (0, 1], got 1.5"),
-        ([str(tmp_path), "--decoder-lr", "0"],
-         "--decoder-lr must be in (0, 1], got 0.0"),
-        ([str(tmp_path), "--vae-locality", "-1"],
-         "--vae-locality must be >= 0, got -1.0"),
-        ([str(tmp_path), "--vae-locality", "0.1", "--vae-from", str(tmp_path)],
-         "--vae-locality weighs a loss of the VAE's training: not with"),
-        ([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"],
-         "no trained weights in"),
+        ([str(tmp_path), "--eval-only"], "--eval-only needs --eval N"),
+        (
+            [str(tmp_path), "--init-from", str(tmp_path), "--vae-from", str(tmp_path)],
+            "--init-from and --vae-from exclude each other",
+        ),
+        ([str(tmp_path), "--init-from", str(tmp_path / "nothing")], "--init-from: no trained weights in"),
+        ([str(tmp_path), "--lr", "0"], "--lr must be in (0, 1], got 0.0"),
+        ([str(tmp_path), "--edit-noise-min", "1"], "--edit-noise-min must be in [0, 1), got 1.0"),
+        ([str(tmp_path), "--background-share", "1.5"], "--background-share must be in [0, 1], got 1.5"),
+        ([str(tmp_path), "--self-drift", "1.5"], "--self-drift must be in [0, 1], got 1.5"),
+        ([str(tmp_path), "--refine-self-drift", "-0.5"], "--refine-self-drift must be in [0, 1], got -0.5"),
+        ([str(tmp_path), "--decoder-own", "5"], "--decoder-own samples edits with the weights of --decoder-from DIR"),
+        ([str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own", "-1"], "--decoder-own must be >= 0, got -1"),
+        (
+            [str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own-share", "0.5"],
+            "--decoder-own-share weighs the latents of --decoder-own N: give --decoder-own",
+        ),
+        (
+            [str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own", "5", "--decoder-own-share", "0"],
+            "--decoder-own-share must be in (0, 1], got 0.0",
+        ),
+        (
+            [str(tmp_path), "--decoder-from", str(tmp_path), "--decoder-own", "5", "--decoder-own-share", "1.5"],
+            "--decoder-own-share must be in (0, 1], got 1.5",
+        ),
+        ([str(tmp_path), "--decoder-lr", "0"], "--decoder-lr must be in (0, 1], got 0.0"),
+        ([str(tmp_path), "--vae-locality", "-1"], "--vae-locality must be >= 0, got -1.0"),
+        (
+            [str(tmp_path), "--vae-locality", "0.1", "--vae-from", str(tmp_path)],
+            "--vae-locality weighs a loss of the VAE's training: not with",
+        ),
+        ([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"], "no trained weights in"),
     ):
         with pytest.raises(SystemExit):
             train.main(argv)
@@ -179,7 +177,7 @@ def test_the_vae_locality_loss_charges_latent_change_only_where_no_pixel_changes
     for case, cells in zip(cases, still):
         same = case.source == case.target
         for r, c in zip(*np.nonzero(cells)):  # a still cell: every pixel the same
-            assert same[8 * r:8 * r + 8, 8 * c:8 * c + 8].all()
+            assert same[8 * r : 8 * r + 8, 8 * c : 8 * c + 8].all()
     assert train.still_cells([cases[0].source] * 2, (16, 16)).all()
 
     z = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -211,8 +209,9 @@ def test_background_share_sets_the_share_of_background_edits_in_the_pool_and_is_
     background_ids = {i for p, i in prompt_ids.items() if p.startswith("make the background")}
 
     def pool(share, size=240):
-        return train._Pool(size, lambda images: images[:, :1, ::32, ::32], train._Seeds(0), prompt_ids, torch,
-                           background_share=share)
+        return train._Pool(
+            size, lambda images: images[:, :1, ::32, ::32], train._Seeds(0), prompt_ids, torch, background_share=share
+        )
 
     def share_of(p):
         return sum(int(i) in background_ids for i in p.prompt) / len(p.prompt)

@@ -30,8 +30,12 @@ def _result(seed: int = 11, instruction: str = "make the sky purple", colour_see
     rng = np.random.default_rng(colour_seed)
     image = Image.fromarray(rng.integers(0, 256, (24, 40, 3), dtype=np.uint8))
     params = EditParams(
-        instruction=instruction, guidance_scale=4.25, num_inference_steps=9, seed=seed,
-        working_resolution="draft", clip_cfg_norm=False,
+        instruction=instruction,
+        guidance_scale=4.25,
+        num_inference_steps=9,
+        seed=seed,
+        working_resolution="draft",
+        clip_cfg_norm=False,
     ).validated()
     return EditResult(
         image=image,

@@ -85,8 +85,15 @@ def test_stage_switch_step_and_conditioning(engine, monkeypatch, clip_cfg_norm):
     calls = record_predict(monkeypatch, pipe)
     instruction = "Editing Instruction: add snow. Target Image Description: a snowy field."
     steps, strength = 5, 0.4
-    result = engine.edit(EditRequest(image=picture(64, 64), params=params(
-        instruction, num_inference_steps=steps, refine_strength=strength, clip_cfg_norm=clip_cfg_norm)), save=False)
+    result = engine.edit(
+        EditRequest(
+            image=picture(64, 64),
+            params=params(
+                instruction, num_inference_steps=steps, refine_strength=strength, clip_cfg_norm=clip_cfg_norm
+            ),
+        ),
+        save=False,
+    )
     switch = refine_start_step(steps, strength)
     assert switch == 3 and len(calls) == steps
     w = result.working_size[0] // 8
@@ -106,13 +113,13 @@ def test_stage_switch_step_and_conditioning(engine, monkeypatch, clip_cfg_norm):
 
 def test_no_guidance_runs_single_branch(engine, monkeypatch):
     calls = record_predict(monkeypatch, engine.model.pipeline)
-    engine.edit(EditRequest(image=picture(64, 64), params=params(guidance_scale=1.0, refine_strength=0.5)),
-                save=False)
+    engine.edit(EditRequest(image=picture(64, 64), params=params(guidance_scale=1.0, refine_strength=0.5)), save=False)
     assert [c["shape"][0] for c in calls] == [1] * STEPS
 
 
-@pytest.mark.parametrize("size", [(128, 64), (64, 128), (96, 96), (48, 96)],
-                         ids=["wide", "tall", "square", "h_equals_2w"])
+@pytest.mark.parametrize(
+    "size", [(128, 64), (64, 128), (96, 96), (48, 96)], ids=["wide", "tall", "square", "h_equals_2w"]
+)
 def test_collapse_equals_padded(engine, size):
     pipe = engine.model.pipeline
     width, height = size
@@ -135,13 +142,28 @@ def test_padding_actually_matters(engine):
     t = torch.full((1,), 700.0)
     tokens, mask, sizes, ids = pipe._collapsed_tokens(hidden)
     n = sizes[0, 0] * sizes[0, 1]
-    out_full = pipe.transformer(hidden_states=tokens, hidden_states_masks=mask, img_sizes=sizes, img_ids=ids,
-                                timesteps=t, encoder_hidden_states_t5=text.t5, encoder_hidden_states_llama3=text.llama,
-                                pooled_embeds=text.pooled, return_dict=False)[0]
-    out_nopad = pipe.transformer(hidden_states=tokens[:, :n], hidden_states_masks=mask[:, :n], img_sizes=sizes,
-                                 img_ids=ids[:, :n], timesteps=t, encoder_hidden_states_t5=text.t5,
-                                 encoder_hidden_states_llama3=text.llama, pooled_embeds=text.pooled,
-                                 return_dict=False)[0]
+    out_full = pipe.transformer(
+        hidden_states=tokens,
+        hidden_states_masks=mask,
+        img_sizes=sizes,
+        img_ids=ids,
+        timesteps=t,
+        encoder_hidden_states_t5=text.t5,
+        encoder_hidden_states_llama3=text.llama,
+        pooled_embeds=text.pooled,
+        return_dict=False,
+    )[0]
+    out_nopad = pipe.transformer(
+        hidden_states=tokens[:, :n],
+        hidden_states_masks=mask[:, :n],
+        img_sizes=sizes,
+        img_ids=ids[:, :n],
+        timesteps=t,
+        encoder_hidden_states_t5=text.t5,
+        encoder_hidden_states_llama3=text.llama,
+        pooled_embeds=text.pooled,
+        return_dict=False,
+    )[0]
     assert (out_full - out_nopad).abs().max() > 1e-4
 
 
@@ -171,8 +193,9 @@ def test_cancel_stops_within_a_step_and_engine_stays_usable(engine):
             threading.Thread(target=token.cancel).start()
 
     with pytest.raises(EditCancelled):
-        engine.edit(EditRequest(image=picture(64, 64), params=params(num_inference_steps=6)), on_step=on_step,
-                    cancel=token)
+        engine.edit(
+            EditRequest(image=picture(64, 64), params=params(num_inference_steps=6)), on_step=on_step, cancel=token
+        )
     assert 1 <= max(seen) <= 2
     assert engine.status().state == "idle"
     assert engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False).image.size == (64, 64)
@@ -193,8 +216,9 @@ def test_simulated_out_of_memory_is_reported_and_engine_recovers(engine, monkeyp
 
 
 def test_settings_round_trip_through_saved_png(engine):
-    request = EditRequest(image=picture(72, 56), params=params("turn it to night", seed=-1, guidance_scale=4.5),
-                          source_name="street.png")
+    request = EditRequest(
+        image=picture(72, 56), params=params("turn it to night", seed=-1, guidance_scale=4.5), source_name="street.png"
+    )
     result = engine.edit(request)
     assert result.saved_png.is_file() and result.saved_json.is_file()
     loaded = load_settings(result.saved_png)
@@ -230,8 +254,9 @@ def test_text_encoder_placement_modes_give_the_same_edit(engine, tmp_path, mode)
     pipe = other.model.pipeline
     assert pipe.text_encoder_mode == mode
     # Between encodes the encoders live on the host in both modes.
-    assert {str(e.device) for e in (pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3,
-                                     pipe.text_encoder_4)} == {"cpu"}
+    assert {
+        str(e.device) for e in (pipe.text_encoder, pipe.text_encoder_2, pipe.text_encoder_3, pipe.text_encoder_4)
+    } == {"cpu"}
     assert result.image.tobytes() == reference.tobytes()
 
 
@@ -239,8 +264,15 @@ def test_several_images_per_prompt_and_one_call_for_a_batch(engine):
     pipe = engine.model.pipeline
     images = [picture(64, 64, seed=s) for s in range(2)]
     gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3, 4)]
-    out = pipe(image=images, prompt=["make it red", "make it blue"], num_inference_steps=2,
-               num_images_per_prompt=2, generator=gens, output_type="np", prompt_embeds_fn=engine.encode)
+    out = pipe(
+        image=images,
+        prompt=["make it red", "make it blue"],
+        num_inference_steps=2,
+        num_images_per_prompt=2,
+        generator=gens,
+        output_type="np",
+        prompt_embeds_fn=engine.encode,
+    )
     assert out.images.shape == (4, 64, 64, 3)
     assert not np.allclose(out.images[0], out.images[1])  # two seeds for the same prompt
     with pytest.raises(ValueError, match="share a working size"):

@@ -139,8 +139,9 @@ def _picture() -> Image.Image:
 
 @pytest.fixture(scope="module")
 def reference(tiny_cache, tmp_path_factory):
-    engine = EditEngine(AppConfig(device="cpu", memory="full", weights="bf16",
-                                  output_dir=tmp_path_factory.mktemp("plans_out")))
+    engine = EditEngine(
+        AppConfig(device="cpu", memory="full", weights="bf16", output_dir=tmp_path_factory.mktemp("plans_out"))
+    )
     latents, result = _latents_via_callback(engine)
     return latents, result
 
@@ -250,8 +251,9 @@ def test_fp8_halves_the_transformers_resident_bytes_measured_in_rss(tmp_path):
     from hidream_ui.model.tiny.parts import _write_transformer
     from hidream_ui.model.tiny.profiles import PROFILES
 
-    spec = dataclasses.replace(PROFILES["tiny"], name="mid", num_attention_heads=8, attention_head_dim=64,
-                               transformer_shards=3)
+    spec = dataclasses.replace(
+        PROFILES["tiny"], name="mid", num_attention_heads=8, attention_head_dim=64, transformer_shards=3
+    )
     _write_transformer(tmp_path / "transformer", spec, 0, stream="mid")
     load = transformer_load(tmp_path / "transformer")
     assert load["bf16"]["param_bytes"] > 100 * 2**20
@@ -311,8 +313,9 @@ def test_full_profile_is_made_in_memory_through_the_real_loader(tiny_cache, tmp_
     small = {part: MappingProxyType({}) for part in profiles.RELEASE_CONFIGS}
     small["t5"] = MappingProxyType({"num_layers": 1})  # a visible override of the tiny config (2 layers)
     monkeypatch.setattr(profiles, "RELEASE_CONFIGS", MappingProxyType(small))
-    engine = EditEngine(AppConfig(device="cpu", tiny_profile="full", memory="blocks", weights="fp8",
-                                  output_dir=tmp_path))
+    engine = EditEngine(
+        AppConfig(device="cpu", tiny_profile="full", memory="blocks", weights="fp8", output_dir=tmp_path)
+    )
     result = engine.edit(EditRequest(image=_picture(), params=edit_params(steps=2, seed=1)), save=False)
     pipe = engine.model.pipeline
     assert pipe.text_encoder_3.config.num_layers == 1
@@ -331,8 +334,20 @@ def test_single_file_transformer_loads_and_edits_like_the_folder(kind, reference
     from hidream_ui.model.tiny.profiles import SINGLE_FILE_DIR, SINGLE_FILES
 
     path = tiny_dir / SINGLE_FILE_DIR / SINGLE_FILES[kind]
-    config = from_args(["--transformer-file", str(path), "--device", "cpu", "--memory", "full", "--weights",
-                        "bf16", "--output-dir", str(tmp_path)])
+    config = from_args(
+        [
+            "--transformer-file",
+            str(path),
+            "--device",
+            "cpu",
+            "--memory",
+            "full",
+            "--weights",
+            "bf16",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     latents, _ = _latents_via_callback(EditEngine(config))
     assert torch.equal(latents, reference[0])
 
@@ -341,8 +356,15 @@ def test_single_file_with_fp8_streams_the_file(tiny_dir, tmp_path):
     from hidream_ui.model.tiny.profiles import SINGLE_FILE_DIR, SINGLE_FILES
 
     folder = EditEngine(AppConfig(device="cpu", memory="full", weights="fp8", output_dir=tmp_path))
-    single = EditEngine(AppConfig(device="cpu", memory="full", weights="fp8", output_dir=tmp_path,
-                                  transformer_file=tiny_dir / SINGLE_FILE_DIR / SINGLE_FILES["comfyui"]))
+    single = EditEngine(
+        AppConfig(
+            device="cpu",
+            memory="full",
+            weights="fp8",
+            output_dir=tmp_path,
+            transformer_file=tiny_dir / SINGLE_FILE_DIR / SINGLE_FILES["comfyui"],
+        )
+    )
     assert torch.equal(_latents_via_callback(folder)[0], _latents_via_callback(single)[0])
 
 
@@ -384,8 +406,7 @@ def test_fp8_composes_with_e1_full_lora_and_the_refine_weight_swap(tiny_cache, t
     assert {p.dtype for n, p in params.items() if "lora_" in n} == {torch.float32}  # the adapter is not fp8
     assert params["double_stream_blocks.0.block.attn1.to_q.base_layer.weight"].dtype == torch.float8_e4m3fn
 
-    swap = EditEngine(AppConfig(device="cpu", memory="encoders-cpu", weights="fp8", refiner="i1",
-                                output_dir=tmp_path))
+    swap = EditEngine(AppConfig(device="cpu", memory="encoders-cpu", weights="fp8", refiner="i1", output_dir=tmp_path))
     swap.edit(EditRequest(image=_picture(), params=edit_params(steps=3, seed=1)), save=False)
     weights = swap.model.swap
     assert weights.swaps >= 2 and weights.active == "edit"
@@ -440,21 +461,27 @@ def test_encoders_placed_on_a_second_card_leave_the_transformer_cards_prediction
         if plan == "full":
             assert alone.peak - placed.peak == pytest.approx(encoders + vae, rel=0.05)
             assert alone.peak - placed.peak > 25 * GB
-        assert placed.phases["denoise"] == pytest.approx(alone.phases["denoise"] - (encoders if plan == "full"
-                                                                                    else 0) - vae, rel=1e-6)
+        assert placed.phases["denoise"] == pytest.approx(
+            alone.phases["denoise"] - (encoders if plan == "full" else 0) - vae, rel=1e-6
+        )
         assert placed.phases["decode"] < alone.phases["decode"] and placed.host == 0
     # encoders placed on the transformer's own card are resident there whatever the plan says
     same = split_for((("transformer", "npu:0"), ("encoders", "npu:0")), "npu:0")
     assert same.others == () and same.encoders == "resident"
-    assert estimate(full_sizes, "encoders-cpu", "bf16", (1024, 1024), 2, split=same).peak == \
-        estimate(full_sizes, "full", "bf16", (1024, 1024), 2).peak
+    assert (
+        estimate(full_sizes, "encoders-cpu", "bf16", (1024, 1024), 2, split=same).peak
+        == estimate(full_sizes, "full", "bf16", (1024, 1024), 2).peak
+    )
 
 
-@pytest.mark.parametrize("free_gb, alone, placed", [
-    (64, ("encoders-offload", "bf16"), ("full", "bf16")),  # the encoders need not stream: new texts cost nothing
-    # exact bf16 storage instead of fp8 (39.2 GB: between the two peaks since the trace recalibration, issue 25)
-    (39.2, ("encoders-offload", "fp8"), ("full", "bf16")),
-])
+@pytest.mark.parametrize(
+    "free_gb, alone, placed",
+    [
+        (64, ("encoders-offload", "bf16"), ("full", "bf16")),  # the encoders need not stream: new texts cost nothing
+        # exact bf16 storage instead of fp8 (39.2 GB: between the two peaks since the trace recalibration, issue 25)
+        (39.2, ("encoders-offload", "fp8"), ("full", "bf16")),
+    ],
+)
 def test_auto_picks_a_faster_plan_when_the_encoders_live_on_a_second_card(full_sizes, free_gb, alone, placed):
     from hidream_ui.model.planner import split_for
 
@@ -503,8 +530,19 @@ def test_the_engine_refuses_before_loading_when_the_placed_card_cannot_hold_the_
     called = []
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: called.append(1))
     backends = {"npu": _TwoCards({0: 80 * GB, 1: 16 * GB}), "cpu": CPUBackend()}
-    config = from_args(["--tiny-profile", "full", "--placement", "transformer=npu:0,encoders=npu:1,vae=npu:1",
-                        "--dtype", "bf16", "--weights", "bf16"], environ={}).replace(output_dir=tmp_path)
+    config = from_args(
+        [
+            "--tiny-profile",
+            "full",
+            "--placement",
+            "transformer=npu:0,encoders=npu:1,vae=npu:1",
+            "--dtype",
+            "bf16",
+            "--weights",
+            "bf16",
+        ],
+        environ={},
+    ).replace(output_dir=tmp_path)
     engine = EditEngine(config, backends=backends)
     with pytest.raises(EngineError, match=r"npu:1 \(--placement encoders, vae\) needs at least .* 16.0 GB is free"):
         engine.load()
@@ -534,8 +572,10 @@ def test_plan_command_shows_one_line_per_placed_device(capsys):
     assert main([*argv, "--device-memory", "20GB"]) == 1
     out = capsys.readouterr().out
     assert "per device (--placement):" in out and "refused: cuda:1 (--placement encoders, vae) needs at least" in out
-    assert [line.split()[0] for line in out.splitlines() if "predicted peak" in line and "of 20.0 GB free" in line] \
-        == ["cuda:0", "cuda:1"]
+    assert [line.split()[0] for line in out.splitlines() if "predicted peak" in line and "of 20.0 GB free" in line] == [
+        "cuda:0",
+        "cuda:1",
+    ]
     # without --placement the report keeps its shape
     assert main(["--tiny-profile", "full", "--device-memory", "40GB", "--host-memory", "64GB", "--json"]) == 0
     assert "devices" not in json.loads(capsys.readouterr().out)
@@ -552,8 +592,9 @@ def test_the_full_profile_makes_placed_parts_on_their_own_card(tiny_cache, monke
 
     seen = {}
     monkeypatch.setattr(in_memory, "release_parts", lambda *a, placement, **k: seen.update(placement) or {})
-    config = from_args(["--tiny-profile", "full", "--placement", "transformer=npu:0,encoders=npu:1,vae=npu:1"],
-                       environ={})
+    config = from_args(
+        ["--tiny-profile", "full", "--placement", "transformer=npu:0,encoders=npu:1,vae=npu:1"], environ={}
+    )
     card = DeviceInfo(type="npu", index=0, torch_device="npu:0", name="fake", physical_index=0)
     plan = MemoryPlan(name="encoders-cpu", weights="bf16", requested="auto", requested_weights="auto")
     loading._release_parts(config, resolve_sources(config), plan, card, torch.bfloat16)

@@ -47,8 +47,9 @@ def cpu_tensors(monkeypatch, tiny_cache):
 def npu_pool(tmp_path, count: int) -> tuple[EnginePool, FakeNPUBackend]:
     npu = FakeNPUBackend(count=count, names=[f"Ascend910B3-{i}" for i in range(count)])
     backends = {"npu": npu, "cpu": CPUBackend()}
-    config = AppConfig(devices=tuple(f"npu:{i}" for i in range(count)), dtype="fp32", attention="sdpa",
-                       output_dir=tmp_path)
+    config = AppConfig(
+        devices=tuple(f"npu:{i}" for i in range(count)), dtype="fp32", attention="sdpa", output_dir=tmp_path
+    )
     return EnginePool.for_config(config, backends=backends), npu
 
 
@@ -92,9 +93,14 @@ def test_eight_concurrent_jobs_on_four_fake_npus_run_two_per_card_each_bound_in_
 def test_a_batch_over_the_pool_keeps_its_order_and_names_each_items_device(tmp_path, cpu_tensors):
     pool, _ = npu_pool(tmp_path, 2)
     settings = EditSettings(num_inference_steps=2, working_resolution="draft")
-    batch = BatchRequest(sources=tuple(BatchSource(f"img{i}.png", random_picture(i)) for i in range(3)),
-                         instructions=("make it blue", "make it red"), settings=settings, seed=10,
-                         seed_policy="increment", batch_size=1)
+    batch = BatchRequest(
+        sources=tuple(BatchSource(f"img{i}.png", random_picture(i)) for i in range(3)),
+        instructions=("make it blue", "make it red"),
+        settings=settings,
+        seed=10,
+        seed_policy="increment",
+        batch_size=1,
+    )
     finished = []
     result = pool.run_batch(batch, on_item=lambda item: finished.append(item.index))
 
@@ -120,16 +126,26 @@ def test_a_pool_batch_gives_the_images_of_one_engine(tmp_path, tiny_cache):
     threads = torch.get_num_threads()
     config = AppConfig(device="cpu", output_dir=tmp_path / "one")
     settings = EditSettings(num_inference_steps=2, working_resolution="draft")
-    batch = BatchRequest(sources=(BatchSource("a.png", random_picture(1)), BatchSource("b.png", random_picture(2))),
-                         instructions=("make it blue",), settings=settings, seed=5, seed_policy="increment",
-                         batch_size=1)
+    batch = BatchRequest(
+        sources=(BatchSource("a.png", random_picture(1)), BatchSource("b.png", random_picture(2))),
+        instructions=("make it blue",),
+        settings=settings,
+        seed=5,
+        seed_policy="increment",
+        batch_size=1,
+    )
     try:
         single = EnginePool(config, [EditEngine(config)], threads=[1]).edit
-        reference = [single(EditRequest(image=random_picture(i), params=edit_params("make it blue", seed=4 + i,
-                                                                                     steps=2)), save=False)
-                     for i in (1, 2)]
-        pool = EnginePool.for_config(config.replace(device="auto", devices=("cpu", "cpu"),
-                                                    output_dir=tmp_path / "two"), cores=2)
+        reference = [
+            single(
+                EditRequest(image=random_picture(i), params=edit_params("make it blue", seed=4 + i, steps=2)),
+                save=False,
+            )
+            for i in (1, 2)
+        ]
+        pool = EnginePool.for_config(
+            config.replace(device="auto", devices=("cpu", "cpu"), output_dir=tmp_path / "two"), cores=2
+        )
         assert [slot.threads for slot in pool.slots] == [1, 1]
         spread = pool.run_batch(batch)
     finally:
@@ -185,20 +201,23 @@ def test_labels_number_repeated_devices_only():
     assert engine_labels(["cpu", "cpu"]) == ["cpu#1", "cpu#2"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--devices", "npu:0,npu:0"], "names npu:0 twice"),
-    (["--devices", "npu:0,cuda:0"], "mixes device types"),
-    (["--devices", "npu:0", "--device", "npu:1"], "are exclusive"),
-    (["--devices", "all,npu:1"], "'all' stands alone"),
-    (["--devices", "tpu:0"], "'tpu:0'"),
-    (["--devices", "npu:0,,npu:1"], "comma-separated"),
-    (["--devices", "auto"], "not auto"),
-    (["--placement", "encoders=npu:1"], "name the transformer's device"),
-    (["--placement", "transformer=npu:0,unet=npu:1"], "'unet=npu:1'"),
-    (["--placement", "transformer=npu:0,encoders=npu:1", "--devices", "npu:0,npu:1"], "use one of them"),
-    (["--placement", "transformer=npu:0,encoders=cpu", "--text-encoders", "offload"], "--text-encoders offload"),
-    (["--placement", "transformer=npu:0", "--device", "npu:1"], "disagree"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--devices", "npu:0,npu:0"], "names npu:0 twice"),
+        (["--devices", "npu:0,cuda:0"], "mixes device types"),
+        (["--devices", "npu:0", "--device", "npu:1"], "are exclusive"),
+        (["--devices", "all,npu:1"], "'all' stands alone"),
+        (["--devices", "tpu:0"], "'tpu:0'"),
+        (["--devices", "npu:0,,npu:1"], "comma-separated"),
+        (["--devices", "auto"], "not auto"),
+        (["--placement", "encoders=npu:1"], "name the transformer's device"),
+        (["--placement", "transformer=npu:0,unet=npu:1"], "'unet=npu:1'"),
+        (["--placement", "transformer=npu:0,encoders=npu:1", "--devices", "npu:0,npu:1"], "use one of them"),
+        (["--placement", "transformer=npu:0,encoders=cpu", "--text-encoders", "offload"], "--text-encoders offload"),
+        (["--placement", "transformer=npu:0", "--device", "npu:1"], "disagree"),
+    ],
+)
 def test_bad_devices_and_placement_are_refused_naming_the_value(argv, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         from_args(argv, environ={})
@@ -214,12 +233,14 @@ def test_devices_and_placement_parse_from_flags_and_env():
 
 def test_devices_all_takes_every_visible_accelerator(tmp_path):
     npu = FakeNPUBackend(count=3)
-    pool = EnginePool.for_config(AppConfig(devices=("all",), output_dir=tmp_path),
-                                 backends={"npu": npu, "cpu": CPUBackend()})
+    pool = EnginePool.for_config(
+        AppConfig(devices=("all",), output_dir=tmp_path), backends={"npu": npu, "cpu": CPUBackend()}
+    )
     assert [slot.label for slot in pool.slots] == ["npu:0", "npu:1", "npu:2"]
     off = FakeNPUBackend(available=False)
-    cpu_only = EnginePool.for_config(AppConfig(devices=("all",), output_dir=tmp_path),
-                                     backends={"npu": off, "cpu": CPUBackend()})
+    cpu_only = EnginePool.for_config(
+        AppConfig(devices=("all",), output_dir=tmp_path), backends={"npu": off, "cpu": CPUBackend()}
+    )
     assert [slot.label for slot in cpu_only.slots] == ["cpu"]
 
 
@@ -227,8 +248,9 @@ def test_the_device_lane_admits_one_job_per_engine(tmp_path):
     from hidream_ui.ui.layout import build_demo
 
     npu = FakeNPUBackend(count=3)
-    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1", "npu:2"), output_dir=tmp_path),
-                                 backends={"npu": npu, "cpu": CPUBackend()})
+    pool = EnginePool.for_config(
+        AppConfig(devices=("npu:0", "npu:1", "npu:2"), output_dir=tmp_path), backends={"npu": npu, "cpu": CPUBackend()}
+    )
     demo = build_demo(pool)
     limits = {fn.api_name: fn.concurrency_limit for fn in demo.fns.values() if fn.api_name}
     assert limits["edit"] == 3 and limits["batch_edit"] == 3 and limits["compare"] == 3
@@ -258,8 +280,7 @@ def test_split_placement_runs_the_tiny_model_and_gives_the_same_image(tmp_path, 
     plain = EditEngine(AppConfig(device="cpu", output_dir=tmp_path)).edit(request, save=False)
     # The tiny profile named: with no environment the CLI's default is the trained model, not AppConfig()'s.
     argv = ["--placement", "transformer=cpu,encoders=cpu,vae=cpu", "--tiny-profile", "tiny"]
-    placed_engine = EditEngine(from_args(argv, environ={})
-                               .replace(output_dir=tmp_path))
+    placed_engine = EditEngine(from_args(argv, environ={}).replace(output_dir=tmp_path))
     placed = placed_engine.edit(request, save=False)
     pipe = placed_engine.model.pipeline
     assert {pipe.text_encoder_4.device.type, pipe.vae.device.type, pipe.transformer.device.type} == {"cpu"}
@@ -306,11 +327,12 @@ def test_a_comparison_switches_attention_on_its_own_engine_only(tmp_path, cpu_te
     switched: list[tuple[str, str]] = []
     for slot in pool.slots:
         original = slot.engine.set_attention
-        monkeypatch.setattr(slot.engine, "set_attention",
-                            lambda name, label=slot.label, original=original: switched.append((label, name))
-                            or original(name))
-    result = run_compare(pool, random_picture(3), edit_params(seed=3, steps=1), "attention", "math, sdpa",
-                         save=False)
+        monkeypatch.setattr(
+            slot.engine,
+            "set_attention",
+            lambda name, label=slot.label, original=original: switched.append((label, name)) or original(name),
+        )
+    result = run_compare(pool, random_picture(3), edit_params(seed=3, steps=1), "attention", "math, sdpa", save=False)
     (engine,) = {cell.info.engine for cell in result.cells}
     assert [cell.info.attention for cell in result.cells] == ["math", "sdpa"]
     assert {label for label, _ in switched} == {engine}, switched
@@ -320,8 +342,10 @@ def test_a_comparison_switches_attention_on_its_own_engine_only(tmp_path, cpu_te
 
 def test_a_pool_attention_switch_waits_for_the_job_running_on_each_engine(tmp_path):
     npu = FakeNPUBackend(count=2)
-    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", attention="sdpa",
-                                           output_dir=tmp_path), backends={"npu": npu, "cpu": CPUBackend()})
+    pool = EnginePool.for_config(
+        AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", attention="sdpa", output_dir=tmp_path),
+        backends={"npu": npu, "cpu": CPUBackend()},
+    )
     with pool.acquire() as held:  # a job (a comparison between two of its cells) holds engine 0
         switch = threading.Thread(target=pool.set_attention, args=("math",))
         switch.start()
@@ -340,8 +364,10 @@ def test_a_failed_background_load_is_reported_and_its_engine_gets_no_jobs(tmp_pa
     from hidream_ui.ui.devices_panel import render_device_rows
 
     npu = FakeNPUBackend(count=2)
-    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
-                                 backends={"npu": npu, "cpu": CPUBackend()})
+    pool = EnginePool.for_config(
+        AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
+        backends={"npu": npu, "cpu": CPUBackend()},
+    )
     started = threading.Event()
 
     def broken(on_progress=None):
@@ -382,7 +408,9 @@ def test_an_app_without_login_shows_no_server_paths_in_the_device_rows(tmp_path)
     status = handlers.status()
     assert "/srv/models" not in json.dumps(status, default=str) and "/srv/models" not in handlers.status_panel()
     assert [row["error"] for row in status["devices"]] == [
-        "the configured model is incomplete: transformer missing", "loading the model failed: config.json unreadable"]
+        "the configured model is incomplete: transformer missing",
+        "loading the model failed: config.json unreadable",
+    ]
 
 
 def test_an_engines_share_of_the_cores_ends_with_its_job(tmp_path):
@@ -449,12 +477,15 @@ def test_load_loads_the_first_engine_in_the_callers_thread_with_its_progress(tmp
     (exactly once: a background load of it would leave the button waiting without a word); the
     others load in the background."""
     npu = FakeNPUBackend(count=2)
-    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
-                                 backends={"npu": npu, "cpu": CPUBackend()})
+    pool = EnginePool.for_config(
+        AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
+        backends={"npu": npu, "cpu": CPUBackend()},
+    )
     from helpers import wait_for
 
     calls: list[tuple[int, str, bool]] = []
     for index, engine in enumerate(pool.engines):
+
         def load(on_progress=None, index=index):
             calls.append((index, threading.current_thread().name, on_progress is not None))
             if on_progress is not None:
@@ -487,8 +518,10 @@ def test_the_load_button_tries_a_failed_engine_again(tmp_path, monkeypatch):
     from helpers import wait_for
 
     npu = FakeNPUBackend(count=2)
-    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
-                                 backends={"npu": npu, "cpu": CPUBackend()})
+    pool = EnginePool.for_config(
+        AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path),
+        backends={"npu": npu, "cpu": CPUBackend()},
+    )
     attempts = []
 
     def flaky(on_progress=None):
@@ -514,10 +547,13 @@ def test_background_loads_go_in_pool_order_so_the_first_job_waits_for_its_engine
     from hidream_ui.model import loading
 
     npu = FakeNPUBackend(count=3)
-    pool = EnginePool.for_config(AppConfig(devices=("npu:0", "npu:1", "npu:2"), dtype="fp32", output_dir=tmp_path),
-                                 backends={"npu": npu, "cpu": CPUBackend()})
+    pool = EnginePool.for_config(
+        AppConfig(devices=("npu:0", "npu:1", "npu:2"), dtype="fp32", output_dir=tmp_path),
+        backends={"npu": npu, "cpu": CPUBackend()},
+    )
     order: list[int] = []
     for index, engine in enumerate(pool.engines):
+
         def load(on_progress=None, index=index):
             if index == 0:
                 time.sleep(0.3)  # the dtype probe before the load (a subprocess on a card)
@@ -555,8 +591,10 @@ def test_the_live_plot_reads_cached_telemetry_only(tmp_path, monkeypatch):
     for engine in pool.engines:
         monkeypatch.setattr(engine, "status", no_status)
     frame = handlers.telemetry_plot()
-    assert {(row.percent, row.series) for row in frame.itertuples()} >= {(40.0, "npu:1 memory"),
-                                                                         (75.0, "npu:1 utilisation")}
+    assert {(row.percent, row.series) for row in frame.itertuples()} >= {
+        (40.0, "npu:1 memory"),
+        (75.0, "npu:1 utilisation"),
+    }
 
 
 def cpu_pool(tmp_path, attention: str = "sdpa") -> EnginePool:
@@ -635,8 +673,10 @@ def test_set_attention_api_switches_one_engine_of_a_running_pool_app(tmp_path, t
         client = Client(url, verbose=False)
         assert client.predict(name="math", engine="cpu#2", api_name="/set_attention") == "math"
         status = client.predict(api_name="/status")
-        assert [(row["engine"], row["attention"]) for row in status["devices"]] == [("cpu#1", "sdpa"),
-                                                                                     ("cpu#2", "math")]
+        assert [(row["engine"], row["attention"]) for row in status["devices"]] == [
+            ("cpu#1", "sdpa"),
+            ("cpu#2", "math"),
+        ]
         with pytest.raises(AppError, match="unknown engine 'npu:5'"):
             client.predict(name="math", engine="npu:5", api_name="/set_attention")
         assert client.predict(name="chunked", api_name="/set_attention") == "chunked"  # no engine: all

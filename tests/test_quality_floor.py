@@ -45,8 +45,11 @@ class Floor:
 
     @property
     def holds(self) -> bool:
-        return (self.successes >= MIN_SUCCESSES and self.failures + self.successes == FLOOR_CASES
-                and self.psnr_median >= MIN_UNTOUCHED_PSNR_MEDIAN_DB)
+        return (
+            self.successes >= MIN_SUCCESSES
+            and self.failures + self.successes == FLOOR_CASES
+            and self.psnr_median >= MIN_UNTOUCHED_PSNR_MEDIAN_DB
+        )
 
 
 def run_floor(pool, cases=FLOOR_CASES) -> Floor:
@@ -59,8 +62,9 @@ def run_floor(pool, cases=FLOOR_CASES) -> Floor:
     base = EditParams.defaults_for("e1.1").to_dict()
     floor = Floor()
     for case in world.held_out_cases(cases, world.FLOOR_SEED_START):
-        params = EditParams.from_dict({**base, "instruction": case.instruction, "seed": case.seed,
-                                       "randomize_seed": False})
+        params = EditParams.from_dict(
+            {**base, "instruction": case.instruction, "seed": case.seed, "randomize_seed": False}
+        )
         result = pool.edit(EditRequest(image=Image.fromarray(case.source), params=params), save=False)
         score = world.score(case, result.image.convert("RGB"))
         floor.successes += score["success"]
@@ -97,9 +101,11 @@ def pristine(trained):
 
 def test_the_shipped_model_keeps_its_quality_floor(trained):
     floor = run_floor(trained)
-    assert floor.holds, (f"the shipped model passed {floor.successes} of {floor.successes + floor.failures} "
-                         f"floor cases (floor {MIN_SUCCESSES} of {FLOOR_CASES}), untouched PSNR median "
-                         f"{floor.psnr_median:.1f} dB (floor {MIN_UNTOUCHED_PSNR_MEDIAN_DB:g})")
+    assert floor.holds, (
+        f"the shipped model passed {floor.successes} of {floor.successes + floor.failures} "
+        f"floor cases (floor {MIN_SUCCESSES} of {FLOOR_CASES}), untouched PSNR median "
+        f"{floor.psnr_median:.1f} dB (floor {MIN_UNTOUCHED_PSNR_MEDIAN_DB:g})"
+    )
 
 
 def test_floor_cases_are_held_out_from_training_the_benchmark_and_the_examples():
@@ -117,8 +123,10 @@ def test_readme_states_the_floor():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    assert (f"edits {FLOOR_CASES} further held-out cases with it through the app's engine and fails below "
-            f"{MIN_SUCCESSES} right\nor below {MIN_UNTOUCHED_PSNR_MEDIAN_DB:g} dB untouched-region PSNR") in readme
+    assert (
+        f"edits {FLOOR_CASES} further held-out cases with it through the app's engine and fails below "
+        f"{MIN_SUCCESSES} right\nor below {MIN_UNTOUCHED_PSNR_MEDIAN_DB:g} dB untouched-region PSNR"
+    ) in readme
 
 
 def _deaf(transformer):

@@ -34,8 +34,9 @@ def ray_cluster(tiny_cache):
 
     assert not ray.is_initialized(), "another test left a Ray cluster running"
     # Logical CPUs: two Serve replicas and two Ray Data actors, one each (the machine may have fewer cores).
-    ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=4, log_to_driver=False,
-             configure_logging=False)
+    ray.init(
+        _node_ip_address="127.0.0.1", include_dashboard=False, num_cpus=4, log_to_driver=False, configure_logging=False
+    )
     try:
         yield ray
     finally:
@@ -61,8 +62,9 @@ def ray_engine(ray_cluster, tmp_path_factory):
 def request(seed: int, steps: int = 2):
     from hidream_ui.edits import EditRequest
 
-    return EditRequest(image=random_picture(seed), params=edit_params(seed=seed, steps=steps),
-                       source_name=f"{seed}.png")
+    return EditRequest(
+        image=random_picture(seed), params=edit_params(seed=seed, steps=steps), source_name=f"{seed}.png"
+    )
 
 
 def pixels(image_or_path) -> np.ndarray:
@@ -152,9 +154,15 @@ def test_cancel_reaches_the_replica_which_stops_after_its_current_step_and_saves
     with pytest.raises(EditCancelled):
         ray_engine.edit(request(7, steps=STEPS_LONG), on_step, cancel=token)
     assert max(seen) <= 3 + 2
-    stopped = wait_for(lambda: [job for job in ray_engine.replica_last_jobs().values()
-                                if "steps_run" in job and job.get("cancelled_at_step") is not None],
-                       "the replica to report where it stopped", timeout=30)
+    stopped = wait_for(
+        lambda: [
+            job
+            for job in ray_engine.replica_last_jobs().values()
+            if "steps_run" in job and job.get("cancelled_at_step") is not None
+        ],
+        "the replica to report where it stopped",
+        timeout=30,
+    )
     job = stopped[0]
     # The replica's promise (docs/cluster.md): once the cancel arrives, the edit stops after its current step.
     assert job["steps_run"] - job["cancelled_at_step"] <= 1, stopped
@@ -179,11 +187,17 @@ def test_a_replica_killed_mid_job_fails_that_job_and_the_app_keeps_serving(ray_e
 
     job = threading.Thread(target=run)
     job.start()
-    busy = wait_for(lambda: [row.engine for row in ray_engine.device_rows() if row.state == "editing"],
-                    "a replica to start the job", timeout=60)
+    busy = wait_for(
+        lambda: [row.engine for row in ray_engine.device_rows() if row.state == "editing"],
+        "a replica to start the job",
+        timeout=60,
+    )
     tag = busy[0].removeprefix("ray:")
-    name = next(actor["name"] for actor in ray_cluster.util.list_named_actors(all_namespaces=True)
-                if actor["name"].endswith(f"#{tag}"))
+    name = next(
+        actor["name"]
+        for actor in ray_cluster.util.list_named_actors(all_namespaces=True)
+        if actor["name"].endswith(f"#{tag}")
+    )
     ray_cluster.kill(ray_cluster.get_actor(name, namespace="serve"), no_restart=True)
     job.join(timeout=120)
     assert "error" in outcome, outcome
@@ -198,8 +212,15 @@ def test_manifest_on_ray_data_gives_the_local_pngs_and_a_rerun_skips_them(ray_cl
     lines = []
     for seed in range(3):
         write_picture(tmp_path / f"p{seed}.png", seed=seed)
-        lines.append({"image": f"p{seed}.png", "instruction": "make it red", "seed": seed,
-                      "num_inference_steps": 2, "working_resolution": "draft"})
+        lines.append(
+            {
+                "image": f"p{seed}.png",
+                "instruction": "make it red",
+                "seed": seed,
+                "num_inference_steps": 2,
+                "working_resolution": "draft",
+            }
+        )
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
 
@@ -236,13 +257,22 @@ def test_the_app_serves_through_the_replicas(ray_engine):
     demo, url = launch(ray_engine.config, engine=ray_engine, prevent_thread_lock=True, quiet=True)
     try:
         client = Client(url, verbose=False)
-        _, saved, seed, _ = client.predict(image=handle_file(str(ASSETS_DIR / "apple.png")), instruction="make it red",
-                                           num_inference_steps=2, working_resolution="draft", seed=5,
-                                           randomize_seed=False, api_name="/edit")
+        _, saved, seed, _ = client.predict(
+            image=handle_file(str(ASSETS_DIR / "apple.png")),
+            instruction="make it red",
+            num_inference_steps=2,
+            working_resolution="draft",
+            seed=5,
+            randomize_seed=False,
+            api_name="/edit",
+        )
         assert seed == 5 and read_metadata(saved)["engine"].startswith("ray:")
         # Two rows, one per replica (after the kill above, once Serve's replacement has started).
-        status = wait_for(lambda: (lambda s: s if len(s["devices"]) == 2 else None)(client.predict(api_name="/status")),
-                          "one /status row per replica", timeout=120)
+        status = wait_for(
+            lambda: (lambda s: s if len(s["devices"]) == 2 else None)(client.predict(api_name="/status")),
+            "one /status row per replica",
+            timeout=120,
+        )
         rows = status["devices"]
         assert {row["node"] for row in rows} == {"127.0.0.1"}
         assert all(row["device"] == "cpu" and row["memory"] is not None for row in rows)
@@ -259,9 +289,12 @@ def test_a_batch_runs_over_the_replicas(ray_engine):
     from hidream_ui.engine.batch import BatchRequest, BatchSource
 
     items = []
-    batch = BatchRequest(sources=(BatchSource("a.png", random_picture(1)), BatchSource("b.png", random_picture(2))),
-                         instructions=("make it blue",), settings=EditSettings(num_inference_steps=1,
-                                                                               working_resolution="draft"), seed=3)
+    batch = BatchRequest(
+        sources=(BatchSource("a.png", random_picture(1)), BatchSource("b.png", random_picture(2))),
+        instructions=("make it blue",),
+        settings=EditSettings(num_inference_steps=1, working_resolution="draft"),
+        seed=3,
+    )
     result = ray_engine.run_batch(batch, on_item=items.append)
     assert [item.status for item in result.items] == ["ok", "ok"] and len(items) == 2
     assert all(item.result.saved_png.is_file() and item.result.info.engine.startswith("ray:") for item in items)

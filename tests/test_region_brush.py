@@ -54,15 +54,21 @@ def files(app, tmp_path_factory):
 
 def editor_value(files, *layers: str) -> dict:
     """What the browser sends for the editor (preprocess=False): files, as gradio stored them."""
-    return {"background": files["noise.png"], "layers": [files[name] for name in layers], "composite": None,
-            "id": None}
+    return {"background": files["noise.png"], "layers": [files[name] for name in layers], "composite": None, "id": None}
 
 
 def run_edit(handlers, image, mask, seed=5, steps=4):
-    form = {**EditParams.defaults_for("e1.1").to_dict(), "instruction": "make it blue", "seed": seed,
-            "randomize_seed": False, "num_inference_steps": steps, "working_resolution": "draft"}
-    *_, last = handlers.edit(image, *(form[name] for name in EDIT_FORM), rewrite=False, mask=mask,
-                             progress=lambda *args, **kwargs: None)
+    form = {
+        **EditParams.defaults_for("e1.1").to_dict(),
+        "instruction": "make it blue",
+        "seed": seed,
+        "randomize_seed": False,
+        "num_inference_steps": steps,
+        "working_resolution": "draft",
+    }
+    *_, last = handlers.edit(
+        image, *(form[name] for name in EDIT_FORM), rewrite=False, mask=mask, progress=lambda *args, **kwargs: None
+    )
     (_, after), png, _, summary, entry = last
     return after, png, summary, entry
 
@@ -77,8 +83,8 @@ def test_a_painted_left_half_keeps_the_right_half_beyond_the_feather(handlers, f
     feather = meta["mask"]["feather"]
     src, out = pixels(Image.open(files["noise.png"]["path"])), pixels(after)
     half = SIZE[0] // 2
-    assert np.abs(out[:, half + feather:] - src[:, half + feather:]).max() <= 2
-    assert np.abs(out[:, :half - feather] - src[:, :half - feather]).mean() > 10  # the painted half did change
+    assert np.abs(out[:, half + feather :] - src[:, half + feather :]).max() <= 2
+    assert np.abs(out[:, : half - feather] - src[:, : half - feather]).mean() > 10  # the painted half did change
     assert meta["mask"]["name"] == "painted region"
     assert "region edit: outside it the source is kept" in summary  # the visitor is told
     assert (Path(png).parent / meta["mask"]["file"]).is_file()  # the mask is stored beside the result
@@ -86,8 +92,9 @@ def test_a_painted_left_half_keeps_the_right_half_beyond_the_feather(handlers, f
 
 def test_nothing_painted_is_no_mask_and_the_output_is_bit_identical(handlers, files):
     free, free_png, _, _ = run_edit(handlers, files["noise.png"], None, seed=11, steps=2)
-    blank, blank_png, summary, _ = run_edit(handlers, files["noise.png"], editor_value(files, "empty.png"), seed=11,
-                                            steps=2)
+    blank, blank_png, summary, _ = run_edit(
+        handlers, files["noise.png"], editor_value(files, "empty.png"), seed=11, steps=2
+    )
     assert "region" not in summary
     unpainted, _, _, _ = run_edit(handlers, files["noise.png"], editor_value(files), seed=11, steps=2)
     assert "mask" not in read_metadata(blank_png) and "mask" not in read_metadata(free_png)
@@ -118,8 +125,11 @@ def test_layers_the_app_did_not_store_or_that_did_not_arrive_are_refused(handler
 
 def test_the_editor_shows_the_source_to_paint_on(handlers, files, tmp_path):
     update = handlers.region_background(files["noise.png"])
-    assert update["value"] == {"background": files["noise.png"]["path"], "layers": [],
-                               "composite": files["noise.png"]["path"]}
+    assert update["value"] == {
+        "background": files["noise.png"]["path"],
+        "layers": [],
+        "composite": files["noise.png"]["path"],
+    }
     assert update["brush"].default_size == brush_radius(SIZE) == 4
     assert update["brush"].colors == [update["brush"].default_color]  # one colour
     assert handlers.region_background(None)["value"] is None  # no source: nothing to paint on

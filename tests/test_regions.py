@@ -60,10 +60,10 @@ def test_a_left_half_mask_keeps_the_right_half_beyond_the_feather(engine):
     src, out, unmasked = (np.asarray(im, dtype=np.int16) for im in (source, region.image, free.image))
     edge, feather = SIZE[0] // 2, region.mask_feather
     assert 4 <= feather < edge // 2
-    right = np.s_[:, edge + feather:]
+    right = np.s_[:, edge + feather :]
     assert np.abs(out[right] - src[right]).max() <= 2  # beyond the feather: the source's own pixels
     assert np.abs(unmasked[right] - src[right]).mean() > 10  # without the mask the edit changes them
-    left = np.s_[:, :edge - feather]
+    left = np.s_[:, : edge - feather]
     assert np.abs(out[left] - src[left]).mean() > 10  # inside the mask the edit happened
     # The kept latents steer the edited half too: it is not the unmasked edit cut out.
     assert not np.array_equal(out[left], unmasked[left])
@@ -81,8 +81,11 @@ def test_an_all_white_mask_changes_nothing_and_masks_are_reproducible(engine):
 
 
 def test_the_mask_is_saved_beside_the_result_and_named_in_its_metadata(engine):
-    result = engine.edit(EditRequest(source_picture(), masked(edit_params(steps=2, seed=2), left_half()),
-                                     source_name="photo.png").validated())
+    result = engine.edit(
+        EditRequest(
+            source_picture(), masked(edit_params(steps=2, seed=2), left_half()), source_name="photo.png"
+        ).validated()
+    )
     meta = read_metadata(result.saved_png)
     mask_file = result.saved_png.parent / meta["mask"]["file"]
     assert mask_file.is_file()
@@ -150,11 +153,14 @@ def test_compare_applies_the_mask_to_every_cell(tmp_path, tiny_cache):
     names = set()
     for cell in result.cells:
         out = np.asarray(cell.image, dtype=np.int16)
-        right = np.s_[:, SIZE[0] // 2 + cell.mask_feather:]
+        right = np.s_[:, SIZE[0] // 2 + cell.mask_feather :]
         assert np.abs(out[right] - src[right]).max() <= 2
         names.add(cell.saved_metadata["mask"]["file"])
-        assert cell.saved_metadata["parent"] == {"file": "src.png", "sha256": hashlib.sha256(path.read_bytes())
-                                                 .hexdigest(), "of": "file"}
+        assert cell.saved_metadata["parent"] == {
+            "file": "src.png",
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "of": "file",
+        }
     assert len(names) == 1 and (tmp_path / names.pop()).is_file()  # one file for the grid's one mask
 
 
@@ -174,14 +180,23 @@ def test_parent_names_the_source_file_and_an_edit_of_a_result_names_that_result(
     path = tmp_path / "photo.png"
     source_picture(4).save(path)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    first = engine.edit(EditRequest(engine.open_image(str(path)), edit_params(steps=2, seed=1),
-                                    source_name="photo.png", source_sha256=digest))
+    first = engine.edit(
+        EditRequest(
+            engine.open_image(str(path)), edit_params(steps=2, seed=1), source_name="photo.png", source_sha256=digest
+        )
+    )
     assert first.saved_metadata["parent"] == {"file": "photo.png", "sha256": digest, "of": "file"}
     # "Edit the result": the saved PNG is the next source; its parent is that file, whose name carries
     # the first 8 hex digits of the same hash.
     png = first.saved_png
-    second = engine.edit(EditRequest(engine.open_image(str(png)), edit_params(steps=2, seed=2),
-                                     source_name=png.name, source_sha256=hashlib.sha256(png.read_bytes()).hexdigest()))
+    second = engine.edit(
+        EditRequest(
+            engine.open_image(str(png)),
+            edit_params(steps=2, seed=2),
+            source_name=png.name,
+            source_sha256=hashlib.sha256(png.read_bytes()).hexdigest(),
+        )
+    )
     parent = json.loads(second.saved_json.read_text())["parent"]
     assert parent["file"] == png.name and png.stem.endswith(parent["sha256"][:8])
     # A source handed over as an image: its pixels are hashed.
@@ -274,8 +289,11 @@ def test_an_image_editor_value_gives_its_painted_layers_as_the_mask(tmp_path):
     layer.paste((255, 255, 255, 255), (0, 0, SIZE[0] // 2, SIZE[1]))
     layer.save(painted)
     Image.new("RGBA", SIZE, (0, 0, 0, 0)).save(empty)
-    value = {"background": {"path": str(tmp_path / "bg.png")}, "layers": [{"path": str(empty)}, {"path": str(painted)}],
-             "composite": None}
+    value = {
+        "background": {"path": str(tmp_path / "bg.png")},
+        "layers": [{"path": str(empty)}, {"path": str(painted)}],
+        "composite": None,
+    }
     mask = open_region(services, value)
     assert np.array_equal(np.asarray(mask.image), np.asarray(left_half()))
     assert open_region(services, {**value, "layers": [{"path": str(empty)}]}) is None  # nothing painted: no mask

@@ -33,8 +33,15 @@ def vlm():
 
 
 def result(**overrides) -> RewriteResult:
-    values = dict(original="make the car blue", source="Two cars on a street.", instruction="Paint the left car blue.",
-                  target="Two cars on a street, the left one blue.", backend="openai", model="fake-vl", seconds=0.5)
+    values = dict(
+        original="make the car blue",
+        source="Two cars on a street.",
+        instruction="Paint the left car blue.",
+        target="Two cars on a street, the left one blue.",
+        backend="openai",
+        model="fake-vl",
+        seconds=0.5,
+    )
     return RewriteResult(**{**values, **overrides})
 
 
@@ -45,27 +52,37 @@ def result(**overrides) -> RewriteResult:
 
 def test_parser_takes_three_labelled_lines_and_common_decorations():
     assert parse_answer("SOURCE: a red car\nINSTRUCTION: paint it blue\nTARGET: a blue car") == (
-        "a red car", "paint it blue", "a blue car")
-    decorated = ("```\n1. **Source:** A red car.\n\n2. **Editing Instruction:** Paint the left car blue.\n"
-                 "3. **Target Image Description:** \"A blue car.\"\n```")
+        "a red car",
+        "paint it blue",
+        "a blue car",
+    )
+    decorated = (
+        "```\n1. **Source:** A red car.\n\n2. **Editing Instruction:** Paint the left car blue.\n"
+        '3. **Target Image Description:** "A blue car."\n```'
+    )
     assert parse_answer(decorated) == ("A red car.", "Paint the left car blue.", "A blue car.")
     # No labels: by position.
     assert parse_answer("A red car.\nPaint it blue.\nA blue car.") == ("A red car.", "Paint it blue.", "A blue car.")
     assert parse_answer("INSTRUCTION: make it blue\nTARGET: a blue car", TEXT_LABELS) == ("make it blue", "a blue car")
 
 
-@pytest.mark.parametrize("answer, needle", [
-    ("", "empty answer"),
-    ("Sure! Here you go, a lovely picture.", "is not 3 lines (SOURCE, INSTRUCTION, TARGET): it has 1"),
-    ("I'm sorry, but I can't help with that.", "the rewriter declined"),
-    ("SOURCE: a\nTARGET: c\nINSTRUCTION: b", "line 2 of the rewriter's answer is labelled 'TARGET'; expected "
-                                              "INSTRUCTION"),
-    ("SOURCE: a\nINSTRUCTION: ...\nTARGET: c", "line 2 (INSTRUCTION) of the rewriter's answer is empty"),
-    ("SOURCE: a\nINSTRUCTION: <the instruction>\nTARGET: c", "is a placeholder"),
-    ("SOURCE: a\nINSTRUCTION: b. Target Image Description: c\nTARGET: c", "contains 'Target Image Description:'"),
-    ("SOURCE: a\nINSTRUCTION: b\nTARGET: c\nNOTE: d", "it has 4"),
-    ("SOURCE: a\nINSTRUCTION: " + "b" * 1001 + "\nTARGET: c", "1001 characters long (at most 1000)"),
-])
+@pytest.mark.parametrize(
+    "answer, needle",
+    [
+        ("", "empty answer"),
+        ("Sure! Here you go, a lovely picture.", "is not 3 lines (SOURCE, INSTRUCTION, TARGET): it has 1"),
+        ("I'm sorry, but I can't help with that.", "the rewriter declined"),
+        (
+            "SOURCE: a\nTARGET: c\nINSTRUCTION: b",
+            "line 2 of the rewriter's answer is labelled 'TARGET'; expected INSTRUCTION",
+        ),
+        ("SOURCE: a\nINSTRUCTION: ...\nTARGET: c", "line 2 (INSTRUCTION) of the rewriter's answer is empty"),
+        ("SOURCE: a\nINSTRUCTION: <the instruction>\nTARGET: c", "is a placeholder"),
+        ("SOURCE: a\nINSTRUCTION: b. Target Image Description: c\nTARGET: c", "contains 'Target Image Description:'"),
+        ("SOURCE: a\nINSTRUCTION: b\nTARGET: c\nNOTE: d", "it has 4"),
+        ("SOURCE: a\nINSTRUCTION: " + "b" * 1001 + "\nTARGET: c", "1001 characters long (at most 1000)"),
+    ],
+)
 def test_parser_refuses_unusable_answers_quoting_them(answer, needle):
     with pytest.raises(RewriteError) as refused:
         parse_answer(answer)
@@ -76,8 +93,10 @@ def test_compose_builds_the_e1_full_prompt_whose_target_drives_the_refine_stage(
     rewrite = result()
     assert rewrite.compose("e1.1") == "Paint the left car blue."
     full = rewrite.compose("e1-full")
-    assert full == ("Editing Instruction: Paint the left car blue. "
-                    "Target Image Description: Two cars on a street, the left one blue.")
+    assert full == (
+        "Editing Instruction: Paint the left car blue. "
+        "Target Image Description: Two cars on a street, the left one blue."
+    )
     assert target_prompt(full) == "Two cars on a street, the left one blue."
     assert EditParams(instruction=full).validated().instruction == full
     assert result(instruction="Make it blue").compose("e1-full").startswith("Editing Instruction: Make it blue. Target")
@@ -101,11 +120,17 @@ def test_rewrite_result_round_trips_and_checks_client_values():
 def test_rewriter_flags_env_twins_and_auto():
     config = from_args(["--rewriter-url", "http://127.0.0.1:8000/v1", "--rewriter-model", "qwen-vl"], environ={})
     assert (config.rewriter_backend, config.rewriter_model, config.rewriter_timeout) == ("openai", "qwen-vl", 20.0)
-    env = {"HIDREAM_REWRITER_URL": "https://api.example.com/v1", "HIDREAM_REWRITER_MODEL": "gpt-4o-mini",
-           "HIDREAM_REWRITER_TIMEOUT": "7.5"}
+    env = {
+        "HIDREAM_REWRITER_URL": "https://api.example.com/v1",
+        "HIDREAM_REWRITER_MODEL": "gpt-4o-mini",
+        "HIDREAM_REWRITER_TIMEOUT": "7.5",
+    }
     config = from_args([], environ=env)
     assert (config.rewriter_backend, config.rewriter_url, config.rewriter_timeout) == (
-        "openai", "https://api.example.com/v1", 7.5)
+        "openai",
+        "https://api.example.com/v1",
+        7.5,
+    )
     assert from_args(["--rewriter-timeout", "3"], environ=env).rewriter_timeout == 3.0  # the flag wins
     assert from_args(["--rewriter", "OFF"], environ=env).rewriter_backend == "off"  # explicit off wins over a URL
     assert from_args(["--rewriter", "local"], environ={}).rewriter_backend == "local"
@@ -113,14 +138,17 @@ def test_rewriter_flags_env_twins_and_auto():
     assert AppConfig().rewriter_backend == "off"
 
 
-@pytest.mark.parametrize("argv, env, needle", [
-    (["--rewriter", "gpt"], {}, "rewriter='gpt' is not one of: auto, off, local, openai"),
-    (["--rewriter", "openai"], {}, "rewriter='openai' needs --rewriter-url"),
-    (["--rewriter-url", "http://127.0.0.1:8000/v1"], {}, "--rewriter-url needs --rewriter-model"),
-    (["--rewriter-url", "127.0.0.1:8000", "--rewriter-model", "m"], {}, "rewriter_url='127.0.0.1:8000' is not an"),
-    (["--rewriter-timeout", "soon"], {}, "--rewriter-timeout='soon' is not a number"),
-    ([], {"HIDREAM_REWRITER_TIMEOUT": "0"}, "rewriter_timeout=0.0 must be a number of seconds from 0.5 to 600"),
-])
+@pytest.mark.parametrize(
+    "argv, env, needle",
+    [
+        (["--rewriter", "gpt"], {}, "rewriter='gpt' is not one of: auto, off, local, openai"),
+        (["--rewriter", "openai"], {}, "rewriter='openai' needs --rewriter-url"),
+        (["--rewriter-url", "http://127.0.0.1:8000/v1"], {}, "--rewriter-url needs --rewriter-model"),
+        (["--rewriter-url", "127.0.0.1:8000", "--rewriter-model", "m"], {}, "rewriter_url='127.0.0.1:8000' is not an"),
+        (["--rewriter-timeout", "soon"], {}, "--rewriter-timeout='soon' is not a number"),
+        ([], {"HIDREAM_REWRITER_TIMEOUT": "0"}, "rewriter_timeout=0.0 must be a number of seconds from 0.5 to 600"),
+    ],
+)
 def test_bad_rewriter_settings_are_named(argv, env, needle):
     with pytest.raises(ConfigError) as refused:
         from_args(argv, environ=env)
@@ -174,15 +202,18 @@ def test_a_pasted_full_endpoint_url_and_a_missing_key_still_work(vlm):
     assert vlm.chat_requests()[-1]["headers"]["authorization"] == "Bearer not-needed"
 
 
-@pytest.mark.parametrize("tag, needle", [
-    ("[http500]", "the rewriter answered HTTP 500: model overloaded"),
-    ("[garbage]", "is not 3 lines"),
-    ("[refuse]", "the rewriter declined: \"I'm sorry"),
-    ("[refusal-field]", "the rewriter declined: 'This request violates the policy.'"),
-    ("[length]", "was cut off after 400 tokens"),
-    ("[swapped]", "labelled 'TARGET'; expected INSTRUCTION"),
-    ("[notjson]", "the rewriter's reply"),
-])
+@pytest.mark.parametrize(
+    "tag, needle",
+    [
+        ("[http500]", "the rewriter answered HTTP 500: model overloaded"),
+        ("[garbage]", "is not 3 lines"),
+        ("[refuse]", "the rewriter declined: \"I'm sorry"),
+        ("[refusal-field]", "the rewriter declined: 'This request violates the policy.'"),
+        ("[length]", "was cut off after 400 tokens"),
+        ("[swapped]", "labelled 'TARGET'; expected INSTRUCTION"),
+        ("[notjson]", "the rewriter's reply"),
+    ],
+)
 def test_server_failures_and_bad_answers_are_clear_rewrite_errors(vlm, tag, needle):
     backend = OpenAIRewriter(vlm.url, "fake-vl", api_key=None, timeout=5)
     with pytest.raises(RewriteError) as failed:
@@ -232,7 +263,8 @@ def test_service_caches_per_image_and_instruction_not_failures(vlm):
     service.rewrite(picture, "make it blue")  # other instruction
     assert len(vlm.chat_requests()) == count + 3
     assert first.original == "make it red" and (first.source, first.instruction, first.target) == canned_lines(
-        "make it red")
+        "make it red"
+    )
     assert service.prompt(first) == first.compose("e1-full")
     for _ in range(2):  # failures are not cached: the next try asks again
         with pytest.raises(RewriteError):
@@ -240,7 +272,12 @@ def test_service_caches_per_image_and_instruction_not_failures(vlm):
     assert len(vlm.chat_requests()) == count + 5
     status = service.status()
     assert (status.backend, status.model, status.timeout, status.rewrites, status.failures) == (
-        "openai", "fake-vl", 5.0, 3, 2)
+        "openai",
+        "fake-vl",
+        5.0,
+        3,
+        2,
+    )
     assert "HTTP 500" in status.last_error
     with pytest.raises(RequestError, match="^instruction:"):
         service.rewrite(picture, "   ")
@@ -252,9 +289,11 @@ def test_rewrite_items_rewrites_each_pair_once_and_fails_items_alone(vlm):
 
     service = openai_service(vlm)
     formatted = "Editing Instruction: make it green. Target Image Description: a green picture"
-    request = BatchRequest(sources=(BatchSource("a.png", random_picture(20)), BatchSource("b.png", random_picture(21))),
-                           instructions=("make it red", "[http500] make it blue", formatted, "make it red"),
-                           settings=EditSettings())
+    request = BatchRequest(
+        sources=(BatchSource("a.png", random_picture(20)), BatchSource("b.png", random_picture(21))),
+        instructions=("make it red", "[http500] make it blue", formatted, "make it red"),
+        settings=EditSettings(),
+    )
     plan = plan_batch(request, lambda data, name: data, max_items=16)
     count = len(vlm.chat_requests())
     failed = []
@@ -268,8 +307,7 @@ def test_rewrite_items_rewrites_each_pair_once_and_fails_items_alone(vlm):
         assert item.instruction == item.rewrite.compose("e1-full") and item.rewrite.original == "make it red"
         assert item.manifest_row()["original_instruction"] == "make it red"
     assert failed == by_text["[http500] make it blue"] and len(failed) == 2
-    assert all(item.status == "error" and "HTTP 500" in item.error and "rewriting off" in item.error
-               for item in failed)
+    assert all(item.status == "error" and "HTTP 500" in item.error and "rewriting off" in item.error for item in failed)
     assert [item.instruction for item in by_text[formatted]] == [formatted, formatted]  # used as written
     assert all(item.rewrite is None for item in by_text[formatted])
 
@@ -286,9 +324,17 @@ def test_metadata_keeps_the_used_prompt_reproducible_and_records_the_rewrite(tmp
     used = rewrite.compose("e1-full")
     params = EditParams.defaults_for("e1-full", used).validated()
     picture = random_picture(30)
-    edit = EditResult(image=picture, source_image=picture, params=params, working_size=(64, 64),
-                      source_size=picture.size, timings=Timings(), peak_memory_bytes=None,
-                      info=run_info(variant="e1-full"), rewrite=rewrite)
+    edit = EditResult(
+        image=picture,
+        source_image=picture,
+        params=params,
+        working_size=(64, 64),
+        source_size=picture.size,
+        timings=Timings(),
+        peak_memory_bytes=None,
+        info=run_info(variant="e1-full"),
+        rewrite=rewrite,
+    )
     saved = save_result(edit, tmp_path)
     metadata = read_metadata(saved.saved_png)
     assert metadata["params"]["instruction"] == used
@@ -382,10 +428,14 @@ def test_local_rewriter_decodes_parses_and_composes_real_tokens(local_engine, mo
     prompt_tokens, tokens = generated[0]
     assert prompt_tokens > 20 and tokens  # the chat template and a real generation
     assert (rewrite.source, rewrite.instruction, rewrite.target) == (
-        None, "Make the red apple green.", "A green apple on a wooden table.")
+        None,
+        "Make the red apple green.",
+        "A green apple on a wooden table.",
+    )
     assert (rewrite.backend, rewrite.model) == ("local", "Llama-3.1-8B-Instruct")
-    assert service.prompt(rewrite) == ("Editing Instruction: Make the red apple green. "
-                                       "Target Image Description: A green apple on a wooden table.")
+    assert service.prompt(rewrite) == (
+        "Editing Instruction: Make the red apple green. Target Image Description: A green apple on a wooden table."
+    )
 
 
 def test_a_cancelled_local_rewrite_stops_between_tokens(local_engine):
@@ -409,10 +459,12 @@ def test_the_app_does_not_import_openai_until_a_rewrite():
     import subprocess
     import sys
 
-    code = ("import sys; import hidream_ui.cli.app, hidream_ui.ui.layout, hidream_ui.rewrite.service; "
-            "from hidream_ui.config import AppConfig; from hidream_ui.rewrite.service import RewriteService; "
-            "RewriteService.for_config(AppConfig(rewriter_url='http://127.0.0.1:9/v1', rewriter_model='m'), None); "
-            "print('openai' in sys.modules, 'torch' in sys.modules)")
+    code = (
+        "import sys; import hidream_ui.cli.app, hidream_ui.ui.layout, hidream_ui.rewrite.service; "
+        "from hidream_ui.config import AppConfig; from hidream_ui.rewrite.service import RewriteService; "
+        "RewriteService.for_config(AppConfig(rewriter_url='http://127.0.0.1:9/v1', rewriter_model='m'), None); "
+        "print('openai' in sys.modules, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["False", "False"]
 
@@ -421,10 +473,24 @@ def test_status_panel_shows_the_rewriter_and_escapes_its_error():
     from hidream_ui.engine.status import EngineStatus, Progress, PromptCacheStats, RewriterStatus
     from hidream_ui.ui.status_panel import render_status
 
-    base = dict(progress=Progress(), loaded=True, variant="e1-full", model_source="real", attention="sdpa",
-                attention_note=None, refiner="e1", text_encoders="device", prompt_cache=PromptCacheStats(0, 0, 0))
-    local = RewriterStatus(backend="local", model="Llama-3.1-8B-Instruct", lm_head_bytes=1_050_673_152,
-                           lm_head_loaded=False, last_error="answer <b>noise</b>")
+    base = dict(
+        progress=Progress(),
+        loaded=True,
+        variant="e1-full",
+        model_source="real",
+        attention="sdpa",
+        attention_note=None,
+        refiner="e1",
+        text_encoders="device",
+        prompt_cache=PromptCacheStats(0, 0, 0),
+    )
+    local = RewriterStatus(
+        backend="local",
+        model="Llama-3.1-8B-Instruct",
+        lm_head_bytes=1_050_673_152,
+        lm_head_loaded=False,
+        last_error="answer <b>noise</b>",
+    )
     text = render_status(EngineStatus(state="rewriting", rewriter=local, **base))
     assert "rewriting the instruction" in text and "local · Llama-3.1-8B-Instruct" in text
     assert "1002.0 MiB, loads on the first rewrite" in text
@@ -442,8 +508,11 @@ def test_a_batch_stops_asking_a_rewriter_that_does_not_answer(vlm):
     from hidream_ui.rewrite.service import RewriteService
 
     service = RewriteService(OpenAIRewriter(vlm.url, "fake-vl", api_key=None, timeout=1.0), "e1-full")
-    request = BatchRequest(sources=tuple(BatchSource(f"{i}.png", random_picture(30 + i)) for i in range(3)),
-                           instructions=("[slow] make it red",), settings=EditSettings())
+    request = BatchRequest(
+        sources=tuple(BatchSource(f"{i}.png", random_picture(30 + i)) for i in range(3)),
+        instructions=("[slow] make it red",),
+        settings=EditSettings(),
+    )
     plan = plan_batch(request, lambda data, name: data, max_items=16)
     count = len(vlm.chat_requests())
     failed = []
@@ -462,8 +531,15 @@ def test_local_rewriter_keeps_one_head_per_llama():
 
     from hidream_ui.rewrite.local_backend import LocalRewriter
 
-    config = LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=32,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     llamas = [LlamaModel(config), LlamaModel(config)]
     models = [SimpleNamespace(pipeline=SimpleNamespace(text_encoder_4=llama)) for llama in llamas]
     backend = LocalRewriter(engine=None)

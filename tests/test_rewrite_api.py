@@ -40,8 +40,14 @@ def vlm():
 
 @pytest.fixture(scope="module")
 def app(launch_app, vlm):
-    return launch_app("rewrite_api", variant="e1-full", rewriter_url=vlm.url, rewriter_model="fake-vl",
-                      rewriter_timeout=1.0, max_batch_items=8)
+    return launch_app(
+        "rewrite_api",
+        variant="e1-full",
+        rewriter_url=vlm.url,
+        rewriter_model="fake-vl",
+        rewriter_timeout=1.0,
+        max_batch_items=8,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +56,9 @@ def client(app):
 
 
 def edit(client, instruction, image=EXAMPLE, **kwargs):
-    return client.predict(image=handle_file(str(image)), instruction=instruction, **{**FAST, **kwargs},
-                          api_name="/edit")
+    return client.predict(
+        image=handle_file(str(image)), instruction=instruction, **{**FAST, **kwargs}, api_name="/edit"
+    )
 
 
 def lane(app, api_name: str) -> str:
@@ -60,8 +67,9 @@ def lane(app, api_name: str) -> str:
 
 def test_rewrite_sends_image_and_instruction_and_returns_the_e1_full_prompt(client, vlm, app):
     before = len(vlm.chat_requests())
-    prompt, answer = client.predict(image=handle_file(str(EXAMPLE)), instruction="make the apple green",
-                                    api_name="/rewrite")
+    prompt, answer = client.predict(
+        image=handle_file(str(EXAMPLE)), instruction="make the apple green", api_name="/rewrite"
+    )
     assert prompt == full_prompt("make the apple green")
     source, refined, target = canned_lines("make the apple green")
     assert answer["original"] == "make the apple green"
@@ -99,33 +107,52 @@ def write_picture(folder, seed: int, size=(80, 60)):
 
 
 def test_edit_with_this_records_a_hand_edited_prompt(client):
-    prompt, answer = client.predict(image=handle_file(str(EXAMPLE)), instruction="make the apple purple",
-                                    api_name="/rewrite")
+    prompt, answer = client.predict(
+        image=handle_file(str(EXAMPLE)), instruction="make the apple purple", api_name="/rewrite"
+    )
     mine = prompt + " Keep the shadows."
-    values = {**FAST, "negative_prompt": "low resolution, blur", "guidance_scale": 5.0, "image_guidance_scale": 4.0,
-              "refine_strength": 0.3, "clip_cfg_norm": True, "seed": 11, "randomize_seed": False,
-              "collapse_padding": True}
-    _, png, seed, _ = client.predict(image=handle_file(str(EXAMPLE)), rewritten=mine, rewrite=answer, **values,
-                                     api_name="/edit_rewritten")
+    values = {
+        **FAST,
+        "negative_prompt": "low resolution, blur",
+        "guidance_scale": 5.0,
+        "image_guidance_scale": 4.0,
+        "refine_strength": 0.3,
+        "clip_cfg_norm": True,
+        "seed": 11,
+        "randomize_seed": False,
+        "collapse_padding": True,
+    }
+    _, png, seed, _ = client.predict(
+        image=handle_file(str(EXAMPLE)), rewritten=mine, rewrite=answer, **values, api_name="/edit_rewritten"
+    )
     metadata = read_metadata(png)
     assert seed == 11 and metadata["params"]["instruction"] == mine
     assert metadata["rewrite"]["original"] == "make the apple purple"
     assert metadata["rewrite"]["prompt"] == prompt and metadata["rewrite"]["edited"] is True
     # Without an answer (a failed rewrite left the user's own text in the box): a plain edit.
-    _, png, _, _ = client.predict(image=handle_file(str(EXAMPLE)), rewritten="make the apple purple", rewrite=None,
-                                  **values, api_name="/edit_rewritten")
+    _, png, _, _ = client.predict(
+        image=handle_file(str(EXAMPLE)),
+        rewritten="make the apple purple",
+        rewrite=None,
+        **values,
+        api_name="/edit_rewritten",
+    )
     assert "rewrite" not in read_metadata(png)
     with pytest.raises(AppError, match="press Rewrite first"):
-        client.predict(image=handle_file(str(EXAMPLE)), rewritten="  ", rewrite=None, **values,
-                       api_name="/edit_rewritten")
+        client.predict(
+            image=handle_file(str(EXAMPLE)), rewritten="  ", rewrite=None, **values, api_name="/edit_rewritten"
+        )
 
 
-@pytest.mark.parametrize("tag, reason", [
-    ("[slow]", "the rewriter did not answer within 1 s"),
-    ("[http500]", "the rewriter answered HTTP 500: model overloaded"),
-    ("[garbage]", "is not 3 lines (SOURCE, INSTRUCTION, TARGET)"),
-    ("[refuse]", "the rewriter declined"),
-])
+@pytest.mark.parametrize(
+    "tag, reason",
+    [
+        ("[slow]", "the rewriter did not answer within 1 s"),
+        ("[http500]", "the rewriter answered HTTP 500: model overloaded"),
+        ("[garbage]", "is not 3 lines (SOURCE, INSTRUCTION, TARGET)"),
+        ("[refuse]", "the rewriter declined"),
+    ],
+)
 def test_failures_are_clear_and_the_app_keeps_serving(client, tag, reason):
     instruction = f"{tag} make the apple green"
     started = time.perf_counter()
@@ -170,9 +197,17 @@ def test_batch_rewrites_per_item_and_lists_failed_rewrites(client, vlm, tmp_path
     files = [write_picture(tmp_path, seed) for seed in (50, 51)]
 
     def run():
-        return client.predict(files=[handle_file(str(f)) for f in files],
-                              instructions="make it red\n[http500] make it blue", mode="matrix", seed=5,
-                              seed_policy="fixed", batch_size=0, rewrite=True, **FAST, api_name="/batch_edit")
+        return client.predict(
+            files=[handle_file(str(f)) for f in files],
+            instructions="make it red\n[http500] make it blue",
+            mode="matrix",
+            seed=5,
+            seed_policy="fixed",
+            batch_size=0,
+            rewrite=True,
+            **FAST,
+            api_name="/batch_edit",
+        )
 
     before = len(vlm.chat_requests())
     gallery, report, archive = run()
@@ -227,7 +262,10 @@ def test_local_rewriter_end_to_end_on_the_tiny_model(local_app, monkeypatch, tin
     llama = json.loads((tiny_dir / "Llama-3.1-8B-Instruct" / "config.json").read_text())
     rewriter = status["rewriter"]
     assert (rewriter["backend"], rewriter["model"], rewriter["lm_head_loaded"]) == (
-        "local", "Llama-3.1-8B-Instruct", True)
+        "local",
+        "Llama-3.1-8B-Instruct",
+        True,
+    )
     assert rewriter["lm_head_bytes"] == llama["vocab_size"] * llama["hidden_size"] * 4  # fp32 here
     assert status["state"] == "idle"
 
@@ -241,8 +279,9 @@ def test_local_rewriter_end_to_end_on_the_tiny_model(local_app, monkeypatch, tin
         return self.engine.model.pipeline.tokenizer_4.encode(answer, add_special_tokens=False)
 
     monkeypatch.setattr(LocalRewriter, "_greedy", greedy)
-    prompt, details = client.predict(image=handle_file(str(EXAMPLE)), instruction="make the apple green now",
-                                     api_name="/rewrite")
+    prompt, details = client.predict(
+        image=handle_file(str(EXAMPLE)), instruction="make the apple green now", api_name="/rewrite"
+    )
     assert runs and runs[0] > 0
     assert prompt == "Make the red apple green."  # E1.1: the refined instruction as is
     assert details["source"] is None and details["target"] == "A green apple on a wooden table."

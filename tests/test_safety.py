@@ -23,8 +23,11 @@ from hidream_ui.ui.services import redact_paths
 
 def test_a_cancel_touches_only_the_named_session_and_event():
     jobs = JobRegistry()
-    with jobs.start("edit", "alice", "e1") as a1, jobs.start("batch", "alice", "e2") as a2, \
-            jobs.start("edit", "bob", "e3") as b:
+    with (
+        jobs.start("edit", "alice", "e1") as a1,
+        jobs.start("batch", "alice", "e2") as a2,
+        jobs.start("edit", "bob", "e3") as b,
+    ):
         assert jobs.cancel(None) == 0  # an anonymous caller cancels nothing
         assert jobs.cancel("alice", "e2") == 1
         assert a2.token.cancelled and not a1.token.cancelled and not b.token.cancelled
@@ -108,8 +111,13 @@ def test_the_upload_gate_opens_stored_files_and_trusted_folders_only(tmp_path):
     picture = Image.new("RGB", (4, 4))
     assert gate.path(picture) == (picture, None)  # not a file: nothing to open
     messages = set()
-    for value in ({"path": str(outside)}, {"path": str(tmp_path / "missing.png")}, str(link),
-                  {"path": str(trusted / ".." / "secret.png")}, types.SimpleNamespace(path=str(outside))):
+    for value in (
+        {"path": str(outside)},
+        {"path": str(tmp_path / "missing.png")},
+        str(link),
+        {"path": str(trusted / ".." / "secret.png")},
+        types.SimpleNamespace(path=str(outside)),
+    ):
         with pytest.raises(RequestError) as info:
             gate.path(value)
         messages.add(str(info.value))
@@ -163,8 +171,11 @@ def test_only_uploads_and_examples_count_as_the_apps_files():
 
     example = types.SimpleNamespace(keep_in_cache={"/cache/ex/apple.png"})
     component = types.SimpleNamespace(keep_in_cache=set())
-    demo = types.SimpleNamespace(upload_file_set={"/cache/up/photo.png"}, blocks={1: example, 2: component},
-                                 temp_file_sets=[{"/cache/up/photo.png"}, {"/cache/other/named-by-a-client.png"}])
+    demo = types.SimpleNamespace(
+        upload_file_set={"/cache/up/photo.png"},
+        blocks={1: example, 2: component},
+        temp_file_sets=[{"/cache/up/photo.png"}, {"/cache/other/named-by-a-client.png"}],
+    )
     assert gradio_internals.is_app_file(demo, "/cache/up/photo.png")
     assert gradio_internals.is_app_file(demo, "/cache/ex/apple.png")
     # Gradio records any cache path a client names in a component's files: that is not an upload.
@@ -178,8 +189,9 @@ def test_unknown_gradio_internals_degrade_to_safe_answers():
     assert gradio_internals.event_alive(nothing, "e1") is True  # never cancels on "unknown"
     assert gradio_internals.is_app_file(nothing, "/etc/passwd") is False  # never accepts on "unknown"
     assert gradio_internals.queue_figures(nothing, "device") is None
-    assert gradio_internals.admit_jobs(nothing, "device", max_waiting=1, per_session=1,
-                                       per_session_message=str) is False
+    assert (
+        gradio_internals.admit_jobs(nothing, "device", max_waiting=1, per_session=1, per_session_message=str) is False
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,9 +223,19 @@ def test_history_keeps_the_settings_of_results_retention_deleted(tmp_path):
     served.add(kept, pruned)
     picture = Image.new("RGB", (8, 8))
     secret = "this-browser"
-    entries = [signed(new_entry(result=served.result_id(path), name=path.name, params={"instruction": name, "seed": 5},
-                                before=picture, after=picture), lambda result: served.ticket(result, secret))
-               for path, name in ((pruned, "old"), (kept, "new"))]
+    entries = [
+        signed(
+            new_entry(
+                result=served.result_id(path),
+                name=path.name,
+                params={"instruction": name, "seed": 5},
+                before=picture,
+                after=picture,
+            ),
+            lambda result: served.ticket(result, secret),
+        )
+        for path, name in ((pruned, "old"), (kept, "new"))
+    ]
     pruned.unlink()  # retention
     checked = check_entries(entries, lambda result, ticket: served.stored(result, ticket, secret))
     assert [entry.params.instruction for entry in checked] == ["old", "new"]  # indexes still match
@@ -237,8 +259,9 @@ def test_a_batch_over_the_item_limit_is_refused_before_any_image_is_decoded():
         decoded.append(name)
         return Image.new("RGB", (8, 8))
 
-    request = BatchRequest(sources=tuple(BatchSource(f"{i}.png", b"") for i in range(3)),
-                           instructions=("a", "b"), settings=EditSettings())
+    request = BatchRequest(
+        sources=tuple(BatchSource(f"{i}.png", b"") for i in range(3)), instructions=("a", "b"), settings=EditSettings()
+    )
     with pytest.raises(RequestError, match="at most 4 items"):
         plan_batch(request, open_fn, max_items=4)
     assert decoded == []

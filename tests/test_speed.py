@@ -161,8 +161,11 @@ def test_grouped_moe_goes_dense_with_its_reason_when_weights_move_or_linears_are
         apply_moe(holder, "sync-free")
         got = hooked(x)
     assert _relative(got, expected) <= 1e-6
-    assert grouped_state(holder) == {"grouped_calls": 0, "dense_calls": 1, "dense_reasons": [
-        "an expert linear is wrapped or hooked (LoRA, fp8 casting or offloading)"]}
+    assert grouped_state(holder) == {
+        "grouped_calls": 0,
+        "dense_calls": 1,
+        "dense_reasons": ["an expert linear is wrapped or hooked (LoRA, fp8 casting or offloading)"],
+    }
 
 
 def test_host_sync_counter_sees_reads_and_data_dependent_shapes():
@@ -178,21 +181,44 @@ def test_host_sync_counter_sees_reads_and_data_dependent_shapes():
 # ------------------------------------------------------------------ settings
 
 
-@pytest.mark.parametrize("text,spec", [
-    ("none", CacheSpec()), ("exact", CacheSpec()), ("interval:2", CacheSpec("interval", interval=2)),
-    (" Interval:3 ", CacheSpec("interval", interval=3)), ("fast", parse_cache(SPEED_PRESETS["fast"])),
-    ("first-block:0.05", CacheSpec("first-block", threshold=0.05)),
-    ("taylorseer:4@14", CacheSpec("taylorseer", interval=4, max_steps=14)), (" NONE@8 ", CacheSpec(max_steps=8)),
-    ("magcache:0.24@20", CacheSpec("magcache", threshold=0.24, max_steps=20)),
-])
+@pytest.mark.parametrize(
+    "text,spec",
+    [
+        ("none", CacheSpec()),
+        ("exact", CacheSpec()),
+        ("interval:2", CacheSpec("interval", interval=2)),
+        (" Interval:3 ", CacheSpec("interval", interval=3)),
+        ("fast", parse_cache(SPEED_PRESETS["fast"])),
+        ("first-block:0.05", CacheSpec("first-block", threshold=0.05)),
+        ("taylorseer:4@14", CacheSpec("taylorseer", interval=4, max_steps=14)),
+        (" NONE@8 ", CacheSpec(max_steps=8)),
+        ("magcache:0.24@20", CacheSpec("magcache", threshold=0.24, max_steps=20)),
+    ],
+)
 def test_cache_grammar(text, spec):
     assert parse_cache(text) == spec
     assert parse_cache(str(spec)) == spec
 
 
-@pytest.mark.parametrize("bad", ["interval", "interval:0", "interval:x", "first-block:0", "first-block:-1",
-                                 "deepcache", "interval:2.5", "first-block:nan", "interval:2@0", "interval:2@x",
-                                 "interval:2@201", "@14", "interval@2", "interval:2@3@4"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "interval",
+        "interval:0",
+        "interval:x",
+        "first-block:0",
+        "first-block:-1",
+        "deepcache",
+        "interval:2.5",
+        "first-block:nan",
+        "interval:2@0",
+        "interval:2@x",
+        "interval:2@201",
+        "@14",
+        "interval@2",
+        "interval:2@3@4",
+    ],
+)
 def test_bad_cache_values_are_named(bad):
     with pytest.raises(ValueError, match=f"cache={bad!r}"):
         parse_cache(bad)
@@ -203,8 +229,9 @@ def test_bad_cache_values_are_named(bad):
 
 
 def test_speed_flags_and_env():
-    config = from_args([], environ={"HIDREAM_MOE": "sync-free", "HIDREAM_COMPILE": "blocks",
-                                    "HIDREAM_CACHE": "interval:2"})
+    config = from_args(
+        [], environ={"HIDREAM_MOE": "sync-free", "HIDREAM_COMPILE": "blocks", "HIDREAM_CACHE": "interval:2"}
+    )
     assert (config.moe, config.compile, config.cache) == ("sync-free", "blocks", "interval:2")
     assert from_args(["--cache", "none"], environ={"HIDREAM_CACHE": "interval:2"}).cache == "none"
     with pytest.raises(ConfigError, match="moe='fast'"):
@@ -229,8 +256,9 @@ def _latents(pipe, steps=8, images=None, prompts=None, seeds=None, **kw):
     images = images or [random_picture(0, (64, 64))]
     prompts = prompts or ["make it blue"] * len(images)
     generators = [torch.Generator().manual_seed(s) for s in (seeds or range(7, 7 + len(images)))]
-    return pipe(image=images, prompt=prompts, num_inference_steps=steps, generator=generators,
-                output_type="latent", **kw).images
+    return pipe(
+        image=images, prompt=prompts, num_inference_steps=steps, generator=generators, output_type="latent", **kw
+    ).images
 
 
 @pytest.fixture
@@ -275,8 +303,13 @@ def test_sync_free_forward_without_padding_makes_no_host_read_and_stays_close(en
     # Non-square (the collapsed path, as an edit's side-by-side latent) with exactly max_seq tokens.
     p = transformer.config.patch_size
     rows = 4
-    hidden = torch.randn(3, transformer.config.in_channels, rows * p, transformer.max_seq // rows * p,
-                         generator=torch.Generator().manual_seed(1))
+    hidden = torch.randn(
+        3,
+        transformer.config.in_channels,
+        rows * p,
+        transformer.max_seq // rows * p,
+        generator=torch.Generator().manual_seed(1),
+    )
     text3 = PromptEmbeds.cat([engine.encode("make it blue")] * 3)
     t = torch.full((3,), 500.0)
     with torch.no_grad():
@@ -373,7 +406,7 @@ def test_cache_is_per_branch_a_batch_equals_its_items(engine, transformer):
     both = _latents(pipe, 6, images, prompts, seeds=[7, 8])
     alone = [_latents(pipe, 6, [im], [p], seeds=[seed]) for im, p, seed in zip(images, prompts, [7, 8])]
     for i in range(2):
-        torch.testing.assert_close(both[i:i + 1], alone[i], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(both[i : i + 1], alone[i], rtol=1e-4, atol=1e-5)
     assert pipe.step_cache_stats.blocks_skipped > 0
 
 
@@ -425,7 +458,11 @@ def test_speed_axis_values():
     from hidream_ui.engine.compare import parse_axis_values
 
     assert parse_axis_values("speed", "exact, fast, interval:3, first-block : 0.05") == (
-        "none", SPEED_PRESETS["fast"], "interval:3", "first-block:0.05")
+        "none",
+        SPEED_PRESETS["fast"],
+        "interval:3",
+        "first-block:0.05",
+    )
     with pytest.raises(RequestError, match="speed values"):
         parse_axis_values("speed", "exact, warp")
     with pytest.raises(RequestError, match="listed twice"):
@@ -449,6 +486,7 @@ def test_compare_over_speed_records_each_cells_mode(engine, transformer):
 def test_a_failing_speed_setup_leaves_no_half_configured_model(tiny_cache, tmp_path, monkeypatch):
     """An error while the speed modes are applied after loading must not leave the model published:
     the next load() would hand it out without its attention and speed set up."""
+
     def broken(self):
         raise RuntimeError("speed setup broke")
 
@@ -462,8 +500,7 @@ def test_a_failing_speed_setup_leaves_no_half_configured_model(tiny_cache, tmp_p
 def test_bench_speed_reports_the_grouped_moe_side_by_side(tiny_cache):
     from hidream_ui.bench import speed
 
-    report = speed.run(profile="tiny", cache_profile="tiny", size=32, cache_size=32, steps=2, repeats=2,
-                       compile_=False)
+    report = speed.run(profile="tiny", cache_profile="tiny", size=32, cache_size=32, steps=2, repeats=2, compile_=False)
     moe = report["moe"]
     assert len(moe["diffusers"]["runs"]) == len(moe["sync-free"]["runs"]) == 2
     assert moe["sync-free"]["host_syncs_per_call"] == 0 and moe["sync-free"]["moe_host_syncs_per_call"] == 0

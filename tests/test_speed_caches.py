@@ -36,25 +36,48 @@ def _has_cache_dit() -> bool:
 def _modes():
     modes = list(LIBRARY_MODES)
     # cache-dit is an optional extra (requirements-cache-dit.txt), not in CI's requirements.
-    modes.append(pytest.param("dbcache:10", marks=pytest.mark.skipif(
-        not _has_cache_dit(), reason="cache-dit is an optional extra (pip install 'hidream_ui[cache-dit]')")))
+    modes.append(
+        pytest.param(
+            "dbcache:10",
+            marks=pytest.mark.skipif(
+                not _has_cache_dit(), reason="cache-dit is an optional extra (pip install 'hidream_ui[cache-dit]')"
+            ),
+        )
+    )
     return modes
 
 
 # ------------------------------------------------------------------ grammar and refusals
 
 
-@pytest.mark.parametrize("text, spec", [
-    ("fbcache:0.1", CacheSpec("fbcache", threshold=0.1)), (" TaylorSeer:3 ", CacheSpec("taylorseer", interval=3)),
-    ("magcache:0.06", CacheSpec("magcache", threshold=0.06)), ("dbcache:0.08", CacheSpec("dbcache", threshold=0.08)),
-])
+@pytest.mark.parametrize(
+    "text, spec",
+    [
+        ("fbcache:0.1", CacheSpec("fbcache", threshold=0.1)),
+        (" TaylorSeer:3 ", CacheSpec("taylorseer", interval=3)),
+        ("magcache:0.06", CacheSpec("magcache", threshold=0.06)),
+        ("dbcache:0.08", CacheSpec("dbcache", threshold=0.08)),
+    ],
+)
 def test_new_cache_values_parse_and_round_trip(text, spec):
     assert parse_cache(text) == spec
     assert parse_cache(str(spec)) == spec
 
 
-@pytest.mark.parametrize("bad", ["taylorseer:0", "taylorseer:1.5", "fbcache:0", "magcache:-1", "magcache:nan",
-                                 "fbcache:11", "taylorseer", "tayloerseer:2", "dbcache:inf"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "taylorseer:0",
+        "taylorseer:1.5",
+        "fbcache:0",
+        "magcache:-1",
+        "magcache:nan",
+        "fbcache:11",
+        "taylorseer",
+        "tayloerseer:2",
+        "dbcache:inf",
+    ],
+)
 def test_bad_cache_values_are_refused_naming_the_value(bad):
     with pytest.raises(ValueError, match=f"cache={bad!r}"):
         parse_cache(bad)
@@ -68,7 +91,11 @@ def test_speed_axis_takes_the_new_modes():
     from hidream_ui.engine.compare import parse_axis_values
 
     assert parse_axis_values("speed", "exact, fbcache:0.1, taylorseer:2, magcache:0.06") == (
-        "none", "fbcache:0.1", "taylorseer:2", "magcache:0.06")
+        "none",
+        "fbcache:0.1",
+        "taylorseer:2",
+        "magcache:0.06",
+    )
 
 
 @pytest.fixture
@@ -126,8 +153,9 @@ def _latents(pipe, images=None, prompts=None, seeds=None):
     images = images or [random_picture(0, (64, 64))]
     prompts = prompts or ["make it blue"] * len(images)
     generators = [torch.Generator().manual_seed(s) for s in (seeds or range(7, 7 + len(images)))]
-    return pipe(image=images, prompt=prompts, num_inference_steps=STEPS, generator=generators,
-                output_type="latent").images
+    return pipe(
+        image=images, prompt=prompts, num_inference_steps=STEPS, generator=generators, output_type="latent"
+    ).images
 
 
 def _blocks(transformer) -> int:
@@ -190,7 +218,7 @@ def test_a_batch_equals_its_items_alone(engine, transformer, mode):
     for i in range(2):
         # Up to GEMM rounding, which TaylorSeer's extrapolation amplifies (~1e-5 here); a residual taken
         # from another row would move the latents by their own scale (~1).
-        torch.testing.assert_close(both[i:i + 1], alone[i], rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(both[i : i + 1], alone[i], rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("mode", _modes())
@@ -220,8 +248,10 @@ def test_dbcache_skips_after_its_warmup_and_is_removed_without_a_trace(engine, t
     apply_step_cache(transformer, "none")
     assert torch.equal(_latents(pipe), exact)
     for module in transformer.modules():  # cache-dit's HiDream patch undone: diffusers' own forwards
-        assert vars(module).get("forward") in (None, forwards[id(module)]) or \
-            vars(module)["forward"].__func__ is type(module).forward, type(module).__name__
+        assert (
+            vars(module).get("forward") in (None, forwards[id(module)])
+            or vars(module)["forward"].__func__ is type(module).forward
+        ), type(module).__name__
         assert "_block_id" not in vars(module)
 
 
@@ -255,8 +285,10 @@ def test_dbcache_is_refused_where_it_would_drop_hooks(engine, transformer):
 def lora_engines(tiny_cache, tmp_path_factory):
     """E1-Full (LoRA on in the edit stage, off in refine) resident, and with its blocks streamed."""
     out = tmp_path_factory.mktemp("caches_lora")
-    engines = {plan: EditEngine(AppConfig(device="cpu", variant="e1-full", memory=plan, weights="bf16",
-                                          output_dir=out)) for plan in ("full", "blocks")}
+    engines = {
+        plan: EditEngine(AppConfig(device="cpu", variant="e1-full", memory=plan, weights="bf16", output_dir=out))
+        for plan in ("full", "blocks")
+    }
     for eng in engines.values():
         eng.load()
     return engines
@@ -265,8 +297,10 @@ def lora_engines(tiny_cache, tmp_path_factory):
 @pytest.mark.parametrize("mode", LIBRARY_MODES)
 def test_library_caches_compose_with_the_lora_and_the_offloading_plan(lora_engines, mode):
     image = random_picture(4, (64, 64))
-    results = {plan: eng.edit(EditRequest(image=image, params=edit_params(steps=STEPS, seed=3, cache=mode)),
-                              save=False) for plan, eng in lora_engines.items()}
+    results = {
+        plan: eng.edit(EditRequest(image=image, params=edit_params(steps=STEPS, seed=3, cache=mode)), save=False)
+        for plan, eng in lora_engines.items()
+    }
     for plan, result in results.items():
         assert result.info.speed["skipped_fraction"] > 0, plan
     # Streaming the blocks changes where the weights live, not the numbers, with or without a cache.
@@ -276,8 +310,10 @@ def test_library_caches_compose_with_the_lora_and_the_offloading_plan(lora_engin
 @pytest.mark.skipif(not _has_cache_dit(), reason="cache-dit is an optional extra (pip install 'hidream_ui[cache-dit]')")
 def test_dbcache_runs_with_the_lora_and_leaves_it_exact_afterwards(lora_engines):
     engine = lora_engines["full"]
-    request = lambda cache: EditRequest(image=random_picture(4, (64, 64)),  # noqa: E731
-                                        params=edit_params(steps=STEPS, seed=3, cache=cache))
+
+    def request(cache):
+        return EditRequest(image=random_picture(4, (64, 64)), params=edit_params(steps=STEPS, seed=3, cache=cache))
+
     exact = engine.edit(request("none"), save=False)
     cached = engine.edit(request("dbcache:10"), save=False)
     assert cached.info.speed["skipped_fraction"] > 0

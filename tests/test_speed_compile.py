@@ -125,6 +125,7 @@ def test_engine_compiles_at_load_shows_compiling_and_survives_a_failure(tiny_cac
     def failing_backend(device_type, torchair=None):
         def backend(gm, example_inputs):
             raise RuntimeError("inductor exploded")
+
         return backend, "inductor"
 
     monkeypatch.setattr(speed_compile, "compiler_backend", failing_backend)
@@ -144,8 +145,7 @@ def test_engine_compiles_at_load_shows_compiling_and_survives_a_failure(tiny_cac
         assert status.state == "idle"
         assert status.speed["moe"] == "sync-free"  # --moe auto with --compile blocks
         assert not status.speed["compiled"] and "inductor exploded" in status.speed["compile_error"]
-        result = engine.edit(EditRequest(image=random_picture(4, (64, 64)), params=edit_params(steps=2)),
-                             save=False)
+        result = engine.edit(EditRequest(image=random_picture(4, (64, 64)), params=edit_params(steps=2)), save=False)
         assert result.info.speed["compile"] == "blocks (eager fallback)"
         assert result.info.speed["moe"] == "sync-free"
     finally:

@@ -32,8 +32,9 @@ def _command() -> str:
 
 
 def test_the_record_is_a_full_run_on_the_shipped_weights(record):
-    assert record[quality_record.DIGEST_KEY] == trained.asset_digest(quality_record.default_folder()), \
+    assert record[quality_record.DIGEST_KEY] == trained.asset_digest(quality_record.default_folder()), (
         f"the weights changed since the record was made: {_command()}"
+    )
     assert record["profile"] == "trained" and record["random_weights"] is False
     assert record["cases"] >= quality.DEFAULT_CASES and record["seed_start"] == quality.world.HELD_OUT_SEED_START
     assert record[quality_record.COMMAND_KEY].startswith("python -m hidream_ui bench quality ")
@@ -48,13 +49,15 @@ def test_each_preset_is_what_its_rule_picks_on_the_record(record, preset):
     assert chosen["best"] is not None, f"nothing in the record keeps {preset}'s quality rule"
     assert value == chosen["best_speed_value"], (
         f"{preset} = {value}, but the rule picks {chosen['best_speed_value']} on the record "
-        f"(qualifying, fastest first: {chosen['qualifying']})")
+        f"(qualifying, fastest first: {chosen['qualifying']})"
+    )
     name, row = quality_record.configuration_of(record, value)
     misses = rule_misses(preset, row, record["configurations"]["exact"]["success_rate"])
     assert (misses == []) == chosen["meets_rule"]
     # When nothing keeps the whole rule, the preset says so where people choose it.
     assert ("misses its rule" in speed_info(record)) == any(
-        not quality.presets(record)[p]["meets_rule"] for p in PRESET_RULES)
+        not quality.presets(record)[p]["meets_rule"] for p in PRESET_RULES
+    )
 
 
 def test_the_speed_setting_quotes_the_record(record):
@@ -78,8 +81,13 @@ def test_preset_words_follow_the_row(record):
     value = SPEED_PRESETS["fast"]
     name, row = quality_record.configuration_of(record, value)
     assert speed_value(row["settings"]) == str(parse_cache(value))
-    changed = {**record, "configurations": {**record["configurations"],
-                                            name: {**row, "success_rate": 0.0, "transformer_speedup_vs_exact": 1.1}}}
+    changed = {
+        **record,
+        "configurations": {
+            **record["configurations"],
+            name: {**row, "success_rate": 0.0, "transformer_speedup_vs_exact": 1.1},
+        },
+    }
     words = quality_record.preset_words("fast", changed)
     assert "transformer 1.10x" in words and "misses its rule" in words and "points fewer" in words
 
@@ -89,7 +97,7 @@ def test_every_figure_docs_speed_quotes_about_the_candidates_is_the_records(reco
     import re
 
     text = (DOCS / "speed.md").read_text(encoding="utf-8")
-    section = " ".join(text[text.index("### Which cache the presets are"):].split())  # lines joined
+    section = " ".join(text[text.index("### Which cache the presets are") :].split())  # lines joined
     rows = record["configurations"]
     exact = rows["exact"]["success_rate"]
 
@@ -103,8 +111,9 @@ def test_every_figure_docs_speed_quotes_about_the_candidates_is_the_records(reco
             assert f"{row['fidelity_vs_exact']['psnr_db']['median']:.1f}" == psnr, (name, psnr)
 
     found = 0
-    for name, speedup, points, psnr in re.findall(r"`([a-z-]+:[\d.@]+)` (\d+\.\d\d)x, ([+-]?[\d.]+), ([\d.]+) dB",
-                                                  section):
+    for name, speedup, points, psnr in re.findall(
+        r"`([a-z-]+:[\d.@]+)` (\d+\.\d\d)x, ([+-]?[\d.]+), ([\d.]+) dB", section
+    ):
         check(name, speedup, points, psnr)
         found += 1
     for steps, speedup, points, psnr in re.findall(r"(\d+) steps (\d+\.\d\d)x, ([+-]?[\d.]+), ([\d.]+) dB", section):
@@ -113,8 +122,9 @@ def test_every_figure_docs_speed_quotes_about_the_candidates_is_the_records(reco
     for name, speedup, points in re.findall(r"`([a-z-]+:[\d.@]+)` (\d+\.\d\d)x at ([+-]?[\d.]+)(?: points)?", section):
         check(name, speedup, points)
         found += 1
-    for name, speedup in re.findall(r"`([a-z-]+:[\d.@]+)` (\d+\.\d\d)x and", section) + \
-            re.findall(r"and `([a-z-]+:[\d.@]+)` (\d+\.\d\d)x: the VAE", section):
+    for name, speedup in re.findall(r"`([a-z-]+:[\d.@]+)` (\d+\.\d\d)x and", section) + re.findall(
+        r"and `([a-z-]+:[\d.@]+)` (\d+\.\d\d)x: the VAE", section
+    ):
         check(name, speedup, end_to_end=True)
         found += 1
     assert found == 13  # the section's figures were all read (a changed phrasing must change this test too)

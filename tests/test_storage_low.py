@@ -38,8 +38,14 @@ def app(launch_app):
 @pytest.fixture(scope="module")
 def proxied_app(launch_app):
     """An operator who turned run history on and trusts a proxy on 127.0.0.1."""
-    return launch_app("low_proxied", kiosk=True, operator=OPERATOR, max_login_failures=LOGIN_FAILURES,
-                      run_history=True, forwarded_allow_ips=("127.0.0.1",))
+    return launch_app(
+        "low_proxied",
+        kiosk=True,
+        operator=OPERATOR,
+        max_login_failures=LOGIN_FAILURES,
+        run_history=True,
+        forwarded_allow_ips=("127.0.0.1",),
+    )
 
 
 def client(app, address: str = "127.0.0.1") -> httpx.Client:
@@ -55,8 +61,22 @@ def upload(http: httpx.Client, name: str, content: bytes) -> str:
 
 def edit_call(http: httpx.Client, path: str, name: str, session: str, mask=None) -> dict:
     """A raw queued edit (`/gradio_api/call/edit`), `mask` last; returns {"event", "data"} of its last SSE event."""
-    data = [{"path": path, "meta": FILE_META, "orig_name": name}, "make it blue", "", 3.0, 1.5, 2, 0.3, True,
-            "draft", 1, False, True, False, mask]
+    data = [
+        {"path": path, "meta": FILE_META, "orig_name": name},
+        "make it blue",
+        "",
+        3.0,
+        1.5,
+        2,
+        0.3,
+        True,
+        "draft",
+        1,
+        False,
+        True,
+        False,
+        mask,
+    ]
     posted = http.post("/gradio_api/call/edit", json={"data": data, "session_hash": session})
     assert posted.status_code == 200, posted.text
     text = http.get(f"/gradio_api/call/edit/{posted.json()['event_id']}").text
@@ -135,8 +155,9 @@ def test_a_tga_named_png_is_refused_as_tga_over_http(app):
     assert "holds TGA data" in message and "CUR" not in message, message
 
 
-@pytest.mark.parametrize("mode, options", [("RGB", {}), ("RGBA", {}), ("L", {}), ("RGB", {"compression": "tga_rle"}),
-                                           ("P", {})])
+@pytest.mark.parametrize(
+    "mode, options", [("RGB", {}), ("RGBA", {}), ("L", {}), ("RGB", {"compression": "tga_rle"}), ("P", {})]
+)
 def test_every_kind_of_tga_is_named_tga(mode, options):
     data = tga_bytes(mode, **options)
     with pytest.raises(ImageError, match=r"^photo\.png: the file holds TGA data, a format this app does not open"):
@@ -158,15 +179,21 @@ def test_icons_are_still_named_and_need_an_image_count():
 # Gradio's run history: off unless the operator turns it on
 # ---------------------------------------------------------------------------------------------
 
-RUN_HISTORY_ROUTES = [("GET", "/gradio_api/runs"), ("GET", "/gradio_api/run-history/buckets"),
-                      ("GET", "/gradio_api/run-history/records"), ("POST", "/gradio_api/run-history/connect"),
-                      ("GET", "/gradio_api/run-history/records/edit/r1/assets/a1")]
+RUN_HISTORY_ROUTES = [
+    ("GET", "/gradio_api/runs"),
+    ("GET", "/gradio_api/run-history/buckets"),
+    ("GET", "/gradio_api/run-history/records"),
+    ("POST", "/gradio_api/run-history/connect"),
+    ("GET", "/gradio_api/run-history/records/edit/r1/assets/a1"),
+]
 
 
 def test_run_history_routes_answer_404_by_default(app):
     with client(app) as http:
-        codes = {route: http.request(method, route, json={} if method == "POST" else None).status_code
-                 for method, route in RUN_HISTORY_ROUTES}
+        codes = {
+            route: http.request(method, route, json={} if method == "POST" else None).status_code
+            for method, route in RUN_HISTORY_ROUTES
+        }
         config = http.get("/config").json()
     assert set(codes.values()) == {404}, codes
     assert config.get("run_history") is False  # the page does not record runs in the browser either
@@ -202,8 +229,11 @@ def operator_logins(app, address: str, forwarded: list[str]) -> list[int]:
     codes = []
     with client(app, address) as http:
         for i, claimed in enumerate(forwarded):
-            answer = http.post("/operator/login", data={"username": f"guess-{address}-{i}", "password": "wrong"},
-                               headers={"X-Forwarded-For": claimed})
+            answer = http.post(
+                "/operator/login",
+                data={"username": f"guess-{address}-{i}", "password": "wrong"},
+                headers={"X-Forwarded-For": claimed},
+            )
             codes.append(answer.status_code)
     return codes
 
@@ -225,10 +255,16 @@ def test_a_named_proxy_is_believed_and_no_one_else(proxied_app):
 def test_forwarded_allow_ips_flag_variable_and_bad_values():
     assert from_args([]).forwarded_allow_ips == ()
     assert from_args(["--forwarded-allow-ips", "127.0.0.1, 10.0.0.0/8,::1"]).forwarded_allow_ips == (
-        "127.0.0.1", "10.0.0.0/8", "::1")
+        "127.0.0.1",
+        "10.0.0.0/8",
+        "::1",
+    )
     assert from_args([], {"HIDREAM_FORWARDED_ALLOW_IPS": "*"}).forwarded_allow_ips == ("*",)
-    for value, needle in [("proxy.local", "'proxy.local' is not an IP address or network"),
-                          ("10.0.0.1/8", "host bits set"), ("*,10.0.0.1", "stands alone")]:
+    for value, needle in [
+        ("proxy.local", "'proxy.local' is not an IP address or network"),
+        ("10.0.0.1/8", "host bits set"),
+        ("*,10.0.0.1", "stands alone"),
+    ]:
         with pytest.raises(ConfigError, match=needle) as caught:
             from_args(["--forwarded-allow-ips", value])
         assert str(caught.value).startswith(f"--forwarded-allow-ips={value!r}")

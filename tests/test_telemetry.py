@@ -28,8 +28,13 @@ MiB = 1024 * 1024
 
 
 def npu(index: int, physical: int | None = None) -> DeviceInfo:
-    return DeviceInfo(type="npu", index=index, torch_device=f"npu:{index}", name="Ascend",
-                      physical_index=index if physical is None else physical)
+    return DeviceInfo(
+        type="npu",
+        index=index,
+        torch_device=f"npu:{index}",
+        name="Ascend",
+        physical_index=index if physical is None else physical,
+    )
 
 
 def fake_npu_smi(outputs: dict[tuple[str, ...], str]):
@@ -47,8 +52,12 @@ def fake_npu_smi(outputs: dict[tuple[str, ...], str]):
 
 def test_910b_usages_give_aicore_and_hbm():
     usages = parse_npu_smi_usages(samples.NPU_910B_USAGES)
-    assert usages == {"aicore": 87.0, "vector": 41.0, "memory_total": 65536 * MiB,
-                      "memory_used": int(65536 * MiB * 0.53)}
+    assert usages == {
+        "aicore": 87.0,
+        "vector": 41.0,
+        "memory_total": 65536 * MiB,
+        "memory_used": int(65536 * MiB * 0.53),
+    }
     assert parse_npu_smi_value(samples.NPU_910B_TEMP, "temperature") == 47.0
     assert parse_npu_smi_value(samples.NPU_910B_POWER, "power") == 283.6
 
@@ -68,12 +77,14 @@ def test_mapping_goes_from_logic_id_to_card_and_chip_skipping_the_mcu():
 
 
 def test_read_npu_asks_npu_smi_for_the_card_of_the_physical_device():
-    run, calls = fake_npu_smi({
-        ("info", "-m"): samples.NPU_310P_MAPPING,
-        ("info", "-t", "usages", "-i", "8"): samples.NPU_310P_USAGES,
-        ("info", "-t", "temp", "-i", "8"): samples.NPU_310P_TEMP,
-        ("info", "-t", "power", "-i", "8"): samples.NPU_310P_POWER,
-    })
+    run, calls = fake_npu_smi(
+        {
+            ("info", "-m"): samples.NPU_310P_MAPPING,
+            ("info", "-t", "usages", "-i", "8"): samples.NPU_310P_USAGES,
+            ("info", "-t", "temp", "-i", "8"): samples.NPU_310P_TEMP,
+            ("info", "-t", "power", "-i", "8"): samples.NPU_310P_POWER,
+        }
+    )
     # ASCEND_RT_VISIBLE_DEVICES=1: visible npu:0 is logic id 1 = card 8, chip 1.
     reading = read_npu(npu(0, physical=1), run=run, timeout=1.5)
     assert reading.source == "npu-smi" and reading.device == "npu:0"
@@ -81,15 +92,21 @@ def test_read_npu_asks_npu_smi_for_the_card_of_the_physical_device():
     assert reading.memory_percent == pytest.approx(25.0, abs=0.01)
     assert all(timeout == 1.5 for _, timeout in calls)
 
-    run, _ = fake_npu_smi({
-        ("info", "-m"): samples.NPU_910B_MAPPING,
-        ("info", "-t", "usages", "-i", "1"): samples.NPU_910B_USAGES,
-        ("info", "-t", "temp", "-i", "1"): samples.NPU_910B_TEMP,
-        ("info", "-t", "power", "-i", "1"): samples.NPU_910B_POWER,
-    })
+    run, _ = fake_npu_smi(
+        {
+            ("info", "-m"): samples.NPU_910B_MAPPING,
+            ("info", "-t", "usages", "-i", "1"): samples.NPU_910B_USAGES,
+            ("info", "-t", "temp", "-i", "1"): samples.NPU_910B_TEMP,
+            ("info", "-t", "power", "-i", "1"): samples.NPU_910B_POWER,
+        }
+    )
     reading = read_npu(npu(1), run=run)
     assert (reading.utilization, reading.vector_utilization, reading.temperature, reading.power) == (
-        87.0, 41.0, 47.0, 283.6)
+        87.0,
+        41.0,
+        47.0,
+        283.6,
+    )
 
 
 def test_missing_hung_or_failing_npu_smi_becomes_a_note():
@@ -162,7 +179,12 @@ def test_nvml_reading_uses_the_physical_index_and_converts_units():
     reading = read_cuda(gpu, nvml=nvml)
     assert nvml.handles == [2]  # CUDA_VISIBLE_DEVICES=2: NVML counts physically
     assert (reading.source, reading.utilization, reading.temperature, reading.power, reading.sm_clock) == (
-        "nvml", 93.0, 66.0, pytest.approx(412.345), 1980)
+        "nvml",
+        93.0,
+        66.0,
+        pytest.approx(412.345),
+        1980,
+    )
     assert reading.memory_used == 30 * 1024**3 and reading.memory_total == 80 * 1024**3
     read_cuda(gpu, nvml=nvml)
     assert nvml.inits == 1  # initialised once per process
@@ -201,8 +223,10 @@ def test_the_sampler_never_blocks_and_refreshes_in_the_background():
     assert first.note == "collecting…" and second.note == "collecting…"
     assert len(reads) == 1 and reads[0] == "telemetry-npu:0"  # one refresh at a time, not in the caller
     release.set()
-    reading = wait_for(lambda: sampler.read("npu:0", npu(0)).source == "npu-smi" and sampler.read("npu:0", npu(0)),
-                       "the refreshed reading")
+    reading = wait_for(
+        lambda: sampler.read("npu:0", npu(0)).source == "npu-smi" and sampler.read("npu:0", npu(0)),
+        "the refreshed reading",
+    )
     assert reading.utilization == 50.0
     (point,) = sampler.history()
     assert (point.device, point.utilization, point.memory_percent) == ("npu:0", 50.0, 25.0)
@@ -214,30 +238,62 @@ def test_a_failing_reader_is_a_note_not_an_exception():
 
     sampler = TelemetrySampler(reader=broken, max_age=60)
     sampler.read("npu:3", npu(3))
-    reading = wait_for(lambda: sampler.read("npu:3", npu(3)).note != "collecting…" and sampler.read("npu:3", npu(3)),
-                       "the failed reading")
+    reading = wait_for(
+        lambda: sampler.read("npu:3", npu(3)).note != "collecting…" and sampler.read("npu:3", npu(3)),
+        "the failed reading",
+    )
     assert "RuntimeError: driver gone" in reading.note
 
 
 def test_panel_rows_and_plot_rows_show_each_device():
     from hidream_ui.engine.status import DeviceRow, Progress
 
-    reading = DeviceTelemetry("npu:1", "npu-smi", utilization=87.0, memory_used=32 * 1024**3,
-                              memory_total=64 * 1024**3, temperature=47.0, power=283.6, timestamp=100.0)
-    rows = [DeviceRow(engine="npu:1", device="npu:1", device_name="Ascend910B3", state="editing",
-                      progress=Progress(step=3, total=28), loaded=True, busy=True, jobs=2, memory=None,
-                      telemetry=reading),
-            DeviceRow(engine="npu:2", device="npu:2", device_name="Ascend910B3", state="idle", progress=Progress(),
-                      loaded=False, busy=False, jobs=0, memory=None,
-                      telemetry=DeviceTelemetry("npu:2", "none", note="npu-smi not found"))]
+    reading = DeviceTelemetry(
+        "npu:1",
+        "npu-smi",
+        utilization=87.0,
+        memory_used=32 * 1024**3,
+        memory_total=64 * 1024**3,
+        temperature=47.0,
+        power=283.6,
+        timestamp=100.0,
+    )
+    rows = [
+        DeviceRow(
+            engine="npu:1",
+            device="npu:1",
+            device_name="Ascend910B3",
+            state="editing",
+            progress=Progress(step=3, total=28),
+            loaded=True,
+            busy=True,
+            jobs=2,
+            memory=None,
+            telemetry=reading,
+        ),
+        DeviceRow(
+            engine="npu:2",
+            device="npu:2",
+            device_name="Ascend910B3",
+            state="idle",
+            progress=Progress(),
+            loaded=False,
+            busy=False,
+            jobs=0,
+            memory=None,
+            telemetry=DeviceTelemetry("npu:2", "none", note="npu-smi not found"),
+        ),
+    ]
     text = render_device_rows(rows)
     assert "Devices (2)" in text and "editing 3/28" in text and "AICore 87%" in text and "47 °C" in text
     assert "HBM 32.0 GiB / 64.0 GiB" in text and "284 W" in text and "npu-smi not found" in text
     from hidream_ui.device.telemetry import TelemetryPoint
 
     history = [TelemetryPoint(100.0, "npu:1", 87.0, 50.0), TelemetryPoint(101.0, "other-app", 1.0, 1.0)]
-    assert plot_rows(history, ["npu:1", "npu:2"], now=110.0) == [[-10.0, 50.0, "npu:1 memory"],
-                                                                 [-10.0, 87.0, "npu:1 utilisation"]]
+    assert plot_rows(history, ["npu:1", "npu:2"], now=110.0) == [
+        [-10.0, 50.0, "npu:1 memory"],
+        [-10.0, 87.0, "npu:1 utilisation"],
+    ]
 
 
 def test_two_cpu_engines_reading_together_see_the_same_load():

@@ -74,8 +74,7 @@ def _train(out: Path, *extra: str) -> None:
     assert main([str(out), "--steps", "2", "--vae-steps", "2", "--pool", "4", *extra]) == 0
 
 
-def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_path, one_thread, random_trained,
-                                                                         capsys):
+def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_path, one_thread, random_trained, capsys):
     import torch
     from PIL import Image
 
@@ -159,8 +158,12 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     trained.overlay(root, tmp_path / "a")
     loaded = load_model(AppConfig(model_dir=root), resolve_device("cpu"), torch.float32)
     case = world.make_case(world.HELD_OUT_SEED_START)
-    image = loaded.pipeline(Image.fromarray(case.source), case.instruction, num_inference_steps=2,
-                            generator=torch.Generator().manual_seed(0)).images[0]
+    image = loaded.pipeline(
+        Image.fromarray(case.source),
+        case.instruction,
+        num_inference_steps=2,
+        generator=torch.Generator().manual_seed(0),
+    ).images[0]
     assert image.size == (world.SIZE, world.SIZE)
 
 
@@ -223,19 +226,23 @@ def test_ensure_tiny_materialises_the_shipped_weights(tmp_path, offline_hub):
                 assert torch.equal(value, shipped[f"{part}/{key}"]), (path, key)
     vae = json.loads((root / layout.I1_DIR / "vae" / "config.json").read_text())
     meta = trained.read_meta(ASSET)
-    assert (vae["scaling_factor"], vae["shift_factor"]) == (meta["vae"]["scaling_factor"],
-                                                            meta["vae"]["shift_factor"])
+    assert (vae["scaling_factor"], vae["shift_factor"]) == (meta["vae"]["scaling_factor"], meta["vae"]["shift_factor"])
     lora = load_file(str(root / layout.E1_FULL_DIR / layout.E1_FULL_FILE))
     assert all(not v.any() for k, v in lora.items() if ".lora_B." in k)  # E1-Full runs the same trained model
     # A MagCache calibration goes with the weights (none shipped: it measured worse than Flux's curve).
     from hidream_ui.pipeline.speed import mag_ratios
 
     assert (mag_ratios.read(root / layout.E11_DIR / "transformer") is None) == (trained.MAG_RATIOS_KEY not in meta)
-    digest = hashlib.sha256((root / layout.E11_DIR / "transformer" / "diffusion_pytorch_model.safetensors")
-                            .read_bytes()).hexdigest()
+    digest = hashlib.sha256(
+        (root / layout.E11_DIR / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
+    ).hexdigest()
     assert ensure_tiny("trained", 0, cache_root=tmp_path) == root  # cached: not rebuilt
-    assert hashlib.sha256((root / layout.E11_DIR / "transformer" / "diffusion_pytorch_model.safetensors")
-                          .read_bytes()).hexdigest() == digest
+    assert (
+        hashlib.sha256(
+            (root / layout.E11_DIR / "transformer" / "diffusion_pytorch_model.safetensors").read_bytes()
+        ).hexdigest()
+        == digest
+    )
 
 
 @pytest.fixture
@@ -318,18 +325,20 @@ def test_eval_grid_draws_source_target_and_result_with_the_verdict(tmp_path, cap
     assert grid.shape == (3 * side, 3 * side + GRID_STRIP, 3)
     cases = world.held_out_cases(3)
     for row, case in enumerate(cases):
-        band = grid[row * side:(row + 1) * side]
-        assert np.array_equal(band[:, :side], case.source) and np.array_equal(band[:, side:2 * side], case.target)
-        assert not np.array_equal(band[:, 2 * side:3 * side], case.target)  # the model's, not a copy of the answer
+        band = grid[row * side : (row + 1) * side]
+        assert np.array_equal(band[:, :side], case.source) and np.array_equal(band[:, side : 2 * side], case.target)
+        assert not np.array_equal(band[:, 2 * side : 3 * side], case.target)  # the model's, not a copy of the answer
     strips = [tuple(grid[row * side + side // 2, -1]) for row in range(3)]
     assert set(strips) <= {(40, 170, 60), (220, 40, 40)}
     held_out = json.loads((out / trained.META_FILE).read_text())["held_out"]
     assert strips.count((40, 170, 60)) == round(held_out["success"] * 3)
     assert "wrote" in capsys.readouterr().out
 
-    for bad, says in ((["--eval-only", "--eval", "2", "--oracle", "3", "--grid", "x.png"], "not --oracle"),
-                      (["--eval-only", "--calibrate-magcache", "1", "--grid", "x.png"], "give --eval N"),
-                      (["--eval-only", "--eval", "2", "--grid", "x.jpg"], "ending in .png")):
+    for bad, says in (
+        (["--eval-only", "--eval", "2", "--oracle", "3", "--grid", "x.png"], "not --oracle"),
+        (["--eval-only", "--calibrate-magcache", "1", "--grid", "x.png"], "give --eval N"),
+        (["--eval-only", "--eval", "2", "--grid", "x.jpg"], "ending in .png"),
+    ):
         with pytest.raises(SystemExit):
             main([str(out), *bad])
         assert says in capsys.readouterr().err
@@ -384,7 +393,7 @@ def test_estimate_from_is_one_call_without_gradient_by_either_stage():
 
     def forward(hidden, sigma, prompt_ids):
         seen.append(dict(hidden=hidden, sigma=sigma, prompt=prompt_ids, grad=torch.is_grad_enabled()))
-        return torch.cat([torch.full_like(x, 0.5), torch.full_like(x, 9.0)], dim=-1)[..., :hidden.shape[-1]]
+        return torch.cat([torch.full_like(x, 0.5), torch.full_like(x, 9.0)], dim=-1)[..., : hidden.shape[-1]]
 
     for given in (source, None):
         estimate = train.estimate_from(forward, x, level, prompt, given)
@@ -393,8 +402,10 @@ def test_estimate_from_is_one_call_without_gradient_by_either_stage():
         assert torch.equal(call["sigma"], level) and torch.equal(call["prompt"], prompt) and not call["grad"]
         assert torch.allclose(estimate, x + level.view(-1, 1, 1, 1) * 0.5)
     pure = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(train.own_estimate(forward, source, prompt, 4, torch.Generator().manual_seed(3)),
-                       train.estimate_from(forward, pure, torch.ones(3), prompt, source))
+    assert torch.equal(
+        train.own_estimate(forward, source, prompt, 4, torch.Generator().manual_seed(3)),
+        train.estimate_from(forward, pure, torch.ones(3), prompt, source),
+    )
 
 
 def test_decoder_own_trains_the_decoder_on_the_pipelines_own_latents(tmp_path, one_thread, monkeypatch):
@@ -409,14 +420,14 @@ def test_decoder_own_trains_the_decoder_on_the_pipelines_own_latents(tmp_path, o
 
     plain = finetune_decoder(ASSET, tmp_path / "plain", 1, log=lambda line: None, round_trip_cases=2)
     lines = []
-    meta = finetune_decoder(ASSET, tmp_path / "own", 1, own=3, log=lines.append,
-                            round_trip_cases=3)["decoder_finetune"]
+    meta = finetune_decoder(ASSET, tmp_path / "own", 1, own=3, log=lines.append, round_trip_cases=3)["decoder_finetune"]
     assert meta["own_edits"] == 3 and 1 <= meta["own_kept"] <= 3 and "own_edits" not in plain["decoder_finetune"]
     assert meta["own_share"] == DECODER_OWN_SHARE and meta["round_trip"]["cases"] == 3
     assert plain["decoder_finetune"]["round_trip"]["cases"] == 2
     assert any(line.startswith("decoder: round trip of 3 fresh training targets: success ") for line in lines)
-    shipped, before, after = (load_file(str(d / trained.WEIGHTS_FILE)) for d in (ASSET, tmp_path / "plain",
-                                                                                   tmp_path / "own"))
+    shipped, before, after = (
+        load_file(str(d / trained.WEIGHTS_FILE)) for d in (ASSET, tmp_path / "plain", tmp_path / "own")
+    )
     changed = {k for k in shipped if not torch.equal(shipped[k], after[k])}
     assert changed and all(k.startswith("vae/decoder.") for k in changed)
     assert any(not torch.equal(before[k], after[k]) for k in changed)
@@ -521,12 +532,15 @@ def test_one_call_near_zero_noise_gives_the_target_back(capsys):
     for stage in ("edit", "refine"):
         near, far = results[stage][0.02], results[stage][1.0]
         assert near["success"] == 1.0 and near["shapes_kept"] == 1.0
-        assert near["untouched_psnr_median_db"] > max(vae["untouched_psnr_median_db"] - 1.0,
-                                                      world.UNTOUCHED_MIN_PSNR_DB)
+        assert near["untouched_psnr_median_db"] > max(
+            vae["untouched_psnr_median_db"] - 1.0, world.UNTOUCHED_MIN_PSNR_DB
+        )
         assert far["untouched_psnr_median_db"] < near["untouched_psnr_median_db"]
-    for bad, says in ((["--one-call", "0.5"], "--one-call needs --eval-only --eval N"),
-                      (["--eval-only", "--eval", "2", "--one-call", "0"], "must be in (0, 1]"),
-                      (["--eval-only", "--eval", "2", "--one-call", "x"], "noise levels like")):
+    for bad, says in (
+        (["--one-call", "0.5"], "--one-call needs --eval-only --eval N"),
+        (["--eval-only", "--eval", "2", "--one-call", "0"], "must be in (0, 1]"),
+        (["--eval-only", "--eval", "2", "--one-call", "x"], "noise levels like"),
+    ):
         with pytest.raises(SystemExit):
             main([str(ASSET), *bad])
         assert says in capsys.readouterr().err
@@ -562,8 +576,10 @@ class _Editor:
 
         s = float(timestep[0]) / 1000
         x_t = hidden[..., :16]
-        edits = [world.Edit(self.case.edit.kind, self.case.scene.shapes[int(k)].kind, self.case.edit.value)
-                 for k in text.t5[:, 0, 0]]
+        edits = [
+            world.Edit(self.case.edit.kind, self.case.scene.shapes[int(k)].kind, self.case.edit.value)
+            for k in text.t5[:, 0, 0]
+        ]
         x0 = torch.cat([self.latents(world.render(world.apply_edit(self.case.scene, e))) for e in edits])
         return torch.cat([(x_t - x0) / s, hidden[..., 16:]], dim=-1)
 
@@ -633,8 +649,13 @@ def test_word_encoders_make_the_shape_words_distinct_and_keep_every_tensor(tmp_p
     changed = {k.split("/")[0] for k in before if not torch.equal(before[k], after[k])}
     assert changed == set(words.PARTS)
 
-    prompts = ["make the circle red", "make the square red", "remove the circle", "remove the square",
-               "make the circle green"]
+    prompts = [
+        "make the circle red",
+        "make the square red",
+        "remove the circle",
+        "remove the square",
+        "make the circle green",
+    ]
     assert set(prompts) <= set(world_prompts())
 
     def cosines(root):
@@ -643,8 +664,10 @@ def test_word_encoders_make_the_shape_words_distinct_and_keep_every_tensor(tmp_p
         def cos(a, b):
             return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
 
-        return {stream: [cos(x[i], x[j]) for i, j in ((0, 1), (2, 3), (0, 4))]
-                for stream, x in (("t5", e.t5), ("llama", e.llama.transpose(0, 1)), ("pooled", e.pooled))}
+        return {
+            stream: [cos(x[i], x[j]) for i, j in ((0, 1), (2, 3), (0, 4))]
+            for stream, x in (("t5", e.t5), ("llama", e.llama.transpose(0, 1)), ("pooled", e.pooled))
+        }
 
     random, designed = cosines(random_trained), cosines(root)
     # Shape words: the random Llama keeps "circle" and "square" instructions at a cosine near 1.
@@ -711,9 +734,11 @@ def test_the_grounding_head_reads_the_target_half_of_the_hooked_block_in_token_o
     assert picked == [r * 2 * cols + c for r in range(rows) for c in range(cols)]
     # The hook keeps block 1's image tokens on a forward: exactly one logit per target token.
     latents = torch.zeros(1, spec.latent_channels, spec.max_resolution[0], 2 * spec.max_resolution[1])
-    embeds = {"encoder_hidden_states_t5": torch.zeros(1, 4, 32),
-              "encoder_hidden_states_llama3": torch.zeros(len(spec.llama_layers), 1, 4, 32),
-              "pooled_embeds": torch.zeros(1, 32)}
+    embeds = {
+        "encoder_hidden_states_t5": torch.zeros(1, 4, 32),
+        "encoder_hidden_states_llama3": torch.zeros(len(spec.llama_layers), 1, 4, 32),
+        "pooled_embeds": torch.zeros(1, 32),
+    }
     with torch.no_grad():
         model(hidden_states=latents, timesteps=torch.tensor([1000.0]), return_dict=False, **embeds)
         assert grounding.logits().shape == (1, rows * cols)
@@ -730,8 +755,18 @@ def test_train_tiny_with_word_encoders_and_grounding_runs_and_records_its_comman
     from safetensors.torch import load_file
 
     _train(tmp_path / "a", "--vae-steps", "2")
-    _train(tmp_path / "w", "--init-from", str(tmp_path / "a"), "--word-encoders", "--ground-steps", "2",
-           "--ground-weight", "1", "--ground-flow", "0.5")
+    _train(
+        tmp_path / "w",
+        "--init-from",
+        str(tmp_path / "a"),
+        "--word-encoders",
+        "--ground-steps",
+        "2",
+        "--ground-weight",
+        "1",
+        "--ground-flow",
+        "0.5",
+    )
     printed = capsys.readouterr().out
     assert "grounding step 2/2 loss" in printed and "grounding balanced accuracy" in printed
     start, tuned = (load_file(str(tmp_path / n / trained.WEIGHTS_FILE)) for n in "aw")

@@ -22,16 +22,19 @@ def test_a_waiting_visitor_sees_their_place_and_others_see_theirs(launch_app):
     first, second = Client(app["url"], verbose=False), Client(app["url"], verbose=False)
 
     def submit(client):
-        return client.submit(image=handle_file(str(ASSETS_DIR / "apple.png")), instruction="slow", seed=1, **SLOW,
-                             api_name="/edit")
+        return client.submit(
+            image=handle_file(str(ASSETS_DIR / "apple.png")), instruction="slow", seed=1, **SLOW, api_name="/edit"
+        )
 
     jobs = [submit(first)]
     try:
         # The first one runs before the second is sent: which of two at once runs first is the queue's choice.
         wait_for(lambda: any(job.kind == "edit" for job in demo.hidream_services.jobs.running()), "the first edit")
         jobs.append(submit(second))
-        wait_for(lambda: (gradio_internals.queue_figures(demo, "device") or {}).get("waiting") == 1,
-                 "the second edit to wait")
+        wait_for(
+            lambda: (gradio_internals.queue_figures(demo, "device") or {}).get("waiting") == 1,
+            "the second edit to wait",
+        )
         waiting = handlers.visitor_card(SimpleNamespace(session_hash=second.session_hash))
         running = handlers.visitor_card(SimpleNamespace(session_hash=first.session_hash))
         stranger = handlers.visitor_card(SimpleNamespace(session_hash="someone-else"))

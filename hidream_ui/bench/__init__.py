@@ -22,10 +22,14 @@ KINDS = {
     "memory": ("hidream_ui.bench.memory", "every memory plan and storage: peaks, speed, error vs full, prediction"),
     "speed": ("hidream_ui.bench.speed", "sync-free MoE, --compile blocks, step caching: time, syncs, deviation"),
     "abuse": ("hidream_ui.bench.abuse", "issue 19's attacks on a local app: RSS, cache, /status, honest client"),
-    "quality": ("hidream_ui.bench.quality",
-                "held-out synthetic edits under every speed/memory/attention mode: success, PSNR, speedup"),
-    "cluster": ("hidream_ui.bench.cluster",
-                "Ray Serve replicas vs the local pool: per-job overhead, 1 vs 2 replicas, replacing a killed one"),
+    "quality": (
+        "hidream_ui.bench.quality",
+        "held-out synthetic edits under every speed/memory/attention mode: success, PSNR, speedup",
+    ),
+    "cluster": (
+        "hidream_ui.bench.cluster",
+        "Ray Serve replicas vs the local pool: per-job overhead, 1 vs 2 replicas, replacing a killed one",
+    ),
     "preview": ("hidream_ui.bench.preview", "a live preview's cost next to a denoising step (fit, per preview)"),
 }
 
@@ -51,6 +55,10 @@ def set_threads(parser, threads: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return dispatch(KINDS, sys.argv[1:] if argv is None else argv, prog="python -m hidream_ui bench",
-                    description="Benchmarks: figures measured side by side in one run (add --json for JSON).",
-                    what="benchmark")
+    return dispatch(
+        KINDS,
+        sys.argv[1:] if argv is None else argv,
+        prog="python -m hidream_ui bench",
+        description="Benchmarks: figures measured side by side in one run (add --json for JSON).",
+        what="benchmark",
+    )

@@ -76,12 +76,16 @@ def held(record: dict) -> bool:
     edit completed, `/status` under 1 s, RSS growth under 200 MB, no file of another client removed."""
     status = record.get("status_max_s")
     rss = record.get("rss_growth_mb")
-    return (record.get("error") is None
-            and record.get("check") is not False
-            and record.get("honest_edit_completed") is True
-            and status is not None and status < TARGET_STATUS_S
-            and rss is not None and rss < TARGET_RSS_GROWTH_MB
-            and record.get("other_client_files_removed") == 0)
+    return (
+        record.get("error") is None
+        and record.get("check") is not False
+        and record.get("honest_edit_completed") is True
+        and status is not None
+        and status < TARGET_STATUS_S
+        and rss is not None
+        and rss < TARGET_RSS_GROWTH_MB
+        and record.get("other_client_files_removed") == 0
+    )
 
 
 def failed_targets(record: dict) -> list[str]:
@@ -104,9 +108,24 @@ def failed_targets(record: dict) -> list[str]:
     return out
 
 
-RECORD_KEYS = ("probe", "sent", "held", "honest_edit_completed", "status_max_s", "rss_growth_mb", "cache_growth_mb",
-               "other_client_files_removed", "notes", "check", "check_text", "figures", "app_args", "budget_s",
-               "seconds", "error")
+RECORD_KEYS = (
+    "probe",
+    "sent",
+    "held",
+    "honest_edit_completed",
+    "status_max_s",
+    "rss_growth_mb",
+    "cache_growth_mb",
+    "other_client_files_removed",
+    "notes",
+    "check",
+    "check_text",
+    "figures",
+    "app_args",
+    "budget_s",
+    "seconds",
+    "error",
+)
 
 
 def budget_for(name: str, quick: bool, override: float | None = None) -> float:
@@ -141,8 +160,9 @@ def run_probe(name: str, *, quick: bool, budget: float) -> dict:
             # measure what the app does without it.
             fallback, auth = spec.fallback_args(quick)
             missing = " ".join(a for a in args if a not in fallback)
-            record["notes"].append(f"not applicable: app refused {missing} "
-                                   f"({str(exc).splitlines()[-1][:200]}); measured without it")
+            record["notes"].append(
+                f"not applicable: app refused {missing} ({str(exc).splitlines()[-1][:200]}); measured without it"
+            )
             args = fallback
             record["app_args"] = args
             apps.append(AbuseApp(args, auth=auth, session_capacity=capacity))
@@ -151,8 +171,10 @@ def run_probe(name: str, *, quick: bool, budget: float) -> dict:
         honest_timeout = 60.0 if quick else 120.0
         honest = HonestClient(app, timeout=honest_timeout, address=client_address(HONEST_ADDRESS))
         if honest.address is None:
-            record["notes"].append(f"this machine connects from 127.0.0.1 only: the honest client shares the "
-                                   f"attacker's address (wanted {HONEST_ADDRESS})")
+            record["notes"].append(
+                f"this machine connects from 127.0.0.1 only: the honest client shares the "
+                f"attacker's address (wanted {HONEST_ADDRESS})"
+            )
         # Fast during the warm-up (the model load's progress messages last milliseconds), then
         # every STATUS_EVERY s during the probe.
         statuses = StatusSampler(app, every=0.01)
@@ -163,16 +185,16 @@ def run_probe(name: str, *, quick: bool, budget: float) -> dict:
         rss = RssSampler(app)
         temp_before = app.temp_bytes()
         probe_start = time.monotonic()
-        context = ProbeContext(app=app, honest=honest, quick=quick, statuses=statuses,
-                               deadline=probe_start + budget)
+        context = ProbeContext(app=app, honest=honest, quick=quick, statuses=statuses, deadline=probe_start + budget)
         outcome = spec.run(context)
         if not honest.started:  # a probe that forgot: the edit still has to run beside the app's state
             context.notes.append("honest edit started after the attack")
             honest.start()
         record["honest_edit_completed"] = honest.finish(time.monotonic() + honest_timeout)
         if not record["honest_edit_completed"]:
-            record["notes"].append("honest edit: " + (honest.result.short() if honest.result else
-                                                      f"no answer in {honest_timeout:.0f} s"))
+            record["notes"].append(
+                "honest edit: " + (honest.result.short() if honest.result else f"no answer in {honest_timeout:.0f} s")
+            )
         removed, removal_notes = honest.files_removed()
         record["other_client_files_removed"] = removed
         record["notes"] += removal_notes + context.notes
@@ -180,8 +202,12 @@ def run_probe(name: str, *, quick: bool, budget: float) -> dict:
         record["status_max_s"] = statuses.max_seconds(probe_start)
         rss.stop()
         record["rss_growth_mb"] = round(rss.peak - rss.baseline, 1)
-        record["figures"] = {"rss_before_mb": round(rss.baseline, 1), "rss_peak_mb": round(rss.peak, 1),
-                             "rss_end_mb": round(app.rss_mb(), 1), **outcome.figures}
+        record["figures"] = {
+            "rss_before_mb": round(rss.baseline, 1),
+            "rss_peak_mb": round(rss.peak, 1),
+            "rss_end_mb": round(app.rss_mb(), 1),
+            **outcome.figures,
+        }
         record["cache_growth_mb"] = round((app.temp_bytes() - temp_before) / _MB, 2)
         record.update(sent=outcome.sent, check=outcome.check, check_text=outcome.check_text)
     except Exception as exc:  # noqa: BLE001 - one probe's failure is reported, the others still run
@@ -198,8 +224,13 @@ def run_probe(name: str, *, quick: bool, budget: float) -> dict:
     return record
 
 
-def run(probes: list[str] | None = None, *, quick: bool = False, timeout: float = DEFAULT_TIMEOUT,
-        probe_budget: float | None = None) -> dict:
+def run(
+    probes: list[str] | None = None,
+    *,
+    quick: bool = False,
+    timeout: float = DEFAULT_TIMEOUT,
+    probe_budget: float | None = None,
+) -> dict:
     """Runs the probes one after another (each against its own app) within `timeout` seconds in all;
     returns the report. Probes that no longer fit are reported as skipped."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -213,8 +244,16 @@ def run(probes: list[str] | None = None, *, quick: bool = False, timeout: float 
         budget = budget_for(name, quick, probe_budget)
         # A probe needs its budget plus an app start, the warm-up edit and the honest edit's wait.
         if time.monotonic() - started + budget + 30 > timeout:
-            records.append({**{key: None for key in RECORD_KEYS}, "probe": name, "held": False, "notes": [],
-                            "figures": {}, "error": f"skipped: the overall bound of {timeout:.0f} s was reached"})
+            records.append(
+                {
+                    **{key: None for key in RECORD_KEYS},
+                    "probe": name,
+                    "held": False,
+                    "notes": [],
+                    "figures": {},
+                    "error": f"skipped: the overall bound of {timeout:.0f} s was reached",
+                }
+            )
             continue
         records.append(run_probe(name, quick=quick, budget=budget))
     return {
@@ -223,41 +262,53 @@ def run(probes: list[str] | None = None, *, quick: bool = False, timeout: float 
         "model": "tiny",
         "device": "cpu",
         "cpu_count": os.cpu_count(),
-        "targets": {"honest_edit_completed": True, "status_max_s_under": TARGET_STATUS_S,
-                    "rss_growth_mb_under": TARGET_RSS_GROWTH_MB, "other_client_files_removed": 0,
-                    "check": "the probe's own check (see check_text)"},
+        "targets": {
+            "honest_edit_completed": True,
+            "status_max_s_under": TARGET_STATUS_S,
+            "rss_growth_mb_under": TARGET_RSS_GROWTH_MB,
+            "other_client_files_removed": 0,
+            "check": "the probe's own check (see check_text)",
+        },
         "probe_budget_s": probe_budget if probe_budget is not None else (QUICK_BUDGET if quick else DEFAULT_BUDGET),
         "probes": records,
-        "summary": {"held": sum(1 for r in records if r["held"]), "probes": len(records),
-                    "not_held": [r["probe"] for r in records if not r["held"]]},
+        "summary": {
+            "held": sum(1 for r in records if r["held"]),
+            "probes": len(records),
+            "not_held": [r["probe"] for r in records if not r["held"]],
+        },
         "seconds_total": round(time.monotonic() - started, 1),
     }
 
 
 def table(report: dict) -> str:
-    rows = [f"{'probe':16s} {'held':5s} {'honest':7s} {'status s':>8s} {'RSS MB':>8s} {'cache MB':>9s} "
-            f"{'removed':>7s}  check / misses"]
+    rows = [
+        f"{'probe':16s} {'held':5s} {'honest':7s} {'status s':>8s} {'RSS MB':>8s} {'cache MB':>9s} "
+        f"{'removed':>7s}  check / misses"
+    ]
 
     def fmt(value, spec):
         return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
     for r in report["probes"]:
         misses = failed_targets(r)
-        rows.append(f"{r['probe']:16s} {'yes' if r['held'] else 'NO':5s} "
-                    f"{str(r.get('honest_edit_completed')):7s} {fmt(r.get('status_max_s'), '8.2f')} "
-                    f"{fmt(r.get('rss_growth_mb'), '8.1f')} {fmt(r.get('cache_growth_mb'), '9.2f')} "
-                    f"{fmt(r.get('other_client_files_removed'), '7d')}  "
-                    f"{r.get('check_text') or r.get('error') or ''}"
-                    + (f"  [misses: {', '.join(misses)}]" if misses else ""))
+        rows.append(
+            f"{r['probe']:16s} {'yes' if r['held'] else 'NO':5s} "
+            f"{str(r.get('honest_edit_completed')):7s} {fmt(r.get('status_max_s'), '8.2f')} "
+            f"{fmt(r.get('rss_growth_mb'), '8.1f')} {fmt(r.get('cache_growth_mb'), '9.2f')} "
+            f"{fmt(r.get('other_client_files_removed'), '7d')}  "
+            f"{r.get('check_text') or r.get('error') or ''}" + (f"  [misses: {', '.join(misses)}]" if misses else "")
+        )
         if r.get("sent"):
             rows.append(f"{'':16s} sent: {r['sent']}")
         for note in r.get("notes") or []:
             rows.append(f"{'':16s} note: {note}")
     s = report["summary"]
-    rows.append(f"{s['held']} of {s['probes']} probes held "
-                f"(targets: honest edit completed, /status < {TARGET_STATUS_S:.0f} s, RSS growth < "
-                f"{TARGET_RSS_GROWTH_MB:.0f} MB, no file of another client removed, the probe's check); "
-                f"{report['seconds_total']:.0f} s")
+    rows.append(
+        f"{s['held']} of {s['probes']} probes held "
+        f"(targets: honest edit completed, /status < {TARGET_STATUS_S:.0f} s, RSS growth < "
+        f"{TARGET_RSS_GROWTH_MB:.0f} MB, no file of another client removed, the probe's check); "
+        f"{report['seconds_total']:.0f} s"
+    )
     return "\n".join(rows)
 
 
@@ -265,18 +316,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hidream_ui bench abuse",
         description="The findings of issues 19 and 58 as bounded loops against a local app (tiny model): per "
-                    "probe what was sent, server RSS and cache growth, the slowest /status, whether an honest "
-                    "client's edit completed and kept its files.")
+        "probe what was sent, server RSS and cache growth, the slowest /status, whether an honest "
+        "client's edit completed and kept its files.",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--quick", action="store_true", help="smaller attacks and budgets (a smoke run, ~minutes)")
-    parser.add_argument("--probe", action="append", type=probe_name, choices=list(PROBES), metavar="NAME",
-                        help=f"run only this probe (repeatable): {', '.join(PROBES)}")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                        help=f"overall bound in seconds; probes that no longer fit are skipped "
-                             f"(default {DEFAULT_TIMEOUT:.0f})")
-    parser.add_argument("--probe-budget", type=float, default=None,
-                        help="seconds each probe's attack may take (default: the probe's own; 90, 25 with --quick, "
-                             "for issue 19's; kiosk-lockout 600, 120 with --quick)")
+    parser.add_argument(
+        "--probe",
+        action="append",
+        type=probe_name,
+        choices=list(PROBES),
+        metavar="NAME",
+        help=f"run only this probe (repeatable): {', '.join(PROBES)}",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"overall bound in seconds; probes that no longer fit are skipped (default {DEFAULT_TIMEOUT:.0f})",
+    )
+    parser.add_argument(
+        "--probe-budget",
+        type=float,
+        default=None,
+        help="seconds each probe's attack may take (default: the probe's own; 90, 25 with --quick, "
+        "for issue 19's; kiosk-lockout 600, 120 with --quick)",
+    )
     args = parser.parse_args(argv)
     if args.timeout <= 0 or (args.probe_budget is not None and args.probe_budget <= 0):
         parser.error("--timeout and --probe-budget must be positive")
@@ -288,5 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if report["summary"]["held"] == report["summary"]["probes"] else 1
 
 
-__all__ = ["main", "run", "run_probe", "held", "failed_targets", "table", "AbuseApp", "AppRefused", "PROBES",
-           "budget_for", "probe_name", "TARGET_STATUS_S", "TARGET_RSS_GROWTH_MB"]
+__all__ = [
+    "main",
+    "run",
+    "run_probe",
+    "held",
+    "failed_targets",
+    "table",
+    "AbuseApp",
+    "AppRefused",
+    "PROBES",
+    "budget_for",
+    "probe_name",
+    "TARGET_STATUS_S",
+    "TARGET_RSS_GROWTH_MB",
+]

@@ -69,15 +69,20 @@ def cache_caps(args: list[str]) -> tuple[int, int]:
     from hidream_ui.config import AppConfig  # the app's defaults, not a copy of them
 
     defaults = AppConfig()
-    return (_flag(args, "--cache-max-files", defaults.cache_max_files),
-            _flag(args, "--cache-max-mb", defaults.cache_max_mb) * _MB)
+    return (
+        _flag(args, "--cache-max-files", defaults.cache_max_files),
+        _flag(args, "--cache-max-mb", defaults.cache_max_mb) * _MB,
+    )
 
 
 def within_caps(figures: dict) -> bool:
     """Every cache sample within --cache-max-files and --cache-max-mb (and at least one sample)."""
-    return (bool(figures.get("cache_samples")) and figures.get("cache_files_max") is not None
-            and figures["cache_files_max"] <= figures["cache_max_files"]
-            and figures["cache_mb_max"] <= figures["cache_max_mb"])
+    return (
+        bool(figures.get("cache_samples"))
+        and figures.get("cache_files_max") is not None
+        and figures["cache_files_max"] <= figures["cache_max_files"]
+        and figures["cache_mb_max"] <= figures["cache_max_mb"]
+    )
 
 
 def _is_full(result: dict) -> bool:
@@ -85,15 +90,28 @@ def _is_full(result: dict) -> bool:
     return result.get("upload_status") == 503 or "503" in str(result.get("edit", ""))
 
 
-def visit(app: AbuseApp, address: str | None, label: str, *, steps: int = HONEST_STEPS,
-          timeout: float = NEWCOMER_TIMEOUT, session: str | None = None) -> dict:
+def visit(
+    app: AbuseApp,
+    address: str | None,
+    label: str,
+    *,
+    steps: int = HONEST_STEPS,
+    timeout: float = NEWCOMER_TIMEOUT,
+    session: str | None = None,
+) -> dict:
     """A visitor's first upload (a picture of its own) and edit of it, from `address`:
     {"address", "upload_status", "upload_error", "edit", "seconds", "ok"}."""
     import httpx
 
     started = time.monotonic()
-    out: dict[str, Any] = {"address": address or "127.0.0.1", "upload_status": None, "upload_error": None,
-                           "edit": None, "seconds": None, "ok": False}
+    out: dict[str, Any] = {
+        "address": address or "127.0.0.1",
+        "upload_status": None,
+        "upload_error": None,
+        "edit": None,
+        "seconds": None,
+        "ok": False,
+    }
     try:
         with app.http(timeout=timeout, address=address) as http:
             code, paths = upload(http, [(f"{label}.png", attacker_apple())], timeout=timeout)
@@ -102,9 +120,14 @@ def visit(app: AbuseApp, address: str | None, label: str, *, steps: int = HONEST
                 out["upload_error"] = str(paths)[:200]
             else:
                 fn_index = app.dependency("edit")[0]
-                result = queue_call(app, http, fn_index,
-                                    edit_data(file_data(paths[0], f"{label}.png"), f"{label}: make it green", steps),
-                                    session or new_session(label), timeout=timeout)
+                result = queue_call(
+                    app,
+                    http,
+                    fn_index,
+                    edit_data(file_data(paths[0], f"{label}.png"), f"{label}: make it green", steps),
+                    session or new_session(label),
+                    timeout=timeout,
+                )
                 out["edit"] = result.short()
                 out["ok"] = result.ran
     except httpx.HTTPError as exc:
@@ -131,8 +154,12 @@ def results_flood_check(figures: dict) -> bool:
     """Held when the honest newcomer's first upload and edit succeeded after the flood, no honest
     client saw a 503, and the cache stayed within its caps in every sample."""
     newcomer = figures.get("newcomer") or {}
-    return bool(newcomer.get("upload_status") == 200 and newcomer.get("ok") and not figures.get("honest_saw_503")
-                and within_caps(figures))
+    return bool(
+        newcomer.get("upload_status") == 200
+        and newcomer.get("ok")
+        and not figures.get("honest_saw_503")
+        and within_caps(figures)
+    )
 
 
 def results_flood(ctx: ProbeContext) -> ProbeOutcome:
@@ -169,17 +196,28 @@ def results_flood(ctx: ProbeContext) -> ProbeOutcome:
         newcomer = visit(app, client_address("127.0.0.3"), "newcomer")
         ctx.honest.finish(ctx.deadline)
     honest = ctx.honest.result
-    figures = {"edits_wanted": edits, "edits_sent": len(results), "steps": FLOOD_STEPS, "preview_every": 1,
-               "attacker_edits": _answers(results), "cache_files_after_flood": flood_end, "newcomer": newcomer,
-               "honest_saw_503": _is_full(newcomer) or bool(honest and honest.status == 503),
-               **cache.figures()}
+    figures = {
+        "edits_wanted": edits,
+        "edits_sent": len(results),
+        "steps": FLOOD_STEPS,
+        "preview_every": 1,
+        "attacker_edits": _answers(results),
+        "cache_files_after_flood": flood_end,
+        "newcomer": newcomer,
+        "honest_saw_503": _is_full(newcomer) or bool(honest and honest.status == 503),
+        **cache.figures(),
+    }
     check = results_flood_check(figures)
-    text = (f"{figures['attacker_edits']['ran']} of {edits} flood edits ran; cache peak {figures['cache_files_max']} "
-            f"files / {figures['cache_mb_max']} MB (caps {max_files} / {figures['cache_max_mb']:.0f} MB, "
-            f"{figures['cache_samples_over_cap']} of {figures['cache_samples']} samples over); newcomer upload "
-            f"{newcomer['upload_status']}, edit {newcomer['edit']}")
-    sent = (f"one upload, then {edits} queued /edit of it ({FLOOD_STEPS} steps, --preview-every 1), each with a new "
-            f"session_hash, {workers} at a time, from one address; then a second address uploads and edits")
+    text = (
+        f"{figures['attacker_edits']['ran']} of {edits} flood edits ran; cache peak {figures['cache_files_max']} "
+        f"files / {figures['cache_mb_max']} MB (caps {max_files} / {figures['cache_max_mb']:.0f} MB, "
+        f"{figures['cache_samples_over_cap']} of {figures['cache_samples']} samples over); newcomer upload "
+        f"{newcomer['upload_status']}, edit {newcomer['edit']}"
+    )
+    sent = (
+        f"one upload, then {edits} queued /edit of it ({FLOOD_STEPS} steps, --preview-every 1), each with a new "
+        f"session_hash, {workers} at a time, from one address; then a second address uploads and edits"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -193,14 +231,20 @@ def kiosk_check(figures: dict) -> bool:
     succeeded (at least one tried), and the cache stayed within its caps in every sample."""
     wanted = figures.get("edits_wanted")
     newcomers = figures.get("newcomers") or []
-    return bool(wanted and figures.get("uploads_ok") == wanted and figures.get("edits_ran") == wanted
-                and newcomers and all(n.get("ok") for n in newcomers) and within_caps(figures))
+    return bool(
+        wanted
+        and figures.get("uploads_ok") == wanted
+        and figures.get("edits_ran") == wanted
+        and newcomers
+        and all(n.get("ok") for n in newcomers)
+        and within_caps(figures)
+    )
 
 
 def _quarters(values: list[float]) -> list[float]:
     """The mean of each quarter of `values` in order (a slowdown as the client's files pile up shows)."""
     size = len(values) / 4
-    parts = [values[round(i * size):round((i + 1) * size)] for i in range(4)]
+    parts = [values[round(i * size) : round((i + 1) * size)] for i in range(4)]
     return [round(sum(part) / len(part), 3) for part in parts if part]
 
 
@@ -239,10 +283,14 @@ def kiosk_lockout(ctx: ProbeContext) -> ProbeOutcome:
                 if code != 200:
                     row["error"] = str(paths)[:200]
                 else:
-                    result = queue_call(app, http, fn_index,
-                                        edit_data(file_data(paths[0], f"visitor{index}.png"), f"kiosk picture {index}",
-                                                  KIOSK_STEPS),
-                                        session, timeout=max(1.0, min(120.0, ctx.left())))
+                    result = queue_call(
+                        app,
+                        http,
+                        fn_index,
+                        edit_data(file_data(paths[0], f"visitor{index}.png"), f"kiosk picture {index}", KIOSK_STEPS),
+                        session,
+                        timeout=max(1.0, min(120.0, ctx.left())),
+                    )
                     row["ran"] = result.ran
                     if not result.ran:
                         row["error"] = result.short()
@@ -254,32 +302,46 @@ def kiosk_lockout(ctx: ProbeContext) -> ProbeOutcome:
         # And one more once the kiosk is done: "at any point" includes after its last picture.
         newcomer(len(rows), len(helpers) + 1)
         ctx.honest.finish(ctx.deadline)
-    failures = [{k: v for k, v in row.items() if k != "seconds"} for row in rows
-                if row.get("upload_status") != 200 or not row.get("ran")]
+    failures = [
+        {k: v for k, v in row.items() if k != "seconds"}
+        for row in rows
+        if row.get("upload_status") != 200 or not row.get("ran")
+    ]
     refused_uploads: dict[str, int] = {}
     for row in rows:
         if row.get("upload_status") != 200:
             key = str(row.get("upload_status"))
             refused_uploads[key] = refused_uploads.get(key, 0) + 1
     newcomers.sort(key=lambda n: n["at_picture"])
-    figures = {"edits_wanted": edits, "edits_sent": len(rows),
-               "uploads_ok": sum(1 for row in rows if row.get("upload_status") == 200),
-               "uploads_refused": refused_uploads, "edits_ran": sum(1 for row in rows if row.get("ran")),
-               "first_failure": failures[0] if failures else None, "failures": len(failures),
-               "edit_settings": f"{KIOSK_STEPS} step, draft", "seconds_for_edits": round(edits_seconds, 1),
-               "seconds_per_picture": round(edits_seconds / len(rows), 3) if rows else None,
-               "seconds_per_picture_by_quarter": _quarters([row["seconds"] for row in rows]),
-               "newcomers": newcomers, "newcomers_ok": sum(1 for n in newcomers if n.get("ok")),
-               **cache.figures()}
+    figures = {
+        "edits_wanted": edits,
+        "edits_sent": len(rows),
+        "uploads_ok": sum(1 for row in rows if row.get("upload_status") == 200),
+        "uploads_refused": refused_uploads,
+        "edits_ran": sum(1 for row in rows if row.get("ran")),
+        "first_failure": failures[0] if failures else None,
+        "failures": len(failures),
+        "edit_settings": f"{KIOSK_STEPS} step, draft",
+        "seconds_for_edits": round(edits_seconds, 1),
+        "seconds_per_picture": round(edits_seconds / len(rows), 3) if rows else None,
+        "seconds_per_picture_by_quarter": _quarters([row["seconds"] for row in rows]),
+        "newcomers": newcomers,
+        "newcomers_ok": sum(1 for n in newcomers if n.get("ok")),
+        **cache.figures(),
+    }
     check = kiosk_check(figures)
     first = figures["first_failure"]
-    text = (f"{figures['edits_ran']} of {edits} pictures uploaded and edited in {figures['seconds_for_edits']} s"
-            + (f" (first failure at picture {first['picture']}: {first.get('error', '')[:80]})" if first else "")
-            + f"; newcomers {figures['newcomers_ok']}/{len(newcomers)} ok; cache peak {figures['cache_files_max']} "
-            f"files / {figures['cache_mb_max']} MB (caps {max_files} / {figures['cache_max_mb']:.0f} MB)")
-    sent = (f"one address: {edits} x (upload a new picture, one queued /edit of it, {KIOSK_STEPS} step, draft), a new "
-            f"session every {per_session}; a new address's first upload and edit every {every} pictures and after "
-            f"the last")
+    text = (
+        f"{figures['edits_ran']} of {edits} pictures uploaded and edited in {figures['seconds_for_edits']} s"
+        + (f" (first failure at picture {first['picture']}: {first.get('error', '')[:80]})" if first else "")
+        + f"; newcomers {figures['newcomers_ok']}/{len(newcomers)} ok; cache peak {figures['cache_files_max']} "
+        f"files / {figures['cache_mb_max']} MB (caps {max_files} / {figures['cache_max_mb']:.0f} MB)"
+    )
+    sent = (
+        f"one address: {edits} x (upload a new picture, one queued /edit of it, {KIOSK_STEPS} step, draft), a new "
+        f"session every {per_session}; a new address's first upload and edit every {every} pictures and after "
+        f"the last"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -310,7 +372,7 @@ def history_data(dep: dict, entries: list) -> list:
 
 
 def edit_result_picture(result: CallResult) -> bool:
-    """"Edit the result" put a picture in the source slot (not a bare update: the session had no result)."""
+    """ "Edit the result" put a picture in the source slot (not a bare update: the session had no result)."""
     if not result.ran or not isinstance(result.data, list) or not result.data:
         return False
     value = result.data[0]
@@ -329,8 +391,9 @@ def session_flood_check(figures: dict) -> bool:
         reached = (figures.get("flood_sessions_after_honest_job") or 0) >= capacity
     else:
         reached = (figures.get("flood_refused_429") or 0) > 0
-    return bool(figures.get("edit_result_before") == "picture" and figures.get("edit_result_after") == "picture"
-                and reached)
+    return bool(
+        figures.get("edit_result_before") == "picture" and figures.get("edit_result_after") == "picture" and reached
+    )
 
 
 def _edit_result(app: AbuseApp, honest, fn_index: int) -> str:
@@ -348,10 +411,11 @@ def _edit_result_index(app: AbuseApp) -> int:
         components = {c.get("id"): c for c in http.get("/config").json().get("components", [])}
     for index, dep in enumerate(app.dependencies()):
         for target in dep.get("targets", []):
-            if (components.get(target[0], {}).get("props") or {}).get("elem_id") == "hui-edit-result" \
-                    and dep.get("backend_fn"):
+            if (components.get(target[0], {}).get("props") or {}).get("elem_id") == "hui-edit-result" and dep.get(
+                "backend_fn"
+            ):
                 return int(dep.get("id", index))
-    raise KeyError("the app has no \"Edit the result\" event")
+    raise KeyError('the app has no "Edit the result" event')
 
 
 def session_flood(ctx: ProbeContext) -> ProbeOutcome:
@@ -392,8 +456,16 @@ def session_flood(ctx: ProbeContext) -> ProbeOutcome:
             except httpx.HTTPError as exc:
                 result = CallResult(False, None, f"{type(exc).__name__}: {exc}")
             with lock:
-                records.append({"address": address, "route": "queue" if by_queue else "run", "ran": result.ran,
-                                "status": result.status, "answer": result.short()[:100], "ended": result.ended_at})
+                records.append(
+                    {
+                        "address": address,
+                        "route": "queue" if by_queue else "run",
+                        "ran": result.ran,
+                        "status": result.status,
+                        "answer": result.short()[:100],
+                        "ended": result.ended_at,
+                    }
+                )
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(8)]
     for thread in threads:
@@ -411,28 +483,40 @@ def session_flood(ctx: ProbeContext) -> ProbeOutcome:
     for route in ("queue", "run"):
         by_route[route] = _tally([r for r in records if r["route"] == route])
     figures = {
-        "session_capacity": capacity, "flood_sent": len(records), "flood_planned": len(plan),
-        "addresses": 1 + others, "one_address_sent": sum(1 for r in records if r["address"] == "127.0.0.1"),
+        "session_capacity": capacity,
+        "flood_sent": len(records),
+        "flood_planned": len(plan),
+        "addresses": 1 + others,
+        "one_address_sent": sum(1 for r in records if r["address"] == "127.0.0.1"),
         "one_address_refused_429": sum(1 for r in records if r["address"] == "127.0.0.1" and r["status"] == 429),
-        "flood_refused_429": sum(1 for r in records if r["status"] == 429), "flood_sessions_ran": len(stateful),
-        "flood_sessions_after_honest_job": (sum(1 for r in stateful if r["ended"] > honest_job_end)
-                                      if honest_job_end is not None else None),
-        "history_refresh_fn_index": fn_index, "history_refresh_queued": queued, "answers_by_route": by_route,
+        "flood_refused_429": sum(1 for r in records if r["status"] == 429),
+        "flood_sessions_ran": len(stateful),
+        "flood_sessions_after_honest_job": (
+            sum(1 for r in stateful if r["ended"] > honest_job_end) if honest_job_end is not None else None
+        ),
+        "history_refresh_fn_index": fn_index,
+        "history_refresh_queued": queued,
+        "answers_by_route": by_route,
         "table_peak": max((row.get("sessions", 0) for row in log), default=None),
         "table_end": log[-1].get("sessions") if log else None,
         "worked_sessions_end": log[-1].get("worked") if log else None,
-        "edit_result_before": before, "edit_result_after": after,
+        "edit_result_before": before,
+        "edit_result_after": after,
     }
     if capacity and not log:
         ctx.notes.append("the session table's size was never logged: the cap may not have been applied")
     check = session_flood_check(figures)
-    text = (f"'Edit the result' in the honest session: before {before[:40]}, after {after[:60]}; flood "
-            f"{figures['flood_sessions_ran']} sessions ran the refresh "
-            f"({figures['flood_sessions_after_honest_job']} after the honest job), "
-            f"{figures['flood_refused_429']} refused 429; table peak {figures['table_peak']} of {capacity}")
-    sent = (f"{len(plan)} fresh sessions calling the History refresh by fn_index {fn_index} (half queued, half "
-            f"/run/predict), 8 at a time: {one_address} from 127.0.0.1, {per_other} from each of {others} 127.0.3.x; "
-            f"gradio's session table capped at {capacity} by the harness (the app has no flag for it)")
+    text = (
+        f"'Edit the result' in the honest session: before {before[:40]}, after {after[:60]}; flood "
+        f"{figures['flood_sessions_ran']} sessions ran the refresh "
+        f"({figures['flood_sessions_after_honest_job']} after the honest job), "
+        f"{figures['flood_refused_429']} refused 429; table peak {figures['table_peak']} of {capacity}"
+    )
+    sent = (
+        f"{len(plan)} fresh sessions calling the History refresh by fn_index {fn_index} (half queued, half "
+        f"/run/predict), 8 at a time: {one_address} from 127.0.0.1, {per_other} from each of {others} 127.0.3.x; "
+        f"gradio's session table capped at {capacity} by the harness (the app has no flag for it)"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -441,8 +525,12 @@ def _tally(records: list[dict]) -> dict:
     for record in records:
         key = re.sub(r"\d+ s\b", "N s", record["answer"])  # "try again in 7 s" and "in 6 s" are one answer
         answers[key] = answers.get(key, 0) + 1
-    return {"sent": len(records), "ran": sum(1 for r in records if r["ran"]),
-            "refused_429": sum(1 for r in records if r["status"] == 429), "answers": answers}
+    return {
+        "sent": len(records),
+        "ran": sum(1 for r in records if r["ran"]),
+        "refused_429": sum(1 for r in records if r["status"] == 429),
+        "answers": answers,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,10 +542,16 @@ def history_cpu_check(figures: dict) -> bool:
     """Held when a lone refresh of the large History and the refreshes of the four-client flood
     each cost the server less than HISTORY_CPU_TARGET_S CPU seconds and the flood got answers;
     the same for the `adapted` History (fewer entries with long texts) when it was sent."""
+
     def cheap(phase: dict) -> bool:
         single, flood = phase.get("single_request_cpu_s"), phase.get("flood_cpu_s_per_request")
-        return bool(single is not None and single < HISTORY_CPU_TARGET_S and flood is not None
-                    and flood < HISTORY_CPU_TARGET_S and phase.get("flood_answered"))
+        return bool(
+            single is not None
+            and single < HISTORY_CPU_TARGET_S
+            and flood is not None
+            and flood < HISTORY_CPU_TARGET_S
+            and phase.get("flood_answered")
+        )
 
     adapted = figures.get("adapted")
     return cheap(figures) and (adapted is None or cheap(adapted))
@@ -522,12 +616,18 @@ def history_cpu(ctx: ProbeContext) -> ProbeOutcome:
         flood_cpu = app.cpu_seconds() - cpu_before
         answered = [r for r in results if r.status is not None]
         return {
-            "entries": len(entries), "body_kb": round(len(encoded) / 1024, 1),
+            "entries": len(entries),
+            "body_kb": round(len(encoded) / 1024, 1),
             "single_request_cpu_s": round(single_costs[len(single_costs) // 2], 3),
-            "single_requests": [{"cpu_s": round(cost, 3), "answer": r.short()[:100], "seconds": round(r.seconds, 3)}
-                                for cost, r in singles],
-            "flood_seconds": round(flood_seconds, 1), "flood_sent": len(results), "flood_answered": len(answered),
-            "flood_answers": _answers(results)["answers"], "flood_cpu_s": round(flood_cpu, 2),
+            "single_requests": [
+                {"cpu_s": round(cost, 3), "answer": r.short()[:100], "seconds": round(r.seconds, 3)}
+                for cost, r in singles
+            ],
+            "flood_seconds": round(flood_seconds, 1),
+            "flood_sent": len(results),
+            "flood_answered": len(answered),
+            "flood_answers": _answers(results)["answers"],
+            "flood_cpu_s": round(flood_cpu, 2),
             "flood_cpu_s_per_request": round(flood_cpu / len(answered), 3) if answered else None,
             "server_cpu_share_during_flood": round(flood_cpu / flood_seconds, 2) if flood_seconds else None,
             "status_max_s_during_flood": ctx.statuses.max_seconds(flood_start),
@@ -537,21 +637,33 @@ def history_cpu(ctx: ProbeContext) -> ProbeOutcome:
     adapted = phase(adapted_history(), "adapted", start_honest=False) if ctx.left() > duration else None
     if adapted is None:
         ctx.notes.append("no time left for the adapted History (fewer entries, long texts)")
-    figures = {**issue, "route": "queue" if queued else "run", "fn_index": fn_index,
-               "flood_clients": HISTORY_CLIENTS, "adapted": adapted, "target_cpu_s_per_request": HISTORY_CPU_TARGET_S}
+    figures = {
+        **issue,
+        "route": "queue" if queued else "run",
+        "fn_index": fn_index,
+        "flood_clients": HISTORY_CLIENTS,
+        "adapted": adapted,
+        "target_cpu_s_per_request": HISTORY_CPU_TARGET_S,
+    }
     check = history_cpu_check(figures)
 
     def line(name: str, f: dict) -> str:
-        return (f"{name} ({f['entries']} entries, {f['body_kb']} KB): {f['single_request_cpu_s']} CPU-s alone, "
-                f"{f['flood_answered']} answered in {f['flood_seconds']} s at {f['flood_cpu_s_per_request']} CPU-s "
-                f"each, /status {f['status_max_s_during_flood']} s at most")
+        return (
+            f"{name} ({f['entries']} entries, {f['body_kb']} KB): {f['single_request_cpu_s']} CPU-s alone, "
+            f"{f['flood_answered']} answered in {f['flood_seconds']} s at {f['flood_cpu_s_per_request']} CPU-s "
+            f"each, /status {f['status_max_s_during_flood']} s at most"
+        )
 
-    text = "; ".join([line("the issue's History", issue)] + ([line("adapted", adapted)] if adapted else [])) \
+    text = (
+        "; ".join([line("the issue's History", issue)] + ([line("adapted", adapted)] if adapted else []))
         + f" (target < {HISTORY_CPU_TARGET_S} CPU-s per request)"
-    sent = (f"History refreshes (fn_index {fn_index}, {figures['route']}) carrying {HISTORY_ENTRIES} "
-            f"{{\"params\": {{}}}} entries ({issue['body_kb']} KB): 3 alone, then {HISTORY_CLIENTS} clients "
-            f"(one address each) repeating them for {duration:.0f} s; then the same with {ADAPTED_ENTRIES} entries "
-            f"whose instruction is {ADAPTED_TEXT} characters (as large, few objects)")
+    )
+    sent = (
+        f"History refreshes (fn_index {fn_index}, {figures['route']}) carrying {HISTORY_ENTRIES} "
+        f'{{"params": {{}}}} entries ({issue["body_kb"]} KB): 3 alone, then {HISTORY_CLIENTS} clients '
+        f"(one address each) repeating them for {duration:.0f} s; then the same with {ADAPTED_ENTRIES} entries "
+        f"whose instruction is {ADAPTED_TEXT} characters (as large, few objects)"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -570,12 +682,26 @@ def _kiosk_args(quick: bool) -> tuple[list[str], None]:
 PROBES: dict[str, ProbeSpec] = {
     "results-flood": ProbeSpec(results_flood, _flood_args, budget=lambda quick: 60.0 if quick else 120.0),
     "kiosk-lockout": ProbeSpec(kiosk_lockout, _kiosk_args, budget=lambda quick: 120.0 if quick else 600.0),
-    "session-flood": ProbeSpec(session_flood, lambda quick: ([*BASE_ARGS], None),
-                               budget=lambda quick: 60.0 if quick else 120.0,
-                               session_capacity=lambda quick: 60 if quick else 300),
-    "history-cpu": ProbeSpec(history_cpu, lambda quick: ([*BASE_ARGS], None),
-                             budget=lambda quick: 40.0 if quick else 60.0),
+    "session-flood": ProbeSpec(
+        session_flood,
+        lambda quick: ([*BASE_ARGS], None),
+        budget=lambda quick: 60.0 if quick else 120.0,
+        session_capacity=lambda quick: 60 if quick else 300,
+    ),
+    "history-cpu": ProbeSpec(
+        history_cpu, lambda quick: ([*BASE_ARGS], None), budget=lambda quick: 40.0 if quick else 60.0
+    ),
 }
 
-__all__ = ["PROBES", "results_flood_check", "kiosk_check", "session_flood_check", "history_cpu_check", "within_caps",
-           "cache_caps", "history_refresh", "edit_result_picture", "HISTORY_CPU_TARGET_S"]
+__all__ = [
+    "PROBES",
+    "results_flood_check",
+    "kiosk_check",
+    "session_flood_check",
+    "history_cpu_check",
+    "within_caps",
+    "cache_caps",
+    "history_refresh",
+    "edit_result_picture",
+    "HISTORY_CPU_TARGET_S",
+]

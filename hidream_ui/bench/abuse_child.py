@@ -32,8 +32,17 @@ def _log_sessions(holder, capacity: int, path: str) -> None:
                 worked = sum(1 for state in list(sessions.values()) if getattr(state, "worked", False))
             except RuntimeError:  # the table changed while it was read: the next round counts
                 worked = None
-            out.write(json.dumps({"t": time.time(), "sessions": len(sessions), "worked": worked,
-                                  "capacity": getattr(holder, "capacity", capacity)}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "t": time.time(),
+                        "sessions": len(sessions),
+                        "worked": worked,
+                        "capacity": getattr(holder, "capacity", capacity),
+                    }
+                )
+                + "\n"
+            )
             out.flush()
             time.sleep(LOG_EVERY)
 
@@ -50,11 +59,15 @@ def install(capacity: int, log_path: str | None) -> None:
         holder = getattr(demo, "state_holder", None)
         if holder is not None:
             holder.capacity = capacity
-            print(f"bench abuse: gradio's session table capped at {capacity} sessions "
-                  f"({type(holder).__name__}, lean: {made_lean})", flush=True)
+            print(
+                f"bench abuse: gradio's session table capped at {capacity} sessions "
+                f"({type(holder).__name__}, lean: {made_lean})",
+                flush=True,
+            )
             if log_path:
-                threading.Thread(target=_log_sessions, args=(holder, capacity, log_path), daemon=True,
-                                 name="bench-sessions").start()
+                threading.Thread(
+                    target=_log_sessions, args=(holder, capacity, log_path), daemon=True, name="bench-sessions"
+                ).start()
         return made_lean
 
     gradio_internals.lean_sessions = lean_sessions

@@ -64,8 +64,9 @@ def _apple() -> Path:
     return ASSETS_DIR / "apple.png"
 
 
-def edit_data(image: Any, instruction: str = EDIT_INSTRUCTION, steps: int = 2, seed: int = 1,
-              resolution: str = "draft") -> list:
+def edit_data(
+    image: Any, instruction: str = EDIT_INSTRUCTION, steps: int = 2, seed: int = 1, resolution: str = "draft"
+) -> list:
     """The 13 inputs of `/edit` in order (image, instruction, negative, guidance, image guidance,
     steps, refine strength, CLIP norm, resolution, seed, randomize, collapse padding, rewrite)."""
     return [image, instruction, "", 3.0, 1.5, steps, 0.3, True, resolution, seed, False, True, False]
@@ -111,10 +112,22 @@ class AbuseApp:
 
     # ---- lifecycle
     def command(self) -> list[str]:
-        launcher = (["-m", "hidream_ui.bench.abuse_child"] if self.session_capacity is not None
-                    else ["-m", "hidream_ui", "app"])
-        return [sys.executable, *launcher, "--host", "127.0.0.1", "--port", str(self.port),
-                "--device", "cpu", "--output-dir", str(self.output_dir), *self.args]
+        launcher = (
+            ["-m", "hidream_ui.bench.abuse_child"] if self.session_capacity is not None else ["-m", "hidream_ui", "app"]
+        )
+        return [
+            sys.executable,
+            *launcher,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--device",
+            "cpu",
+            "--output-dir",
+            str(self.output_dir),
+            *self.args,
+        ]
 
     @property
     def session_log_path(self) -> Path:
@@ -123,10 +136,14 @@ class AbuseApp:
     def _env(self) -> dict[str, str]:
         # Every HIDREAM_* setting of the caller is dropped (model paths, --auth, limits): the probe
         # names its flags; only the cache of the tiny checkpoint is kept.
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("HIDREAM_", "GRADIO_")) or k == "HIDREAM_UI_CACHE"}
-        env.update(GRADIO_TEMP_DIR=str(self.gradio_tmp), GRADIO_ANALYTICS_ENABLED="False",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("HIDREAM_", "GRADIO_")) or k == "HIDREAM_UI_CACHE"
+        }
+        env.update(
+            GRADIO_TEMP_DIR=str(self.gradio_tmp),
+            GRADIO_ANALYTICS_ENABLED="False",
+            PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        )
         env.pop(SESSION_CAPACITY_ENV, None)
         env.pop(SESSION_LOG_ENV, None)
         if self.session_capacity is not None:
@@ -141,8 +158,9 @@ class AbuseApp:
         import httpx
 
         self._log = open(self.root / "app.log", "w+b")  # noqa: SIM115 - closed in close()
-        self.process = subprocess.Popen(self.command(), cwd=str(REPO_ROOT), env=self._env(), stdout=self._log,
-                                        stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            self.command(), cwd=str(REPO_ROOT), env=self._env(), stdout=self._log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -238,8 +256,9 @@ class AbuseApp:
                 with httpx.Client(base_url=self.url, timeout=30) as client:
                     answer = client.post("/login", data={"username": self.auth[0], "password": self.auth[1]})
                     if answer.status_code != 200:
-                        raise RuntimeError(f"cannot log in to the app under test: {answer.status_code} "
-                                           f"{answer.text[:200]}")
+                        raise RuntimeError(
+                            f"cannot log in to the app under test: {answer.status_code} {answer.text[:200]}"
+                        )
                     self._cookies = httpx.Cookies(client.cookies)
             return self._cookies
 
@@ -308,8 +327,11 @@ class CallResult:
 
 
 def upload(http, files: list[tuple[str, bytes]], timeout: float = 120.0) -> tuple[int, Any]:
-    answer = http.post("/gradio_api/upload", files=[("files", (name, data, "application/octet-stream"))
-                                                    for name, data in files], timeout=timeout)
+    answer = http.post(
+        "/gradio_api/upload",
+        files=[("files", (name, data, "application/octet-stream")) for name, data in files],
+        timeout=timeout,
+    )
     try:
         return answer.status_code, answer.json()
     except ValueError:
@@ -322,8 +344,7 @@ def run_direct(http, api_name: str, data: list, session: str, timeout: float = 1
 
     started = time.monotonic()
     try:
-        answer = http.post(f"/gradio_api/run/{api_name}", json={"data": data, "session_hash": session},
-                           timeout=timeout)
+        answer = http.post(f"/gradio_api/run/{api_name}", json={"data": data, "session_hash": session}, timeout=timeout)
     except httpx.TimeoutException:
         return CallResult(False, None, f"no answer in {timeout:.0f} s", seconds=time.monotonic() - started)
     seconds = time.monotonic() - started
@@ -342,20 +363,26 @@ def _body(payload: dict, data: list | None, encoded_data: bytes | None) -> dict:
     if encoded_data is None:
         return {"json": {**payload, "data": data}}
     head = json.dumps(payload)[:-1]  # '{"fn_index": ..., "session_hash": ...' without its closing brace
-    return {"content": head.encode() + b', "data": ' + encoded_data + b"}",
-            "headers": {"content-type": "application/json"}}
+    return {
+        "content": head.encode() + b', "data": ' + encoded_data + b"}",
+        "headers": {"content-type": "application/json"},
+    }
 
 
-def run_fn(http, fn_index: int, data: list | None, session: str, timeout: float = 120.0,
-           encoded_data: bytes | None = None) -> CallResult:
+def run_fn(
+    http, fn_index: int, data: list | None, session: str, timeout: float = 120.0, encoded_data: bytes | None = None
+) -> CallResult:
     """An unqueued event by its index (`/gradio_api/run/predict` with `fn_index`), as the browser's
     private events are called."""
     import httpx
 
     started = time.monotonic()
     try:
-        answer = http.post("/gradio_api/run/predict", timeout=timeout,
-                           **_body({"fn_index": fn_index, "session_hash": session}, data, encoded_data))
+        answer = http.post(
+            "/gradio_api/run/predict",
+            timeout=timeout,
+            **_body({"fn_index": fn_index, "session_hash": session}, data, encoded_data),
+        )
     except httpx.TimeoutException:
         return CallResult(False, None, f"no answer in {timeout:.0f} s", seconds=time.monotonic() - started)
     try:
@@ -364,21 +391,36 @@ def run_fn(http, fn_index: int, data: list | None, session: str, timeout: float 
         body = {"error": answer.text}
     ok = answer.status_code == 200 and isinstance(body, dict) and "data" in body and not body.get("error")
     error = None if ok else str(body.get("error") or body.get("detail") if isinstance(body, dict) else body)
-    return CallResult(ok, answer.status_code, error, body.get("data") if isinstance(body, dict) else None,
-                      time.monotonic() - started)
+    return CallResult(
+        ok, answer.status_code, error, body.get("data") if isinstance(body, dict) else None, time.monotonic() - started
+    )
 
 
-def queue_call(app: AbuseApp, http, fn_index: int, data: list | None, session: str, timeout: float = 120.0,
-               on_event: Callable[[dict], None] | None = None, encoded_data: bytes | None = None) -> CallResult:
+def queue_call(
+    app: AbuseApp,
+    http,
+    fn_index: int,
+    data: list | None,
+    session: str,
+    timeout: float = 120.0,
+    on_event: Callable[[dict], None] | None = None,
+    encoded_data: bytes | None = None,
+) -> CallResult:
     """Joins the queue and reads the event stream until this event completes (or `timeout`);
     `encoded_data`: the data already JSON-encoded (a large payload sent many times)."""
     import httpx
 
     started = time.monotonic()
     try:
-        joined = http.post("/gradio_api/queue/join", timeout=60,
-                           **_body({"fn_index": fn_index, "session_hash": session, "event_data": None,
-                                    "trigger_id": None}, data, encoded_data))
+        joined = http.post(
+            "/gradio_api/queue/join",
+            timeout=60,
+            **_body(
+                {"fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None},
+                data,
+                encoded_data,
+            ),
+        )
     except httpx.HTTPError as exc:
         return CallResult(False, None, f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - started)
     if joined.status_code != 200:
@@ -389,8 +431,12 @@ def queue_call(app: AbuseApp, http, fn_index: int, data: list | None, session: s
     messages: list[str] = []
     deadline = started + timeout
     try:
-        with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": session},
-                         timeout=httpx.Timeout(30.0, read=min(30.0, max(1.0, timeout)))) as stream:
+        with http.stream(
+            "GET",
+            "/gradio_api/queue/data",
+            params={"session_hash": session},
+            timeout=httpx.Timeout(30.0, read=min(30.0, max(1.0, timeout))),
+        ) as stream:
             for line in stream.iter_lines():
                 if time.monotonic() > deadline:
                     break
@@ -411,25 +457,68 @@ def queue_call(app: AbuseApp, http, fn_index: int, data: list | None, session: s
                     output = message.get("output") or {}
                     if message.get("success") and "data" not in output:
                         # What Gradio sends for an event its /cancel ended: "success", no output.
-                        return CallResult(False, 200, "ended with no output (cancelled)",
-                                          seconds=time.monotonic() - started, event_id=event_id, messages=messages)
+                        return CallResult(
+                            False,
+                            200,
+                            "ended with no output (cancelled)",
+                            seconds=time.monotonic() - started,
+                            event_id=event_id,
+                            messages=messages,
+                        )
                     if message.get("success"):
-                        return CallResult(True, 200, data=output.get("data"), seconds=time.monotonic() - started,
-                                          event_id=event_id, messages=messages)
-                    return CallResult(False, 200, str(output.get("error") or output.get("title") or output),
-                                      seconds=time.monotonic() - started, event_id=event_id, messages=messages)
+                        return CallResult(
+                            True,
+                            200,
+                            data=output.get("data"),
+                            seconds=time.monotonic() - started,
+                            event_id=event_id,
+                            messages=messages,
+                        )
+                    return CallResult(
+                        False,
+                        200,
+                        str(output.get("error") or output.get("title") or output),
+                        seconds=time.monotonic() - started,
+                        event_id=event_id,
+                        messages=messages,
+                    )
                 if kind in ("close_stream", "unexpected_error"):
-                    return CallResult(False, 200, str(message.get("message") or kind),
-                                      seconds=time.monotonic() - started, event_id=event_id, messages=messages)
+                    return CallResult(
+                        False,
+                        200,
+                        str(message.get("message") or kind),
+                        seconds=time.monotonic() - started,
+                        event_id=event_id,
+                        messages=messages,
+                    )
     except httpx.HTTPError as exc:
-        return CallResult(False, None, f"{type(exc).__name__}: {exc}", seconds=time.monotonic() - started,
-                          event_id=event_id, messages=messages)
-    return CallResult(False, None, f"not finished after {timeout:.0f} s", seconds=time.monotonic() - started,
-                      event_id=event_id, messages=messages)
+        return CallResult(
+            False,
+            None,
+            f"{type(exc).__name__}: {exc}",
+            seconds=time.monotonic() - started,
+            event_id=event_id,
+            messages=messages,
+        )
+    return CallResult(
+        False,
+        None,
+        f"not finished after {timeout:.0f} s",
+        seconds=time.monotonic() - started,
+        event_id=event_id,
+        messages=messages,
+    )
 
 
-def call_api(app: AbuseApp, http, api_name: str, data: list, session: str, timeout: float = 120.0,
-             on_event: Callable[[dict], None] | None = None) -> CallResult:
+def call_api(
+    app: AbuseApp,
+    http,
+    api_name: str,
+    data: list,
+    session: str,
+    timeout: float = 120.0,
+    on_event: Callable[[dict], None] | None = None,
+) -> CallResult:
     """An event the way a well-behaved client calls it: through the queue when the app queues it,
     else the direct route (so the probes follow the app when a fix changes which is which)."""
     fn_index, dep = app.dependency(api_name)
@@ -566,10 +655,19 @@ def cache_figures(samples: list[tuple[float, int, int]], max_files: int, max_byt
     samples were over either cap, for how many seconds in all and at most in one stretch (a sample
     over a cap counts until the next sample)."""
     if not samples:
-        return {"cache_samples": 0, "cache_files_first": None, "cache_files_max": None, "cache_files_end": None,
-                "cache_mb_max": None, "cache_mb_end": None, "cache_max_files": max_files,
-                "cache_max_mb": round(max_bytes / _MB, 1), "cache_samples_over_cap": None,
-                "cache_seconds_over_cap": None, "cache_longest_over_cap_s": None}
+        return {
+            "cache_samples": 0,
+            "cache_files_first": None,
+            "cache_files_max": None,
+            "cache_files_end": None,
+            "cache_mb_max": None,
+            "cache_mb_end": None,
+            "cache_max_files": max_files,
+            "cache_max_mb": round(max_bytes / _MB, 1),
+            "cache_samples_over_cap": None,
+            "cache_seconds_over_cap": None,
+            "cache_longest_over_cap_s": None,
+        }
     over, seconds, longest, run_start = 0, 0.0, 0.0, None
     for index, (at, files, size) in enumerate(samples):
         ends = samples[index + 1][0] if index + 1 < len(samples) else at
@@ -580,12 +678,19 @@ def cache_figures(samples: list[tuple[float, int, int]], max_files: int, max_byt
             longest = max(longest, ends - run_start)
         else:
             run_start = None
-    return {"cache_samples": len(samples), "cache_files_first": samples[0][1],
-            "cache_files_max": max(s[1] for s in samples), "cache_files_end": samples[-1][1],
-            "cache_mb_max": round(max(s[2] for s in samples) / _MB, 2), "cache_mb_end": round(samples[-1][2] / _MB, 2),
-            "cache_max_files": max_files, "cache_max_mb": round(max_bytes / _MB, 1),
-            "cache_samples_over_cap": over, "cache_seconds_over_cap": round(seconds, 2),
-            "cache_longest_over_cap_s": round(longest, 2)}
+    return {
+        "cache_samples": len(samples),
+        "cache_files_first": samples[0][1],
+        "cache_files_max": max(s[1] for s in samples),
+        "cache_files_end": samples[-1][1],
+        "cache_mb_max": round(max(s[2] for s in samples) / _MB, 2),
+        "cache_mb_end": round(samples[-1][2] / _MB, 2),
+        "cache_max_files": max_files,
+        "cache_max_mb": round(max_bytes / _MB, 1),
+        "cache_samples_over_cap": over,
+        "cache_seconds_over_cap": round(seconds, 2),
+        "cache_longest_over_cap_s": round(longest, 2),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,9 +720,14 @@ class HonestClient:
                 return CallResult(False, code, f"upload refused: {paths}")
             self.upload_path = paths[0]
             fn_index, _ = self.app.dependency("edit")
-            result = queue_call(self.app, http, fn_index, edit_data(file_data(self.upload_path, "apple.png"),
-                                                                    HONEST_INSTRUCTION), self.session,
-                                timeout=self.timeout + 60)  # the first edit loads the model
+            result = queue_call(
+                self.app,
+                http,
+                fn_index,
+                edit_data(file_data(self.upload_path, "apple.png"), HONEST_INSTRUCTION),
+                self.session,
+                timeout=self.timeout + 60,
+            )  # the first edit loads the model
         self.warm_up_messages = result.messages
         if result.ran:
             self.result_url = _result_url(result.data)

@@ -55,10 +55,36 @@ def zip_bomb(members: int, member_size: int, *, name: str = "bomb_{:03d}.png") -
     for index in range(members):
         filename = name.format(index).encode("ascii")
         offset = len(local)
-        local += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, _DOS_DATE_1980, wrong, len(data),
-                             member_size, len(filename), 0) + filename + data
-        central += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 8, 0, _DOS_DATE_1980, wrong,
-                               len(data), member_size, len(filename), 0, 0, 0, 0, 0, offset) + filename
+        local += (
+            struct.pack(
+                "<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, _DOS_DATE_1980, wrong, len(data), member_size, len(filename), 0
+            )
+            + filename
+            + data
+        )
+        central += (
+            struct.pack(
+                "<IHHHHHHIIIHHHHHII",
+                0x02014B50,
+                20,
+                20,
+                0,
+                8,
+                0,
+                _DOS_DATE_1980,
+                wrong,
+                len(data),
+                member_size,
+                len(filename),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + filename
+        )
     end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, members, members, len(central), len(local), 0)
     return bytes(local + central + end)
 
@@ -74,12 +100,19 @@ def _text(key: str, value: str) -> bytes:
 _COLOUR_TYPES = {"L": (0, 1), "RGB": (2, 3), "RGBA": (6, 4)}
 
 
-def png_of_zeros(width: int, height: int, mode: str = "RGB", *, text_before: dict[str, str] | None = None,
-                 text_after: dict[str, str] | None = None) -> bytes:
+def png_of_zeros(
+    width: int,
+    height: int,
+    mode: str = "RGB",
+    *,
+    text_before: dict[str, str] | None = None,
+    text_after: dict[str, str] | None = None,
+) -> bytes:
     """A valid 8-bit PNG of black (zero) pixels, its IDAT deflated row by row, never held as pixels."""
     if mode not in _COLOUR_TYPES or width < 1 or height < 1:
-        raise ValueError(f"mode must be one of {', '.join(_COLOUR_TYPES)} and sizes >= 1 "
-                         f"(got {mode}, {width}x{height})")
+        raise ValueError(
+            f"mode must be one of {', '.join(_COLOUR_TYPES)} and sizes >= 1 (got {mode}, {width}x{height})"
+        )
     colour_type, channels = _COLOUR_TYPES[mode]
     row = bytes(1 + width * channels)  # filter byte 0 + zero samples
     rows_per_block = max(1, (4 * _MIB) // len(row))
@@ -91,8 +124,7 @@ def png_of_zeros(width: int, height: int, mode: str = "RGB", *, text_before: dic
         idat.append(packer.compress(row * n))
         done += n
     idat.append(packer.flush())
-    parts = [b"\x89PNG\r\n\x1a\n",
-             _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0))]
+    parts = [b"\x89PNG\r\n\x1a\n", _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, colour_type, 0, 0, 0))]
     parts += [_text(k, v) for k, v in (text_before or {}).items()]
     parts.append(_chunk(b"IDAT", b"".join(idat)))
     parts += [_text(k, v) for k, v in (text_after or {}).items()]
@@ -106,7 +138,7 @@ def png_chunks(data: bytes) -> list[tuple[bytes, int]]:
         raise ValueError("not a PNG signature")
     chunks, at = [], 8
     while at + 8 <= len(data):
-        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        length, kind = struct.unpack(">I4s", data[at : at + 8])
         chunks.append((kind, length))
         at += 12 + length
     return chunks
@@ -129,8 +161,10 @@ def multipart_stream(boundary: str, files: list[tuple[str, int]], *, field: str 
     only by reading it."""
     head = b"\x89PNG\r\n\x1a\n"
     for filename, size in files:
-        yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{filename}\"\r\n"
-               f"Content-Type: image/png\r\n\r\n").encode()
+        yield (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
+            f"Content-Type: image/png\r\n\r\n"
+        ).encode()
         yield head[:size]
         for piece in _zeros_in_blocks(max(0, size - len(head)), block):
             yield piece

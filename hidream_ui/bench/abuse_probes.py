@@ -149,8 +149,13 @@ def run_bypass(ctx: ProbeContext) -> ProbeOutcome:
 
     def direct_edit(index: int) -> CallResult:
         with app.http() as http:
-            return run_direct(http, "edit", edit_data(file_data(path), f"run bypass {index}", steps, seed=index),
-                              session, timeout=ctx.left())
+            return run_direct(
+                http,
+                "edit",
+                edit_data(file_data(path), f"run bypass {index}", steps, seed=index),
+                session,
+                timeout=ctx.left(),
+            )
 
     ctx.honest.start()
     edits = _in_threads(parallel, direct_edit, ctx.left())
@@ -160,8 +165,9 @@ def run_bypass(ctx: ProbeContext) -> ProbeOutcome:
         load = run_direct(http, "load_model", [], session, timeout=min(60.0, ctx.left()))
         # A client that gives up after a second: with no event id, no cancel can reach its job.
         before = _saved_with(app, "abandoned run")
-        abandoned = run_direct(http, "edit", edit_data(file_data(path), "abandoned run", abandoned_steps),
-                               session, timeout=give_up_s)
+        abandoned = run_direct(
+            http, "edit", edit_data(file_data(path), "abandoned run", abandoned_steps), session, timeout=give_up_s
+        )
     abandoned_saved, abandoned_busy = 0, None
     if not abandoned.ran:
         # Did the job go on without its client? Seen busy within a few seconds, then idle again,
@@ -173,21 +179,28 @@ def run_bypass(ctx: ProbeContext) -> ProbeOutcome:
         abandoned_saved = _saved_with(app, "abandoned run") - before
     saved = _saved_with(app, "run bypass")
     figures = {
-        "run_edit": _answers(edits), "run_edit_saved": saved,
+        "run_edit": _answers(edits),
+        "run_edit_saved": saved,
         "queue_max_waiting": max((q.get("waiting", 0) for q in queue_seen), default=None),
         "queue_max_running": max((q.get("running", 0) for q in queue_seen), default=None),
-        "run_set_attention": attention.short(), "run_load_model": load.short(),
-        "abandoned_run_edit": abandoned.short(), "abandoned_engine_busy_after": abandoned_busy,
+        "run_set_attention": attention.short(),
+        "run_load_model": load.short(),
+        "abandoned_run_edit": abandoned.short(),
+        "abandoned_engine_busy_after": abandoned_busy,
         "abandoned_run_edit_saved": abandoned_saved,
     }
     ran = figures["run_edit"]["ran"]
     check = ran == 0 and not attention.ran and not load.ran and abandoned_saved == 0
-    text = (f"/run/edit x{parallel} (one session): {ran} ran, {saved} saved; /run/set_attention "
-            f"{attention.short()[:40]}; /run/load_model {load.short()[:40]}; abandoned {abandoned_steps}-step "
-            f"/run/edit saved {abandoned_saved}")
-    sent = (f"{parallel} parallel POST /gradio_api/run/edit ({steps} steps) with one session_hash; "
-            f"POST /run/set_attention ['math'], /run/load_model; one {abandoned_steps}-step /run/edit given up "
-            f"after {give_up_s:.0f} s")
+    text = (
+        f"/run/edit x{parallel} (one session): {ran} ran, {saved} saved; /run/set_attention "
+        f"{attention.short()[:40]}; /run/load_model {load.short()[:40]}; abandoned {abandoned_steps}-step "
+        f"/run/edit saved {abandoned_saved}"
+    )
+    sent = (
+        f"{parallel} parallel POST /gradio_api/run/edit ({steps} steps) with one session_hash; "
+        f"POST /run/set_attention ['math'], /run/load_model; one {abandoned_steps}-step /run/edit given up "
+        f"after {give_up_s:.0f} s"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -215,8 +228,10 @@ def zip_bomb(ctx: ProbeContext) -> ProbeOutcome:
     # well over ZIP_QUIET_TARGET_S after the cancel (inflating runs at a few hundred MB/s here).
     members, size = (48 if ctx.quick else 256), 64 * _MIB
     bomb = abuse_files.zip_bomb(members, size)
-    sent = (f"a {len(bomb) / _MIB:.1f} MB zip of {members} members x {size // _MIB} MiB deflated zeros with wrong "
-            f"CRC-32, listed twice in one /batch_edit through the queue; then /cancel and Gradio's cancel")
+    sent = (
+        f"a {len(bomb) / _MIB:.1f} MB zip of {members} members x {size // _MIB} MiB deflated zeros with wrong "
+        f"CRC-32, listed twice in one /batch_edit through the queue; then /cancel and Gradio's cancel"
+    )
     session = new_session("attacker")
     with app.http() as http:
         code, paths = upload(http, [("bomb.zip", bomb)])
@@ -224,8 +239,7 @@ def zip_bomb(ctx: ProbeContext) -> ProbeOutcome:
         ctx.honest.start()
         return ProbeOutcome(sent, True, f"the zip upload was refused ({code})", {"upload_status": code})
     zip_file = file_data(paths[0], "bomb.zip")
-    data = [[zip_file, zip_file], EDIT_INSTRUCTION, "matrix", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, "fixed", 0,
-            False]
+    data = [[zip_file, zip_file], EDIT_INSTRUCTION, "matrix", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, "fixed", 0, False]
     events: dict[str, float] = {}
     batch: dict[str, CallResult] = {}
 
@@ -251,13 +265,17 @@ def zip_bomb(ctx: ProbeContext) -> ProbeOutcome:
     cpu_at_cancel = app.cpu_seconds()
     with app.http() as http:
         cancelled = call_api(app, http, "cancel", [], session, timeout=30)
-        gradio_cancel = http.post("/gradio_api/cancel", json={"session_hash": session, "fn_index": fn_index,
-                                                                "event_id": event_id or ""}, timeout=30)
+        gradio_cancel = http.post(
+            "/gradio_api/cancel",
+            json={"session_hash": session, "fn_index": fn_index, "event_id": event_id or ""},
+            timeout=30,
+        )
     # The device lane: a job that does nothing (no image: refused by the handler at once) joined now
     # waits for whatever still holds the lane.
     with app.http() as http:
-        lane = queue_call(app, http, app.dependency("edit")[0], edit_data(None, "lane probe"), new_session("lane"),
-                          timeout=ctx.left())
+        lane = queue_call(
+            app, http, app.dependency("edit")[0], edit_data(None, "lane probe"), new_session("lane"), timeout=ctx.left()
+        )
     lane_free_s = round(time.monotonic() - cancel_at, 2) if lane.status == 200 else None
     ended_before_cancel = "result" in batch and batch["result"].ended_at <= cancel_at
     # When did the server go quiet? CPU below a quarter of a core over a second.
@@ -271,7 +289,9 @@ def zip_bomb(ctx: ProbeContext) -> ProbeOutcome:
     result = batch.get("result")
     quiet_s = round(quiet_at - 1.0 - cancel_at, 1) if quiet_at else None
     figures = {
-        "zip_mb": round(len(bomb) / _MIB, 2), "members": members, "member_mib": size // _MIB,
+        "zip_mb": round(len(bomb) / _MIB, 2),
+        "members": members,
+        "member_mib": size // _MIB,
         "decompressed_if_all_read_gib": round(2 * members * size / 2**30, 1),
         "batch_started_after_s": round(events["process_starts"] - joined_at, 2) if "process_starts" in events else None,
         "cancel_answer": cancelled.data[0] if cancelled.ran and cancelled.data else cancelled.short(),
@@ -285,9 +305,11 @@ def zip_bomb(ctx: ProbeContext) -> ProbeOutcome:
     refused_early = result is not None and not result.ran and "process_starts" not in events
     check = refused_early or (quiet_s is not None and quiet_s <= ZIP_QUIET_TARGET_S and lane_free_s is not None)
     busy = quiet_s if quiet_s is not None else ">budget"
-    text = (f"/cancel: {str(figures['cancel_answer'])[:50]!r}; server busy {busy} s "
-            f"after the cancel (target <= {ZIP_QUIET_TARGET_S:.0f} s); lane free after "
-            f"{lane_free_s if lane_free_s is not None else '-'} s")
+    text = (
+        f"/cancel: {str(figures['cancel_answer'])[:50]!r}; server busy {busy} s "
+        f"after the cancel (target <= {ZIP_QUIET_TARGET_S:.0f} s); lane free after "
+        f"{lane_free_s if lane_free_s is not None else '-'} s"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -304,8 +326,9 @@ def ico_decode(ctx: ProbeContext) -> ProbeOutcome:
     ico_reads = 1 if ctx.quick else 4
     text_side, text_reads = (2000, 4) if ctx.quick else (5000, 16)
     ico = abuse_files.ico_with_png(abuse_files.png_of_zeros(side, side, "RGBA"))
-    late_text = abuse_files.png_of_zeros(text_side, text_side, "RGB",
-                                         text_after={METADATA_KEY: json.dumps({"format": "x", "params": {}})})
+    late_text = abuse_files.png_of_zeros(
+        text_side, text_side, "RGB", text_after={METADATA_KEY: json.dumps({"format": "x", "params": {}})}
+    )
     ico_path = _upload_one(app, "icon.png", ico)
     text_path = _upload_one(app, "settings.png", late_text)
     session = new_session("attacker")
@@ -314,26 +337,41 @@ def ico_decode(ctx: ProbeContext) -> ProbeOutcome:
     def read_settings(path: str) -> Callable[[int], CallResult]:
         def work(index: int) -> CallResult:
             with app.http() as http:
-                return call_api(app, http, "settings_from_file", [file_data(path, "icon.png")],
-                                f"{session}-{index}", timeout=ctx.left())
+                return call_api(
+                    app,
+                    http,
+                    "settings_from_file",
+                    [file_data(path, "icon.png")],
+                    f"{session}-{index}",
+                    timeout=ctx.left(),
+                )
+
         return work
 
     icos = _in_threads(ico_reads, read_settings(ico_path), ctx.left())
     with app.http() as http:
         edit = call_api(app, http, "edit", edit_data(file_data(ico_path, "icon.png")), session, timeout=ctx.left())
     texts = _in_threads(text_reads, read_settings(text_path), ctx.left())
-    figures = {"ico_kb": round(len(ico) / 1024, 1), "ico_embedded_png": f"{side}x{side} RGBA",
-               "settings_reads_of_ico": _answers(icos), "edit_of_ico": edit.short(),
-               "late_text_png_kb": round(len(late_text) / 1024, 1),
-               "late_text_png": f"{text_side}x{text_side} RGB, tEXt after IDAT",
-               "parallel_reads_of_late_text_png": _answers(texts)}
+    figures = {
+        "ico_kb": round(len(ico) / 1024, 1),
+        "ico_embedded_png": f"{side}x{side} RGBA",
+        "settings_reads_of_ico": _answers(icos),
+        "edit_of_ico": edit.short(),
+        "late_text_png_kb": round(len(late_text) / 1024, 1),
+        "late_text_png": f"{text_side}x{text_side} RGB, tEXt after IDAT",
+        "parallel_reads_of_late_text_png": _answers(texts),
+    }
     check = not edit.ran and all(not r.ran for r in icos)
-    text = (f"ICO: settings reader {figures['settings_reads_of_ico']['refused']}/{ico_reads} refused, /edit "
-            f"{edit.short()[:60]}; late-text PNG x{text_reads}: "
-            f"{figures['parallel_reads_of_late_text_png']['ran']} read")
-    sent = (f"a {figures['ico_kb']} KB .ico (directory 256x256, embeds a {side}x{side} PNG) uploaded as icon.png: "
-            f"{ico_reads} parallel settings-from-PNG reads + one /edit; {text_reads} parallel settings reads of a "
-            f"{figures['late_text_png_kb']} KB {text_side}x{text_side} PNG whose tEXt follows the pixels")
+    text = (
+        f"ICO: settings reader {figures['settings_reads_of_ico']['refused']}/{ico_reads} refused, /edit "
+        f"{edit.short()[:60]}; late-text PNG x{text_reads}: "
+        f"{figures['parallel_reads_of_late_text_png']['ran']} read"
+    )
+    sent = (
+        f"a {figures['ico_kb']} KB .ico (directory 256x256, embeds a {side}x{side} PNG) uploaded as icon.png: "
+        f"{ico_reads} parallel settings-from-PNG reads + one /edit; {text_reads} parallel settings reads of a "
+        f"{figures['late_text_png_kb']} KB {text_side}x{text_side} PNG whose tEXt follows the pixels"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -367,8 +405,11 @@ def cache_evict(ctx: ProbeContext) -> ProbeOutcome:
         boundary = uuid.uuid4().hex
         body = abuse_files.multipart_stream(boundary, [(f"big{i}.png", part_bytes) for i in range(9)])
         try:
-            oversized = http.post("/gradio_api/upload", content=body,
-                                  headers={"content-type": f"multipart/form-data; boundary={boundary}"}).status_code
+            oversized = http.post(
+                "/gradio_api/upload",
+                content=body,
+                headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+            ).status_code
         except httpx.HTTPError as exc:  # the server may cut the connection instead of answering
             oversized = f"{type(exc).__name__}"
     # The janitor runs every few seconds: give it the chance to evict the victim (the honest client).
@@ -378,15 +419,24 @@ def cache_evict(ctx: ProbeContext) -> ProbeOutcome:
     ctx.honest.start()  # the victim's re-edit of its earlier upload
     ctx.honest.finish(ctx.deadline)
     leftovers = _tmp_files(app)
-    figures = {"flood_upload_status": flood.status_code, "flood_files": many,
-               "oversized_upload": f"9 x {part_bytes / _MIB:.1f} MB, chunked", "oversized_status": oversized,
-               "victim_upload_evicted": evicted, "tmp_files_left": len(leftovers),
-               "tmp_mb_left": round(sum(size for _, size in leftovers) / _MIB, 1)}
+    figures = {
+        "flood_upload_status": flood.status_code,
+        "flood_files": many,
+        "oversized_upload": f"9 x {part_bytes / _MIB:.1f} MB, chunked",
+        "oversized_status": oversized,
+        "victim_upload_evicted": evicted,
+        "tmp_files_left": len(leftovers),
+        "tmp_mb_left": round(sum(size for _, size in leftovers) / _MIB, 1),
+    }
     check = oversized == 413 and not leftovers and not evicted
-    text = (f"{many} files in one upload: {flood.status_code}; oversized chunked upload: {oversized}; victim's upload "
-            f"{'evicted' if evicted else 'kept'}; {len(leftovers)} tmp files ({figures['tmp_mb_left']} MB) left")
-    sent = (f"one POST /gradio_api/upload of {many} tiny distinct files (cache cap 200), then a chunked upload of "
-            f"9 x {part_bytes / _MIB:.1f} MB (--max-upload-mb {max_upload_mb}); the victim re-edits its earlier upload")
+    text = (
+        f"{many} files in one upload: {flood.status_code}; oversized chunked upload: {oversized}; victim's upload "
+        f"{'evicted' if evicted else 'kept'}; {len(leftovers)} tmp files ({figures['tmp_mb_left']} MB) left"
+    )
+    sent = (
+        f"one POST /gradio_api/upload of {many} tiny distinct files (cache cap 200), then a chunked upload of "
+        f"9 x {part_bytes / _MIB:.1f} MB (--max-upload-mb {max_upload_mb}); the victim re-edits its earlier upload"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -404,8 +454,9 @@ def long_name(ctx: ProbeContext) -> ProbeOutcome:
     # sends 2 M (the plumbing only: it cannot reproduce the finding).
     length = 2 * _MIB if ctx.quick else 68_000_000
     if ctx.quick:
-        ctx.notes.append("--quick: a 2 M-character name stays under Pillow's 64 MiB text limit; "
-                         "finding 5 needs the default run")
+        ctx.notes.append(
+            "--quick: a 2 M-character name stays under Pillow's 64 MiB text limit; finding 5 needs the default run"
+        )
     edits = LONG_NAME_RETENTION + 1
     path = _upload_one(app, "mine.png", attacker_png())
     session = new_session("attacker")
@@ -416,18 +467,33 @@ def long_name(ctx: ProbeContext) -> ProbeOutcome:
             if ctx.left() <= 0:
                 break
             name = f"{index}" + "n" * (length - 5) + ".png"
-            answers.append(call_api(app, http, "edit", edit_data(file_data(path, name), f"long name {index}"),
-                                    session, timeout=ctx.left()))
+            answers.append(
+                call_api(
+                    app,
+                    http,
+                    "edit",
+                    edit_data(file_data(path, name), f"long name {index}"),
+                    session,
+                    timeout=ctx.left(),
+                )
+            )
     ctx.honest.finish(ctx.deadline)  # its result counts towards --retention too
     pngs = sorted(app.output_dir.glob("*.png"))
     sizes = [p.stat().st_size for p in pngs]
-    figures = {"name_chars": length, "edits_sent": len(answers), "edits": _answers(answers),
-               "retention": LONG_NAME_RETENTION, "pngs_kept": len(pngs),
-               "largest_png_mb": round(max(sizes) / _MIB, 2) if sizes else None,
-               "output_mb": round(sum(sizes) / _MIB, 1)}
+    figures = {
+        "name_chars": length,
+        "edits_sent": len(answers),
+        "edits": _answers(answers),
+        "retention": LONG_NAME_RETENTION,
+        "pngs_kept": len(pngs),
+        "largest_png_mb": round(max(sizes) / _MIB, 2) if sizes else None,
+        "output_mb": round(sum(sizes) / _MIB, 1),
+    }
     check = len(pngs) <= LONG_NAME_RETENTION
-    text = (f"{figures['edits']['ran']} of {len(answers)} edits with a {length / 1e6:.0f} M-character orig_name ran; "
-            f"{len(pngs)} PNGs kept with --retention {LONG_NAME_RETENTION} (largest {figures['largest_png_mb']} MB)")
+    text = (
+        f"{figures['edits']['ran']} of {len(answers)} edits with a {length / 1e6:.0f} M-character orig_name ran; "
+        f"{len(pngs)} PNGs kept with --retention {LONG_NAME_RETENTION} (largest {figures['largest_png_mb']} MB)"
+    )
     sent = f"{edits} queued /edit calls whose FileData orig_name is {length / 1e6:.0f} M characters"
     return ProbeOutcome(sent, check, text, figures)
 
@@ -455,15 +521,20 @@ def login_bypass(ctx: ProbeContext) -> ProbeOutcome:
             if kind == "form":
                 answer = http.post("/login", data={"username": user, "password": secret}, headers=headers)
             elif kind == "multipart":
-                answer = http.post("/login", files={"username": (None, user), "password": (None, secret)},
-                                   headers=headers)
+                answer = http.post(
+                    "/login", files={"username": (None, user), "password": (None, secret)}, headers=headers
+                )
             elif kind == "duplicated":
                 # A new decoy name each time: the decoy collects failures of its own otherwise.
-                answer = http.post("/login", content=f"username=decoy{n}&username={user}&password={secret}",
-                                   headers={**headers, "content-type": "application/x-www-form-urlencoded"})
+                answer = http.post(
+                    "/login",
+                    content=f"username=decoy{n}&username={user}&password={secret}",
+                    headers={**headers, "content-type": "application/x-www-form-urlencoded"},
+                )
             else:  # oversized: past the 64 KB the guard reads
-                answer = http.post("/login", data={"pad": "x" * 70_000, "username": user, "password": secret},
-                                   headers=headers)
+                answer = http.post(
+                    "/login", data={"pad": "x" * 70_000, "username": user, "password": secret}, headers=headers
+                )
         return answer.status_code
 
     ctx.honest.start()  # logged in before the lock (its cookie stays valid)
@@ -474,15 +545,23 @@ def login_bypass(ctx: ProbeContext) -> ProbeOutcome:
         wrong = [login(kind, f"wrong-{kind}-{i}") for i in range(LOGIN_FAILURES)]
         variants[kind] = {"wrong_password": wrong, "right_password": login(kind, password)}
     bypassed = [kind for kind, codes in variants.items() if codes["right_password"] == 200]
-    figures = {"lock_codes": lock, "control_right_password_while_locked": control, "variants": variants,
-               "bypassed_by": bypassed}
+    figures = {
+        "lock_codes": lock,
+        "control_right_password_while_locked": control,
+        "variants": variants,
+        "bypassed_by": bypassed,
+    }
     check = control == 429 and not bypassed
-    text = (f"locked user, right password (form): {control}; multipart / duplicated username / >64 KB body with the "
-            f"right password: {', '.join(str(v['right_password']) for v in variants.values())}"
-            + (f" (200 = bypassed by {', '.join(bypassed)})" if bypassed else ""))
-    sent = (f"--auth, --max-login-failures {LOGIN_FAILURES}: {LOGIN_FAILURES + 1} wrong logins lock '{user}', then "
-            f"per variant (multipart, duplicated username, 70 KB body) {LOGIN_FAILURES} wrong + 1 right password, "
-            f"each from a new X-Forwarded-For address")
+    text = (
+        f"locked user, right password (form): {control}; multipart / duplicated username / >64 KB body with the "
+        f"right password: {', '.join(str(v['right_password']) for v in variants.values())}"
+        + (f" (200 = bypassed by {', '.join(bypassed)})" if bypassed else "")
+    )
+    sent = (
+        f"--auth, --max-login-failures {LOGIN_FAILURES}: {LOGIN_FAILURES + 1} wrong logins lock '{user}', then "
+        f"per variant (multipart, duplicated username, 70 KB body) {LOGIN_FAILURES} wrong + 1 right password, "
+        f"each from a new X-Forwarded-For address"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -503,7 +582,7 @@ def session_cost_kb(rounds: list[tuple[float, float, int]]) -> dict:
     an arena, or something else of the server's happened, cannot move it), and the overall mean."""
     per_round = [round((after - before) * 1024 / count, 1) for before, after, count in rounds if count > 0]
     counted = sum(count for _, _, count in rounds)
-    overall = (round(sum(after - before for before, after, _ in rounds) * 1024 / counted, 1) if counted else None)
+    overall = round(sum(after - before for before, after, _ in rounds) * 1024 / counted, 1) if counted else None
     ordered = sorted(per_round)
     median = None
     if ordered:
@@ -515,8 +594,12 @@ def session_cost_kb(rounds: list[tuple[float, float, int]]) -> dict:
 def sessions_check(figures: dict) -> bool:
     """Held when every wanted session was sent and the median round cost under SESSION_TARGET_KB."""
     kb = figures.get("kb_per_session")
-    return (kb is not None and kb < SESSION_TARGET_KB and figures.get("sessions") == figures.get("sessions_wanted")
-            and len(figures.get("kb_per_session_rounds") or []) >= 3)
+    return (
+        kb is not None
+        and kb < SESSION_TARGET_KB
+        and figures.get("sessions") == figures.get("sessions_wanted")
+        and len(figures.get("kb_per_session_rounds") or []) >= 3
+    )
 
 
 def sessions(ctx: ProbeContext) -> ProbeOutcome:
@@ -591,21 +674,32 @@ def sessions(ctx: ProbeContext) -> ProbeOutcome:
         measured.append((before, app.rss_mb(), count))
     cost = session_cost_kb(measured)
     count = counter[0]
-    figures = {"sessions": count, "sessions_wanted": wanted, "sessions_unmeasured_beside_honest_edit": warm,
-               "rounds": [{"rss_before_mb": round(b, 1), "rss_after_mb": round(a, 1), "sessions": n}
-                          for b, a, n in measured],
-               **cost, "target_kb_per_session": SESSION_TARGET_KB, "answers": answers,
-               "addresses": (count - 1) // SESSIONS_PER_ADDRESS + 1 if client_address("127.0.2.1") and count else 1}
+    figures = {
+        "sessions": count,
+        "sessions_wanted": wanted,
+        "sessions_unmeasured_beside_honest_edit": warm,
+        "rounds": [{"rss_before_mb": round(b, 1), "rss_after_mb": round(a, 1), "sessions": n} for b, a, n in measured],
+        **cost,
+        "target_kb_per_session": SESSION_TARGET_KB,
+        "answers": answers,
+        "addresses": (count - 1) // SESSIONS_PER_ADDRESS + 1 if client_address("127.0.2.1") and count else 1,
+    }
     if not client_address("127.0.2.1"):
-        ctx.notes.append("this machine connects from 127.0.0.1 only: every fresh session shares one address, "
-                         "and the app's new-session limit refuses most of them")
+        ctx.notes.append(
+            "this machine connects from 127.0.0.1 only: every fresh session shares one address, "
+            "and the app's new-session limit refuses most of them"
+        )
     check = sessions_check(figures)
-    text = (f"{count} fresh sessions: median {cost['kb_per_session']} KB each over {len(measured)} rounds "
-            f"(rounds: {cost['kb_per_session_rounds']}; target < {SESSION_TARGET_KB:.0f} KB)"
-            + ("" if count == wanted else f"; only {count} of {wanted} within the budget"))
-    sent = (f"{wanted} fresh session_hash values ({SESSIONS_PER_ADDRESS} per 127.0.2.x address), each POST /run/status "
-            f"+ one queued /edit without an image ({workers} at a time): {warm} beside the honest edit, then "
-            f"{rounds} measured rounds of {per_round}")
+    text = (
+        f"{count} fresh sessions: median {cost['kb_per_session']} KB each over {len(measured)} rounds "
+        f"(rounds: {cost['kb_per_session_rounds']}; target < {SESSION_TARGET_KB:.0f} KB)"
+        + ("" if count == wanted else f"; only {count} of {wanted} within the budget")
+    )
+    sent = (
+        f"{wanted} fresh session_hash values ({SESSIONS_PER_ADDRESS} per 127.0.2.x address), each POST /run/status "
+        f"+ one queued /edit without an image ({workers} at a time): {warm} beside the honest edit, then "
+        f"{rounds} measured rounds of {per_round}"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -632,13 +726,22 @@ def engine_settings(ctx: ProbeContext) -> ProbeOutcome:
     after = _settings(app)
     changed = [key for key in before if before[key] != after[key]]
     kiosk = "--kiosk" in app.args
-    figures = {"kiosk": kiosk, "before": before, "after": after, "set_attention": attention.short(),
-               "set_speed": speed.short(), "changed": changed}
+    figures = {
+        "kiosk": kiosk,
+        "before": before,
+        "after": after,
+        "set_attention": attention.short(),
+        "set_speed": speed.short(),
+        "changed": changed,
+    }
     check = kiosk and not attention.ran and not speed.ran and not changed
-    text = (f"{'with' if kiosk else 'WITHOUT'} --kiosk, a visitor: set_attention math {attention.short()[:50]}, "
-            f"set_speed faster {speed.short()[:50]}; changed: {', '.join(changed) or 'nothing'}")
-    sent = ("a visitor (no operator login) calls set_attention('math') and set_speed('faster') the way the API "
-            "offers them")
+    text = (
+        f"{'with' if kiosk else 'WITHOUT'} --kiosk, a visitor: set_attention math {attention.short()[:50]}, "
+        f"set_speed faster {speed.short()[:50]}; changed: {', '.join(changed) or 'nothing'}"
+    )
+    sent = (
+        "a visitor (no operator login) calls set_attention('math') and set_speed('faster') the way the API offers them"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -672,17 +775,47 @@ def low(ctx: ProbeContext) -> ProbeOutcome:
     with app.http(timeout=60) as http:
         for index in range(3):
             url = f"http://example.invalid/probe{index}.png"
-            url_answers.append(call_api(app, http, "edit", edit_data({"path": url, "url": url,
-                                                                      "meta": {"_type": "gradio.FileData"}}),
-                                        session, timeout=min(30.0, max(1.0, ctx.left()))))
-        compare = call_api(app, http, "compare", [file_data(path), EDIT_INSTRUCTION, "guidance", "1:2:1e-320",
-                                                  "none", "", "", 3.0, 1.5, 2, 0.3, True, "draft", 1],
-                           session, timeout=min(60.0, max(1.0, ctx.left())))
+            url_answers.append(
+                call_api(
+                    app,
+                    http,
+                    "edit",
+                    edit_data({"path": url, "url": url, "meta": {"_type": "gradio.FileData"}}),
+                    session,
+                    timeout=min(30.0, max(1.0, ctx.left())),
+                )
+            )
+        compare = call_api(
+            app,
+            http,
+            "compare",
+            [
+                file_data(path),
+                EDIT_INSTRUCTION,
+                "guidance",
+                "1:2:1e-320",
+                "none",
+                "",
+                "",
+                3.0,
+                1.5,
+                2,
+                0.3,
+                True,
+                "draft",
+                1,
+            ],
+            session,
+            timeout=min(60.0, max(1.0, ctx.left())),
+        )
     new_empty = _empty_dirs(app.gradio_tmp) - empty_before
     # Progress messages /status showed while the model loaded (the warm-up edit loaded it).
     messages = [str((s.get("progress") or {}).get("message") or "") for s in ctx.statuses.statuses()]
-    messages += [str((row.get("progress") or {}).get("message") or "")
-                 for s in ctx.statuses.statuses() for row in s.get("devices") or []]
+    messages += [
+        str((row.get("progress") or {}).get("message") or "")
+        for s in ctx.statuses.statuses()
+        for row in s.get("devices") or []
+    ]
     load_messages = sorted({m for m in messages if m})
     status_paths = _paths_in(load_messages)
     stream_paths = _paths_in(ctx.honest.warm_up_messages)
@@ -690,19 +823,28 @@ def low(ctx: ProbeContext) -> ProbeOutcome:
     url_ok = all(not r.ran for r in url_answers) and not new_empty
     compare_ok = not compare.ran and "OverflowError" not in compare_text and "Traceback" not in compare_text
     status_ok = not status_paths
-    figures = {"url_filedata": _answers(url_answers), "empty_dirs_left": len(new_empty),
-               "compare_1e-320": compare.short(), "status_progress_messages_seen": len(load_messages),
-               "status_progress_paths": status_paths, "edit_stream_progress_paths": stream_paths,
-               "cancel_during_save": "not probed (timing-dependent)"}
+    figures = {
+        "url_filedata": _answers(url_answers),
+        "empty_dirs_left": len(new_empty),
+        "compare_1e-320": compare.short(),
+        "status_progress_messages_seen": len(load_messages),
+        "status_progress_paths": status_paths,
+        "edit_stream_progress_paths": stream_paths,
+        "cancel_during_save": "not probed (timing-dependent)",
+    }
     if not load_messages:
         ctx.notes.append("no /status progress message was seen during the model load (sampled every 0.2 s)")
     if stream_paths:
         ctx.notes.append(f"the edit's own progress stream named {len(stream_paths)} absolute path(s) during the load")
     check = url_ok and compare_ok and status_ok
-    text = (f"http:// FileData: {figures['url_filedata']['refused']}/3 refused, {len(new_empty)} empty dirs left; "
-            f"range step 1e-320: {compare.short()[:70]}; /status progress paths: {len(status_paths)}")
-    sent = ("3 queued /edit calls whose FileData path is an http:// URL; /compare guidance '1:2:1e-320'; "
-            "/status polled every 0.2 s through a model load")
+    text = (
+        f"http:// FileData: {figures['url_filedata']['refused']}/3 refused, {len(new_empty)} empty dirs left; "
+        f"range step 1e-320: {compare.short()[:70]}; /status progress paths: {len(status_paths)}"
+    )
+    sent = (
+        "3 queued /edit calls whose FileData path is an http:// URL; /compare guidance '1:2:1e-320'; "
+        "/status polled every 0.2 s through a model load"
+    )
     return ProbeOutcome(sent, check, text, figures)
 
 
@@ -717,16 +859,28 @@ def _login_args(quick: bool) -> tuple[list[str], tuple[str, str]]:
     password = uuid.uuid4().hex[:16]
     # The probe spreads its guesses over X-Forwarded-For addresses, as clients behind a proxy would: the
     # app trusts its local proxy here (--forwarded-allow-ips), so only the per-user limit can stop them.
-    return ([*BASE_ARGS, "--auth", f"{LOGIN_USER}:{password}", "--max-login-failures", str(LOGIN_FAILURES),
-             "--forwarded-allow-ips", "127.0.0.1"], (LOGIN_USER, password))
+    return (
+        [
+            *BASE_ARGS,
+            "--auth",
+            f"{LOGIN_USER}:{password}",
+            "--max-login-failures",
+            str(LOGIN_FAILURES),
+            "--forwarded-allow-ips",
+            "127.0.0.1",
+        ],
+        (LOGIN_USER, password),
+    )
 
 
 PROBES: dict[str, ProbeSpec] = {
     "run-bypass": ProbeSpec(run_bypass, _args()),
     "zip-bomb": ProbeSpec(zip_bomb, _args()),
     "ico-decode": ProbeSpec(ico_decode, _args()),
-    "cache-evict": ProbeSpec(cache_evict, lambda quick: ([*BASE_ARGS, "--cache-max-files", "200",
-                                                          "--max-upload-mb", "2" if quick else "50"], None)),
+    "cache-evict": ProbeSpec(
+        cache_evict,
+        lambda quick: ([*BASE_ARGS, "--cache-max-files", "200", "--max-upload-mb", "2" if quick else "50"], None),
+    ),
     "long-name": ProbeSpec(long_name, _args("--retention", str(LONG_NAME_RETENTION))),
     "login-bypass": ProbeSpec(login_bypass, _login_args),
     "sessions": ProbeSpec(sessions, _args()),

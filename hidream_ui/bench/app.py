@@ -70,11 +70,9 @@ def measure_cold_start(timeout: float = 60.0) -> dict:
     port = free_port()
     command = _command(port)
     url = f"http://127.0.0.1:{port}/"
-    with tempfile.TemporaryDirectory(prefix="hidream_bench_app_") as tmp, \
-            open(Path(tmp) / "app.log", "w+b") as log:
+    with tempfile.TemporaryDirectory(prefix="hidream_bench_app_") as tmp, open(Path(tmp) / "app.log", "w+b") as log:
         started = time.perf_counter()
-        process = subprocess.Popen(command, cwd=str(REPO_ROOT), env=_env(tmp), stdout=log,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=str(REPO_ROOT), env=_env(tmp), stdout=log, stderr=subprocess.STDOUT)
         seconds = None
         try:
             while time.perf_counter() - started < timeout:
@@ -92,28 +90,41 @@ def measure_cold_start(timeout: float = 60.0) -> dict:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        result = {"seconds_to_serving": round(seconds, 3) if seconds is not None else None,
-                  "command": command, "exit_code": process.returncode}
+        result = {
+            "seconds_to_serving": round(seconds, 3) if seconds is not None else None,
+            "command": command,
+            "exit_code": process.returncode,
+        }
         if seconds is None:
             log.seek(0)
             result["log_tail"] = log.read().decode("utf-8", "replace")[-2000:]
-            result["error"] = ("the app exited before serving" if process.returncode not in (None, -15)
-                               and time.perf_counter() - started < timeout else f"not serving after {timeout:.0f} s")
+            result["error"] = (
+                "the app exited before serving"
+                if process.returncode not in (None, -15) and time.perf_counter() - started < timeout
+                else f"not serving after {timeout:.0f} s"
+            )
         return result
 
 
 def measure_imports() -> dict[str, float] | None:
     """Cumulative import seconds of what the app imports at start, in one fresh process."""
-    completed = subprocess.run([sys.executable, "-c", _IMPORTS_CHILD], cwd=str(REPO_ROOT),
-                               env=_env(tempfile.gettempdir()), capture_output=True, text=True, timeout=120)
+    completed = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_CHILD],
+        cwd=str(REPO_ROOT),
+        env=_env(tempfile.gettempdir()),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if completed.returncode != 0:
         return None
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hidream_ui bench app",
-                                     description="Cold start of `python app.py` (tiny model) to serving.")
+    parser = argparse.ArgumentParser(
+        prog="python -m hidream_ui bench app", description="Cold start of `python app.py` (tiny model) to serving."
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--runs", type=int, default=1, help="cold starts to measure (default 1)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for serving (default 60)")
@@ -140,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if served:
             verdict = "within" if report["within_target"] else "OVER"
-            print(f"cold start to serving: {report['seconds_to_serving']:.2f} s "
-                  f"(best of {len(runs)}; {verdict} the {TARGET_SECONDS:.0f} s target)")
+            print(
+                f"cold start to serving: {report['seconds_to_serving']:.2f} s "
+                f"(best of {len(runs)}; {verdict} the {TARGET_SECONDS:.0f} s target)"
+            )
         for run in runs:
             if run["seconds_to_serving"] is None:
                 print(f"failed: {run['error']}\n{run.get('log_tail', '')}", file=sys.stderr)

@@ -70,11 +70,32 @@ class AttentionProfile:
 
 
 PROFILES = {
-    "bench": AttentionProfile(batch=3, heads=20, head_dim=128, max_seq=4096, text_tokens=384, sides=(512, 1024),
-                              reference_rows=128, transformer_side=256, transformer_batch=1, text_len=128),
-    "tiny": AttentionProfile(batch=3, heads=2, head_dim=16, max_seq=64, text_tokens=24, sides=(64, 128),
-                             reference_rows=None, transformer_side=64, transformer_batch=2, text_len=8),
+    "bench": AttentionProfile(
+        batch=3,
+        heads=20,
+        head_dim=128,
+        max_seq=4096,
+        text_tokens=384,
+        sides=(512, 1024),
+        reference_rows=128,
+        transformer_side=256,
+        transformer_batch=1,
+        text_len=128,
+    ),
+    "tiny": AttentionProfile(
+        batch=3,
+        heads=2,
+        head_dim=16,
+        max_seq=64,
+        text_tokens=24,
+        sides=(64, 128),
+        reference_rows=None,
+        transformer_side=64,
+        transformer_batch=2,
+        text_len=8,
+    ),
 }
+
 
 @dataclass(frozen=True)
 class AttentionShape:
@@ -95,8 +116,15 @@ def edit_shape(profile: AttentionProfile, side: int) -> AttentionShape:
     if side <= 0 or side % 16:
         raise ValueError(f"edit size {side} must be a positive multiple of 16 pixels")
     image = 2 * (side // 16) ** 2
-    return AttentionShape(f"{side}x{side}", profile.batch, profile.heads, profile.head_dim, image,
-                          max(0, profile.max_seq - image), profile.text_tokens)
+    return AttentionShape(
+        f"{side}x{side}",
+        profile.batch,
+        profile.heads,
+        profile.head_dim,
+        image,
+        max(0, profile.max_seq - image),
+        profile.text_tokens,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,9 +298,18 @@ def _sync(device_type: str) -> None:
         getattr(torch, device_type).synchronize()
 
 
-def bench_kernels(profile: AttentionProfile, sides: Sequence[int], strategies: Sequence[str], device: str,
-                  dtype, repeats: int, budget: int, chunk_size: int, progress,
-                  time_budget_s: float | None = None) -> list[dict]:
+def bench_kernels(
+    profile: AttentionProfile,
+    sides: Sequence[int],
+    strategies: Sequence[str],
+    device: str,
+    dtype,
+    repeats: int,
+    budget: int,
+    chunk_size: int,
+    progress,
+    time_budget_s: float | None = None,
+) -> list[dict]:
     import torch
 
     device_type = device.split(":")[0]
@@ -285,16 +322,20 @@ def bench_kernels(profile: AttentionProfile, sides: Sequence[int], strategies: S
         rows = reference_rows(shape, profile.reference_rows)
         t0 = time.perf_counter()
         ref = reference_output(q, k, v, bias, rows)
-        size_row = {"size": shape.label, "shape": {**asdict(shape), "seq": shape.seq},
-                    "reference": {"dtype": "float64", "rows": int(rows.numel()),
-                                  "seconds": round(time.perf_counter() - t0, 3)},
-                    "strategies": {}}
+        size_row = {
+            "size": shape.label,
+            "shape": {**asdict(shape), "seq": shape.seq},
+            "reference": {"dtype": "float64", "rows": int(rows.numel()), "seconds": round(time.perf_counter() - t0, 3)},
+            "strategies": {},
+        }
         progress(f"{shape.label}: seq {shape.seq}, float64 reference on {rows.numel()} rows done")
         for name in strategies:
             need = estimate_bytes(name, shape, element_size, chunk_size)
             if need > budget:
                 size_row["strategies"][name] = {
-                    "skipped": f"needs {need / GB:.1f} GB, budget {budget / GB:.1f} GB", "estimate_bytes": need}
+                    "skipped": f"needs {need / GB:.1f} GB, budget {budget / GB:.1f} GB",
+                    "estimate_bytes": need,
+                }
                 progress(f"  {name}: skipped (needs {need / GB:.1f} GB > budget {budget / GB:.1f} GB)")
                 continue
             options = {"chunk_size": chunk_size} if name == "chunked" else {}
@@ -316,10 +357,17 @@ def bench_kernels(profile: AttentionProfile, sides: Sequence[int], strategies: S
             abs_err, rel_err = _relative_error(out, ref, rows)
             del out
             size_row["strategies"][name] = {
-                "median_s": statistics.median(times), "times_s": times, "warmup_s": warmup, "peak_bytes": max(peaks),
-                "estimate_bytes": need, "max_abs_error": abs_err, "rel_error": rel_err}
-            progress(f"  {name}: {statistics.median(times):.3f} s, peak {max(peaks) / MB:.0f} MB, "
-                     f"rel error {rel_err:.2e}")
+                "median_s": statistics.median(times),
+                "times_s": times,
+                "warmup_s": warmup,
+                "peak_bytes": max(peaks),
+                "estimate_bytes": need,
+                "max_abs_error": abs_err,
+                "rel_error": rel_err,
+            }
+            progress(
+                f"  {name}: {statistics.median(times):.3f} s, peak {max(peaks) / MB:.0f} MB, rel error {rel_err:.2e}"
+            )
         results.append(size_row)
         del q, k, v, bias, ref
     return results
@@ -336,8 +384,7 @@ def build_transformer(profile_name: str, dtype, device: str):
     from diffusers import HiDreamImageTransformer2DModel
 
     root = ensure_tiny(profile=profile_name)
-    candidates = ([root / E11_DIR / "transformer", root / "transformer"]
-                  if hasattr(root, "__truediv__") else [])
+    candidates = [root / E11_DIR / "transformer", root / "transformer"] if hasattr(root, "__truediv__") else []
     for path in candidates:
         if (path / "config.json").exists():
             model = HiDreamImageTransformer2DModel.from_pretrained(path, torch_dtype=dtype).to(device).eval()
@@ -360,8 +407,9 @@ def transformer_inputs(transformer, profile: AttentionProfile, dtype, device: st
     gen = torch.Generator().manual_seed(1)
     batch = profile.transformer_batch
     # A random N x 2N edit latent, collapsed exactly as the pipeline collapses it.
-    latent = torch.randn(batch, config.in_channels, profile.transformer_side // 8, 2 * profile.transformer_side // 8,
-                         generator=gen)
+    latent = torch.randn(
+        batch, config.in_channels, profile.transformer_side // 8, 2 * profile.transformer_side // 8, generator=gen
+    )
     tokens, mask, sizes, ids = collapsed_tokens(latent, config.patch_size, transformer.max_seq)
     n = int(sizes[0, 0] * sizes[0, 1])
     pad = transformer.max_seq - n
@@ -374,22 +422,30 @@ def transformer_inputs(transformer, profile: AttentionProfile, dtype, device: st
         "img_sizes": sizes.to(device),
         "timesteps": torch.full((batch,), 500.0, device=device),
         "encoder_hidden_states_t5": torch.randn(batch, profile.text_len, t5_dim, generator=gen).to(device, dtype),
-        "encoder_hidden_states_llama3": torch.randn(llama_layers, batch, profile.text_len, llama_dim,
-                                                    generator=gen).to(device, dtype),
+        "encoder_hidden_states_llama3": torch.randn(llama_layers, batch, profile.text_len, llama_dim, generator=gen).to(
+            device, dtype
+        ),
         "pooled_embeds": torch.randn(batch, config.text_emb_dim, generator=gen).to(device, dtype),
         "return_dict": False,
     }, {"image_tokens": n, "pad_tokens": pad, "text_tokens": 3 * profile.text_len, "batch": batch}
 
 
-def bench_transformer(profile_name: str, profile: AttentionProfile, strategies: Sequence[str], device: str, dtype,
-                      repeats: int, chunk_size: int, progress) -> dict:
+def bench_transformer(
+    profile_name: str,
+    profile: AttentionProfile,
+    strategies: Sequence[str],
+    device: str,
+    dtype,
+    repeats: int,
+    chunk_size: int,
+    progress,
+) -> dict:
     import torch
 
     t0 = time.perf_counter()
     transformer, source = build_transformer(profile_name, dtype, device)
     inputs, geometry = transformer_inputs(transformer, profile, dtype, device)
-    report = {"source": source, "build_s": round(time.perf_counter() - t0, 2), "inputs": geometry,
-              "strategies": {}}
+    report = {"source": source, "build_s": round(time.perf_counter() - t0, 2), "inputs": geometry, "strategies": {}}
     progress(f"transformer ({source}) ready in {report['build_s']} s")
     device_type = device.split(":")[0]
     outputs = {}
@@ -416,7 +472,8 @@ def bench_transformer(profile_name: str, profile: AttentionProfile, strategies: 
         if base is not None:
             report["strategies"][name]["max_abs_diff_vs_sdpa"] = float((out - base).abs().max())
             report["strategies"][name]["rel_diff_vs_sdpa"] = float(
-                (out - base).abs().max() / max(float(base.abs().max()), 1e-30))
+                (out - base).abs().max() / max(float(base.abs().max()), 1e-30)
+            )
     del transformer
     return report
 
@@ -445,11 +502,21 @@ def _checks(kernels: list[dict]) -> dict:
     return checks
 
 
-def run(profile: str = "tiny", repeats: int = 3, json_out: bool = False, sizes: Sequence[int] | None = None,
-        device: str = "cpu", dtype: str = "fp32", strategies: Sequence[str] | None = None,
-        memory_budget_gb: float | None = None, chunk_size: int = 1024, transformer: bool = True,
-        transformer_repeats: int | None = None, time_budget_s: float | None = 90.0,
-        verbose: bool = False) -> dict:
+def run(
+    profile: str = "tiny",
+    repeats: int = 3,
+    json_out: bool = False,
+    sizes: Sequence[int] | None = None,
+    device: str = "cpu",
+    dtype: str = "fp32",
+    strategies: Sequence[str] | None = None,
+    memory_budget_gb: float | None = None,
+    chunk_size: int = 1024,
+    transformer: bool = True,
+    transformer_repeats: int | None = None,
+    time_budget_s: float | None = 90.0,
+    verbose: bool = False,
+) -> dict:
     """Runs the attention benchmark and returns its report (see the module docstring).
 
     `json_out=True` also prints the report as JSON on stdout (what `--json` does); `verbose`
@@ -487,19 +554,27 @@ def run(profile: str = "tiny", repeats: int = 3, json_out: bool = False, sizes: 
 
     started = time.perf_counter()
     report = {
-        "benchmark": "attention", "profile": profile, "device": device, "dtype": dtype, "repeats": repeats,
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "budget_bytes": budget,
-        "memory_method": _PeakMeter(device_type).method, "chunk_size": chunk_size,
+        "benchmark": "attention",
+        "profile": profile,
+        "device": device,
+        "dtype": dtype,
+        "repeats": repeats,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "budget_bytes": budget,
+        "memory_method": _PeakMeter(device_type).method,
+        "chunk_size": chunk_size,
         "auto_resolves_to": resolve(AUTO, device, torch_dtype).name,
         "strategies": [asdict(s) for s in statuses],
     }
-    report["kernels"] = bench_kernels(prof, sides, chosen, device, torch_dtype, repeats, budget, chunk_size, progress,
-                                      time_budget_s)
+    report["kernels"] = bench_kernels(
+        prof, sides, chosen, device, torch_dtype, repeats, budget, chunk_size, progress, time_budget_s
+    )
     report["checks"] = _checks(report["kernels"])
     if transformer:
-        report["transformer"] = bench_transformer(profile, prof, chosen, device, torch_dtype,
-                                                  transformer_repeats or min(repeats, 2),
-                                                  chunk_size, progress)
+        report["transformer"] = bench_transformer(
+            profile, prof, chosen, device, torch_dtype, transformer_repeats or min(repeats, 2), chunk_size, progress
+        )
     report["total_s"] = round(time.perf_counter() - started, 2)
     if json_out:
         print(json.dumps(report, indent=2))
@@ -507,45 +582,59 @@ def run(profile: str = "tiny", repeats: int = 3, json_out: bool = False, sizes: 
 
 
 def format_table(report: dict) -> str:
-    lines = [f"attention benchmark: profile {report['profile']}, {report['device']} {report['dtype']}, "
-             f"torch {report['torch']} ({report['threads']} threads), repeats {report['repeats']}, "
-             f"memory: {report['memory_method']}, budget {report['budget_bytes'] / GB:.1f} GB, "
-             f"auto -> {report['auto_resolves_to']}"]
+    lines = [
+        f"attention benchmark: profile {report['profile']}, {report['device']} {report['dtype']}, "
+        f"torch {report['torch']} ({report['threads']} threads), repeats {report['repeats']}, "
+        f"memory: {report['memory_method']}, budget {report['budget_bytes'] / GB:.1f} GB, "
+        f"auto -> {report['auto_resolves_to']}"
+    ]
     for row in report["kernels"]:
         shape = row["shape"]
         lines.append("")
-        lines.append(f"{row['size']} edit: B={shape['batch']} H={shape['heads']} D={shape['head_dim']} "
-                     f"S={shape['seq']} (image {shape['image_tokens']}, collapsed pad "
-                     f"{shape['pad_tokens']}, text {shape['text_tokens']}); "
-                     f"float64 reference on {row['reference']['rows']} query rows")
+        lines.append(
+            f"{row['size']} edit: B={shape['batch']} H={shape['heads']} D={shape['head_dim']} "
+            f"S={shape['seq']} (image {shape['image_tokens']}, collapsed pad "
+            f"{shape['pad_tokens']}, text {shape['text_tokens']}); "
+            f"float64 reference on {row['reference']['rows']} query rows"
+        )
         lines.append(f"  {'strategy':16s} {'median s':>9s} {'calls':>5s} {'peak MB':>9s} {'rel error':>10s}")
         for name, r in row["strategies"].items():
             if "skipped" in r:
                 lines.append(f"  {name:16s} skipped: {r['skipped']}")
             else:
-                lines.append(f"  {name:16s} {r['median_s']:9.3f} {len(r['times_s']):5d} {r['peak_bytes'] / MB:9.1f} "
-                             f"{r['rel_error']:10.2e}")
+                lines.append(
+                    f"  {name:16s} {r['median_s']:9.3f} {len(r['times_s']):5d} {r['peak_bytes'] / MB:9.1f} "
+                    f"{r['rel_error']:10.2e}"
+                )
     if report.get("checks"):
         c = report["checks"]
         lines.append("")
         lines.append(f"checks at {c['size']}:" + (f" ({c['note']})" if "note" in c else ""))
         if "chunked_peak_over_math_peak" in c:
-            lines.append(f"  chunked peak / math peak = {c['chunked_peak_over_math_peak']:.3f} (<= 0.25: "
-                         f"{c['chunked_peak_at_most_quarter_of_math']})")
+            lines.append(
+                f"  chunked peak / math peak = {c['chunked_peak_over_math_peak']:.3f} (<= 0.25: "
+                f"{c['chunked_peak_at_most_quarter_of_math']})"
+            )
         if "sdpa_time_over_math_time" in c:
-            lines.append(f"  sdpa time / math time    = {c['sdpa_time_over_math_time']:.3f} (<= 1: "
-                         f"{c['sdpa_not_slower_than_math']})")
+            lines.append(
+                f"  sdpa time / math time    = {c['sdpa_time_over_math_time']:.3f} (<= 1: "
+                f"{c['sdpa_not_slower_than_math']})"
+            )
     if "transformer" in report:
         t = report["transformer"]
         g = t["inputs"]
         lines.append("")
-        lines.append(f"whole transformer ({t['source']}): batch {g['batch']}, image {g['image_tokens']} + "
-                     f"collapsed pad {g['pad_tokens']} + text {g['text_tokens']} tokens")
+        lines.append(
+            f"whole transformer ({t['source']}): batch {g['batch']}, image {g['image_tokens']} + "
+            f"collapsed pad {g['pad_tokens']} + text {g['text_tokens']} tokens"
+        )
         lines.append(f"  {'strategy':16s} {'median s':>9s} {'max |diff| vs sdpa':>19s} {'relative':>9s}")
         for name, r in t["strategies"].items():
             diff, rel = r.get("max_abs_diff_vs_sdpa"), r.get("rel_diff_vs_sdpa")
-            lines.append(f"  {name:16s} {r['median_s']:9.3f} {'-' if diff is None else f'{diff:.2e}':>19s} "
-                         f"{'-' if rel is None else f'{rel:.1e}':>9s}")
+            lines.append(
+                f"  {name:16s} {r['median_s']:9.3f} {'-' if diff is None else f'{diff:.2e}':>19s} "
+                f"{'-' if rel is None else f'{rel:.1e}':>9s}"
+            )
     lines.append(f"\ntotal {report['total_s']} s")
     return "\n".join(lines)
 
@@ -561,29 +650,52 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hidream_ui bench attention",
-                                     description="time, peak memory and error of every attention strategy")
-    parser.add_argument("--profile", default="bench", choices=tuple(PROFILES),
-                        help="bench: real HiDream attention shapes (default); tiny: seconds-long smoke run")
+    parser = argparse.ArgumentParser(
+        prog="python -m hidream_ui bench attention",
+        description="time, peak memory and error of every attention strategy",
+    )
+    parser.add_argument(
+        "--profile",
+        default="bench",
+        choices=tuple(PROFILES),
+        help="bench: real HiDream attention shapes (default); tiny: seconds-long smoke run",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per strategy (median; plus 1 warm-up)")
-    parser.add_argument("--sizes", type=_sizes, default=None,
-                        help="comma-separated square edit sides, e.g. 512 (default: 512,1024 / tiny: 64,128)")
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="comma-separated square edit sides, e.g. 512 (default: 512,1024 / tiny: 64,128)",
+    )
     parser.add_argument("--strategies", default=None, help="comma-separated subset (default: all available)")
     parser.add_argument("--device", default="cpu", help="torch device string (default cpu)")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
     parser.add_argument("--chunk-size", type=int, default=1024, help="queries per chunk for 'chunked'")
     parser.add_argument("--budget-gb", type=float, default=None, help="memory budget (default: 70%% of free memory)")
-    parser.add_argument("--time-budget", type=float, default=90.0,
-                        help="seconds of timed calls per strategy and size before repeats are reduced (0: off)")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=90.0,
+        help="seconds of timed calls per strategy and size before repeats are reduced (0: off)",
+    )
     parser.add_argument("--no-transformer", action="store_true", help="skip the whole-transformer forward")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     args = parser.parse_args(argv)
     try:
-        report = run(profile=args.profile, repeats=args.repeats, json_out=args.json, sizes=args.sizes,
-                     device=args.device, dtype=args.dtype,
-                     strategies=args.strategies.split(",") if args.strategies else None,
-                     memory_budget_gb=args.budget_gb, chunk_size=args.chunk_size,
-                     transformer=not args.no_transformer, time_budget_s=args.time_budget or None, verbose=True)
+        report = run(
+            profile=args.profile,
+            repeats=args.repeats,
+            json_out=args.json,
+            sizes=args.sizes,
+            device=args.device,
+            dtype=args.dtype,
+            strategies=args.strategies.split(",") if args.strategies else None,
+            memory_budget_gb=args.budget_gb,
+            chunk_size=args.chunk_size,
+            transformer=not args.no_transformer,
+            time_budget_s=args.time_budget or None,
+            verbose=True,
+        )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

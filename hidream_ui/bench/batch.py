@@ -44,8 +44,9 @@ def _pictures(count: int, size: tuple[int, int]):
 
 
 def _engine(profile: str, dtype: str, output_dir: Path, attention: str):
-    engine = EnginePool.for_config(AppConfig(tiny_profile=profile, device="cpu", dtype=dtype, attention=attention,
-                                             output_dir=output_dir))
+    engine = EnginePool.for_config(
+        AppConfig(tiny_profile=profile, device="cpu", dtype=dtype, attention=attention, output_dir=output_dir)
+    )
     engine.load()
     return engine
 
@@ -54,8 +55,9 @@ def _params(steps: int, resolution: str, seed: int = BASE_SEED, instruction: str
     from hidream_ui.edits import EditParams
 
     defaults = EditParams.defaults_for("e1.1", instruction)
-    return EditParams.from_dict({**defaults.to_dict(), "num_inference_steps": steps, "working_resolution": resolution,
-                                 "seed": seed})
+    return EditParams.from_dict(
+        {**defaults.to_dict(), "num_inference_steps": steps, "working_resolution": resolution, "seed": seed}
+    )
 
 
 def _warm_up(engine, picture, resolution: str) -> None:
@@ -70,8 +72,15 @@ def _delta(after: dict, before: dict) -> dict:
     return {key: after[key] - before.get(key, 0) for key in ("edits", "text_encoder_calls", "transformer_calls")}
 
 
-def run(profile: str = "tiny", images: int = 4, steps: int = 4, size: str | None = None, batch_size: int | None = None,
-        dtype: str = "fp32", attention: str = "sdpa") -> dict:
+def run(
+    profile: str = "tiny",
+    images: int = 4,
+    steps: int = 4,
+    size: str | None = None,
+    batch_size: int | None = None,
+    dtype: str = "fp32",
+    attention: str = "sdpa",
+) -> dict:
     import numpy as np
 
     from hidream_ui.edits import EditRequest
@@ -79,19 +88,31 @@ def run(profile: str = "tiny", images: int = 4, steps: int = 4, size: str | None
     resolution = size or ("draft" if profile == "tiny" else "256")
     pictures = _pictures(images, (320, 240))
     params = _params(steps, resolution)
-    report: dict = {"benchmark": "batch", "profile": profile, "dtype": dtype, "device": "cpu", "images": images,
-                    "steps": steps, "working_resolution": resolution, "attention": attention,
-                    "instruction_count": 1}
+    report: dict = {
+        "benchmark": "batch",
+        "profile": profile,
+        "dtype": dtype,
+        "device": "cpu",
+        "images": images,
+        "steps": steps,
+        "working_resolution": resolution,
+        "attention": attention,
+        "instruction_count": 1,
+    }
 
     with tempfile.TemporaryDirectory(prefix="hidream-bench-batch-") as tmp:
         # 1. run_batch
         engine = _engine(profile, dtype, Path(tmp) / "batched", attention)
         _warm_up(engine, pictures[0], resolution)
         before = dict(engine.counters)
-        request = BatchRequest(sources=tuple(BatchSource(f"image{i}.png", p) for i, p in enumerate(pictures)),
-                               instructions=(INSTRUCTION,), settings=params.settings, seed=params.seed,
-                               seed_policy="increment",
-                               batch_size=batch_size or images)
+        request = BatchRequest(
+            sources=tuple(BatchSource(f"image{i}.png", p) for i, p in enumerate(pictures)),
+            instructions=(INSTRUCTION,),
+            settings=params.settings,
+            seed=params.seed,
+            seed_policy="increment",
+            batch_size=batch_size or images,
+        )
         t0 = time.perf_counter()
         result = engine.run_batch(request)
         batched_seconds = time.perf_counter() - t0
@@ -100,9 +121,12 @@ def run(profile: str = "tiny", images: int = 4, steps: int = 4, size: str | None
             raise RuntimeError(f"the batch failed: {failed[0]}")
         batched = [np.asarray(item.result.image, dtype=np.int16) for item in result.items]
         report["working_size"] = list(result.items[0].result.working_size)
-        report["batched"] = {"seconds": round(batched_seconds, 3), **_delta(engine.counters, before),
-                             "batch_sizes": result.stats.get("batch_sizes"),
-                             "seeds": [item.seed for item in result.items]}
+        report["batched"] = {
+            "seconds": round(batched_seconds, 3),
+            **_delta(engine.counters, before),
+            "batch_sizes": result.stats.get("batch_sizes"),
+            "seeds": [item.seed for item in result.items],
+        }
         del engine, result
         gc.collect()
 
@@ -116,8 +140,11 @@ def run(profile: str = "tiny", images: int = 4, steps: int = 4, size: str | None
             edit_params = _params(steps, resolution, seed=BASE_SEED + index)
             singles.append(engine.edit(EditRequest(image=picture, params=edit_params, source_name=f"image{index}.png")))
         loop_seconds = time.perf_counter() - t0
-        report["loop"] = {"seconds": round(loop_seconds, 3), **_delta(engine.counters, before),
-                          "seeds": [r.params.seed for r in singles]}
+        report["loop"] = {
+            "seconds": round(loop_seconds, 3),
+            **_delta(engine.counters, before),
+            "seeds": [r.params.seed for r in singles],
+        }
         loop = [np.asarray(r.image, dtype=np.int16) for r in singles]
         del engine
         gc.collect()
@@ -130,12 +157,19 @@ def run(profile: str = "tiny", images: int = 4, steps: int = 4, size: str | None
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui bench batch", description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="tiny", choices=("tiny", "bench"),
-                        help="tiny: toy geometry; bench: the real attention geometry (20 heads x 128), heavy")
+    parser.add_argument(
+        "--profile",
+        default="tiny",
+        choices=("tiny", "bench"),
+        help="tiny: toy geometry; bench: the real attention geometry (20 heads x 128), heavy",
+    )
     parser.add_argument("--images", type=int, default=4, help="images in the batch (default 4)")
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per edit (default 4)")
-    parser.add_argument("--size", default=None,
-                        help="working resolution: draft | auto | side in px (default: draft for tiny, 256 for bench)")
+    parser.add_argument(
+        "--size",
+        default=None,
+        help="working resolution: draft | auto | side in px (default: draft for tiny, 256 for bench)",
+    )
     parser.add_argument("--batch-size", type=int, default=None, help="items per transformer call (default: all)")
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -154,9 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     b, loop = report["batched"], report["loop"]
     size = "x".join(map(str, report["working_size"]))
     print(f"{report['images']} images x 1 instruction, {report['steps']} steps at {size} ({report['profile']} profile)")
-    print(f"  run_batch : {b['seconds']:.2f} s · text encoder calls {b['text_encoder_calls']} · "
-          f"transformer calls {b['transformer_calls']} · batch sizes {b['batch_sizes']}")
-    print(f"  edit loop : {loop['seconds']:.2f} s · text encoder calls {loop['text_encoder_calls']} · "
-          f"transformer calls {loop['transformer_calls']}")
+    print(
+        f"  run_batch : {b['seconds']:.2f} s · text encoder calls {b['text_encoder_calls']} · "
+        f"transformer calls {b['transformer_calls']} · batch sizes {b['batch_sizes']}"
+    )
+    print(
+        f"  edit loop : {loop['seconds']:.2f} s · text encoder calls {loop['text_encoder_calls']} · "
+        f"transformer calls {loop['transformer_calls']}"
+    )
     print(f"  loop / batch = {report['speedup']}x · max pixel difference {report['max_pixel_diff']}/255")
     return 0

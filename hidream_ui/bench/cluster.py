@@ -36,10 +36,16 @@ def _request(seed: int, steps: int):
     from hidream_ui.imaging import open_image
     from hidream_ui.ui.layout import ASSETS_DIR
 
-    values = {**EditParams.defaults_for("e1.1").to_dict(), "instruction": INSTRUCTION, "seed": seed,
-              "num_inference_steps": steps, "working_resolution": "draft"}
-    return EditRequest(image=open_image(ASSETS_DIR / "apple.png"), params=EditParams.from_dict(values),
-                       source_name="apple.png")
+    values = {
+        **EditParams.defaults_for("e1.1").to_dict(),
+        "instruction": INSTRUCTION,
+        "seed": seed,
+        "num_inference_steps": steps,
+        "working_resolution": "draft",
+    }
+    return EditRequest(
+        image=open_image(ASSETS_DIR / "apple.png"), params=EditParams.from_dict(values), source_name="apple.png"
+    )
 
 
 def _sequential_ms(engine, repeats: int, steps: int) -> list[float]:
@@ -68,8 +74,13 @@ def _throughput(engine, jobs: int, steps: int) -> dict:
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - start
-    return {"jobs": jobs, "wall_seconds": round(wall, 3), "jobs_per_second": round(jobs / wall, 3),
-            "jobs_per_replica": {label: labels.count(label) for label in sorted(set(labels))}, "errors": errors}
+    return {
+        "jobs": jobs,
+        "wall_seconds": round(wall, 3),
+        "jobs_per_second": round(jobs / wall, 3),
+        "jobs_per_replica": {label: labels.count(label) for label in sorted(set(labels))},
+        "errors": errors,
+    }
 
 
 def _replace_seconds(engine, steps: int, timeout: float = 300.0) -> dict:
@@ -79,8 +90,9 @@ def _replace_seconds(engine, steps: int, timeout: float = 300.0) -> dict:
     before = {row.engine for row in engine.device_rows()}
     victim = sorted(before)[0]
     tag = victim.removeprefix("ray:")
-    name = next(actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
-                if actor["name"].endswith(f"#{tag}"))
+    name = next(
+        actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True) if actor["name"].endswith(f"#{tag}")
+    )
     killed = time.perf_counter()
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
     next_job = None
@@ -111,8 +123,13 @@ def run(address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2
 
     out = Path(tempfile.mkdtemp(prefix="hidream-bench-cluster-"))
     config = AppConfig(device="cpu", output_dir=out)
-    report: dict = {"address": address, "host_cores": host_cores(), "steps": steps, "repeats": repeats,
-                    "cluster_cpus": ray.cluster_resources().get("CPU")}
+    report: dict = {
+        "address": address,
+        "host_cores": host_cores(),
+        "steps": steps,
+        "repeats": repeats,
+        "cluster_cpus": ray.cluster_resources().get("CPU"),
+    }
     try:
         import torch
 
@@ -130,12 +147,15 @@ def run(address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2
         for _ in range(repeats):  # interleaved: a busy moment of the host hits both alike
             local_ms += _sequential_ms(local, 1, steps)
             ray_ms += _sequential_ms(one, 1, steps)
-        report["per_job_ms"] = {"local_pool": round(statistics.median(local_ms), 2),
-                                "ray_one_replica": round(statistics.median(ray_ms), 2),
-                                "overhead": round(statistics.median(ray_ms) - statistics.median(local_ms), 2),
-                                "statistic": "median", "torch_threads": 1,
-                                "local_samples": [round(t, 2) for t in local_ms],
-                                "ray_samples": [round(t, 2) for t in ray_ms]}
+        report["per_job_ms"] = {
+            "local_pool": round(statistics.median(local_ms), 2),
+            "ray_one_replica": round(statistics.median(ray_ms), 2),
+            "overhead": round(statistics.median(ray_ms) - statistics.median(local_ms), 2),
+            "statistic": "median",
+            "torch_threads": 1,
+            "local_samples": [round(t, 2) for t in local_ms],
+            "ray_samples": [round(t, 2) for t in ray_ms],
+        }
         report["throughput_one_replica"] = _throughput(one, jobs, steps)
         one.shutdown()
         two = RayEngine(config, address, replicas=2)
@@ -144,8 +164,10 @@ def run(address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2
         report["deploy_two_replicas_seconds"] = round(time.perf_counter() - started, 3)
         _throughput(two, 2, steps)  # warm up both
         report["throughput_two_replicas"] = _throughput(two, jobs, steps)
-        report["throughput_ratio"] = round(report["throughput_two_replicas"]["jobs_per_second"]
-                                           / report["throughput_one_replica"]["jobs_per_second"], 3)
+        report["throughput_ratio"] = round(
+            report["throughput_two_replicas"]["jobs_per_second"] / report["throughput_one_replica"]["jobs_per_second"],
+            3,
+        )
         report["replace_killed_replica"] = _replace_seconds(two, steps)
         two.shutdown()
     finally:
@@ -155,11 +177,17 @@ def run(address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hidream_ui bench cluster",
-                                     description="Ray Serve replicas vs the local pool: per-job overhead, throughput "
-                                                 "with 1 and 2 replicas, time to replace a killed replica.")
-    parser.add_argument("--ray", default="local", metavar="ADDRESS",
-                        help="cluster address (default local: one of this process's own on 127.0.0.1)")
+    parser = argparse.ArgumentParser(
+        prog="python -m hidream_ui bench cluster",
+        description="Ray Serve replicas vs the local pool: per-job overhead, throughput "
+        "with 1 and 2 replicas, time to replace a killed replica.",
+    )
+    parser.add_argument(
+        "--ray",
+        default="local",
+        metavar="ADDRESS",
+        help="cluster address (default local: one of this process's own on 127.0.0.1)",
+    )
     parser.add_argument("--jobs", type=int, default=8, help="concurrent edits for the throughput runs (default 8)")
     parser.add_argument("--repeats", type=int, default=10, help="sequential edits for the overhead (default 10)")
     parser.add_argument("--steps", type=int, default=2, help="steps per edit (default 2)")
@@ -181,14 +209,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
         return 0
     per_job = report["per_job_ms"]
-    print(f"per job ({args.steps} steps, draft, tiny): local pool {per_job['local_pool']} ms, Ray replica "
-          f"{per_job['ray_one_replica']} ms, overhead {per_job['overhead']} ms")
-    print(f"throughput ({args.jobs} jobs): 1 replica {report['throughput_one_replica']['jobs_per_second']} jobs/s, "
-          f"2 replicas {report['throughput_two_replicas']['jobs_per_second']} jobs/s "
-          f"({report['throughput_ratio']}x; {report['host_cores']} host cores)")
+    print(
+        f"per job ({args.steps} steps, draft, tiny): local pool {per_job['local_pool']} ms, Ray replica "
+        f"{per_job['ray_one_replica']} ms, overhead {per_job['overhead']} ms"
+    )
+    print(
+        f"throughput ({args.jobs} jobs): 1 replica {report['throughput_one_replica']['jobs_per_second']} jobs/s, "
+        f"2 replicas {report['throughput_two_replicas']['jobs_per_second']} jobs/s "
+        f"({report['throughput_ratio']}x; {report['host_cores']} host cores)"
+    )
     replaced = report["replace_killed_replica"]
-    print(f"killed replica replaced (loaded) after {replaced['new_replica_loaded_seconds']} s; next job ok after "
-          f"{replaced['next_job_ok_seconds']} s")
+    print(
+        f"killed replica replaced (loaded) after {replaced['new_replica_loaded_seconds']} s; next job ok after "
+        f"{replaced['next_job_ok_seconds']} s"
+    )
     return 0
 
 

@@ -29,7 +29,8 @@ def _forward_comparison(model, size: int, batch: int, repeats: int) -> dict:
     side = size // vae_scale
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(batch, pipe.transformer.config.in_channels, side, 2 * side, generator=gen).to(
-        model.device.torch_device, model.dtype)
+        model.device.torch_device, model.dtype
+    )
     text = pipe.encode_text("make the sky purple")
     from hidream_ui.pipeline.edit_pipeline import (
         PromptEmbeds,  # lazy: torch and diffusers, loaded only when this benchmark runs
@@ -96,14 +97,20 @@ def _weight_copies(model) -> dict:
         model.use_stage_weights(stage)
     ours_seconds = time.perf_counter() - t0
     return {
-        "upstream_style": {"tensors_copied": copied["tensors"], "bytes_copied": copied["bytes"],
-                           "seconds": round(upstream_seconds, 4), "state_dict_aliases_parameters": aliased,
-                           "weights_changed_by_the_copies": changed},
-        "ours": {"refiner": model.refiner,
-                 "bytes_copied": (model.swap.bytes_copied if model.swap else 0) - copied_before,
-                 "swaps": (model.swap.swaps if model.swap else 0) - swaps_before,
-                 "swap_on_device": model.swap.on_device if model.swap else None,
-                 "seconds": round(ours_seconds, 6)},
+        "upstream_style": {
+            "tensors_copied": copied["tensors"],
+            "bytes_copied": copied["bytes"],
+            "seconds": round(upstream_seconds, 4),
+            "state_dict_aliases_parameters": aliased,
+            "weights_changed_by_the_copies": changed,
+        },
+        "ours": {
+            "refiner": model.refiner,
+            "bytes_copied": (model.swap.bytes_copied if model.swap else 0) - copied_before,
+            "swaps": (model.swap.swaps if model.swap else 0) - swaps_before,
+            "swap_on_device": model.swap.on_device if model.swap else None,
+            "seconds": round(ours_seconds, 6),
+        },
     }
 
 
@@ -118,30 +125,47 @@ def _text_encoder_calls(config, edits: int) -> dict:
     params = EditParams.from_dict({**params.to_dict(), "num_inference_steps": 2, "working_resolution": "draft"})
     t0 = time.perf_counter()
     for seed in range(edits):
-        engine.edit(EditRequest(image=image, params=EditParams.from_dict({**params.to_dict(), "seed": seed})),
-                    save=False)
+        engine.edit(
+            EditRequest(image=image, params=EditParams.from_dict({**params.to_dict(), "seed": seed})), save=False
+        )
     texts = [params.instruction, params.negative_prompt, params.target_prompt()]
     # Upstream encodes every text of every call again; we encode each unique text once.
-    return {"edits": edits, "texts_per_edit": len(texts), "unique_texts": len(set(texts)),
-            "text_encoder_calls": engine.counters["text_encoder_calls"],
-            "upstream_text_encoder_calls": edits * len(texts), "seconds": round(time.perf_counter() - t0, 3)}
+    return {
+        "edits": edits,
+        "texts_per_edit": len(texts),
+        "unique_texts": len(set(texts)),
+        "text_encoder_calls": engine.counters["text_encoder_calls"],
+        "upstream_text_encoder_calls": edits * len(texts),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
-def run(profile: str = "tiny", size: int | None = None, batch: int = 1, repeats: int = 1, edits: int = 4,
-        dtype: str = "fp32") -> dict:
+def run(
+    profile: str = "tiny",
+    size: int | None = None,
+    batch: int = 1,
+    repeats: int = 1,
+    edits: int = 4,
+    dtype: str = "fp32",
+) -> dict:
     import tempfile
     from pathlib import Path
 
-
-    config = AppConfig(tiny_profile=profile, device="cpu", dtype=dtype,
-                       output_dir=Path(tempfile.mkdtemp(prefix="hidream-bench-")))
+    config = AppConfig(
+        tiny_profile=profile, device="cpu", dtype=dtype, output_dir=Path(tempfile.mkdtemp(prefix="hidream-bench-"))
+    )
     device = resolve_device("cpu")
     model = loading.load_model(config, device, resolve_dtype(dtype, device))
     apply(model.pipeline.transformer, "sdpa", device, model.dtype)
     size = size or model.geometry.image_size // 2
-    report = {"benchmark": "edit", "profile": profile, "dtype": dtype, "device": device.torch_device,
-              "forward": _forward_comparison(model, size, batch, repeats),
-              "weight_copies_per_edit": _weight_copies(model)}
+    report = {
+        "benchmark": "edit",
+        "profile": profile,
+        "dtype": dtype,
+        "device": device.torch_device,
+        "forward": _forward_comparison(model, size, batch, repeats),
+        "weight_copies_per_edit": _weight_copies(model),
+    }
     del model
     # Counting calls needs no big model: the tiny profile runs the same engine and cache.
     report["text_encoders"] = _text_encoder_calls(config.replace(tiny_profile="tiny"), edits)
@@ -162,15 +186,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
         return 0
     f = report["forward"]
-    print(f"forward {f['edit_size']} edit, batch {f['batch']}: padded {f['padded_seconds']:.3f} s "
-          f"({f['padded_tokens']} tokens) vs collapsed {f['collapsed_seconds']:.3f} s ({f['collapsed_tokens']} tokens)"
-          f" = {f['speedup']}x, max |diff| {f['max_abs_diff']:.3g} (outputs up to {f['max_abs_output']:.3g})")
+    print(
+        f"forward {f['edit_size']} edit, batch {f['batch']}: padded {f['padded_seconds']:.3f} s "
+        f"({f['padded_tokens']} tokens) vs collapsed {f['collapsed_seconds']:.3f} s ({f['collapsed_tokens']} tokens)"
+        f" = {f['speedup']}x, max |diff| {f['max_abs_diff']:.3g} (outputs up to {f['max_abs_output']:.3g})"
+    )
     w = report["weight_copies_per_edit"]
-    print(f"weight copies per edit: upstream-style {w['upstream_style']['bytes_copied'] / 2**20:.1f} MiB "
-          f"({w['upstream_style']['seconds']:.3f} s, changed nothing: "
-          f"{not w['upstream_style']['weights_changed_by_the_copies']})"
-          f" vs ours {w['ours']['bytes_copied']} bytes")
+    print(
+        f"weight copies per edit: upstream-style {w['upstream_style']['bytes_copied'] / 2**20:.1f} MiB "
+        f"({w['upstream_style']['seconds']:.3f} s, changed nothing: "
+        f"{not w['upstream_style']['weights_changed_by_the_copies']})"
+        f" vs ours {w['ours']['bytes_copied']} bytes"
+    )
     t = report["text_encoders"]
-    print(f"text encoders: {t['text_encoder_calls']} calls for {t['edits']} edits with one instruction "
-          f"(upstream: {t['upstream_text_encoder_calls']})")
+    print(
+        f"text encoders: {t['text_encoder_calls']} calls for {t['edits']} edits with one instruction "
+        f"(upstream: {t['upstream_text_encoder_calls']})"
+    )
     return 0

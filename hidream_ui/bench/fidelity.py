@@ -40,8 +40,8 @@ def _gaussian_blur(x: np.ndarray) -> np.ndarray:
     taps /= taps.sum()
     r = SSIM_RADIUS
     padded = np.pad(x, ((r, r), (r, r), (0, 0)), mode="reflect")
-    rows = sum(w * padded[i:i + x.shape[0], :, :] for i, w in enumerate(taps))
-    return sum(w * rows[:, i:i + x.shape[1], :] for i, w in enumerate(taps))
+    rows = sum(w * padded[i : i + x.shape[0], :, :] for i, w in enumerate(taps))
+    return sum(w * rows[:, i : i + x.shape[1], :] for i, w in enumerate(taps))
 
 
 def ssim_map(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -69,9 +69,12 @@ def compare(output: np.ndarray, reference: np.ndarray, region: np.ndarray) -> di
     """The four fidelity figures of one output against its reference: whole image and `region`."""
     whole = ssim_map(output, reference)
     region = np.asarray(region, bool)
-    return {"psnr_db": psnr_db(output, reference), "ssim": float(whole.mean()),
-            "untouched_psnr_db": psnr_db(output, reference, region),
-            "untouched_ssim": float(whole[region].mean()) if region.any() else 1.0}
+    return {
+        "psnr_db": psnr_db(output, reference),
+        "ssim": float(whole.mean()),
+        "untouched_psnr_db": psnr_db(output, reference, region),
+        "untouched_ssim": float(whole[region].mean()) if region.any() else 1.0,
+    }
 
 
 def spread(values: list[float]) -> dict[str, float | None]:

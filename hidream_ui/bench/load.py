@@ -50,8 +50,9 @@ _CHILD = textwrap.dedent("""
 
 def measure(profile: str, dtype: str, refiner: str = "e1", variant: str = "e1.1") -> dict:
     ensure_tiny(profile=profile)  # build outside the measured process
-    out = subprocess.run([sys.executable, "-c", _CHILD, profile, dtype, refiner, variant],
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, profile, dtype, refiner, variant], capture_output=True, text=True, check=False
+    )
     if out.returncode != 0:
         raise RuntimeError(f"load benchmark child failed:\n{out.stderr[-3000:]}")
     row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -65,19 +66,22 @@ def measure(profile: str, dtype: str, refiner: str = "e1", variant: str = "e1.1"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui bench load", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="bench", choices=("tiny", "bench"))
-    parser.add_argument("--dtype", action="append", choices=("bf16", "fp32"),
-                        help="repeatable; default: bf16 and fp32")
+    parser.add_argument("--dtype", action="append", choices=("bf16", "fp32"), help="repeatable; default: bf16 and fp32")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     rows = [measure(args.profile, dtype) for dtype in (args.dtype or ["bf16", "fp32"])]
     if args.json:
         print(json.dumps({"benchmark": "load", "rows": rows}, indent=2))
         return 0
-    print(f"{'profile':8s} {'dtype':5s} {'seconds':>8s} {'files read MB':>14s} {'params MB':>10s} "
-          f"{'RSS growth MB':>14s} {'/files':>7s} {'/params':>8s}")
+    print(
+        f"{'profile':8s} {'dtype':5s} {'seconds':>8s} {'files read MB':>14s} {'params MB':>10s} "
+        f"{'RSS growth MB':>14s} {'/files':>7s} {'/params':>8s}"
+    )
     for r in rows:
         growth = max(r["peak_rss"], r["touched_rss"]) - r["baseline_rss"]
-        print(f"{r['profile']:8s} {r['dtype']:5s} {r['seconds']:8.2f} {r['weight_file_bytes'] / 2**20:14.1f} "
-              f"{r['resident_param_bytes'] / 2**20:10.1f} {growth / 2**20:14.1f} {r['peak_over_weights']:7.2f} "
-              f"{r['peak_over_resident_params']:8.2f}")
+        print(
+            f"{r['profile']:8s} {r['dtype']:5s} {r['seconds']:8.2f} {r['weight_file_bytes'] / 2**20:14.1f} "
+            f"{r['resident_param_bytes'] / 2**20:10.1f} {growth / 2**20:14.1f} {r['peak_over_weights']:7.2f} "
+            f"{r['peak_over_resident_params']:8.2f}"
+        )
     return 0

@@ -108,10 +108,13 @@ def transformer_load(folder: Path) -> dict:
     """Streaming load of one transformer folder in bf16 and in fp8 storage, each in a fresh process."""
     bf16 = _child(_LOAD_CHILD, folder, "0")
     fp8 = _child(_LOAD_CHILD, folder, "1")
-    return {"bf16": bf16, "fp8": fp8,
-            "resident_ratio": round(fp8["resident_growth"] / max(1, bf16["resident_growth"]), 3),
-            "param_ratio": round(fp8["param_bytes"] / max(1, bf16["param_bytes"]), 3),
-            "peak_ratio": round(fp8["peak_growth"] / max(1, bf16["peak_growth"]), 3)}
+    return {
+        "bf16": bf16,
+        "fp8": fp8,
+        "resident_ratio": round(fp8["resident_growth"] / max(1, bf16["resident_growth"]), 3),
+        "param_ratio": round(fp8["param_bytes"] / max(1, bf16["param_bytes"]), 3),
+        "peak_ratio": round(fp8["peak_growth"] / max(1, bf16["peak_growth"]), 3),
+    }
 
 
 def calibrate(sides=(256, 384)) -> dict:
@@ -139,28 +142,49 @@ def calibrate(sides=(256, 384)) -> dict:
         latent = torch.randn(batch, config.in_channels, side // 8, 2 * side // 8)
         tokens, mask, sizes, ids = collapsed_tokens(latent, config.patch_size, 2 * transformer.max_seq)
         t5_dim, llama_dim = config.caption_channels
-        inputs = dict(hidden_states=tokens, hidden_states_masks=mask, img_sizes=sizes, img_ids=ids,
-                      timesteps=torch.full((batch,), 500.0),
-                      encoder_hidden_states_t5=torch.randn(batch, PROMPT_TOKENS, t5_dim),
-                      encoder_hidden_states_llama3=torch.randn(max(config.llama_layers) + 1, batch, PROMPT_TOKENS,
-                                                               llama_dim),
-                      pooled_embeds=torch.randn(batch, config.text_emb_dim), return_dict=False)
+        inputs = dict(
+            hidden_states=tokens,
+            hidden_states_masks=mask,
+            img_sizes=sizes,
+            img_ids=ids,
+            timesteps=torch.full((batch,), 500.0),
+            encoder_hidden_states_t5=torch.randn(batch, PROMPT_TOKENS, t5_dim),
+            encoder_hidden_states_llama3=torch.randn(max(config.llama_layers) + 1, batch, PROMPT_TOKENS, llama_dim),
+            pooled_embeds=torch.randn(batch, config.text_emb_dim),
+            return_dict=False,
+        )
         n_tokens = tokens.shape[1] + 2 * PROMPT_TOKENS
         with torch.inference_mode():
             _, peak = meter.measure(functools.partial(transformer, **inputs))
             _, vae_peak = meter.measure(functools.partial(vae.decode, torch.randn(1, 16, side // 8, side // 8)))
-        rows.append({"side": side, "tokens": n_tokens, "transformer_peak": peak,
-                     "per_token_unit": round(peak / (batch * n_tokens * inner * 4), 2),
-                     "vae_decode_peak": vae_peak,
-                     "per_pixel_channel": round(vae_peak / (side * side * channels * 4), 2)})
-    return {"method": meter.method, "rows": rows, "planner_per_token_unit": ACTIVATION_PER_TOKEN_UNIT,
-            "planner_per_pixel_channel": ACTIVATION_PER_PIXEL_CHANNEL}
+        rows.append(
+            {
+                "side": side,
+                "tokens": n_tokens,
+                "transformer_peak": peak,
+                "per_token_unit": round(peak / (batch * n_tokens * inner * 4), 2),
+                "vae_decode_peak": vae_peak,
+                "per_pixel_channel": round(vae_peak / (side * side * channels * 4), 2),
+            }
+        )
+    return {
+        "method": meter.method,
+        "rows": rows,
+        "planner_per_token_unit": ACTIVATION_PER_TOKEN_UNIT,
+        "planner_per_pixel_channel": ACTIVATION_PER_PIXEL_CHANNEL,
+    }
 
 
-def run(profile: str, device: str, size: str, steps: int, combos: list[tuple[str, str]], *,
-        transformer_load_too: bool = True) -> dict:
+def run(
+    profile: str,
+    device: str,
+    size: str,
+    steps: int,
+    combos: list[tuple[str, str]],
+    *,
+    transformer_load_too: bool = True,
+) -> dict:
     import torch
-
 
     config = AppConfig(tiny_profile=profile, device=device)
     sources = resolve_sources(config)  # builds the tiny checkpoint outside the measured processes
@@ -184,8 +208,7 @@ def run(profile: str, device: str, size: str, steps: int, combos: list[tuple[str
             working = tuple(measured["working_size"])
             planned = plan_for(config.replace(memory=plan, weights=weights), dev, dtype, working_size=working)
             predicted = next(r for r in planned.rows if r.plan == plan and r.weights == weights)
-            row.update(predicted_peak=predicted.peak, predicted_host=predicted.host,
-                       predicted_phases=predicted.phases)
+            row.update(predicted_peak=predicted.peak, predicted_host=predicted.host, predicted_phases=predicted.phases)
             latents = torch.load(latents_path)
             if reference is None and plan == "full" and weights == "bf16":
                 reference = latents
@@ -206,37 +229,54 @@ def run(profile: str, device: str, size: str, steps: int, combos: list[tuple[str
             )
             rows.append(row)
         load = transformer_load(Path(sources.e1) / "transformer") if transformer_load_too else None
-    return {"benchmark": "memory", "profile": profile, "device": dev.torch_device, "dtype": str(dtype),
-            "size": size, "steps": steps, "rows": rows, "transformer_load": load,
-            "note": "CPU: no device allocator; predicted_over_measured compares with the host RSS growth"
-            if dev.type == "cpu" else "device peaks from the allocator"}
+    return {
+        "benchmark": "memory",
+        "profile": profile,
+        "device": dev.torch_device,
+        "dtype": str(dtype),
+        "size": size,
+        "steps": steps,
+        "rows": rows,
+        "transformer_load": load,
+        "note": "CPU: no device allocator; predicted_over_measured compares with the host RSS growth"
+        if dev.type == "cpu"
+        else "device peaks from the allocator",
+    }
 
 
 def format_table(report: dict) -> str:
     gb = 1e9
-    lines = [f"bench memory · profile {report['profile']} · {report['device']} {report['dtype']} · "
-             f"working resolution {report['size']}, {report['steps']} steps",
-             f"{'plan':17s} {'weights':7s} {'predicted':>10s} {'device pk':>10s} {'host grow':>10s} {'s/step':>7s} "
-             f"{'s new':>7s} {'s cached':>8s} {'diff vs full':>12s}"]
+    lines = [
+        f"bench memory · profile {report['profile']} · {report['device']} {report['dtype']} · "
+        f"working resolution {report['size']}, {report['steps']} steps",
+        f"{'plan':17s} {'weights':7s} {'predicted':>10s} {'device pk':>10s} {'host grow':>10s} {'s/step':>7s} "
+        f"{'s new':>7s} {'s cached':>8s} {'diff vs full':>12s}",
+    ]
     for r in report["rows"]:
         if "skipped" in r or "error" in r:
             lines.append(f"{r['plan']:17s} {r['weights']:7s} {r.get('skipped') or r.get('error')}")
             continue
         device = "—" if r["device_peak"] is None else f"{r['device_peak'] / gb:.2f}G"
-        lines.append(f"{r['plan']:17s} {r['weights']:7s} {r['predicted_peak'] / gb:9.2f}G {device:>10s} "
-                     f"{r['host_peak_growth'] / gb:9.2f}G {r['seconds_per_step']:7.2f} "
-                     f"{r['seconds_new_instruction']:7.2f} {r['seconds_cached_instruction']:8.2f} "
-                     f"{r['max_abs_diff_vs_full']:12.3g}")
+        lines.append(
+            f"{r['plan']:17s} {r['weights']:7s} {r['predicted_peak'] / gb:9.2f}G {device:>10s} "
+            f"{r['host_peak_growth'] / gb:9.2f}G {r['seconds_per_step']:7.2f} "
+            f"{r['seconds_new_instruction']:7.2f} {r['seconds_cached_instruction']:8.2f} "
+            f"{r['max_abs_diff_vs_full']:12.3g}"
+        )
     for c in report.get("calibration", {}).get("rows", []):
-        lines.append(f"calibration {c['side']}px: transformer {c['per_token_unit']} per token unit (planner "
-                     f"{report['calibration']['planner_per_token_unit']}), VAE {c['per_pixel_channel']} per pixel "
-                     f"channel (planner {report['calibration']['planner_per_pixel_channel']})")
+        lines.append(
+            f"calibration {c['side']}px: transformer {c['per_token_unit']} per token unit (planner "
+            f"{report['calibration']['planner_per_token_unit']}), VAE {c['per_pixel_channel']} per pixel "
+            f"channel (planner {report['calibration']['planner_per_pixel_channel']})"
+        )
     load = report["transformer_load"]
     if load is None:
         return "\n".join(lines)
-    lines.append(f"transformer load: bf16 resident {load['bf16']['resident_growth'] / 2**20:.0f} MiB, fp8 "
-                 f"{load['fp8']['resident_growth'] / 2**20:.0f} MiB (x{load['resident_ratio']}); peak growth x"
-                 f"{load['peak_ratio']}")
+    lines.append(
+        f"transformer load: bf16 resident {load['bf16']['resident_growth'] / 2**20:.0f} MiB, fp8 "
+        f"{load['fp8']['resident_growth'] / 2**20:.0f} MiB (x{load['resident_ratio']}); peak growth x"
+        f"{load['peak_ratio']}"
+    )
     return "\n".join(lines)
 
 
@@ -244,11 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui bench memory", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="bench", choices=("tiny", "bench", "full"))
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | npu | npu:N (default cpu)")
-    parser.add_argument("--size", default=None,
-                        help="working resolution: auto | draft | a side in pixels (default 256; tiny: auto)")
+    parser.add_argument(
+        "--size", default=None, help="working resolution: auto | draft | a side in pixels (default 256; tiny: auto)"
+    )
     parser.add_argument("--steps", type=int, default=2, help="denoising steps per edit (default 2)")
-    parser.add_argument("--calibrate", action="store_true",
-                        help="also measure the planner's activation constants on CPU (bench geometry; minutes)")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also measure the planner's activation constants on CPU (bench geometry; minutes)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     size = args.size or ("auto" if args.profile == "tiny" else "256")

@@ -51,9 +51,15 @@ class TimedEngine(EditEngine):
             return super().edit(request, on_step, save=save, cancel=cancel, on_preview=on_preview)
         finally:
             with TimedEngine.clock:
-                self.records.append({"engine": self.pool_label or self.config.device, "seed": request.params.seed,
-                                     "start": start, "end": time.perf_counter(),
-                                     "thread": threading.current_thread().name})
+                self.records.append(
+                    {
+                        "engine": self.pool_label or self.config.device,
+                        "seed": request.params.seed,
+                        "start": start,
+                        "end": time.perf_counter(),
+                        "thread": threading.current_thread().name,
+                    }
+                )
 
 
 def _overlap(records: list[dict]) -> tuple[float, int]:
@@ -73,7 +79,6 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
     from gradio_client import Client, handle_file
     from PIL import Image
 
-
     records: list[dict] = []
     for each in engine.engines:
         each.records = records
@@ -90,14 +95,25 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
         # result where the app wrote it (a download once failed mid-body in CI: "peer closed connection").
         client = Client(url, verbose=False, download_files=False, analytics_enabled=False)
         started = time.perf_counter()
-        pending = [client.submit(image=handle_file(str(picture)), instruction=INSTRUCTION, seed=seed,
-                                 randomize_seed=False, num_inference_steps=steps, working_resolution="draft",
-                                 api_name="/edit") for seed in range(jobs)]
+        pending = [
+            client.submit(
+                image=handle_file(str(picture)),
+                instruction=INSTRUCTION,
+                seed=seed,
+                randomize_seed=False,
+                num_inference_steps=steps,
+                working_resolution="draft",
+                api_name="/edit",
+            )
+            for seed in range(jobs)
+        ]
         outputs = [job.result(timeout=3600) for job in pending]
         wall = time.perf_counter() - started
         # Read before the app closes (its cache folder goes with it).
-        images = {int(seed): Image.open(png["path"] if isinstance(png, dict) else png).convert("RGB")
-                  for (_, png, seed, _) in outputs}
+        images = {
+            int(seed): Image.open(png["path"] if isinstance(png, dict) else png).convert("RGB")
+            for (_, png, seed, _) in outputs
+        }
     finally:
         if client is not None:
             client.close()
@@ -119,8 +135,15 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
         "overlap_seconds": round(overlap, 3),
         "max_concurrent_jobs": most,
         "two_jobs_ran_at_once": most >= 2,
-        "jobs": [{"seed": r["seed"], "engine": r["engine"], "start": round(r["start"] - started, 3),
-                  "end": round(r["end"] - started, 3)} for r in sorted(records, key=lambda r: r["start"])],
+        "jobs": [
+            {
+                "seed": r["seed"],
+                "engine": r["engine"],
+                "start": round(r["start"] - started, 3),
+                "end": round(r["end"] - started, 3),
+            }
+            for r in sorted(records, key=lambda r: r["start"])
+        ],
         "_images": images,
     }
 
@@ -148,14 +171,19 @@ def run(profile: str = "tiny", jobs: int = 8, steps: int = 4) -> dict:
     per_seed = []
     for seed in sorted(a):
         x, y = np.asarray(a[seed], dtype=np.int16), np.asarray(b[seed], dtype=np.int16)
-        per_seed.append({"seed": seed, "identical": bool(np.array_equal(x, y)),
-                         "max_abs_difference": int(np.abs(x - y).max())})
+        per_seed.append(
+            {"seed": seed, "identical": bool(np.array_equal(x, y)), "max_abs_difference": int(np.abs(x - y).max())}
+        )
     return {
         "benchmark": "pool",
         "profile": profile,
         "jobs": jobs,
-        "settings_per_job": {"api_name": "/edit", "image": picture.name, "num_inference_steps": steps,
-                             "working_resolution": "draft"},
+        "settings_per_job": {
+            "api_name": "/edit",
+            "image": picture.name,
+            "num_inference_steps": steps,
+            "working_resolution": "draft",
+        },
         "host_cores": host_cores(),
         "pool_threads_per_engine": threads,
         "single": single,
@@ -164,16 +192,18 @@ def run(profile: str = "tiny", jobs: int = 8, steps: int = 4) -> dict:
         "identical_outputs": sum(1 for s in per_seed if s["identical"]),
         "outputs_per_seed": per_seed,
         "note": "one engine already uses every core of this CPU; the pool's gain belongs to machines with several "
-                "cards. Images of a two-engine CPU pool can differ in the last bit from one engine's when the "
-                "engines run on fewer threads each (fp32 sums in another order); with equal threads they are "
-                "identical (tests/test_pool.py).",
+        "cards. Images of a two-engine CPU pool can differ in the last bit from one engine's when the "
+        "engines run on fewer threads each (fp32 sums in another order); with equal threads they are "
+        "identical (tests/test_pool.py).",
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hidream_ui bench pool",
-                                     description="N concurrent edits through the app's queue: --device cpu vs "
-                                                 "--devices cpu,cpu (overlap, throughput, identical outputs).")
+    parser = argparse.ArgumentParser(
+        prog="python -m hidream_ui bench pool",
+        description="N concurrent edits through the app's queue: --device cpu vs "
+        "--devices cpu,cpu (overlap, throughput, identical outputs).",
+    )
     parser.add_argument("--profile", choices=("tiny", "bench"), default="tiny", help="offline model (default tiny)")
     parser.add_argument("--jobs", type=int, default=8, help="concurrent edits (default 8)")
     parser.add_argument("--steps", type=int, default=4, help="steps per edit (default 4)")
@@ -185,15 +215,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"{args.jobs} concurrent edits through /edit ({args.profile} model, {args.steps} steps, draft), "
-          f"{report['host_cores']} cores")
+    print(
+        f"{args.jobs} concurrent edits through /edit ({args.profile} model, {args.steps} steps, draft), "
+        f"{report['host_cores']} cores"
+    )
     for key in ("single", "pool"):
         run_ = report[key]
-        print(f"  {run_['label']:16s}: {run_['wall_seconds']:.2f} s ({run_['jobs_per_second']:.2f} jobs/s), "
-              f"jobs per engine {run_['jobs_per_engine']}, overlap {run_['overlap_seconds']:.2f} s, "
-              f"at most {run_['max_concurrent_jobs']} at once")
-    print(f"  throughput ratio (pool / one engine): {report['throughput_ratio']:.2f}x; identical outputs "
-          f"{report['identical_outputs']}/{args.jobs}")
+        print(
+            f"  {run_['label']:16s}: {run_['wall_seconds']:.2f} s ({run_['jobs_per_second']:.2f} jobs/s), "
+            f"jobs per engine {run_['jobs_per_engine']}, overlap {run_['overlap_seconds']:.2f} s, "
+            f"at most {run_['max_concurrent_jobs']} at once"
+        )
+    print(
+        f"  throughput ratio (pool / one engine): {report['throughput_ratio']:.2f}x; identical outputs "
+        f"{report['identical_outputs']}/{args.jobs}"
+    )
     return 0
 
 

@@ -103,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"profile {row['profile']} on {row['device']}, working size {row['working_size']}, {row['steps']} steps")
     print(f"  fit of the latent->RGB map: {row['fit_seconds']:.3f} s (RMS error {row['fit_rms']:.3f})")
-    print(f"  step: {row['step_seconds'] * 1000:.1f} ms; with a preview every {row['every']}: "
-          f"{row['step_seconds_with_previews'] * 1000:.1f} ms")
-    print(f"  one preview: {row['preview_seconds'] * 1000:.3f} ms ({row['preview_pct_of_step']:.2f} % of a step; "
-          f"{row['preview_pct_of_step_spread']:.2f} % spread over {row['every']} steps); "
-          f"at a 1024x1024 edit's latent: {row['preview_seconds_1024'] * 1000:.3f} ms")
+    print(
+        f"  step: {row['step_seconds'] * 1000:.1f} ms; with a preview every {row['every']}: "
+        f"{row['step_seconds_with_previews'] * 1000:.1f} ms"
+    )
+    print(
+        f"  one preview: {row['preview_seconds'] * 1000:.3f} ms ({row['preview_pct_of_step']:.2f} % of a step; "
+        f"{row['preview_pct_of_step_spread']:.2f} % spread over {row['every']} steps); "
+        f"at a 1024x1024 edit's latent: {row['preview_seconds_1024'] * 1000:.3f} ms"
+    )
     return 0

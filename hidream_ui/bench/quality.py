@@ -109,8 +109,14 @@ class Configuration:
         return (self.memory, self.weights)
 
     def settings(self) -> dict[str, Any]:
-        return {"cache": self.cache, "attention": self.attention or "auto", "memory": self.memory,
-                "weights": self.weights, "collapse_padding": self.collapse_padding, "steps": self.steps}
+        return {
+            "cache": self.cache,
+            "attention": self.attention or "auto",
+            "memory": self.memory,
+            "weights": self.weights,
+            "collapse_padding": self.collapse_padding,
+            "steps": self.steps,
+        }
 
 
 EXACT = Configuration("exact", "exact", True)
@@ -150,9 +156,15 @@ def step_counts(values: Iterable[str | int], name: str = "--steps-grid") -> list
     return counts
 
 
-def all_configurations(device, dtype, profile: str, caches: Iterable[str] = CACHE_MODES,
-                       steps_grid: Iterable[int] = (), cross: Iterable[str] = (), steps: int | None = None
-                       ) -> tuple[list[Configuration], dict[Configuration, str]]:
+def all_configurations(
+    device,
+    dtype,
+    profile: str,
+    caches: Iterable[str] = CACHE_MODES,
+    steps_grid: Iterable[int] = (),
+    cross: Iterable[str] = (),
+    steps: int | None = None,
+) -> tuple[list[Configuration], dict[Configuration, str]]:
     """Every configuration this device can run, exact first; and {configuration: reason} for those it cannot.
     `steps_grid`: step counts measured beside exact's `steps` (`steps:N`); `cross`: step caches also run at
     each of them (`CACHE@N`)."""
@@ -201,8 +213,9 @@ def all_configurations(device, dtype, profile: str, caches: Iterable[str] = CACH
     return configs, unavailable
 
 
-def select(configs: list[Configuration], only: Iterable[str] | None,
-           unavailable: dict[Configuration, str] | None = None) -> tuple[list[Configuration], dict[str, str]]:
+def select(
+    configs: list[Configuration], only: Iterable[str] | None, unavailable: dict[Configuration, str] | None = None
+) -> tuple[list[Configuration], dict[str, str]]:
     """The configurations named (by name or group) in `only`, exact always (every figure is against
     it); and {name: reason} of the unavailable ones it names. Raises ValueError naming an unknown word."""
     unavailable = unavailable or {}
@@ -210,14 +223,18 @@ def select(configs: list[Configuration], only: Iterable[str] | None,
     known = {c.name for c in (*configs, *unavailable)} | set(GROUPS)
     unknown = [w for w in words if w not in known]
     if unknown:
-        raise ValueError(f"--only: unknown configuration(s) {', '.join(map(repr, unknown))}; "
-                         f"choose from: {', '.join(GROUPS)}, {', '.join(c.name for c in configs)}")
+        raise ValueError(
+            f"--only: unknown configuration(s) {', '.join(map(repr, unknown))}; "
+            f"choose from: {', '.join(GROUPS)}, {', '.join(c.name for c in configs)}"
+        )
 
     def chosen(c: Configuration) -> bool:
         return not words or c.name in words or c.group in words
 
-    return ([c for c in configs if c is EXACT or chosen(c)],
-            {c.name: why for c, why in unavailable.items() if chosen(c)})
+    return (
+        [c for c in configs if c is EXACT or chosen(c)],
+        {c.name: why for c, why in unavailable.items() if chosen(c)},
+    )
 
 
 @dataclass
@@ -249,8 +266,10 @@ class _TransformerClock:
         def post(module, args, kwargs, output):
             self.seconds += time.perf_counter() - self._started
 
-        self._handles = [transformer.register_forward_pre_hook(pre, with_kwargs=True),
-                         transformer.register_forward_hook(post, with_kwargs=True)]
+        self._handles = [
+            transformer.register_forward_pre_hook(pre, with_kwargs=True),
+            transformer.register_forward_hook(post, with_kwargs=True),
+        ]
 
     def close(self) -> None:
         for handle in self._handles:
@@ -262,8 +281,7 @@ class _Engine:
     attention strategy it runs now (tracked here: switched only when a configuration needs another)."""
 
     def __init__(self, profile: str, device: str, memory: str, weights: str, output_dir: Path):
-        config = AppConfig(tiny_profile=profile, device=device, memory=memory, weights=weights,
-                           output_dir=output_dir)
+        config = AppConfig(tiny_profile=profile, device=device, memory=memory, weights=weights, output_dir=output_dir)
         self.pool = EnginePool.for_config(config)
         t0 = time.perf_counter()
         self.pool.load()
@@ -285,9 +303,17 @@ class _Engine:
 
 def _params(base: dict, case_instruction: str, seed: int, config: Configuration) -> EditParams:
     steps = {"num_inference_steps": config.steps} if config.steps is not None else {}
-    return EditParams.from_dict({**base, **steps, "instruction": case_instruction, "seed": seed,
-                                 "randomize_seed": False, "cache": config.cache,
-                                 "collapse_padding": config.collapse_padding})
+    return EditParams.from_dict(
+        {
+            **base,
+            **steps,
+            "instruction": case_instruction,
+            "seed": seed,
+            "randomize_seed": False,
+            "cache": config.cache,
+            "collapse_padding": config.collapse_padding,
+        }
+    )
 
 
 # What `fidelity_vs_exact` holds per configuration: fidelity.compare's figures, each as {median, p5}.
@@ -355,8 +381,10 @@ def edit_base(steps: int | None = None, params: Mapping[str, Any] | None = None)
     params = dict(params or {})
     unknown = sorted(set(params) - set(base))
     if unknown:
-        raise ValueError(f"--param {', '.join(unknown)}: not an edit setting; choose from: "
-                         f"{', '.join(k for k in base if k not in PER_EDIT_FIELDS)}")
+        raise ValueError(
+            f"--param {', '.join(unknown)}: not an edit setting; choose from: "
+            f"{', '.join(k for k in base if k not in PER_EDIT_FIELDS)}"
+        )
     fixed = sorted(set(params) & set(PER_EDIT_FIELDS))
     if fixed:
         raise ValueError(f"--param {', '.join(fixed)}: set by the benchmark per case or configuration")
@@ -366,8 +394,15 @@ def edit_base(steps: int | None = None, params: Mapping[str, Any] | None = None)
     return {k: checked[k] for k in base}
 
 
-def _run_case(case, index: int, configs: list[Configuration], rows: dict[str, _Row],
-              engines: dict[tuple[str, str], _Engine], base: dict, attention: str) -> dict:
+def _run_case(
+    case,
+    index: int,
+    configs: list[Configuration],
+    rows: dict[str, _Row],
+    engines: dict[tuple[str, str], _Engine],
+    base: dict,
+    attention: str,
+) -> dict:
     """Edits one case under every configuration still running, records each row's figures and returns
     the case's per-configuration record. The order turns by one configuration per case, so no
     configuration always runs right after a new image or right before the next load of work."""
@@ -378,7 +413,8 @@ def _run_case(case, index: int, configs: list[Configuration], rows: dict[str, _R
     for config in live[shift:] + live[:shift]:
         try:
             outputs[config.name] = engines[config.engine_key].edit(
-                image, _params(base, case.instruction, case.seed, config), config.attention or attention)
+                image, _params(base, case.instruction, case.seed, config), config.attention or attention
+            )
         except (EngineError, RuntimeError, ValueError) as exc:
             if config is EXACT:  # every other figure is against exact's output
                 raise RuntimeError(f"exact failed on seed {case.seed}: {exc}") from exc
@@ -405,17 +441,30 @@ def _run_case(case, index: int, configs: list[Configuration], rows: dict[str, _R
         close = compare(out, exact_out, untouched)
         row.fidelity.append(close)
         record["configurations"][config.name] = {
-            "success": score["success"], "colour_ok": score["colour_ok"], "got": score["got"],
+            "success": score["success"],
+            "colour_ok": score["colour_ok"],
+            "got": score["got"],
             "untouched_psnr_db": round(min(score["untouched_psnr_db"], PSNR_CAP_DB), 2),
-            "seconds": round(seconds, 4), "max_abs_diff_vs_exact": diff,
-            "fidelity_vs_exact": {k: round(v, 4) for k, v in close.items()}}
+            "seconds": round(seconds, 4),
+            "max_abs_diff_vs_exact": diff,
+            "fidelity_vs_exact": {k: round(v, 4) for k, v in close.items()},
+        }
     return record
 
 
-def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "cpu", steps: int | None = None,
-        only: Iterable[str] | None = None, per_case: bool = False, progress=None,
-        caches: Iterable[str] = CACHE_MODES, params: Mapping[str, Any] | None = None,
-        steps_grid: Iterable[int] = (), cross: Iterable[str] = ()) -> dict:
+def run(
+    cases: int = DEFAULT_CASES,
+    profile: str | None = None,
+    device: str = "cpu",
+    steps: int | None = None,
+    only: Iterable[str] | None = None,
+    per_case: bool = False,
+    progress=None,
+    caches: Iterable[str] = CACHE_MODES,
+    params: Mapping[str, Any] | None = None,
+    steps_grid: Iterable[int] = (),
+    cross: Iterable[str] = (),
+) -> dict:
     """Runs the benchmark; returns the report (keys: docs/benchmarks.md "bench quality").
     `progress(done, total, text)` is called after each case; `params`: edit settings other than the defaults;
     `steps_grid`: other step counts to measure (`steps:N`), `cross`: step caches run at each of them too."""
@@ -427,8 +476,9 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
     dev = resolve_device(device)
     dtype = resolve_dtype("auto", dev)
     base = edit_base(steps, params)
-    everything, unavailable = all_configurations(dev, dtype, profile, caches, steps_grid, cross,
-                                                 base["num_inference_steps"])
+    everything, unavailable = all_configurations(
+        dev, dtype, profile, caches, steps_grid, cross, base["num_inference_steps"]
+    )
     configs, unavailable = select(everything, only, unavailable)
     held_out = world.held_out_cases(cases)
     rows = {c.name: _Row(c) for c in configs}
@@ -458,9 +508,11 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
                 row = rows[config.name]
                 if row.error is None:
                     try:
-                        engines[config.engine_key].edit(Image.fromarray(warm.source),
-                                                        _params(base, warm.instruction, warm.seed, config),
-                                                        config.attention or attention)
+                        engines[config.engine_key].edit(
+                            Image.fromarray(warm.source),
+                            _params(base, warm.instruction, warm.seed, config),
+                            config.attention or attention,
+                        )
                     except (EngineError, RuntimeError, ValueError) as exc:
                         row.error = f"edit failed: {exc}"
             if rows["exact"].error:
@@ -471,8 +523,9 @@ def run(cases: int = DEFAULT_CASES, profile: str | None = None, device: str = "c
                     per_case_rows.append(case_row)
                 if progress is not None:
                     ok = case_row["configurations"]["exact"]["success"]
-                    progress(index + 1, len(held_out), f"seed {case.seed} {case.edit.kind}: exact "
-                                                       f"{'ok' if ok else 'failed'}")
+                    progress(
+                        index + 1, len(held_out), f"seed {case.seed} {case.edit.kind}: exact {'ok' if ok else 'failed'}"
+                    )
             geometry = exact_engine.pool.model.geometry
             plan = exact_engine.pool.working_plan((world.SIZE, world.SIZE), base["working_resolution"])
             width, height = plan.working_size
@@ -525,8 +578,10 @@ def targets(report: dict) -> dict:
     if exact["success_rate"] < TARGETS["exact_success_rate_min"]:
         missed.append(f"exact success {exact['success_rate']:.1%} < {TARGETS['exact_success_rate_min']:.0%}")
     if exact["untouched_psnr_median_db"] < TARGETS["untouched_psnr_median_min_db"]:
-        missed.append(f"untouched PSNR median {exact['untouched_psnr_median_db']} dB < "
-                      f"{TARGETS['untouched_psnr_median_min_db']:g} dB")
+        missed.append(
+            f"untouched PSNR median {exact['untouched_psnr_median_db']} dB < "
+            f"{TARGETS['untouched_psnr_median_min_db']:g} dB"
+        )
     if not report["exact_modes_equal_exact"]:
         missed.append("an exact mode disagreed with exact on some case")
     return {**TARGETS, "met": not missed, "missed": missed}
@@ -540,8 +595,7 @@ def presets(report: dict) -> dict:
     targets, and whether `best` reaches them."""
     configurations = report["configurations"]
     exact = configurations["exact"]["success_rate"]
-    candidates = [(name, r) for name, r in configurations.items()
-                  if r["group"] in PRESET_GROUPS and "error" not in r]
+    candidates = [(name, r) for name, r in configurations.items() if r["group"] in PRESET_GROUPS and "error" not in r]
     result = {}
     for preset, rule in PRESET_RULES.items():
         kept = [(name, r) for name, r in candidates if not rule_misses(preset, r, exact, speed=False)]
@@ -554,16 +608,23 @@ def presets(report: dict) -> dict:
         current_misses = rule_misses(preset, found[1], exact) if found else None
         target = PRESET_TARGETS[preset]["min_transformer_speedup"]
         result[preset] = {
-            **rule, "current": current, "qualifying": qualifying, "best": best, "meets_rule": bool(qualifying),
+            **rule,
+            "current": current,
+            "qualifying": qualifying,
+            "best": best,
+            "meets_rule": bool(qualifying),
             "best_speed_value": speed_value(best_row["settings"]) if best else None,
             "best_success_rate": best_row.get("success_rate"),
             "best_transformer_speedup": best_row.get("transformer_speedup_vs_exact"),
             "best_psnr_vs_exact_db": psnr_median(best_row) if best else None,
             "current_keeps_rule": None if current_misses is None else not current_misses,
             "current_misses": current_misses,
-            "targets": {"min_transformer_speedup": target,
-                        "met": bool(best and (best_row.get("transformer_speedup_vs_exact") or 0.0) >= target
-                                    and best in qualifying)},
+            "targets": {
+                "min_transformer_speedup": target,
+                "met": bool(
+                    best and (best_row.get("transformer_speedup_vs_exact") or 0.0) >= target and best in qualifying
+                ),
+            },
         }
     return result
 
@@ -579,12 +640,14 @@ def _num(value: float | None, fmt: str) -> str:
 def format_table(report: dict) -> str:
     weights = "random weights: success is expected near 0" if report["random_weights"] else "trained weights"
     edit = report["edit"]
-    lines = [f"bench quality · profile {report['profile']} ({weights}) · {report['device']} {report['dtype']} · "
-             f"{report['cases']} held-out cases {report['cases_by_kind']} · {edit['num_inference_steps']} steps · "
-             f"working size {report['working_size'][0]}x{report['working_size'][1]} · {report['model_loads']} loads",
-             f"{'configuration':24s} {'success':>7s} {'recol':>6s} {'remove':>6s} {'bkgd':>6s} {'PSNR':>6s} "
-             f"{'s/edit':>7s} {'speedup':>7s} {'tf s':>7s} {'tf spd':>7s} {'skip':>5s} {'=exact':>7s} {'max diff':>8s} "
-             f"{'PSNR>ex':>7s} {'p5':>5s} {'SSIM>ex':>7s}"]
+    lines = [
+        f"bench quality · profile {report['profile']} ({weights}) · {report['device']} {report['dtype']} · "
+        f"{report['cases']} held-out cases {report['cases_by_kind']} · {edit['num_inference_steps']} steps · "
+        f"working size {report['working_size'][0]}x{report['working_size'][1]} · {report['model_loads']} loads",
+        f"{'configuration':24s} {'success':>7s} {'recol':>6s} {'remove':>6s} {'bkgd':>6s} {'PSNR':>6s} "
+        f"{'s/edit':>7s} {'speedup':>7s} {'tf s':>7s} {'tf spd':>7s} {'skip':>5s} {'=exact':>7s} {'max diff':>8s} "
+        f"{'PSNR>ex':>7s} {'p5':>5s} {'SSIM>ex':>7s}",
+    ]
     for name, r in report["configurations"].items():
         if "error" in r:
             lines.append(f"{name:24s} {r['error']}")
@@ -598,15 +661,20 @@ def format_table(report: dict) -> str:
             f"{_num(r['transformer_speedup_vs_exact'], '.2f'):>6s}x {_pct(r['skipped_fraction']):>5s} "
             f"{r['equal_to_exact_cases']:>3d}/{r['cases']:<3d} {r['max_abs_diff_vs_exact']:8d} "
             f"{_num(fid['psnr_db']['median'], '7.1f')} {_num(fid['psnr_db']['p5'], '5.1f')} "
-            f"{_num(fid['ssim']['median'], '7.4f')}{mark}")
+            f"{_num(fid['ssim']['median'], '7.4f')}{mark}"
+        )
     for name, reason in report["unavailable"].items():
         lines.append(f"{name:24s} not run here: {reason}")
     if "padded" in report["configurations"] and report["image_tokens"] >= report["max_seq"]:
-        lines.append(f"padded: this working size fills the model's {report['max_seq']} tokens, so there is no "
-                     "padding to collapse: equal to exact by construction here")
+        lines.append(
+            f"padded: this working size fills the model's {report['max_seq']} tokens, so there is no "
+            "padding to collapse: equal to exact by construction here"
+        )
     for preset, choice in report.get("presets", {}).items():
-        rule = (f"success within {choice['max_success_drop']:.0%} of exact, PSNR to exact >= "
-                f"{choice['min_psnr_vs_exact_db']:g} dB, transformer >= {choice['min_transformer_speedup']:g}x")
+        rule = (
+            f"success within {choice['max_success_drop']:.0%} of exact, PSNR to exact >= "
+            f"{choice['min_psnr_vs_exact_db']:g} dB, transformer >= {choice['min_transformer_speedup']:g}x"
+        )
         now = choice["current"]
         if choice["current_keeps_rule"] is not None:
             kept = choice["current_keeps_rule"]
@@ -615,46 +683,77 @@ def format_table(report: dict) -> str:
             lines.append(f"preset {preset} ({rule}): nothing here keeps the quality; now {now}")
             continue
         verdict = "meets the rule" if choice["meets_rule"] else "best trade-off, misses the speed-up"
-        lines.append(f"preset {preset} ({rule}): best {choice['best']} ({verdict}: "
-                     f"{_pct(choice['best_success_rate'])}, {_num(choice['best_transformer_speedup'], '.2f')}x, "
-                     f"{_num(choice['best_psnr_vs_exact_db'], '.1f')} dB); now {now}")
+        lines.append(
+            f"preset {preset} ({rule}): best {choice['best']} ({verdict}: "
+            f"{_pct(choice['best_success_rate'])}, {_num(choice['best_transformer_speedup'], '.2f')}x, "
+            f"{_num(choice['best_psnr_vs_exact_db'], '.1f')} dB); now {now}"
+        )
     goal = report["targets"]
     lines.append("issue 22 targets: " + ("met" if goal["met"] else "missed: " + "; ".join(goal["missed"])))
-    lines.append("PSNR: median untouched-region PSNR in dB (capped at 100); tf: transformer time; =exact: cases with "
-                 "exact's success verdict; max diff: largest pixel difference from exact's output (0..255); "
-                 "PSNR>ex / p5 / SSIM>ex: median and 5th-percentile PSNR (dB), median SSIM of the output against "
-                 "exact's; '!': an exact mode that disagreed with exact")
+    lines.append(
+        "PSNR: median untouched-region PSNR in dB (capped at 100); tf: transformer time; =exact: cases with "
+        "exact's success verdict; max diff: largest pixel difference from exact's output (0..255); "
+        "PSNR>ex / p5 / SSIM>ex: median and 5th-percentile PSNR (dB), median SSIM of the output against "
+        "exact's; '!': an exact mode that disagreed with exact"
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui bench quality", description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=int, default=DEFAULT_CASES,
-                        help=f"held-out cases of the synthetic world (default {DEFAULT_CASES})")
-    parser.add_argument("--tiny-profile", default=default_profile(), choices=profile_choices(),
-                        help=f"offline model (default {default_profile()}; `tiny` has random weights)")
+    parser.add_argument(
+        "--cases",
+        type=int,
+        default=DEFAULT_CASES,
+        help=f"held-out cases of the synthetic world (default {DEFAULT_CASES})",
+    )
+    parser.add_argument(
+        "--tiny-profile",
+        default=default_profile(),
+        choices=profile_choices(),
+        help=f"offline model (default {default_profile()}; `tiny` has random weights)",
+    )
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | npu | npu:N (default cpu)")
     parser.add_argument("--steps", type=int, help="denoising steps per edit (default: the edit default)")
-    parser.add_argument("--only", help="comma-separated configurations or groups to run beside exact "
-                                       f"(groups: {', '.join(GROUPS)}; names as in the table)")
-    parser.add_argument("--caches", help="comma-separated step caches to measure, any `--cache` value "
-                                         f"(default {','.join(CACHE_MODES)})")
-    parser.add_argument("--param", action="append", default=[], metavar="FIELD=VALUE",
-                        help="an edit setting for every edit, e.g. guidance_scale=2.5 (repeatable; default: the "
-                             "edit defaults)")
-    parser.add_argument("--steps-grid", metavar="N,N,...",
-                        help="comma-separated step counts to measure beside exact's (e.g. 28,20,14,10,8): each "
-                             "runs as `steps:N`; every speedup stays against exact at --steps")
-    parser.add_argument("--cross", metavar="CACHES",
-                        help="comma-separated step caches (any `--cache` value) to run at each --steps-grid count "
-                             "too, as `CACHE@N`; `all`: every cache of --caches")
+    parser.add_argument(
+        "--only",
+        help="comma-separated configurations or groups to run beside exact "
+        f"(groups: {', '.join(GROUPS)}; names as in the table)",
+    )
+    parser.add_argument(
+        "--caches",
+        help=f"comma-separated step caches to measure, any `--cache` value (default {','.join(CACHE_MODES)})",
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="an edit setting for every edit, e.g. guidance_scale=2.5 (repeatable; default: the edit defaults)",
+    )
+    parser.add_argument(
+        "--steps-grid",
+        metavar="N,N,...",
+        help="comma-separated step counts to measure beside exact's (e.g. 28,20,14,10,8): each "
+        "runs as `steps:N`; every speedup stays against exact at --steps",
+    )
+    parser.add_argument(
+        "--cross",
+        metavar="CACHES",
+        help="comma-separated step caches (any `--cache` value) to run at each --steps-grid count "
+        "too, as `CACHE@N`; `all`: every cache of --caches",
+    )
     parser.add_argument("--per-case", action="store_true", help="add every case's verdicts to the JSON")
-    parser.add_argument("--threads", type=int, help="torch threads (default torch's; 1 leaves a shared machine "
-                                                    "its other core)")
+    parser.add_argument(
+        "--threads", type=int, help="torch threads (default torch's; 1 leaves a shared machine its other core)"
+    )
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--record", action="store_true",
-                        help="write the report as the shipped weights' record (assets/tiny_trained/quality.json, "
-                             "with this command and the weights' digest): the Speed presets are set from it")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the report as the shipped weights' record (assets/tiny_trained/quality.json, "
+        "with this command and the weights' digest): the Speed presets are set from it",
+    )
     add_verbose_argument(parser)
     args = parser.parse_args(argv)
     quiet_libraries(args.verbose)  # before torch and the loaders are imported: they read it then
@@ -687,9 +786,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench quality: case {done}/{total} ({text})", file=sys.stderr, flush=True)
 
     try:
-        report = run(args.cases, args.tiny_profile, args.device, args.steps,
-                     args.only.split(",") if args.only else None, args.per_case, progress, caches, params,
-                     grid, cross)
+        report = run(
+            args.cases,
+            args.tiny_profile,
+            args.device,
+            args.steps,
+            args.only.split(",") if args.only else None,
+            args.per_case,
+            progress,
+            caches,
+            params,
+            grid,
+            cross,
+        )
     except (RuntimeError, ValueError, OSError) as exc:  # OSError: model files missing (say which, no traceback)
         print(f"bench quality: {exc}", file=sys.stderr)
         return 1

@@ -90,8 +90,16 @@ def _growth(before: float, after: float) -> float | None:
     return round((after - before) / before * 100.0, 2) if before else None
 
 
-def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int = 50, cache_max_files: int = 200,
-        max_queue: int = 16, image: str | os.PathLike | None = None, seed: int = 0) -> dict:
+def run(
+    edits: int = 200,
+    sample_at: int = 20,
+    every: int = 20,
+    retention: int = 50,
+    cache_max_files: int = 200,
+    max_queue: int = 16,
+    image: str | os.PathLike | None = None,
+    seed: int = 0,
+) -> dict:
     """Runs the soak and returns the report (a JSON-able dict). Nothing is left behind."""
     if edits < 1 or sample_at < 1 or every < 1:
         raise ValueError("edits, sample_at and every must be at least 1")
@@ -106,8 +114,14 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
     tmp = Path(tempfile.mkdtemp(prefix="hidream-bench-soak-"))
     output_dir, downloads = tmp / "outputs", tmp / "client_downloads"
     downloads.mkdir()
-    config = AppConfig(device="cpu", output_dir=output_dir, port=free_port(), retention=retention,
-                       cache_max_files=cache_max_files, max_queue=max_queue)
+    config = AppConfig(
+        device="cpu",
+        output_dir=output_dir,
+        port=free_port(),
+        retention=retention,
+        cache_max_files=cache_max_files,
+        max_queue=max_queue,
+    )
     demo = client = None
     report: dict = {
         "benchmark": "soak",
@@ -123,8 +137,9 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
     }
     try:
         t_launch = time.perf_counter()
-        demo, url = launch(config, engine=EnginePool.for_config(config, hide_paths=True), prevent_thread_lock=True,
-                           quiet=True)
+        demo, url = launch(
+            config, engine=EnginePool.for_config(config, hide_paths=True), prevent_thread_lock=True, quiet=True
+        )
         report["launch_seconds"] = round(time.perf_counter() - t_launch, 3)
         report["janitor_forced_before_sample"] = getattr(demo.hidream_services, "janitor", None) is not None
         report["gc_collect_before_sample"] = True
@@ -137,8 +152,14 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
         for index in range(1, edits + 1):
             started = time.perf_counter()
             try:
-                client.predict(image=handle_file(str(picture)), instruction=INSTRUCTION, seed=seed + index,
-                               randomize_seed=False, **FAST, api_name="/edit")
+                client.predict(
+                    image=handle_file(str(picture)),
+                    instruction=INSTRUCTION,
+                    seed=seed + index,
+                    randomize_seed=False,
+                    **FAST,
+                    api_name="/edit",
+                )
             except Exception as exc:  # noqa: BLE001 - a failed edit is a figure, not the end of the soak
                 failures += 1
                 if first_error is None:
@@ -160,30 +181,56 @@ def run(edits: int = 200, sample_at: int = 20, every: int = 20, retention: int =
     growth = _growth(warm["rss_mb"], end["rss_mb"])
 
     def counts(key: str) -> dict:
-        return {f"at_edit_{sample_at}": warm[key], "end": end[key], "flat_after_warmup": warm[key] == end[key],
-                "plateau_from_edit": _plateau_from(series, key)}
+        return {
+            f"at_edit_{sample_at}": warm[key],
+            "end": end[key],
+            "flat_after_warmup": warm[key] == end[key],
+            "plateau_from_edit": _plateau_from(series, key),
+        }
 
-    report.update({
-        "rss_mb": {f"at_edit_{sample_at}": warm["rss_mb"], "end": end["rss_mb"], "growth_percent": growth,
-                   "target_growth_percent_max": TARGET_RSS_GROWTH_PERCENT,
-                   "within_target": growth is not None and growth <= TARGET_RSS_GROWTH_PERCENT},
-        "cache_files": {**counts("cache_files"), "limit": cache_max_files,
-                        "target": "flat after warm-up", "within_target": warm["cache_files"] == end["cache_files"]},
-        "output_files": {**counts("output_files"), "target": "flat after warm-up",
-                         "within_target": warm["output_files"] == end["output_files"]},
-        "output_pngs": {**counts("output_pngs"), "limit": retention},
-        "failures": {"count": failures, "first_error": first_error, "first_error_edit": first_error_edit,
-                     "target": 0, "within_target": failures == 0},
-        "seconds_total": round(total, 3),
-        "seconds_per_edit": round(sum(edit_seconds) / len(edit_seconds), 4),
-        "seconds_first_edit": round(edit_seconds[0], 3),
-        "seconds_per_edit_after_first": (round(sum(edit_seconds[1:]) / (len(edit_seconds) - 1), 4)
-                                         if len(edit_seconds) > 1 else None),
-        "series": series,
-        "targets": {"rss_growth_percent_max": TARGET_RSS_GROWTH_PERCENT,
-                    "file_counts": f"flat from edit {sample_at} to the end", "failures": 0,
-                    "enforced": False},
-    })
+    report.update(
+        {
+            "rss_mb": {
+                f"at_edit_{sample_at}": warm["rss_mb"],
+                "end": end["rss_mb"],
+                "growth_percent": growth,
+                "target_growth_percent_max": TARGET_RSS_GROWTH_PERCENT,
+                "within_target": growth is not None and growth <= TARGET_RSS_GROWTH_PERCENT,
+            },
+            "cache_files": {
+                **counts("cache_files"),
+                "limit": cache_max_files,
+                "target": "flat after warm-up",
+                "within_target": warm["cache_files"] == end["cache_files"],
+            },
+            "output_files": {
+                **counts("output_files"),
+                "target": "flat after warm-up",
+                "within_target": warm["output_files"] == end["output_files"],
+            },
+            "output_pngs": {**counts("output_pngs"), "limit": retention},
+            "failures": {
+                "count": failures,
+                "first_error": first_error,
+                "first_error_edit": first_error_edit,
+                "target": 0,
+                "within_target": failures == 0,
+            },
+            "seconds_total": round(total, 3),
+            "seconds_per_edit": round(sum(edit_seconds) / len(edit_seconds), 4),
+            "seconds_first_edit": round(edit_seconds[0], 3),
+            "seconds_per_edit_after_first": (
+                round(sum(edit_seconds[1:]) / (len(edit_seconds) - 1), 4) if len(edit_seconds) > 1 else None
+            ),
+            "series": series,
+            "targets": {
+                "rss_growth_percent_max": TARGET_RSS_GROWTH_PERCENT,
+                "file_counts": f"flat from edit {sample_at} to the end",
+                "failures": 0,
+                "enforced": False,
+            },
+        }
+    )
     return report
 
 
@@ -191,15 +238,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hidream_ui bench soak",
         description="N edits through the running app (tiny model, in this process): RSS growth, files kept "
-                    "in gradio's cache and in --output-dir, failures, seconds per edit.")
+        "in gradio's cache and in --output-dir, failures, seconds per edit.",
+    )
     parser.add_argument("--edits", type=int, default=200, help="edits to send (default 200)")
-    parser.add_argument("--sample-at", type=int, default=20,
-                        help="edit after which to take the warm sample (default 20)")
+    parser.add_argument(
+        "--sample-at", type=int, default=20, help="edit after which to take the warm sample (default 20)"
+    )
     parser.add_argument("--every", type=int, default=20, help="also sample every this many edits (default 20)")
-    parser.add_argument("--retention", type=int, default=50,
-                        help="the app's --retention: result PNGs kept in the output folder (default 50)")
-    parser.add_argument("--cache-max-files", type=int, default=200,
-                        help="the app's --cache-max-files: files kept in gradio's cache (default 200)")
+    parser.add_argument(
+        "--retention",
+        type=int,
+        default=50,
+        help="the app's --retention: result PNGs kept in the output folder (default 50)",
+    )
+    parser.add_argument(
+        "--cache-max-files",
+        type=int,
+        default=200,
+        help="the app's --cache-max-files: files kept in gradio's cache (default 200)",
+    )
     parser.add_argument("--max-queue", type=int, default=16, help="the app's --max-queue (default 16)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -212,26 +269,43 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    report = run(edits=args.edits, sample_at=args.sample_at, every=args.every, retention=args.retention,
-                 cache_max_files=args.cache_max_files, max_queue=args.max_queue)
+    report = run(
+        edits=args.edits,
+        sample_at=args.sample_at,
+        every=args.every,
+        retention=args.retention,
+        cache_max_files=args.cache_max_files,
+        max_queue=args.max_queue,
+    )
     failed = report["failures"]["count"]
     if args.json:
         print(json.dumps(report, indent=2))
         return 1 if failed else 0
     k = report["sample_at_edit"]
     rss = report["rss_mb"]
-    print(f"{report['edits']} edits through /edit (tiny model, 2 steps, draft): {report['seconds_total']:.1f} s, "
-          f"{report['seconds_per_edit']:.3f} s per edit (first {report['seconds_first_edit']:.2f} s)")
-    print(f"  {'RSS':13s}: {rss[f'at_edit_{k}']:.1f} MB at edit {k} -> {rss['end']:.1f} MB at the end "
-          f"({rss['growth_percent']:+.2f} %; target <= {TARGET_RSS_GROWTH_PERCENT:.0f} %)")
-    for key, label in (("cache_files", "gradio cache"), ("output_files", "output files"),
-                       ("output_pngs", "output PNGs")):
+    print(
+        f"{report['edits']} edits through /edit (tiny model, 2 steps, draft): {report['seconds_total']:.1f} s, "
+        f"{report['seconds_per_edit']:.3f} s per edit (first {report['seconds_first_edit']:.2f} s)"
+    )
+    print(
+        f"  {'RSS':13s}: {rss[f'at_edit_{k}']:.1f} MB at edit {k} -> {rss['end']:.1f} MB at the end "
+        f"({rss['growth_percent']:+.2f} %; target <= {TARGET_RSS_GROWTH_PERCENT:.0f} %)"
+    )
+    for key, label in (
+        ("cache_files", "gradio cache"),
+        ("output_files", "output files"),
+        ("output_pngs", "output PNGs"),
+    ):
         c = report[key]
-        print(f"  {label:13s}: {c[f'at_edit_{k}']} at edit {k} -> {c['end']} at the end "
-              f"(flat from edit {c['plateau_from_edit']}; target: flat from edit {k})")
+        print(
+            f"  {label:13s}: {c[f'at_edit_{k}']} at edit {k} -> {c['end']} at the end "
+            f"(flat from edit {c['plateau_from_edit']}; target: flat from edit {k})"
+        )
     f = report["failures"]
-    print(f"  {'failures':13s}: {f['count']}" + (f" (first, edit {f['first_error_edit']}: {f['first_error']})"
-                                                if f["count"] else ""))
+    print(
+        f"  {'failures':13s}: {f['count']}"
+        + (f" (first, edit {f['first_error_edit']}: {f['first_error']})" if f["count"] else "")
+    )
     print("  (the cache janitor and the garbage collector run before every sample)")
     return 1 if failed else 0
 

@@ -98,16 +98,21 @@ class Runner:
         from hidream_ui.edits import EditParams, EditRequest
 
         values = EditParams.defaults_for(self.config.variant, instruction).to_dict()
-        values.update(num_inference_steps=self.args.steps, seed=SAMPLE_SEED,
-                      working_resolution=self.args.working_resolution)
+        values.update(
+            num_inference_steps=self.args.steps, seed=SAMPLE_SEED, working_resolution=self.args.working_resolution
+        )
         values.update(params)
         request = EditRequest(image=self.image, params=EditParams.from_dict(values), source_name="acceptance.png")
         return engine.edit(request, save=False)
 
     def timed(self, engine, **params) -> dict:
         result = self.edit(engine, INSTRUCTIONS[0], **params)
-        return {"seconds_per_step": round(result.timings.per_step, 4), "denoise_s": round(result.timings.denoise, 3),
-                "working_size": list(result.working_size), "peak_memory_bytes": result.peak_memory_bytes}
+        return {
+            "seconds_per_step": round(result.timings.per_step, 4),
+            "denoise_s": round(result.timings.denoise, 3),
+            "working_size": list(result.working_size),
+            "peak_memory_bytes": result.peak_memory_bytes,
+        }
 
     @property
     def on_cpu(self) -> bool:
@@ -131,11 +136,19 @@ class Runner:
             on = np.asarray(self.edit(engine, instruction, collapse_padding=True).image, dtype=np.int16)
             off = np.asarray(self.edit(engine, instruction, collapse_padding=False).image, dtype=np.int16)
             diff = np.abs(on - off)
-            edits.append({"instruction": instruction, "max_abs_diff": int(diff.max()),
-                          "mean_abs_diff": round(float(diff.mean()), 4)})
+            edits.append(
+                {
+                    "instruction": instruction,
+                    "max_abs_diff": int(diff.max()),
+                    "mean_abs_diff": round(float(diff.mean()), 4),
+                }
+            )
         # Collapsing the padding drops keys the upstream mask zeroes: equal up to reduction order.
-        return {"edits": edits, "identical": all(e["max_abs_diff"] == 0 for e in edits),
-                "close": all(e["mean_abs_diff"] <= 1.0 for e in edits)}
+        return {
+            "edits": edits,
+            "identical": all(e["max_abs_diff"] == 0 for e in edits),
+            "close": all(e["mean_abs_diff"] <= 1.0 for e in edits),
+        }
 
     def speed(self) -> dict:
         from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
@@ -152,16 +165,17 @@ class Runner:
 
     def compile(self) -> dict:
         if self.on_cpu:
-            raise Skip("torch.compile of the blocks is measured on an accelerator (on CPU it compiles for minutes "
-                       "and says nothing about the card)")
+            raise Skip(
+                "torch.compile of the blocks is measured on an accelerator (on CPU it compiles for minutes "
+                "and says nothing about the card)"
+            )
         # --compile blocks needs the sync-free MoE (config validation ties them).
         engine = self.engine(compile="blocks", moe="sync-free")
         first = self.timed(engine)  # includes the compilation
         return {"first_edit": first, "steady": self.timed(engine)}
 
     def moe(self) -> dict:
-        return {"sync_free": self.timed(self.engine(moe="sync-free")),
-                "default": self.timed(self.engine())}
+        return {"sync_free": self.timed(self.engine(moe="sync-free")), "default": self.timed(self.engine())}
 
     def memory(self) -> dict:
         import torch
@@ -171,8 +185,10 @@ class Runner:
 
         device = resolve_device(self.config.device)
         if device.type == "cpu":
-            raise Skip("a device peak needs an accelerator's allocator counters (on CPU the peak is the process's "
-                       "RSS, shared with everything else)")
+            raise Skip(
+                "a device peak needs an accelerator's allocator counters (on CPU the peak is the process's "
+                "RSS, shared with everything else)"
+            )
         dtype = resolve_dtype(self.config.dtype, device)
         self.release()  # the free memory the planner reads must not include a model loaded by an earlier step
         # Every plan and storage (not only the configured one); which fit is decided at the largest working size.
@@ -180,8 +196,13 @@ class Runner:
         element = torch.tensor([], dtype=dtype).element_size()
         rows = []
         for row in choice.rows:
-            entry = {"plan": row.plan, "weights": row.weights, "predicted_peak_largest_size": row.peak,
-                     "fits": row.fits, "note": row.note}
+            entry = {
+                "plan": row.plan,
+                "weights": row.weights,
+                "predicted_peak_largest_size": row.peak,
+                "fits": row.fits,
+                "note": row.note,
+            }
             if not row.fits or row.note:
                 entry["status"] = "skipped"
                 entry["reason"] = row.note or "the planner predicts it does not fit"
@@ -200,11 +221,22 @@ class Runner:
             self.release()
         size = tuple(result["working_size"])
         # The prediction at the size the edit ran at (--working-resolution may be smaller than the largest).
-        predicted = estimate(sizes_from_configs(read_configs(self.config)), row.plan, row.weights, size, element,
-                             prefetch=use_streams(device)).peak
+        predicted = estimate(
+            sizes_from_configs(read_configs(self.config)),
+            row.plan,
+            row.weights,
+            size,
+            element,
+            prefetch=use_streams(device),
+        ).peak
         peak = result["peak_memory_bytes"]
-        return {"status": "ok", "predicted_peak": predicted, "measured_peak": peak,
-                "predicted_over_measured": None if not peak else round(predicted / peak, 3), **result}
+        return {
+            "status": "ok",
+            "predicted_peak": predicted,
+            "measured_peak": peak,
+            "predicted_over_measured": None if not peak else round(predicted / peak, 3),
+            **result,
+        }
 
     def attention(self) -> dict:
         engine = self.engine()
@@ -237,8 +269,13 @@ class Runner:
             result = self.edit(engine, instruction)
             path = folder / f"sample-{i}.png"
             result.image.save(path)
-            saved.append({"instruction": instruction, "file": f"samples/{path.name}",
-                          "seconds_per_step": round(result.timings.per_step, 4)})
+            saved.append(
+                {
+                    "instruction": instruction,
+                    "file": f"samples/{path.name}",
+                    "seconds_per_step": round(result.timings.per_step, 4),
+                }
+            )
         return {"images": saved}
 
 
@@ -264,13 +301,28 @@ def run(config, args, out_dir: Path, steps=STEP_NAMES) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     runner = Runner(config, args)
     actions: dict[str, Callable[[], dict]] = {
-        "doctor": runner.doctor, "exactness": runner.exactness, "speed": runner.speed, "compile": runner.compile,
-        "moe": runner.moe, "memory": runner.memory, "attention": runner.attention,
-        "samples": lambda: runner.samples(out_dir / "samples")}
-    report: dict[str, Any] = {"command": "acceptance", "settings": {
-        "variant": config.variant, "model": "tiny " + config.tiny_profile if config.uses_tiny_model else "configured",
-        "device": config.device, "dtype": config.dtype, "steps": args.steps,
-        "working_resolution": args.working_resolution, "image": args.image or "synthetic"}, "steps": {}}
+        "doctor": runner.doctor,
+        "exactness": runner.exactness,
+        "speed": runner.speed,
+        "compile": runner.compile,
+        "moe": runner.moe,
+        "memory": runner.memory,
+        "attention": runner.attention,
+        "samples": lambda: runner.samples(out_dir / "samples"),
+    }
+    report: dict[str, Any] = {
+        "command": "acceptance",
+        "settings": {
+            "variant": config.variant,
+            "model": "tiny " + config.tiny_profile if config.uses_tiny_model else "configured",
+            "device": config.device,
+            "dtype": config.dtype,
+            "steps": args.steps,
+            "working_resolution": args.working_resolution,
+            "image": args.image or "synthetic",
+        },
+        "steps": {},
+    }
     for name in STEP_NAMES:
         if name not in steps:
             report["steps"][name] = {"status": "skipped", "reason": "not asked for (--only)"}
@@ -279,8 +331,10 @@ def run(config, args, out_dir: Path, steps=STEP_NAMES) -> dict:
         print(f"acceptance: {name}: {report['steps'][name]['status']}", file=sys.stderr)
     runner.release()
     report["wall_s"] = round(time.perf_counter() - started, 1)
-    report["summary"] = {status: sorted(n for n, s in report["steps"].items() if s["status"] == status)
-                         for status in ("ok", "skipped", "oom", "error")}
+    report["summary"] = {
+        status: sorted(n for n, s in report["steps"].items() if s["status"] == status)
+        for status in ("ok", "skipped", "oom", "error")
+    }
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
     (out_dir / "report.md").write_text(format_markdown(report), encoding="utf-8")
     with zipfile.ZipFile(out_dir / "acceptance.zip", "w", zipfile.ZIP_DEFLATED) as archive:
@@ -291,9 +345,16 @@ def run(config, args, out_dir: Path, steps=STEP_NAMES) -> dict:
 
 
 def format_markdown(report: dict) -> str:
-    lines = ["# hidream_ui acceptance report", "", "Settings: " + ", ".join(
-        f"{k} `{v}`" for k, v in report["settings"].items()), "", f"Wall time: {report['wall_s']} s", "",
-        "| step | status | notes |", "|---|---|---|"]
+    lines = [
+        "# hidream_ui acceptance report",
+        "",
+        "Settings: " + ", ".join(f"{k} `{v}`" for k, v in report["settings"].items()),
+        "",
+        f"Wall time: {report['wall_s']} s",
+        "",
+        "| step | status | notes |",
+        "|---|---|---|",
+    ]
     for name, step in report["steps"].items():
         note = step.get("reason") or step.get("error") or _step_note(name, step)
         lines.append(f"| {name} | {step['status']} | {str(note).replace('|', '/')} |")
@@ -307,13 +368,16 @@ def _step_note(name: str, step: dict) -> str:
     if name == "speed" and "settings" in step:
         return ", ".join(f"{k} {v['seconds_per_step']} s/step" for k, v in step["settings"].items())
     if name == "moe" and "sync_free" in step:
-        return (f"sync-free {step['sync_free']['seconds_per_step']} s/step, "
-                f"default {step['default']['seconds_per_step']} s/step")
+        return (
+            f"sync-free {step['sync_free']['seconds_per_step']} s/step, "
+            f"default {step['default']['seconds_per_step']} s/step"
+        )
     if name == "attention" and "strategies" in step:
         return ", ".join(f"{k} {v.get('seconds_per_step', v['status'])}" for k, v in step["strategies"].items())
     if name == "memory" and "plans" in step:
-        return ", ".join(f"{p['plan']}·{p['weights']} {p.get('predicted_over_measured', p.get('status'))}"
-                         for p in step["plans"])
+        return ", ".join(
+            f"{p['plan']}·{p['weights']} {p.get('predicted_over_measured', p.get('status'))}" for p in step["plans"]
+        )
     if name == "samples" and "images" in step:
         return ", ".join(i["file"] for i in step["images"])
     return ""
@@ -328,15 +392,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--working-resolution", default="auto", help="auto | draft | a side in pixels")
     parser.add_argument("--image", help="source image (default: a synthetic landscape)")
     parser.add_argument("--image-side", type=int, default=1024, help="side of the synthetic source image")
-    parser.add_argument("--only", default=",".join(STEP_NAMES),
-                        help=f"comma-separated steps to run (default all: {','.join(STEP_NAMES)})")
+    parser.add_argument(
+        "--only",
+        default=",".join(STEP_NAMES),
+        help=f"comma-separated steps to run (default all: {','.join(STEP_NAMES)})",
+    )
     add_model_arguments(parser)
     args = parser.parse_args(argv)
     steps = tuple(s.strip() for s in args.only.split(",") if s.strip())
     unknown = [s for s in steps if s not in STEP_NAMES]
     if unknown or args.steps < 1 or args.image_side < 16:
-        print(f"acceptance: bad --only {unknown} / --steps {args.steps} / --image-side {args.image_side} "
-              f"(steps: {', '.join(STEP_NAMES)}; steps >= 1; side >= 16)", file=sys.stderr)
+        print(
+            f"acceptance: bad --only {unknown} / --steps {args.steps} / --image-side {args.image_side} "
+            f"(steps: {', '.join(STEP_NAMES)}; steps >= 1; side >= 16)",
+            file=sys.stderr,
+        )
         return 2
     try:
         config = from_namespace(args)
@@ -344,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"acceptance: {exc}", file=sys.stderr)
         return 2
     report = run(config, args, Path(args.out), steps)
-    print(json.dumps({"out": str(Path(args.out) / "acceptance.zip"), "summary": report["summary"],
-                      "wall_s": report["wall_s"]}, indent=2))
+    print(
+        json.dumps(
+            {"out": str(Path(args.out) / "acceptance.zip"), "summary": report["summary"], "wall_s": report["wall_s"]},
+            indent=2,
+        )
+    )
     return 1 if report["summary"]["error"] else 0

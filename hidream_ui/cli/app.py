@@ -42,15 +42,15 @@ EXIT_CONFIG = 2
 UPLOAD_REQUEST_FILES = 8
 JANITOR_INTERVAL = 5.0  # seconds between two prunings of gradio's cache (files.ClientStorage.plan)
 SESSION_CHECK_INTERVAL = 60.0  # seconds between two looks for idle sessions
-MCP_HINT = "--mcp needs Gradio's MCP extra: pip install \"gradio[mcp]\" (or start without --mcp)"
+MCP_HINT = '--mcp needs Gradio\'s MCP extra: pip install "gradio[mcp]" (or start without --mcp)'
 
 
 def build_parser(prog: str = "python app.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Browser demo for HiDream-E1.1 / HiDream-E1-Full image editing. Without model flags it "
-                    "runs an offline tiny random-weight model (outputs are noise) so that everything else "
-                    "can be tried; --model-dir points it at the real weights.",
+        "runs an offline tiny random-weight model (outputs are noise) so that everything else "
+        "can be tried; --model-dir points it at the real weights.",
     )
     add_model_arguments(parser)
     add_server_arguments(parser)
@@ -62,13 +62,21 @@ def build_parser(prog: str = "python app.py") -> argparse.ArgumentParser:
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cluster (Ray; docs/cluster.md)")
-    group.add_argument("--ray", metavar="ADDRESS", default=None,
-                       help="run the engines as Ray Serve replicas on this cluster (`auto`: the running local "
-                            "cluster; `local`: one of this process's own on 127.0.0.1); needs "
-                            "`pip install hidream_ui[ray]` [env HIDREAM_RAY_ADDRESS]")
-    group.add_argument("--replicas", metavar="N|MIN-MAX", default=None,
-                       help="with --ray: engine replicas, one per device (default: the --devices count, else every "
-                            "GPU/NPU of the cluster, 1 on CPUs); MIN-MAX autoscales [env HIDREAM_RAY_REPLICAS]")
+    group.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run the engines as Ray Serve replicas on this cluster (`auto`: the running local "
+        "cluster; `local`: one of this process's own on 127.0.0.1); needs "
+        "`pip install hidream_ui[ray]` [env HIDREAM_RAY_ADDRESS]",
+    )
+    group.add_argument(
+        "--replicas",
+        metavar="N|MIN-MAX",
+        default=None,
+        help="with --ray: engine replicas, one per device (default: the --devices count, else every "
+        "GPU/NPU of the cluster, 1 on CPUs); MIN-MAX autoscales [env HIDREAM_RAY_REPLICAS]",
+    )
 
 
 def ray_engine(ns: argparse.Namespace, config: AppConfig, environ=None):
@@ -89,8 +97,9 @@ def ray_engine(ns: argparse.Namespace, config: AppConfig, environ=None):
     try:
         parse_replicas(replicas)  # a malformed count is refused before Ray is imported
         require_ray(address)
-        return RayEngine(config, address, replicas, hide_paths=is_public(config),
-                         verbose=bool(getattr(ns, "verbose", False)))
+        return RayEngine(
+            config, address, replicas, hide_paths=is_public(config), verbose=bool(getattr(ns, "verbose", False))
+        )
     except (RayUnavailable, EngineError) as exc:
         raise ConfigError(str(exc)) from None
 
@@ -146,13 +155,16 @@ def launch(
         except EngineError as exc:
             raise ConfigError(str(exc)) from None
     if is_public(config) and not engine.hide_paths:  # a caller's engine: strangers must not see paths
-        raise ConfigError("an app without login (--auth) needs an engine built with hide_paths=True "
-                          "(EnginePool.for_config(config, hide_paths=True))")
+        raise ConfigError(
+            "an app without login (--auth) needs an engine built with hide_paths=True "
+            "(EnginePool.for_config(config, hide_paths=True))"
+        )
     # Before any Blocks exist: gradio reads GRADIO_TEMP_DIR when it builds components.
     cache_folder = gradio_internals.private_cache_folder()
     blocks = new_blocks(config)
-    services = AppServices.for_config(config, engine=engine, demo=blocks, cache_folder=cache_folder,
-                                      janitor=_janitor(blocks, cache_folder, config))
+    services = AppServices.for_config(
+        config, engine=engine, demo=blocks, cache_folder=cache_folder, janitor=_janitor(blocks, cache_folder, config)
+    )
     demo = build_demo(engine, services=services)
     # No max_size: gradio would count /status and /cancel too; `admission` limits the device lane.
     # api_open=False: the queue is the only way in. Gradio then refuses a direct POST
@@ -162,14 +174,20 @@ def launch(
     demo.queue(max_size=None, api_open=False)
     if not admission(demo, config):
         # Never serve strangers without the queue limits: that would be an unbounded queue.
-        raise ConfigError("this gradio version's queue cannot be limited (see hidream_ui/server/gradio_internals.py); "
-                          "install the gradio version in requirements.txt")
+        raise ConfigError(
+            "this gradio version's queue cannot be limited (see hidream_ui/server/gradio_internals.py); "
+            "install the gradio version in requirements.txt"
+        )
     if config.uses_tiny_model and not quiet:
-        what = ("the offline tiny model trained on a world of coloured shapes: it edits only those scenes"
-                if config.uses_trained_tiny_model else
-                f"the offline tiny model with random weights (--tiny-profile {config.tiny_profile}): results are noise")
-        print(f"Running {what}. Use --model-dir /path/to/models (or HIDREAM_MODEL_DIR) for the real HiDream weights.",
-              file=sys.stderr)
+        what = (
+            "the offline tiny model trained on a world of coloured shapes: it edits only those scenes"
+            if config.uses_trained_tiny_model
+            else f"the offline tiny model with random weights (--tiny-profile {config.tiny_profile}): results are noise"
+        )
+        print(
+            f"Running {what}. Use --model-dir /path/to/models (or HIDREAM_MODEL_DIR) for the real HiDream weights.",
+            file=sys.stderr,
+        )
     trust_proxies(config)
     _, local_url, _ = demo.launch(
         server_name=config.host,
@@ -211,13 +229,19 @@ def admission(demo, config: AppConfig) -> bool:
     from hidream_ui.server import gradio_internals  # asyncio: not for --help
 
     def message(held: int) -> str:
-        return (f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
-                "client): wait for one to finish, or stop it.")
+        return (
+            f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
+            "client): wait for one to finish, or stop it."
+        )
 
-    return gradio_internals.admit_jobs(demo, ALL_LANES,
-                                       max_waiting=config.max_queue,
-                                       per_session=config.max_jobs_per_client, per_session_message=message,
-                                       late_inputs=LATE_INPUTS)
+    return gradio_internals.admit_jobs(
+        demo,
+        ALL_LANES,
+        max_waiting=config.max_queue,
+        per_session=config.max_jobs_per_client,
+        per_session_message=message,
+        late_inputs=LATE_INPUTS,
+    )
 
 
 def _janitor(demo, folder, config: AppConfig):
@@ -229,9 +253,13 @@ def _janitor(demo, folder, config: AppConfig):
     limits = StorageLimits.for_config(config)
     # An upload that finds the cache full prunes at once (`prune_now`), then looks again.
     storage = ClientStorage(limits, prune_now=lambda: janitor.run_once())
-    janitor = CacheJanitor(lambda: gradio_internals.prune_cache(demo, folder, limits.cache_files, limits.max_age,
-                                                                max_bytes=limits.cache_bytes, storage=storage),
-                           interval=JANITOR_INTERVAL, storage=storage)
+    janitor = CacheJanitor(
+        lambda: gradio_internals.prune_cache(
+            demo, folder, limits.cache_files, limits.max_age, max_bytes=limits.cache_bytes, storage=storage
+        ),
+        interval=JANITOR_INTERVAL,
+        storage=storage,
+    )
     return janitor
 
 
@@ -287,10 +315,16 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
             # Nothing of this app stays in the cache (other apps of the process keep theirs).
             gradio_internals.prune_cache(demo, services.cache_folder, 0, 0)
 
-    guard = Middleware(BoothGuard, jobs=services.jobs, throttle=throttle, require_login=not services.public,
-                       max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024,
-                       max_body_bytes=config.max_body_kb * 1024, storage=storage,
-                       new_sessions=NewSessions(config.max_new_sessions))
+    guard = Middleware(
+        BoothGuard,
+        jobs=services.jobs,
+        throttle=throttle,
+        require_login=not services.public,
+        max_upload_bytes=UPLOAD_REQUEST_FILES * config.max_upload_mb * 1024 * 1024,
+        max_body_bytes=config.max_body_kb * 1024,
+        storage=storage,
+        new_sessions=NewSessions(config.max_new_sessions),
+    )
     middleware = [guard]  # first = outermost: the guard throttles /operator/login before it is answered
     if config.operator is not None:
         middleware.append(Middleware(OperatorLogin, operator=config.operator))
@@ -301,8 +335,10 @@ def serve_error(config: AppConfig, exc: OSError) -> str:
     """What to tell a user whose server could not start: a taken port names our flag and variable
     (gradio's own message suggests GRADIO_SERVER_PORT and `server_port`, which are not ours)."""
     if "empty port" in str(exc) or getattr(exc, "errno", None) == errno.EADDRINUSE:
-        return (f"port {config.port} on {config.host} is already in use: start with another one, e.g. "
-                f"--port {config.port + 1} (or HIDREAM_PORT={config.port + 1}), or stop what uses it")
+        return (
+            f"port {config.port} on {config.host} is already in use: start with another one, e.g. "
+            f"--port {config.port + 1} (or HIDREAM_PORT={config.port + 1}), or stop what uses it"
+        )
     return f"cannot serve on {config.host}:{config.port}: {exc}"
 
 
@@ -354,5 +390,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return 0
 
 
-__all__ = ["add_cluster_arguments", "build_parser", "launch", "main", "mcp_available", "ray_engine", "serve_error",
-           "stop_on_signals", "trust_proxies"]
+__all__ = [
+    "add_cluster_arguments",
+    "build_parser",
+    "launch",
+    "main",
+    "mcp_available",
+    "ray_engine",
+    "serve_error",
+    "stop_on_signals",
+    "trust_proxies",
+]

@@ -32,12 +32,20 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui batch", description=__doc__.splitlines()[0])
     parser.add_argument("--manifest", required=True, help="JSONL file: one edit a line (see docs/cluster.md)")
     parser.add_argument("--out", required=True, help="folder for the result PNGs and results.jsonl")
-    parser.add_argument("--ray", metavar="ADDRESS", default=None,
-                        help="run on Ray Data at this cluster address (`auto`: the running local cluster; "
-                             "`local`: start one in this process); needs `pip install hidream_ui[ray]`")
-    parser.add_argument("--replicas", type=int, default=None,
-                        help="with --ray: engines (Ray actors) in the pool, one per device (default: the "
-                             "cluster's GPUs, NPUs, or 1 on CPUs)")
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run on Ray Data at this cluster address (`auto`: the running local cluster; "
+        "`local`: start one in this process); needs `pip install hidream_ui[ray]`",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="with --ray: engines (Ray actors) in the pool, one per device (default: the "
+        "cluster's GPUs, NPUs, or 1 on CPUs)",
+    )
     add_model_arguments(parser)
     add_verbose_argument(parser)
     return parser
@@ -100,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def runner(todo):
             return run_ray(config, todo, args.ray, replicas=args.replicas)
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for line in bad:
@@ -115,10 +124,13 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(item.stem)
             todo.append(item)
     if skipped:
-        print(f"skipping {len(skipped)} finished item(s): their outputs exist with the same settings hash",
-              file=sys.stderr)
+        print(
+            f"skipping {len(skipped)} finished item(s): their outputs exist with the same settings hash",
+            file=sys.stderr,
+        )
     counts = {"done": 0, "errors": len(bad), "skipped": len(skipped) + len(duplicates)}
     with open(out / RESULTS_FILE, "w", encoding="utf-8") as rows:
+
         def write_row(row: dict) -> None:
             rows.write(json.dumps(row, ensure_ascii=False) + "\n")
             rows.flush()  # a killed run keeps the rows of what finished
@@ -138,9 +150,20 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             bar.close()
         for item in duplicates:  # after the run: their output is the first line's
-            write_row({**result_row(item, "skipped" if output_done(out, item) else "error"),
-                       "error": None if output_done(out, item) else "its duplicate line failed"})
-    summary = {"ok": counts["errors"] == 0, "items": len(items) + len(bad), **counts, "bad_lines": len(bad),
-               "out": str(out), "results": str(out / RESULTS_FILE), "ray": args.ray}
+            write_row(
+                {
+                    **result_row(item, "skipped" if output_done(out, item) else "error"),
+                    "error": None if output_done(out, item) else "its duplicate line failed",
+                }
+            )
+    summary = {
+        "ok": counts["errors"] == 0,
+        "items": len(items) + len(bad),
+        **counts,
+        "bad_lines": len(bad),
+        "out": str(out),
+        "results": str(out / RESULTS_FILE),
+        "ray": args.ray,
+    }
     print(json.dumps(summary, indent=2))
     return 0 if summary["ok"] else 1

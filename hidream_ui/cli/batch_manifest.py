@@ -44,8 +44,15 @@ class BadLine:
 
     def row(self) -> dict[str, Any]:
         """Its row of results.jsonl."""
-        return {"line": self.line, "input": self.text, "output": None, "seed": None, "status": "error",
-                "error": f"line {self.line}: {self.error}", "timings": None}
+        return {
+            "line": self.line,
+            "input": self.text,
+            "output": None,
+            "seed": None,
+            "status": "error",
+            "error": f"line {self.line}: {self.error}",
+            "timings": None,
+        }
 
 
 @dataclass(frozen=True)
@@ -85,11 +92,19 @@ def file_digest(path: Path, cache: dict[Path, str]) -> str:
 def model_identity(config: "AppConfig") -> dict[str, Any]:
     """The configuration that decides the pixels besides the params (not the device: the same
     settings on another device or cluster count as done)."""
-    return {"variant": config.variant, "model_dir": str(config.model_dir) if config.model_dir else None,
-            "llama": config.llama, "i1": config.i1, "e1": config.e1,
-            "transformer_file": str(config.transformer_file) if config.transformer_file else None,
-            "tiny": [config.tiny_profile, config.tiny_seed] if config.uses_tiny_model else None,
-            "dtype": config.dtype, "weights": config.weights, "refiner": config.refiner, "cache": config.cache}
+    return {
+        "variant": config.variant,
+        "model_dir": str(config.model_dir) if config.model_dir else None,
+        "llama": config.llama,
+        "i1": config.i1,
+        "e1": config.e1,
+        "transformer_file": str(config.transformer_file) if config.transformer_file else None,
+        "tiny": [config.tiny_profile, config.tiny_seed] if config.uses_tiny_model else None,
+        "dtype": config.dtype,
+        "weights": config.weights,
+        "refiner": config.refiner,
+        "cache": config.cache,
+    }
 
 
 def _canonical(value: Any) -> str:
@@ -101,8 +116,7 @@ def _safe_stem(text: str) -> str:
     return stem or "item"
 
 
-def parse_line(line_no: int, text: str, folder: Path, config: "AppConfig", digests: dict[Path, str]
-               ) -> ManifestItem:
+def parse_line(line_no: int, text: str, folder: Path, config: "AppConfig", digests: dict[Path, str]) -> ManifestItem:
     """One line to an item; ValueError (RequestError, OSError text) with the reason otherwise."""
     if len(text) > MAX_LINE_CHARS:
         raise ValueError(f"{len(text)} characters; at most {MAX_LINE_CHARS} per line")
@@ -117,8 +131,10 @@ def parse_line(line_no: int, text: str, folder: Path, config: "AppConfig", diges
         raise ValueError(f"unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(KNOWN_KEYS)}")
     image = _existing_file(raw, "image", folder, required=True)
     mask = _existing_file(raw, "mask", folder, required=False)
-    values = {**EditParams.defaults_for(config.variant).to_dict(),
-              **{key: value for key, value in raw.items() if key in SETTING_NAMES or key in ("instruction", "seed")}}
+    values = {
+        **EditParams.defaults_for(config.variant).to_dict(),
+        **{key: value for key, value in raw.items() if key in SETTING_NAMES or key in ("instruction", "seed")},
+    }
     if "instruction" not in raw:
         raise RequestError("instruction", None, "an editing instruction")
     params = EditParams.from_dict(values)
@@ -129,13 +145,27 @@ def parse_line(line_no: int, text: str, folder: Path, config: "AppConfig", diges
         basis = _canonical({"image": source_digest, "mask": mask_digest, "params": params.to_dict()})
         seed = int.from_bytes(hashlib.sha256(basis.encode()).digest()[:8], "big") % (SEED_MAX + 1)
         params = dataclasses.replace(params, seed=seed).validated()
-    settings_hash = hashlib.sha256(_canonical({
-        "image": source_digest, "mask": mask_digest, "params": params.to_dict(), "model": model_identity(config),
-    }).encode()).hexdigest()[:HASH_CHARS]
+    settings_hash = hashlib.sha256(
+        _canonical(
+            {
+                "image": source_digest,
+                "mask": mask_digest,
+                "params": params.to_dict(),
+                "model": model_identity(config),
+            }
+        ).encode()
+    ).hexdigest()[:HASH_CHARS]
     name = raw.get("id")
     stem = _safe_stem(str(name) if name is not None else image.stem)
-    return ManifestItem(line=line_no, raw=raw, image=image, params=params, mask=mask,
-                        settings_hash=settings_hash, stem=f"{stem}-{settings_hash}")
+    return ManifestItem(
+        line=line_no,
+        raw=raw,
+        image=image,
+        params=params,
+        mask=mask,
+        settings_hash=settings_hash,
+        stem=f"{stem}-{settings_hash}",
+    )
 
 
 def _existing_file(raw: dict[str, Any], key: str, folder: Path, *, required: bool) -> Path | None:
@@ -174,5 +204,14 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             yield line_no, text
 
 
-__all__ = ["BadLine", "KNOWN_KEYS", "MASK_UNSUPPORTED", "ManifestItem", "file_digest", "mask_supported",
-           "model_identity", "parse_line", "read_manifest"]
+__all__ = [
+    "BadLine",
+    "KNOWN_KEYS",
+    "MASK_UNSUPPORTED",
+    "ManifestItem",
+    "file_digest",
+    "mask_supported",
+    "model_identity",
+    "parse_line",
+    "read_manifest",
+]

@@ -35,13 +35,20 @@ class EditActor:
             engine.pool_label = self.label
 
     def __call__(self, batch: dict) -> dict:
-        outputs = [pickle.dumps(run_item(self.engine, pickle.loads(task), engine_label=self.label))
-                   for task in batch["task"]]
+        outputs = [
+            pickle.dumps(run_item(self.engine, pickle.loads(task), engine_label=self.label)) for task in batch["task"]
+        ]
         return {"output": outputs}
 
 
-def run_ray(config: "AppConfig", items: list["ManifestItem"], address: str, *, replicas: int | None = None,
-            verbose: bool = False) -> Iterator[tuple["ManifestItem", ItemOutput]]:
+def run_ray(
+    config: "AppConfig",
+    items: list["ManifestItem"],
+    address: str,
+    *,
+    replicas: int | None = None,
+    verbose: bool = False,
+) -> Iterator[tuple["ManifestItem", ItemOutput]]:
     """Yields (item, output) as the actors finish them; disconnects from the cluster afterwards
     when this call connected."""
     from hidream_ui.engine.ray_env import connect, default_replicas, disconnect, placement
@@ -61,8 +68,12 @@ def run_ray(config: "AppConfig", items: list["ManifestItem"], address: str, *, r
         # One block per item: Ray Data spreads blocks, not rows, over the actors.
         dataset = ray.data.from_items(rows, override_num_blocks=len(rows))
         results = dataset.map_batches(
-            EditActor, fn_constructor_kwargs={"config": actor_config}, batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=size), **where.options)
+            EditActor,
+            fn_constructor_kwargs={"config": actor_config},
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=size),
+            **where.options,
+        )
         for row in results.iter_rows():
             output: ItemOutput = pickle.loads(row["output"])
             yield by_line[output.line], output

@@ -33,9 +33,14 @@ class ItemTask:
 
     @classmethod
     def of(cls, item: ManifestItem) -> "ItemTask":
-        return cls(line=item.line, image=item.image.read_bytes(), image_name=item.image.name,
-                   params=item.params.to_dict(), mask=str(item.mask) if item.mask else None,
-                   settings_hash=item.settings_hash)
+        return cls(
+            line=item.line,
+            image=item.image.read_bytes(),
+            image_name=item.image.name,
+            params=item.params.to_dict(),
+            mask=str(item.mask) if item.mask else None,
+            settings_hash=item.settings_hash,
+        )
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,9 @@ class ItemOutput:
     seconds: float = 0.0
 
 
-def run_item(engine: "Engine", task: ItemTask, cancel: "CancelToken | None" = None,
-             engine_label: str | None = None) -> ItemOutput:
+def run_item(
+    engine: "Engine", task: ItemTask, cancel: "CancelToken | None" = None, engine_label: str | None = None
+) -> ItemOutput:
     """Runs one item on `engine` (unsaved) and encodes its PNG; a failure of this item is an
     ItemOutput with the reason (the batch goes on), never an exception."""
     from hidream_ui.edits import EditParams, EditRequest, RequestError
@@ -82,8 +88,16 @@ def run_item(engine: "Engine", task: ItemTask, cancel: "CancelToken | None" = No
     except (RequestError, EngineError, ValueError, OSError) as exc:  # ImageError is a ValueError
         return ItemOutput(line=task.line, ok=False, error=str(exc), seconds=round(time.perf_counter() - started, 4))
     label = engine_label or result.info.engine or result.info.device
-    return ItemOutput(line=task.line, ok=True, png=png, metadata=metadata, seed=result.params.seed, engine=label,
-                      timings=result.timings.to_dict(), seconds=round(time.perf_counter() - started, 4))
+    return ItemOutput(
+        line=task.line,
+        ok=True,
+        png=png,
+        metadata=metadata,
+        seed=result.params.seed,
+        engine=label,
+        timings=result.timings.to_dict(),
+        seconds=round(time.perf_counter() - started, 4),
+    )
 
 
 def output_done(out_dir: Path, item: ManifestItem) -> bool:
@@ -107,12 +121,18 @@ def write_output(out_dir: Path, item: ManifestItem, output: ItemOutput) -> Path:
 
 def result_row(item: ManifestItem, status: str, output: ItemOutput | None = None) -> dict[str, Any]:
     """One row of results.jsonl: the input line, the output file, seed, status, error, timings."""
-    return {"line": item.line, "input": item.raw, "output": item.output_name if status in ("ok", "skipped") else None,
-            "seed": item.params.seed, "settings_hash": item.settings_hash, "status": status,
-            "error": output.error if output is not None else None,
-            "engine": output.engine if output is not None else None,
-            "seconds": output.seconds if output is not None else None,
-            "timings": output.timings if output is not None else None}
+    return {
+        "line": item.line,
+        "input": item.raw,
+        "output": item.output_name if status in ("ok", "skipped") else None,
+        "seed": item.params.seed,
+        "settings_hash": item.settings_hash,
+        "status": status,
+        "error": output.error if output is not None else None,
+        "engine": output.engine if output is not None else None,
+        "seconds": output.seconds if output is not None else None,
+        "timings": output.timings if output is not None else None,
+    }
 
 
 class ItemBar(LineBar):

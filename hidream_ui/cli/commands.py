@@ -15,9 +15,11 @@ CommandTable = Mapping[str, tuple[str, str]]
 
 # Said instead of a ModuleNotFoundError traceback when torch is missing (torch is not in
 # requirements.txt on purpose: a bare `torch` requirement pulls a multi-GB CUDA build).
-NO_TORCH = ("error: torch is not installed in this Python ({python}). Install it first: "
-            "`pip install torch==2.13.0` (CPU build) or a CUDA build from pytorch.org; for Ascend NPUs the "
-            "torch and torch_npu versions of docs/npu.md. Then `pip install -r requirements.txt`.")
+NO_TORCH = (
+    "error: torch is not installed in this Python ({python}). Install it first: "
+    "`pip install torch==2.13.0` (CPU build) or a CUDA build from pytorch.org; for Ascend NPUs the "
+    "torch and torch_npu versions of docs/npu.md. Then `pip install -r requirements.txt`."
+)
 
 
 def run_main(main: Callable[[list[str]], int | None], argv: Sequence[str]) -> int:

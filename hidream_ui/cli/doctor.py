@@ -21,8 +21,20 @@ from hidream_ui.device import detect, memory
 from hidream_ui.model import sources as model_sources
 from hidream_ui.pipeline.attention.registry import list_strategies
 
-_PACKAGES = ("torch", "diffusers", "transformers", "tokenizers", "safetensors", "accelerate", "peft", "gradio",
-             "gradio_client", "torch_npu", "flash_attn", "pynvml")
+_PACKAGES = (
+    "torch",
+    "diffusers",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "accelerate",
+    "peft",
+    "gradio",
+    "gradio_client",
+    "torch_npu",
+    "flash_attn",
+    "pynvml",
+)
 
 # The torch_npu release whose Python sources every torch_npu / torch.npu call of this project (names,
 # keywords, required arguments, defaults) and every fake NPU object of the tests were checked against
@@ -62,9 +74,12 @@ def torch_npu_check(version_of=None) -> dict:
 def _cann() -> dict:
     # CANN's set_env.sh exports these; without them torch_npu cannot find its runtime.
     home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
-    return {"ASCEND_HOME_PATH": home, "ASCEND_RT_VISIBLE_DEVICES": os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
-            "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "loaded": bool(home)}
+    return {
+        "ASCEND_HOME_PATH": home,
+        "ASCEND_RT_VISIBLE_DEVICES": os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "loaded": bool(home),
+    }
 
 
 def collect(config, backends=None) -> dict:
@@ -77,8 +92,14 @@ def collect(config, backends=None) -> dict:
         "packages": {name: _version(name) for name in _PACKAGES},
         "torch_npu": torch_npu_check(),
         "cann": _cann(),
-        "config": {"device": config.device, "dtype": config.dtype, "attention": config.attention,
-                   "variant": config.variant, "text_encoders": config.text_encoders, "refiner": config.refiner},
+        "config": {
+            "device": config.device,
+            "dtype": config.dtype,
+            "attention": config.attention,
+            "variant": config.variant,
+            "text_encoders": config.text_encoders,
+            "refiner": config.refiner,
+        },
         "problems": [],
         "warnings": [],
     }
@@ -92,10 +113,16 @@ def collect(config, backends=None) -> dict:
         report["backends"] = {"error": repr(exc)}
     try:
         device = detect.resolve_device(config.device, backends=backends)
-        report["device"] = {"torch_device": device.torch_device, "type": device.type, "name": device.name,
-                            "physical_index": device.physical_index, "total_memory": device.total_memory}
-        report["dtype_probe"] = {k: {"ok": ok, "detail": why}
-                                 for k, (ok, why) in detect.probe_dtypes(device, backends=backends).items()}
+        report["device"] = {
+            "torch_device": device.torch_device,
+            "type": device.type,
+            "name": device.name,
+            "physical_index": device.physical_index,
+            "total_memory": device.total_memory,
+        }
+        report["dtype_probe"] = {
+            k: {"ok": ok, "detail": why} for k, (ok, why) in detect.probe_dtypes(device, backends=backends).items()
+        }
         try:
             report["dtype"] = device_backends.dtype_name(detect.resolve_dtype(config.dtype, device, backends=backends))
         except device_backends.DeviceError as exc:
@@ -106,7 +133,8 @@ def collect(config, backends=None) -> dict:
 
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(report.get("dtype"), torch.float32)
         report["attention"] = [
-            {"name": s.name, "available": s.available, "reason": s.reason} for s in list_strategies(device, dtype)]
+            {"name": s.name, "available": s.available, "reason": s.reason} for s in list_strategies(device, dtype)
+        ]
     except device_backends.DeviceError as exc:
         report["device"] = None
         report["problems"].append(str(exc))
@@ -115,8 +143,9 @@ def collect(config, backends=None) -> dict:
     problems = model_sources.verify_sources(sources)
     report["model"] = {**sources.to_dict(), "verified": not problems, "problems": problems}
     if sources.kind == "tiny":
-        report["model"]["note"] = ("offline tiny random-weight model: outputs are noise; "
-                                   "point --model-dir at real weights for real edits")
+        report["model"]["note"] = (
+            "offline tiny random-weight model: outputs are noise; point --model-dir at real weights for real edits"
+        )
     report["problems"].extend(problems)
     report["ok"] = not report["problems"]
     return report

@@ -20,8 +20,11 @@ from hidream_ui.edits import add_edit_arguments
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui edit", description=__doc__.splitlines()[0])
     parser.add_argument("--image", required=True, help="source image file")
-    parser.add_argument("--mask", help="region edit: an image of the source's shape, white = may change, black = "
-                                       "keep (with transparency: painted = may change)")
+    parser.add_argument(
+        "--mask",
+        help="region edit: an image of the source's shape, white = may change, black = "
+        "keep (with transparency: painted = may change)",
+    )
     parser.add_argument("--out", help="also copy the result PNG (with its metadata) to this path")
     add_edit_arguments(parser)  # one flag per field of hidream_ui.edits.FIELDS
     add_model_arguments(parser)
@@ -46,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.mask:
             mask = validated_mask(open_mask(args.mask), Path(args.mask).name)
             params = dataclasses.replace(params, mask=mask).validated()
-        request = EditRequest(image=open_image(args.image), params=params,
-                              source_name=Path(args.image).name, source_sha256=file_sha256(args.image)).validated()
+        request = EditRequest(
+            image=open_image(args.image),
+            params=params,
+            source_name=Path(args.image).name,
+            source_sha256=file_sha256(args.image),
+        ).validated()
         # --devices / HIDREAM_DEVICES: one edit runs on the first device (the others are not loaded).
         bar = StepBar("edit")  # stderr: stdout carries only the JSON summary
         try:
@@ -77,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if result.info.model_source == "tiny" and not config.uses_trained_tiny_model:
         summary["note"] = "tiny random-weight model: the output is noise; use --model-dir for real weights"
     elif result.info.model_source == "tiny":
-        summary["note"] = ("offline tiny model trained on a world of coloured shapes: it edits only those scenes; "
-                           "use --model-dir for real weights")
+        summary["note"] = (
+            "offline tiny model trained on a world of coloured shapes: it edits only those scenes; "
+            "use --model-dir for real weights"
+        )
     print(json.dumps(summary, indent=2))
     return 0

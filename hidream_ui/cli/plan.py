@@ -32,10 +32,11 @@ def _working_size(text: str, variant: str, configs) -> tuple[int, int]:
         return default_working_size(variant, configs)
     if text == "draft":
         return 512, 512
-    if not text.isdigit() or not WORKING_SIDE_MIN <= int(text) <= WORKING_SIDE_MAX \
-            or int(text) % WORKING_SIDE_MULTIPLE:
-        raise ValueError(f"--working-resolution {text!r} must be auto, draft or a side from {WORKING_SIDE_MIN} to "
-                         f"{WORKING_SIDE_MAX} in steps of {WORKING_SIDE_MULTIPLE}")
+    if not text.isdigit() or not WORKING_SIDE_MIN <= int(text) <= WORKING_SIDE_MAX or int(text) % WORKING_SIDE_MULTIPLE:
+        raise ValueError(
+            f"--working-resolution {text!r} must be auto, draft or a side from {WORKING_SIDE_MIN} to "
+            f"{WORKING_SIDE_MAX} in steps of {WORKING_SIDE_MULTIPLE}"
+        )
     return int(text), int(text)
 
 
@@ -44,11 +45,16 @@ def _table(choice, header: str) -> str:
     lines = [header, f"  {'plan':17s} {'weights':7s} {'device peak':>11s} {'host RAM':>9s} {'speed':>6s}  fits"]
     for row in choice.rows:
         fits = "—" if row.fits is None else ("yes" if row.fits else "no")
-        mark = "  <- auto" if choice.chosen and (row.plan, row.weights) == (choice.chosen.name,
-                                                                              choice.chosen.weights) else ""
+        mark = (
+            "  <- auto"
+            if choice.chosen and (row.plan, row.weights) == (choice.chosen.name, choice.chosen.weights)
+            else ""
+        )
         note = f"  ({row.note})" if row.note else ""
-        lines.append(f"  {row.plan:17s} {row.weights:7s} {row.peak / gb:9.1f}GB {row.host / gb:7.1f}GB "
-                     f"{row.relative_speed:6.2f}  {fits}{mark}{note}")
+        lines.append(
+            f"  {row.plan:17s} {row.weights:7s} {row.peak / gb:9.1f}GB {row.host / gb:7.1f}GB "
+            f"{row.relative_speed:6.2f}  {fits}{mark}{note}"
+        )
     if choice.chosen is not None:
         lines.append(f"picks {choice.chosen.label}: {choice.chosen.reason}")
     else:
@@ -62,11 +68,18 @@ def _per_device(choice, engine: str, free: int | None) -> list[dict]:
     row = next((r for r in choice.rows if not r.note and r.fits is not False), None)
     peak = choice.chosen.predicted_peak if choice.chosen else (row.peak if row else None)
     elsewhere = {part for need in choice.devices for part in need.parts}
-    own = {"device": engine, "parts": ["transformer", *(p for p in ("encoders", "vae") if p not in elsewhere)],
-           "peak": peak, "free": free, "margin": None if free is None else margin(free),
-           "fits": None if free is None else row is not None}
-    others = [{**need.to_dict(), "parts": list(need.parts),
-               "margin": None if need.free is None else margin(need.free)} for need in choice.devices]
+    own = {
+        "device": engine,
+        "parts": ["transformer", *(p for p in ("encoders", "vae") if p not in elsewhere)],
+        "peak": peak,
+        "free": free,
+        "margin": None if free is None else margin(free),
+        "fits": None if free is None else row is not None,
+    }
+    others = [
+        {**need.to_dict(), "parts": list(need.parts), "margin": None if need.free is None else margin(need.free)}
+        for need in choice.devices
+    ]
     return [own, *others]
 
 
@@ -83,17 +96,26 @@ def _device_lines(devices: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui plan", description=__doc__.splitlines()[0])
     add_model_arguments(parser)
-    parser.add_argument("--device-memory", default=None,
-                        help="free device memory to plan for, e.g. 24GB (10^9 bytes) or 24GiB, on each card (with "
-                             "--placement: every card it names; a cpu there is the host's); default: what each "
-                             "device has free now")
-    parser.add_argument("--host-memory", default=None,
-                        help="host RAM available for the weights a plan keeps there, e.g. 64GB; default: what this "
-                             "machine has available now (a plan needing more does not fit)")
+    parser.add_argument(
+        "--device-memory",
+        default=None,
+        help="free device memory to plan for, e.g. 24GB (10^9 bytes) or 24GiB, on each card (with "
+        "--placement: every card it names; a cpu there is the host's); default: what each "
+        "device has free now",
+    )
+    parser.add_argument(
+        "--host-memory",
+        default=None,
+        help="host RAM available for the weights a plan keeps there, e.g. 64GB; default: what this "
+        "machine has available now (a plan needing more does not fit)",
+    )
     parser.add_argument("--working-resolution", default="auto", help="auto | draft | a side in pixels (square)")
-    parser.add_argument("--trace", action="store_true",
-                        help="trace one edit of the release-size model on the meta device (no memory, minutes) and "
-                             "print each plan's traced peak beside the prediction, per storage and attention path")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="trace one edit of the release-size model on the meta device (no memory, minutes) and "
+        "print each plan's traced peak beside the prediction, per storage and attention path",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -108,7 +130,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(config, args) -> int:
     import torch
-
 
     free = parse_bytes(args.device_memory) if args.device_memory else None
     host_free = parse_bytes(args.host_memory) if args.host_memory else None
@@ -134,26 +155,42 @@ def _run(config, args) -> int:
     other_free = None
     if free is not None:
         other_free = {name: free for name in set(placed.values()) if name != "cpu"}
-    choice = plan_for(config, device, dtype, free=free, working_size=size, prefetch=True if free is not None else None,
-                      other_free=other_free, host_free=host_free)
+    choice = plan_for(
+        config,
+        device,
+        dtype,
+        free=free,
+        working_size=size,
+        prefetch=True if free is not None else None,
+        other_free=other_free,
+        host_free=host_free,
+    )
     free = choice.free
     devices = _per_device(choice, placed.get("transformer", device.torch_device), free) if placed else None
     planned = planned_model(config)
     if args.json:
-        report = {"variant": config.variant, "model": planned, "working_size": list(size), "dtype": str(dtype),
-                  "free": free, "margin": None if free is None else margin(free),
-                  "rows": [r.to_dict() for r in choice.rows],
-                  "chosen": choice.chosen.to_dict() if choice.chosen else None,
-                  "refusal": choice.refusal}
+        report = {
+            "variant": config.variant,
+            "model": planned,
+            "working_size": list(size),
+            "dtype": str(dtype),
+            "free": free,
+            "margin": None if free is None else margin(free),
+            "rows": [r.to_dict() for r in choice.rows],
+            "chosen": choice.chosen.to_dict() if choice.chosen else None,
+            "refusal": choice.refusal,
+        }
         if devices is not None:
             report["devices"] = devices
         print(json.dumps(report, indent=2))
     else:
-        what = "full profile (release dimensions)" if config.uses_tiny_model and config.tiny_profile == "full" \
+        what = (
+            "full profile (release dimensions)"
+            if config.uses_tiny_model and config.tiny_profile == "full"
             else ("tiny " + config.tiny_profile if config.uses_tiny_model else "configured model")
+        )
         memory = "unknown" if free is None else f"{free / 1e9:.1f} GB free (margin {margin(free) / 1e9:.1f} GB)"
-        header = (f"{config.variant}, {what}, {size[0]}x{size[1]}, compute {str(dtype).replace('torch.', '')}, "
-                  f"{memory}")
+        header = f"{config.variant}, {what}, {size[0]}x{size[1]}, compute {str(dtype).replace('torch.', '')}, {memory}"
         print(_table(choice, header))
         if devices is not None:
             print(_device_lines(devices))
@@ -169,10 +206,15 @@ def planned_model(config) -> dict:
         return {"kind": "configured", "profile": None, "note": None}
     if config.tiny_profile == FULL_PROFILE_NAME:
         return {"kind": "release-size", "profile": config.tiny_profile, "note": None}
-    return {"kind": "offline", "profile": config.tiny_profile,
-            "note": (f"note: this planned the offline tiny model (--tiny-profile {config.tiny_profile}, a few MB of "
-                     f"weights). Plan the release with --tiny-profile {FULL_PROFILE_NAME} (its dimensions, "
-                     "nothing is loaded), or point --model-dir at the real weights.")}
+    return {
+        "kind": "offline",
+        "profile": config.tiny_profile,
+        "note": (
+            f"note: this planned the offline tiny model (--tiny-profile {config.tiny_profile}, a few MB of "
+            f"weights). Plan the release with --tiny-profile {FULL_PROFILE_NAME} (its dimensions, "
+            "nothing is loaded), or point --model-dir at the real weights."
+        ),
+    }
 
 
 def _trace(config, args) -> int:
@@ -187,8 +229,10 @@ def _trace(config, args) -> int:
 
     started = time.perf_counter()
     if config.uses_tiny_model and config.tiny_profile != "full":
-        print("plan: --trace traces the release dimensions: add --tiny-profile full (or point at real configs)",
-              file=sys.stderr)
+        print(
+            "plan: --trace traces the release dimensions: add --tiny-profile full (or point at real configs)",
+            file=sys.stderr,
+        )
     configs = read_configs(config)
     size = _working_size(args.working_resolution, config.variant, configs)
     dtype = torch.bfloat16  # the accelerators' compute dtype; fp8 storage computes in it too
@@ -196,27 +240,42 @@ def _trace(config, args) -> int:
     sizes = sizes_from_configs(configs)
     parts = trace.build_parts(configs, dtype, config.variant)
     phases = {s: trace.trace_phases(parts, size, dtype, s) for s in trace.ATTENTION_STRATEGIES}
-    rows = [row for s in trace.ATTENTION_STRATEGIES
-            for row in trace.plan_traces(sizes, phases[s], size, element)]
+    rows = [row for s in trace.ATTENTION_STRATEGIES for row in trace.plan_traces(sizes, phases[s], size, element)]
     fitted = trace.fitted_constants(sizes, {size: phases}, element)
     seconds = time.perf_counter() - started
     if args.json:
-        print(json.dumps({"variant": config.variant, "working_size": list(size), "dtype": str(dtype),
-                          "phases": {s: p.to_dict() for s, p in phases.items()},
-                          "rows": [r.to_dict() for r in rows], "fitted": fitted,
-                          "worst_ratio": max(rows, key=lambda r: abs(r.ratio - 1)).ratio,
-                          "seconds": round(seconds, 1)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "variant": config.variant,
+                    "working_size": list(size),
+                    "dtype": str(dtype),
+                    "phases": {s: p.to_dict() for s, p in phases.items()},
+                    "rows": [r.to_dict() for r in rows],
+                    "fitted": fitted,
+                    "worst_ratio": max(rows, key=lambda r: abs(r.ratio - 1)).ratio,
+                    "seconds": round(seconds, 1),
+                },
+                indent=2,
+            )
+        )
         return 0
     gb = 1e9
     print(f"{config.variant}, {size[0]}x{size[1]}, bf16 compute, traced on meta in {seconds:.1f} s")
     for s, p in phases.items():
-        print(f"  activations ({s:5s}): encode {p.encode / gb:.2f} GB, guidance call {p.denoise / gb:.2f} GB, "
-              f"refine call {p.refine / gb:.2f} GB, decode {p.decode / gb:.2f} GB")
-    print(f"  {'plan':17s} {'weights':7s} {'attention':9s} {'traced':>8s} {'predicted':>9s} {'ratio':>6s}  "
-          "per phase traced/predicted (encode, denoise, decode)")
+        print(
+            f"  activations ({s:5s}): encode {p.encode / gb:.2f} GB, guidance call {p.denoise / gb:.2f} GB, "
+            f"refine call {p.refine / gb:.2f} GB, decode {p.decode / gb:.2f} GB"
+        )
+    print(
+        f"  {'plan':17s} {'weights':7s} {'attention':9s} {'traced':>8s} {'predicted':>9s} {'ratio':>6s}  "
+        "per phase traced/predicted (encode, denoise, decode)"
+    )
     for r in rows:
         detail = ", ".join(f"{r.traced[k] / gb:.1f}/{r.predicted[k] / gb:.1f}" for k in ("encode", "denoise", "decode"))
-        print(f"  {r.plan:17s} {r.weights:7s} {r.attention:9s} {r.traced_peak / gb:6.1f}GB "
-              f"{r.predicted_peak / gb:7.1f}GB {r.ratio:6.3f}  {detail}")
+        print(
+            f"  {r.plan:17s} {r.weights:7s} {r.attention:9s} {r.traced_peak / gb:6.1f}GB "
+            f"{r.predicted_peak / gb:7.1f}GB {r.ratio:6.3f}  {detail}"
+        )
     print(f"fitted constants: {json.dumps(fitted)}")
     return 0

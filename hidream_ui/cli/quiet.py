@@ -29,9 +29,11 @@ CHATTY_LOGGERS = ("httpx", "httpcore")
 
 
 def add_verbose_argument(parser) -> None:
-    parser.add_argument("--verbose", action="store_true",
-                        help="show the libraries' own logs and progress bars (transformers, diffusers, the hub, httpx, "
-                             "cache-dit)")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show the libraries' own logs and progress bars (transformers, diffusers, the hub, httpx, cache-dit)",
+    )
 
 
 def quiet_libraries(verbose: bool, environ: MutableMapping[str, str] | None = None) -> None:

@@ -37,14 +37,17 @@ AUTO_DTYPE_ORDER: tuple[str, ...] = ("bf16", "fp16", "fp32")
 _DTYPE_ALIASES: Mapping[str, str] = MappingProxyType(
     {
         "auto": "auto",
-        "bf16": "bf16", "bfloat16": "bf16",
-        "fp16": "fp16", "float16": "fp16", "half": "fp16",
-        "fp32": "fp32", "float32": "fp32", "float": "fp32",
+        "bf16": "bf16",
+        "bfloat16": "bf16",
+        "fp16": "fp16",
+        "float16": "fp16",
+        "half": "fp16",
+        "fp32": "fp32",
+        "float32": "fp32",
+        "float": "fp32",
     }
 )
-_TORCH_DTYPE_ATTR: Mapping[str, str] = MappingProxyType(
-    {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-)
+_TORCH_DTYPE_ATTR: Mapping[str, str] = MappingProxyType({"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"})
 # Max |probe - fp32 reference| allowed, relative to max(|reference|, 1). Loose enough for the
 # dtype's own rounding (bf16 has 8 mantissa bits) yet far below what a broken kernel produces.
 _PROBE_TOLERANCE: Mapping[str, float] = MappingProxyType({"bf16": 0.05, "fp16": 0.01, "fp32": 1e-3})
@@ -482,9 +485,7 @@ def run_dtype_probe(torch_device: str, dtype: str) -> tuple[bool, str]:
     return judge_probe(name, torch_device, result, reference)
 
 
-def judge_probe(
-    dtype: str, torch_device: str, result: "torch.Tensor", reference: "torch.Tensor"
-) -> tuple[bool, str]:
+def judge_probe(dtype: str, torch_device: str, result: "torch.Tensor", reference: "torch.Tensor") -> tuple[bool, str]:
     """Accepts a probe ``result`` (fp32, on CPU) if finite and within the dtype's tolerance."""
     import torch
 

@@ -128,8 +128,7 @@ def _out_of_range(kind: str, index: int, status: BackendStatus, environ: Mapping
             f"{kind}:{i} is physical {pid if pid is not None else '?'}" for i, pid in enumerate(visible[1])
         )
         message += (
-            f". {visible[0]} renumbers devices ({mapping}): use a visible index, or change "
-            f"{VISIBLE_DEVICES_ENV[kind]}"
+            f". {visible[0]} renumbers devices ({mapping}): use a visible index, or change {VISIBLE_DEVICES_ENV[kind]}"
         )
     return message
 
@@ -235,9 +234,7 @@ def _backend_for(device: DeviceInfo, backends: Mapping[str, Backend] | None) -> 
     try:
         return table[device.type]
     except KeyError:
-        raise DeviceError(
-            f"no backend registered for device type {device.type!r} (have: {', '.join(table)})"
-        ) from None
+        raise DeviceError(f"no backend registered for device type {device.type!r} (have: {', '.join(table)})") from None
 
 
 def _probe(backend: Backend, device: DeviceInfo, name: str) -> tuple[bool, str]:
@@ -248,17 +245,13 @@ def _probe(backend: Backend, device: DeviceInfo, name: str) -> tuple[bool, str]:
     return bool(ok), str(reason)
 
 
-def probe_dtypes(
-    device: DeviceInfo, backends: Mapping[str, Backend] | None = None
-) -> dict[str, tuple[bool, str]]:
+def probe_dtypes(device: DeviceInfo, backends: Mapping[str, Backend] | None = None) -> dict[str, tuple[bool, str]]:
     """Probes bf16, fp16 and fp32 on ``device`` (for ``doctor``): ``{"bf16": (ok, reason), ...}``."""
     backend = _backend_for(device, backends)
     return {name: _probe(backend, device, name) for name in AUTO_DTYPE_ORDER}
 
 
-def resolve_dtype(
-    spec: str, device: DeviceInfo, backends: Mapping[str, Backend] | None = None
-) -> "torch.dtype":
+def resolve_dtype(spec: str, device: DeviceInfo, backends: Mapping[str, Backend] | None = None) -> "torch.dtype":
     """The compute dtype for ``spec`` (``auto | bf16 | fp16 | fp32``) on ``device``.
 
     ``auto`` on CPU is fp32 without probing: without bf16 units a bf16 matmul is ~2.8x slower
@@ -290,6 +283,7 @@ def resolve_dtype(
             return _torch_dtype(candidate)
         failures.append(f"{candidate}: {reason}")
     raise DeviceError(
-        f"no dtype works on {device.torch_device} ({device.name}): " + "; ".join(failures)
+        f"no dtype works on {device.torch_device} ({device.name}): "
+        + "; ".join(failures)
         + ". The device looks broken: run `python -m hidream_ui doctor`"
     )

@@ -59,20 +59,25 @@ def check_devices(devices: tuple[str, ...], device: str) -> None:
     if not devices:
         return
     if device != "auto":
-        raise PoolSpecError(f"--devices ({','.join(devices)}) and --device ({device}) are exclusive: use --devices "
-                            "for several engines, --device for one (check HIDREAM_DEVICE / PREFERRED_DEVICE too)")
+        raise PoolSpecError(
+            f"--devices ({','.join(devices)}) and --device ({device}) are exclusive: use --devices "
+            "for several engines, --device for one (check HIDREAM_DEVICE / PREFERRED_DEVICE too)"
+        )
     if devices == (ALL,):
         return
     seen = set()
     for name in devices:
         if name in seen and name != "cpu":
-            raise PoolSpecError(f"--devices names {name} twice: one engine per card (only cpu may repeat, to split "
-                                "the cores)")
+            raise PoolSpecError(
+                f"--devices names {name} twice: one engine per card (only cpu may repeat, to split the cores)"
+            )
         seen.add(name)
     kinds = {name.split(":")[0] for name in devices}
     if len(kinds) > 1:
-        raise PoolSpecError(f"--devices mixes device types ({', '.join(sorted(kinds))}): a pool runs one type "
-                            "(results must match whichever engine ran them)")
+        raise PoolSpecError(
+            f"--devices mixes device types ({', '.join(sorted(kinds))}): a pool runs one type "
+            "(results must match whichever engine ran them)"
+        )
 
 
 def split_placement(text: str) -> tuple[tuple[str, str], ...]:
@@ -82,8 +87,9 @@ def split_placement(text: str) -> tuple[tuple[str, str], ...]:
         part, sep, device = token.partition("=")
         part = part.strip()
         if not sep or part not in PLACEMENT_PARTS:
-            raise PoolSpecError(f"{token!r} is not PART=DEVICE with PART one of {', '.join(PLACEMENT_PARTS)} "
-                                f"({PLACEMENT_HELP})")
+            raise PoolSpecError(
+                f"{token!r} is not PART=DEVICE with PART one of {', '.join(PLACEMENT_PARTS)} ({PLACEMENT_HELP})"
+            )
         if part in dict(pairs):
             raise PoolSpecError(f"{part} is placed twice")
         pairs.append((part, _device(device.strip(), part)))
@@ -92,19 +98,24 @@ def split_placement(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def check_placement(placement: tuple[tuple[str, str], ...], device: str, devices: tuple[str, ...],
-                    text_encoders: str) -> None:
+def check_placement(
+    placement: tuple[tuple[str, str], ...], device: str, devices: tuple[str, ...], text_encoders: str
+) -> None:
     if not placement:
         return
     parts = dict(placement)
     if devices:
         raise PoolSpecError("--placement splits one model and --devices runs one model per device: use one of them")
     if device != "auto" and _device(device, "device") != parts["transformer"]:
-        raise PoolSpecError(f"--device {device} and --placement transformer={parts['transformer']} disagree: the "
-                            "transformer's device is the engine's device (leave --device out)")
+        raise PoolSpecError(
+            f"--device {device} and --placement transformer={parts['transformer']} disagree: the "
+            "transformer's device is the engine's device (leave --device out)"
+        )
     if "encoders" in parts and text_encoders != "device":
-        raise PoolSpecError(f"--text-encoders {text_encoders} and --placement encoders={parts['encoders']} both say "
-                            "where the text encoders go: use one of them")
+        raise PoolSpecError(
+            f"--text-encoders {text_encoders} and --placement encoders={parts['encoders']} both say "
+            "where the text encoders go: use one of them"
+        )
     kinds = {name.split(":")[0] for name in parts.values()} - {"cpu"}
     if len(kinds) > 1:
         raise PoolSpecError(f"--placement mixes accelerator types ({', '.join(sorted(kinds))})")
@@ -136,8 +147,9 @@ def placement_for(placement: tuple[tuple[str, str], ...], device: str, text_enco
     return Placement(transformer=device, encoders=parts.get("encoders", text_default), vae=parts.get("vae", device))
 
 
-def expand_devices(devices: tuple[str, ...], backends: "Mapping[str, Backend] | None" = None,
-                   environ: Mapping[str, str] | None = None) -> list["DeviceInfo"]:
+def expand_devices(
+    devices: tuple[str, ...], backends: "Mapping[str, Backend] | None" = None, environ: Mapping[str, str] | None = None
+) -> list["DeviceInfo"]:
     """The pool's devices, resolved (each checked exactly as `--device` is); `all` becomes every
     visible device of the first usable accelerator type, else one CPU. Raises DeviceError."""
     environ = os.environ if environ is None else environ
@@ -145,11 +157,23 @@ def expand_devices(devices: tuple[str, ...], backends: "Mapping[str, Backend] | 
         report = detect_devices("auto", backends=backends, environ=environ, survey=False)
         for status in report.backends:
             if status.available and status.type in DETECTION_ORDER and status.type != "cpu":
-                return [resolve_device(f"{status.type}:{i}", backends=backends, environ=environ)
-                        for i in range(status.device_count)]
+                return [
+                    resolve_device(f"{status.type}:{i}", backends=backends, environ=environ)
+                    for i in range(status.device_count)
+                ]
         return [resolve_device("cpu", backends=backends, environ=environ)]
     return [resolve_device(name, backends=backends, environ=environ) for name in devices]
 
 
-__all__ = ["ALL", "PLACEMENT_PARTS", "Placement", "PoolSpecError", "check_devices", "check_placement",
-           "expand_devices", "placement_for", "split_devices", "split_placement"]
+__all__ = [
+    "ALL",
+    "PLACEMENT_PARTS",
+    "Placement",
+    "PoolSpecError",
+    "check_devices",
+    "check_placement",
+    "expand_devices",
+    "placement_for",
+    "split_devices",
+    "split_placement",
+]

@@ -58,8 +58,7 @@ def bind_device_to_thread(device: DeviceInfo, backends: Mapping[str, Backend] | 
         backend.set_device(device.index)
     except Exception as exc:  # re-raised with the device and thread named
         raise DeviceError(
-            f"could not make {device.torch_device} current in thread "
-            f"{threading.current_thread().name!r}: {exc}"
+            f"could not make {device.torch_device} current in thread {threading.current_thread().name!r}: {exc}"
         ) from exc
 
 

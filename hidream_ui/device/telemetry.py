@@ -142,8 +142,12 @@ def parse_npu_smi_usages(text: str, chip: int = 0) -> dict[str, float | int | No
         total_mb, rate = _number(section, "ddr_total"), _number(section, "ddr_rate")
     total = int(total_mb * MiB) if total_mb else None
     used = int(total * rate / 100.0) if total is not None and rate is not None else None
-    return {"aicore": _number(section, "aicore"), "vector": _number(section, "vector"),
-            "memory_used": used, "memory_total": total}
+    return {
+        "aicore": _number(section, "aicore"),
+        "vector": _number(section, "vector"),
+        "memory_used": used,
+        "memory_total": total,
+    }
 
 
 def parse_npu_smi_value(text: str, name: str, chip: int = 0) -> float | None:
@@ -185,22 +189,34 @@ def read_npu(device: "DeviceInfo", run: Runner = run_command, timeout: float = C
         mapping = parse_npu_smi_mapping(run([NPU_SMI, "info", "-m"], timeout))
         card, chip = mapping.get(logic, (logic, 0))
         usages = parse_npu_smi_usages(run([NPU_SMI, "info", "-t", "usages", "-i", str(card)], timeout), chip)
-        temperature = parse_npu_smi_value(run([NPU_SMI, "info", "-t", "temp", "-i", str(card)], timeout),
-                                          "temperature", chip)
+        temperature = parse_npu_smi_value(
+            run([NPU_SMI, "info", "-t", "temp", "-i", str(card)], timeout), "temperature", chip
+        )
         power = parse_npu_smi_value(run([NPU_SMI, "info", "-t", "power", "-i", str(card)], timeout), "power", chip)
     except FileNotFoundError:
-        return DeviceTelemetry(device.torch_device, "none", note="npu-smi not found (install the Ascend driver "
-                                                                 "tools or add them to PATH)")
+        return DeviceTelemetry(
+            device.torch_device, "none", note="npu-smi not found (install the Ascend driver tools or add them to PATH)"
+        )
     except subprocess.TimeoutExpired:
         return DeviceTelemetry(device.torch_device, "none", note=f"npu-smi did not answer within {timeout:g} s")
     except subprocess.CalledProcessError as exc:
-        return DeviceTelemetry(device.torch_device, "none",
-                               note=f"npu-smi failed (exit {exc.returncode}): {(exc.stderr or '').strip()[:120]}")
+        return DeviceTelemetry(
+            device.torch_device,
+            "none",
+            note=f"npu-smi failed (exit {exc.returncode}): {(exc.stderr or '').strip()[:120]}",
+        )
     except OSError as exc:
         return DeviceTelemetry(device.torch_device, "none", note=f"npu-smi could not run: {exc}")
-    return DeviceTelemetry(device.torch_device, "npu-smi", utilization=usages["aicore"],
-                           vector_utilization=usages["vector"], memory_used=usages["memory_used"],
-                           memory_total=usages["memory_total"], temperature=temperature, power=power)
+    return DeviceTelemetry(
+        device.torch_device,
+        "npu-smi",
+        utilization=usages["aicore"],
+        vector_utilization=usages["vector"],
+        memory_used=usages["memory_used"],
+        memory_total=usages["memory_total"],
+        temperature=temperature,
+        power=power,
+    )
 
 
 _NVML_LOCK = threading.Lock()
@@ -229,15 +245,22 @@ def read_cuda(device: "DeviceInfo", nvml: Any = None) -> DeviceTelemetry:
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         rates = nvml.nvmlDeviceGetUtilizationRates(handle)
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        reading = DeviceTelemetry(device.torch_device, "nvml", utilization=float(rates.gpu),
-                                  memory_used=int(memory.used), memory_total=int(memory.total))
+        reading = DeviceTelemetry(
+            device.torch_device,
+            "nvml",
+            utilization=float(rates.gpu),
+            memory_used=int(memory.used),
+            memory_total=int(memory.total),
+        )
     except nvml.NVMLError as exc:
         return DeviceTelemetry(device.torch_device, "none", note=f"NVML: {exc}")
     extras: dict[str, Any] = {}
     # Each extra is optional: many boards (and MIG slices) do not report power or temperature.
-    for name, read in (("temperature", lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
-                       ("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),  # milliwatts
-                       ("sm_clock", lambda: int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)))):
+    for name, read in (
+        ("temperature", lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+        ("power", lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),  # milliwatts
+        ("sm_clock", lambda: int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))),
+    ):
         try:
             extras[name] = read()
         except nvml.NVMLError:
@@ -270,14 +293,19 @@ def read_cpu(device: "DeviceInfo", psutil_module: Any = None) -> DeviceTelemetry
     if psutil is None:
         import psutil
     cores = _per_core_load(psutil)
-    return DeviceTelemetry(device.torch_device, "psutil",
-                           utilization=round(sum(cores) / len(cores), 1) if cores else None,
-                           memory_used=int(psutil.Process().memory_info().rss),
-                           memory_total=int(psutil.virtual_memory().total), per_core=cores)
+    return DeviceTelemetry(
+        device.torch_device,
+        "psutil",
+        utilization=round(sum(cores) / len(cores), 1) if cores else None,
+        memory_used=int(psutil.Process().memory_info().rss),
+        memory_total=int(psutil.virtual_memory().total),
+        per_core=cores,
+    )
 
 
-def read_device(device: "DeviceInfo", *, run: Runner = run_command, nvml: Any = None,
-                psutil_module: Any = None) -> DeviceTelemetry:
+def read_device(
+    device: "DeviceInfo", *, run: Runner = run_command, nvml: Any = None, psutil_module: Any = None
+) -> DeviceTelemetry:
     """The reading for `device`'s type (blocking: call it off the hot path)."""
     if device.type == "npu":
         return read_npu(device, run=run)
@@ -311,8 +339,12 @@ class TelemetrySampler:
     finished refresh appends a point to `history` (the last `HISTORY_SECONDS`).
     """
 
-    def __init__(self, reader: Callable[["DeviceInfo"], DeviceTelemetry] = read_device, max_age: float = MAX_AGE,
-                 history_seconds: float = HISTORY_SECONDS):
+    def __init__(
+        self,
+        reader: Callable[["DeviceInfo"], DeviceTelemetry] = read_device,
+        max_age: float = MAX_AGE,
+        history_seconds: float = HISTORY_SECONDS,
+    ):
         self._reader = reader
         self.max_age = max_age
         self.history_seconds = history_seconds
@@ -329,8 +361,7 @@ class TelemetrySampler:
             if start:
                 self._refreshing.add(label)
         if start:
-            threading.Thread(target=self._refresh, args=(label, device), name=f"telemetry-{label}",
-                             daemon=True).start()
+            threading.Thread(target=self._refresh, args=(label, device), name=f"telemetry-{label}", daemon=True).start()
         return latest or DeviceTelemetry(device.torch_device, "none", note="collecting…")
 
     def _refresh(self, label: str, device: "DeviceInfo") -> None:
@@ -338,13 +369,13 @@ class TelemetrySampler:
             reading = self._reader(device)
         except Exception as exc:  # noqa: BLE001 - telemetry is an extra: a failing reader becomes a note
             logger.debug("telemetry of %s failed", label, exc_info=True)
-            reading = DeviceTelemetry(device.torch_device, "none", note=f"telemetry failed: {type(exc).__name__}: "
-                                                                        f"{exc}"[:200])
+            reading = DeviceTelemetry(
+                device.torch_device, "none", note=f"telemetry failed: {type(exc).__name__}: {exc}"[:200]
+            )
         with self._lock:
             self._latest[label] = reading
             self._refreshing.discard(label)
-            self._history.append(TelemetryPoint(reading.timestamp, label, reading.utilization,
-                                                reading.memory_percent))
+            self._history.append(TelemetryPoint(reading.timestamp, label, reading.utilization, reading.memory_percent))
             cutoff = time.time() - self.history_seconds
             while self._history and self._history[0].timestamp < cutoff:
                 self._history.popleft()
@@ -354,6 +385,17 @@ class TelemetrySampler:
             return list(self._history)
 
 
-__all__ = ["DeviceTelemetry", "TelemetryPoint", "TelemetrySampler", "parse_npu_smi_mapping",
-           "parse_npu_smi_sections", "parse_npu_smi_usages", "parse_npu_smi_value", "read_cpu", "read_cuda",
-           "read_device", "read_npu", "run_command"]
+__all__ = [
+    "DeviceTelemetry",
+    "TelemetryPoint",
+    "TelemetrySampler",
+    "parse_npu_smi_mapping",
+    "parse_npu_smi_sections",
+    "parse_npu_smi_usages",
+    "parse_npu_smi_value",
+    "read_cpu",
+    "read_cuda",
+    "read_device",
+    "read_npu",
+    "run_command",
+]

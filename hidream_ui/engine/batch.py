@@ -73,8 +73,15 @@ class BatchItem:
     rewrite: "RewriteResult | None" = None
 
     def manifest_row(self) -> dict:
-        row = {"index": self.index, "source": self.source_name, "instruction": self.instruction, "seed": self.seed,
-               "status": self.status, "error": self.error, "seconds": self.seconds}
+        row = {
+            "index": self.index,
+            "source": self.source_name,
+            "instruction": self.instruction,
+            "seed": self.seed,
+            "status": self.status,
+            "error": self.error,
+            "seconds": self.seconds,
+        }
         if self.rewrite is not None:
             row["original_instruction"] = self.original_instruction
             row["rewrite"] = self.rewrite.to_dict()
@@ -108,8 +115,9 @@ def clean_instructions(text_or_lines) -> tuple[str, ...]:
     return tuple(line.strip() for line in lines if line and line.strip())
 
 
-def plan_items(request: BatchRequest, source_names: list[str], max_items: int,
-               rng: random.Random | None = None) -> list[BatchItem]:
+def plan_items(
+    request: BatchRequest, source_names: list[str], max_items: int, rng: random.Random | None = None
+) -> list[BatchItem]:
     """Expands the request into items in a stable order (image-major for matrix mode).
 
     `source_names` are the images that opened (rejected uploads are not planned). Raises
@@ -129,8 +137,11 @@ def plan_items(request: BatchRequest, source_names: list[str], max_items: int,
         pairs = [(i, text) for i in range(len(source_names)) for text in request.instructions]
     else:
         if len(request.instructions) != len(source_names):
-            raise RequestError("instructions", f"{len(request.instructions)} lines",
-                               f"exactly one line per image in paired mode ({len(source_names)} images)")
+            raise RequestError(
+                "instructions",
+                f"{len(request.instructions)} lines",
+                f"exactly one line per image in paired mode ({len(source_names)} images)",
+            )
         pairs = list(enumerate(request.instructions))
     base = validated_seed(request.seed)
     if request.seed_policy == "random" or base == -1:
@@ -143,8 +154,15 @@ def plan_items(request: BatchRequest, source_names: list[str], max_items: int,
             seed = (base + index) % (SEED_MAX + 1)
         else:
             seed = base
-        items.append(BatchItem(index=index, source_index=source_index, source_name=source_names[source_index],
-                               instruction=text, seed=seed))
+        items.append(
+            BatchItem(
+                index=index,
+                source_index=source_index,
+                source_name=source_names[source_index],
+                instruction=text,
+                seed=seed,
+            )
+        )
     return items
 
 
@@ -153,16 +171,18 @@ def check_item_count(request: BatchRequest, images: int, max_items: int) -> None
     any is decoded (an upper bound: some may not open), and again with the images that opened."""
     count = images * len(request.instructions) if request.mode == "matrix" else min(images, len(request.instructions))
     if count > max_items:
-        raise RequestError("batch", f"{count} items",
-                           f"at most {max_items} items per batch (images x instructions); split the batch")
+        raise RequestError(
+            "batch", f"{count} items", f"at most {max_items} items per batch (images x instructions); split the batch"
+        )
 
 
 def item_params(settings: EditSettings, item: BatchItem) -> EditParams:
     return settings.params(item.instruction, item.seed).validated()
 
 
-def open_sources(sources, open_fn, max_total_pixels: int | None = None, cancel: "CancelToken | None" = None
-                 ) -> tuple[list[tuple[str, Image.Image]], list[tuple[str, str]]]:
+def open_sources(
+    sources, open_fn, max_total_pixels: int | None = None, cancel: "CancelToken | None" = None
+) -> tuple[list[tuple[str, Image.Image]], list[tuple[str, str]]]:
     """Opens every source with `open_fn`; returns (opened, rejected) keeping upload order.
 
     `max_total_pixels` bounds what one batch holds decoded at once: once the images opened so far
@@ -174,11 +194,17 @@ def open_sources(sources, open_fn, max_total_pixels: int | None = None, cancel: 
     total = 0
     for source in sources:
         if cancel is not None and cancel.cancelled:
-            raise EditCancelled(f"Stopped while opening the images ({cancel.reason or 'cancelled'}); "
-                                "nothing was edited.")
+            raise EditCancelled(
+                f"Stopped while opening the images ({cancel.reason or 'cancelled'}); nothing was edited."
+            )
         if max_total_pixels is not None and total >= max_total_pixels:
-            rejected.append((source.name, f"not opened: the batch's images already hold {total:,} pixels "
-                                          f"(at most {max_total_pixels:,} per batch); split the batch"))
+            rejected.append(
+                (
+                    source.name,
+                    f"not opened: the batch's images already hold {total:,} pixels "
+                    f"(at most {max_total_pixels:,} per batch); split the batch",
+                )
+            )
             continue
         try:
             image = open_fn(source.data, name=source.name)
@@ -221,14 +247,22 @@ def as_plan(batch: "BatchRequest | BatchPlan", open_fn: Callable, config: "AppCo
     return plan_batch(batch, open_fn, config.max_batch_items, max_total_pixels=BATCH_PIXEL_BUDGET * config.max_pixels)
 
 
-def plan_batch(request: BatchRequest, open_fn: Callable, max_items: int, rng: random.Random | None = None,
-               *, opened: tuple[list, list] | None = None, max_total_pixels: int | None = None) -> BatchPlan:
+def plan_batch(
+    request: BatchRequest,
+    open_fn: Callable,
+    max_items: int,
+    rng: random.Random | None = None,
+    *,
+    opened: tuple[list, list] | None = None,
+    max_total_pixels: int | None = None,
+) -> BatchPlan:
     """Validates the settings, opens the sources (or takes the caller's `opened` = (images,
     rejected)) and expands the items: every check of a batch, before any work."""
     settings = request.settings.validated()
     if request.batch_size is not None and not 1 <= int(request.batch_size) <= MAX_BATCH_SIZE:
-        raise RequestError("batch_size", request.batch_size,
-                           f"1..{MAX_BATCH_SIZE} items per transformer call, or empty for auto")
+        raise RequestError(
+            "batch_size", request.batch_size, f"1..{MAX_BATCH_SIZE} items per transformer call, or empty for auto"
+        )
     check_item_count(request, len(request.sources), max_items)  # before any source is decoded
     images, rejected = opened if opened is not None else open_sources(request.sources, open_fn, max_total_pixels)
     if not images:
@@ -237,8 +271,9 @@ def plan_batch(request: BatchRequest, open_fn: Callable, max_items: int, rng: ra
         shown = [f"{name}: {reason.removeprefix(f'{name}: ')}" for name, reason in rejected[:MAX_REASONS_SHOWN]]
         more = len(rejected) - len(shown)
         reasons = "; ".join(shown) + (f"; and {more} more" if more > 0 else "") if shown else "no files"
-        raise RequestError("images", f"{len(rejected)} file(s) that did not open",
-                           f"at least one readable image ({reasons})")
+        raise RequestError(
+            "images", f"{len(rejected)} file(s) that did not open", f"at least one readable image ({reasons})"
+        )
     items = plan_items(request, [name for name, _ in images], max_items, rng)
     return BatchPlan(request=request, settings=settings, images=list(images), rejected=list(rejected), items=items)
 
@@ -248,8 +283,9 @@ def plan_batch(request: BatchRequest, open_fn: Callable, max_items: int, rng: ra
 # ---------------------------------------------------------------------------------------------
 
 
-def execute(engine: "EditEngine", plan: BatchPlan, token: "CancelToken", on_item: Callable | None,
-            on_step: "StepFn | None") -> BatchResult:
+def execute(
+    engine: "EditEngine", plan: BatchPlan, token: "CancelToken", on_item: Callable | None, on_step: "StepFn | None"
+) -> BatchResult:
     """Runs `plan` on `engine`, whose lock the caller holds: groups items by working size, sends
     each group through the transformer in chunks, reports every item through `on_item`.
 
@@ -271,7 +307,7 @@ def execute(engine: "EditEngine", plan: BatchPlan, token: "CancelToken", on_item
     for size, members in groups.items():
         per_call = int(plan.request.batch_size or engine.auto_batch_size(size))
         sizes_used["x".join(map(str, size))] = per_call
-        queue.extend(members[i:i + per_call] for i in range(0, len(members), per_call))
+        queue.extend(members[i : i + per_call] for i in range(0, len(members), per_call))
 
     def report(item: BatchItem) -> None:
         if on_item is not None:
@@ -286,9 +322,18 @@ def execute(engine: "EditEngine", plan: BatchPlan, token: "CancelToken", on_item
         t0 = time.perf_counter()
         try:
             results = engine._run(
-                [EditRequest(image=plan.images[it.source_index][1], params=item_params(plan.settings, it),
-                             source_name=it.source_name, rewrite=it.rewrite) for it in chunk],
-                on_step, token=token)
+                [
+                    EditRequest(
+                        image=plan.images[it.source_index][1],
+                        params=item_params(plan.settings, it),
+                        source_name=it.source_name,
+                        rewrite=it.rewrite,
+                    )
+                    for it in chunk
+                ],
+                on_step,
+                token=token,
+            )
             results = engine.results.save(results, token)  # the device lock is free again here
         except EditCancelled:
             cancelled = True
@@ -316,5 +361,10 @@ def execute(engine: "EditEngine", plan: BatchPlan, token: "CancelToken", on_item
             item.status, item.error = "cancelled", "not started: the batch was cancelled"
     stats = {k: engine.counters[k] - counters_before.get(k, 0) for k in engine.counters}
     stats["batch_sizes"] = sizes_used
-    return BatchResult(items=plan.items, rejected=plan.rejected, cancelled=cancelled,
-                       seconds=round(time.perf_counter() - started, 4), stats=stats)
+    return BatchResult(
+        items=plan.items,
+        rejected=plan.rejected,
+        cancelled=cancelled,
+        seconds=round(time.perf_counter() - started, 4),
+        stats=stats,
+    )

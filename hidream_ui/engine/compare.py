@@ -78,16 +78,23 @@ class Axis:
     kind: str  # "int" | "float" | "resolution" | "attention" | "cache"
 
 
-AXES = MappingProxyType({axis.name: axis for axis in (
-    Axis("seed", "seed", "seed", "int"),
-    Axis("guidance", "guidance scale", "guidance_scale", "float"),
-    Axis("image_guidance", "image guidance", "image_guidance_scale", "float"),
-    Axis("steps", "steps", "num_inference_steps", "int"),
-    Axis("refine", "refine strength", "refine_strength", "float"),
-    Axis("attention", "attention", None, "attention"),
-    Axis("resolution", "working resolution", "working_resolution", "resolution"),
-    Axis("speed", "speed", "cache", "cache"),  # step cache: a preset or any --cache value (settings.CACHE_GRAMMAR)
-)})
+AXES = MappingProxyType(
+    {
+        axis.name: axis
+        for axis in (
+            Axis("seed", "seed", "seed", "int"),
+            Axis("guidance", "guidance scale", "guidance_scale", "float"),
+            Axis("image_guidance", "image guidance", "image_guidance_scale", "float"),
+            Axis("steps", "steps", "num_inference_steps", "int"),
+            Axis("refine", "refine strength", "refine_strength", "float"),
+            Axis("attention", "attention", None, "attention"),
+            Axis("resolution", "working resolution", "working_resolution", "resolution"),
+            Axis(
+                "speed", "speed", "cache", "cache"
+            ),  # step cache: a preset or any --cache value (settings.CACHE_GRAMMAR)
+        )
+    }
+)
 _ALIASES = MappingProxyType({axis.field: axis.name for axis in AXES.values() if axis.field})
 
 
@@ -115,8 +122,7 @@ def format_value(axis: Axis | str, value: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_axis_values(axis: str | Axis, text: str | Sequence[Any], *,
-                      max_values: int = MAX_AXIS_VALUES) -> tuple:
+def parse_axis_values(axis: str | Axis, text: str | Sequence[Any], *, max_values: int = MAX_AXIS_VALUES) -> tuple:
     """The values of one axis, validated.
 
     `text` lists values separated by commas (or spaces): `1, 2, 3`; numeric axes also take
@@ -171,10 +177,16 @@ def value_words(axis: str | Axis, text: Any, values: Sequence[Any]) -> tuple[str
 
 
 def _example(axis: Axis) -> str:
-    return {"seed": "1, 2, 3", "guidance": "2, 3.5, 5 or 1.5:4.5:1", "image_guidance": "1, 1.5, 2",
-            "steps": "10, 20, 28", "refine": "0:0.6:0.2", "attention": "sdpa, math",
-            "resolution": "draft, auto, 768",
-            "speed": "exact, fast, faster or none, interval:2, taylorseer:2, fbcache:0.1"}[axis.name]
+    return {
+        "seed": "1, 2, 3",
+        "guidance": "2, 3.5, 5 or 1.5:4.5:1",
+        "image_guidance": "1, 1.5, 2",
+        "steps": "10, 20, 28",
+        "refine": "0:0.6:0.2",
+        "attention": "sdpa, math",
+        "resolution": "draft, auto, 768",
+        "speed": "exact, fast, faster or none, interval:2, taylorseer:2, fbcache:0.1",
+    }[axis.name]
 
 
 def _number(field: str, token: str) -> float:
@@ -207,8 +219,12 @@ def _expand_range(axis: Axis, field: str, token: str, room: int) -> list:
     count = math.floor(steps + _RANGE_TOLERANCE) + 1 if math.isfinite(steps) else None
     if count is None or count > max(room, 0):
         size = count if count is not None and count < 10**6 else "far more"
-        raise RequestError(field, token, f"at most {MAX_AXIS_VALUES} values on one axis (this range has {size}: "
-                                         "use a larger step or a shorter range)")
+        raise RequestError(
+            field,
+            token,
+            f"at most {MAX_AXIS_VALUES} values on one axis (this range has {size}: "
+            "use a larger step or a shorter range)",
+        )
     if integral:
         return [int(start) + i * int(step) for i in range(count)]
     # Computed from the start each time (no running sum), then rounded so 0.1 * 3 shows as 0.3.
@@ -287,8 +303,9 @@ class ComparePlan:
         return len(self.values_x)
 
 
-def plan_compare(params: EditParams, axis_x: str | Axis, values_x, axis_y: str | Axis | None = None,
-                 values_y=None, *, max_cells: int) -> ComparePlan:
+def plan_compare(
+    params: EditParams, axis_x: str | Axis, values_x, axis_y: str | Axis | None = None, values_y=None, *, max_cells: int
+) -> ComparePlan:
     """Every cell's settings, checked: axes distinct, values valid, at most `max_cells` cells.
 
     A shared seed of -1 is resolved once here, so every cell of a grid that does not vary the
@@ -303,8 +320,11 @@ def plan_compare(params: EditParams, axis_x: str | Axis, values_x, axis_y: str |
     ys = parse_axis_values(y, values_y) if y is not None else (None,)
     cells_count = len(xs) * len(ys)
     if cells_count > max_cells:
-        raise RequestError("grid", f"{len(xs)} x {len(ys)} = {cells_count} cells",
-                           f"at most {max_cells} cells (--max-grid-cells); use fewer values")
+        raise RequestError(
+            "grid",
+            f"{len(xs)} x {len(ys)} = {cells_count} cells",
+            f"at most {max_cells} cells (--max-grid-cells); use fewer values",
+        )
     cells = []
     for row, y_value in enumerate(ys):
         for col, x_value in enumerate(xs):
@@ -317,11 +337,20 @@ def plan_compare(params: EditParams, axis_x: str | Axis, values_x, axis_y: str |
                 else:
                     changes[axis.field] = value
             cell_params = dataclasses.replace(shared, **changes).validated()
-            cells.append(CompareCell(index=len(cells), row=row, col=col, x=x_value, y=y_value,
-                                     params=cell_params, attention=attention))
-    return ComparePlan(axis_x=x, values_x=xs, axis_y=y, values_y=ys if y is not None else (), cells=tuple(cells),
-                       words_x=value_words(x, values_x, xs),
-                       words_y=value_words(y, values_y, ys) if y is not None else ())
+            cells.append(
+                CompareCell(
+                    index=len(cells), row=row, col=col, x=x_value, y=y_value, params=cell_params, attention=attention
+                )
+            )
+    return ComparePlan(
+        axis_x=x,
+        values_x=xs,
+        axis_y=y,
+        values_y=ys if y is not None else (),
+        cells=tuple(cells),
+        words_x=value_words(x, values_x, xs),
+        words_y=value_words(y, values_y, ys) if y is not None else (),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,7 +391,7 @@ class CompareResult:
 
 
 def cell_caption(plan: ComparePlan, cell: CompareCell) -> str:
-    """"guidance scale 3.5 · steps 20" for a cell."""
+    """ "guidance scale 3.5 · steps 20" for a cell."""
     text = f"{plan.axis_x.label} {plan.word_x(cell.x)}"
     if plan.axis_y is not None:
         text += f" · {plan.axis_y.label} {plan.word_y(cell.y)}"
@@ -372,10 +401,21 @@ def cell_caption(plan: ComparePlan, cell: CompareCell) -> str:
 CellFn = Callable[[CompareCell, EditResult], None]
 
 
-def run_compare(engine: "Engine", image, params: EditParams, axis_x: str | Axis, values_x,
-                axis_y: str | Axis | None = None, values_y=None, on_cell: CellFn | None = None, *,
-                on_step: "StepFn | None" = None, source_name: str | None = None, save: bool = True,
-                cancel: "CancelToken | None" = None) -> CompareResult:
+def run_compare(
+    engine: "Engine",
+    image,
+    params: EditParams,
+    axis_x: str | Axis,
+    values_x,
+    axis_y: str | Axis | None = None,
+    values_y=None,
+    on_cell: CellFn | None = None,
+    *,
+    on_step: "StepFn | None" = None,
+    source_name: str | None = None,
+    save: bool = True,
+    cancel: "CancelToken | None" = None,
+) -> CompareResult:
     """Edits `image` once per grid cell; returns the cells in row-major order.
 
     Everything is validated first (values, grid size, attention availability on this device),
@@ -396,8 +436,10 @@ def run_compare(engine: "Engine", image, params: EditParams, axis_x: str | Axis,
     picture = engine.open_image(image, name=source_name)  # the app's --max-pixels
     # Every cell names the same parent: the source file's bytes when it is a file.
     digest = file_sha256(image) if isinstance(image, (str, os.PathLike)) else None
-    requests = [EditRequest(image=picture, params=cell.params, source_name=source_name, source_sha256=digest)
-                for cell in plan.cells]
+    requests = [
+        EditRequest(image=picture, params=cell.params, source_name=source_name, source_sha256=digest)
+        for cell in plan.cells
+    ]
     if requests:
         requests[0].validated()  # a mask of another shape than the source: refused before any work
     uses_attention = any(axis is not None and axis.kind == "attention" for axis in (plan.axis_x, plan.axis_y))
@@ -435,11 +477,17 @@ def run_compare(engine: "Engine", image, params: EditParams, axis_x: str | Axis,
                         engine.restore_attention(previous)
                     except Exception:  # noqa: BLE001 - never mask the error that got us here
                         logger.exception("could not restore attention %r after the comparison", previous[0])
-            return CompareResult(plan=plan, source_image=picture, cells=results, cancelled=cancelled,
-                                 seconds=round(time.perf_counter() - started, 4))
+            return CompareResult(
+                plan=plan,
+                source_image=picture,
+                cells=results,
+                cancelled=cancelled,
+                seconds=round(time.perf_counter() - started, 4),
+            )
     except EditCancelled:  # while it waited for one of the pool's engines: nothing ran
-        return CompareResult(plan=plan, source_image=picture, cells=[], cancelled=True,
-                             seconds=round(time.perf_counter() - started, 4))
+        return CompareResult(
+            plan=plan, source_image=picture, cells=[], cancelled=True, seconds=round(time.perf_counter() - started, 4)
+        )
 
 
 def _check_attention_available(engine: "EditEngine", names: set) -> None:
@@ -543,9 +591,16 @@ def grid_layout(result: CompareResult, *, cell_side: int = 256, source: bool = F
     header = (left, pad + line, left + result.cols * (cell_w + gap) - gap, top - pad // 2)
     band = (pad, top, pad + label_w, top + result.rows * (cell_h + gap) - gap) if labels else None
     source_box = (source_x, top, source_x + cell_w, top + cell_h) if source else None
-    return GridLayout(size=(total_w, total_h), cell_size=(cell_w, cell_h), font_size=font_size,
-                      title_xy=(pad, pad), header_band=header, label_band=band, cell_boxes=tuple(boxes),
-                      source_box=source_box)
+    return GridLayout(
+        size=(total_w, total_h),
+        cell_size=(cell_w, cell_h),
+        font_size=font_size,
+        title_xy=(pad, pad),
+        header_band=header,
+        label_band=band,
+        cell_boxes=tuple(boxes),
+        source_box=source_box,
+    )
 
 
 def render_grid(result: CompareResult, *, cell_side: int = 256, source: bool = False) -> Image.Image:
@@ -562,8 +617,9 @@ def render_grid(result: CompareResult, *, cell_side: int = 256, source: bool = F
     plan = result.plan
     if layout.source_box is not None:
         x0, y0, x1, _ = layout.source_box
-        _place(draw, font, _fit(font, "source", cell_w), (x0, layout.header_band[1], x1, layout.header_band[3]),
-               "center")
+        _place(
+            draw, font, _fit(font, "source", cell_w), (x0, layout.header_band[1], x1, layout.header_band[3]), "center"
+        )
         thumb = result.source_image.convert("RGB").resize((cell_w, cell_h), Image.Resampling.LANCZOS)
         canvas.paste(thumb, (x0, y0))
     for col, value in enumerate(plan.values_x):

@@ -43,8 +43,11 @@ def working_sides(geometry) -> list[int]:
     """The offered numeric sides that a model of `geometry` can run: at least the requests'
     minimum side, and within its token budget. A side N works at N x N (E1-Full) or at an N x N
     area (E1.1), and the edit input is H x 2W latents: 2 (N / multiple)^2 tokens at most."""
-    return [side for side in OFFERED_SIDES
-            if side >= WORKING_SIDE_MIN and 2 * (side // geometry.multiple) ** 2 <= geometry.max_seq]
+    return [
+        side
+        for side in OFFERED_SIDES
+        if side >= WORKING_SIDE_MIN and 2 * (side // geometry.multiple) ** 2 <= geometry.max_seq
+    ]
 
 
 class PromptCache:
@@ -134,7 +137,7 @@ class EditEngine:
 
     @property
     def model_source(self) -> str:
-        """"tiny" or "real": the loaded model's kind (a --model-dir can hold a tiny checkpoint),
+        """ "tiny" or "real": the loaded model's kind (a --model-dir can hold a tiny checkpoint),
         before the load what the configuration says."""
         if self._model is not None:
             return self._model.sources.kind
@@ -201,9 +204,11 @@ class EditEngine:
                 self._progress = Progress()
             if oom:
                 self._free()
-                raise EngineError(f"out of memory while loading the model on {self.device.torch_device}: "
-                                  "try a smaller --memory plan (see `python -m hidream_ui plan`), --weights fp8, "
-                                  "or another device")
+                raise EngineError(
+                    f"out of memory while loading the model on {self.device.torch_device}: "
+                    "try a smaller --memory plan (see `python -m hidream_ui plan`), --weights fp8, "
+                    "or another device"
+                )
             logger.info("model loaded: %s", model.sources.to_dict())
             return model
 
@@ -247,8 +252,11 @@ class EditEngine:
 
             started = time.perf_counter()
             self._previewer = fit_latent_rgb(self.model.pipeline).to(self.model.device.torch_device)
-            logger.info("live preview map fitted in %.2f s (RMS error %.3f)", time.perf_counter() - started,
-                        self._previewer.residual)
+            logger.info(
+                "live preview map fitted in %.2f s (RMS error %.3f)",
+                time.perf_counter() - started,
+                self._previewer.residual,
+            )
         return self._previewer
 
     @property
@@ -340,8 +348,15 @@ class EditEngine:
 
         return self._cache.get(key, compute)
 
-    def edit(self, request: EditRequest, on_step: StepFn | None = None, *, save: bool = True,
-             cancel: CancelToken | None = None, on_preview: PreviewFn | None = None) -> EditResult:
+    def edit(
+        self,
+        request: EditRequest,
+        on_step: StepFn | None = None,
+        *,
+        save: bool = True,
+        cancel: CancelToken | None = None,
+        on_preview: PreviewFn | None = None,
+    ) -> EditResult:
         """Runs one edit; returns the result (saved with its metadata when `save`).
 
         `cancel` is the job's token: once set, the edit stops after the current step, raises
@@ -354,8 +369,14 @@ class EditEngine:
         # Saved here, after `_run` released the device lock: the next job may start meanwhile.
         return self.results.save(results, token)[0] if save else results[0]
 
-    def _run(self, requests: list[EditRequest], on_step: StepFn | None, *, token: CancelToken,
-             on_preview: PreviewFn | None = None) -> list[EditResult]:
+    def _run(
+        self,
+        requests: list[EditRequest],
+        on_step: StepFn | None,
+        *,
+        token: CancelToken,
+        on_preview: PreviewFn | None = None,
+    ) -> list[EditResult]:
         """Edits requests that share parameters other than image/instruction/seed in ONE pipeline call.
         Returns the unsaved results (the caller saves them with `self.results`, outside the lock)."""
         from hidream_ui.device.memory import snapshot
@@ -401,9 +422,12 @@ class EditEngine:
                 if any(p.mask is not None for p in params_list):
                     from hidream_ui.pipeline.masks import mask_at
 
-                    working_masks = [None if p.mask is None else
-                                     to_working_size(mask_at(p.mask.image, r.image.size), plan).convert("L")
-                                     for r, p, (_, plan) in zip(requests, params_list, working)]
+                    working_masks = [
+                        None
+                        if p.mask is None
+                        else to_working_size(mask_at(p.mask.image, r.image.size), plan).convert("L")
+                        for r, p, (_, plan) in zip(requests, params_list, working)
+                    ]
                 previewer = self.preview_map() if on_preview is not None else None
                 every = 0
                 if previewer is not None:  # every K steps, at most PREVIEWS_MAX per edit
@@ -482,7 +506,8 @@ class EditEngine:
                 oom_message = (
                     f"out of memory on {model.device.torch_device} editing {len(requests)} image(s) at working "
                     f"size {size}; memory was freed. Try the draft resolution, fewer images per batch, "
-                    "or --text-encoders cpu.")
+                    "or --text-encoders cpu."
+                )
             finally:
                 self._state = "idle"
                 self._progress = Progress()
@@ -513,17 +538,25 @@ class EditEngine:
 
                     feather = feather_px(request.image.size, image.size, pipe.vae_scale_factor)
                     edited = composite(edited, request.image, params.mask.image, feather)
-                results.append(EditResult(
-                    image=edited, source_image=request.image, params=params,
-                    working_size=image.size, source_size=request.image.size, timings=timings,
-                    peak_memory_bytes=peak, info=dataclasses.replace(info, batch_size=len(requests)),
-                    source_name=request.source_name, rewrite=request.rewrite,
-                    source_sha256=request.source_sha256, mask_feather=feather,
-                ))
+                results.append(
+                    EditResult(
+                        image=edited,
+                        source_image=request.image,
+                        params=params,
+                        working_size=image.size,
+                        source_size=request.image.size,
+                        timings=timings,
+                        peak_memory_bytes=peak,
+                        info=dataclasses.replace(info, batch_size=len(requests)),
+                        source_name=request.source_name,
+                        rewrite=request.rewrite,
+                        source_sha256=request.source_sha256,
+                        mask_feather=feather,
+                    )
+                )
             return results
 
-    def run_exclusive(self, state: str, work: Callable[["LoadedModel"], T], *,
-                      cancel: CancelToken | None = None) -> T:
+    def run_exclusive(self, state: str, work: Callable[["LoadedModel"], T], *, cancel: CancelToken | None = None) -> T:
         """Runs `work(model)` on the device under the engine lock, the model loaded first: device
         work that is not an edit (the local instruction rewriter runs the Llama). `state` is what
         the status shows meanwhile ("rewriting"); `cancel` is the job's token `work` may
@@ -560,19 +593,27 @@ class EditEngine:
 
         model = self.model
         geometry = model.geometry
-        plan = working_plan(source_size, variant=model.sources.variant, image_size=geometry.image_size,
-                            working_resolution=working_resolution,
-                            fixed_size=(geometry.e1_full_side, geometry.e1_full_side))
+        plan = working_plan(
+            source_size,
+            variant=model.sources.variant,
+            image_size=geometry.image_size,
+            working_resolution=working_resolution,
+            fixed_size=(geometry.e1_full_side, geometry.e1_full_side),
+        )
         width, height = plan.working_size
         tokens = (height // geometry.multiple) * (2 * width // geometry.multiple)
         if tokens > geometry.max_seq:
             sides = working_sides(geometry)
-            hint = (f"choose 'auto', 'draft' or a side of at most {sides[-1]}" if sides else
-                    f"this model works at most at {geometry.image_size} px, below the smallest numeric side "
-                    f"({WORKING_SIDE_MIN}): choose 'auto' or 'draft'")
+            hint = (
+                f"choose 'auto', 'draft' or a side of at most {sides[-1]}"
+                if sides
+                else f"this model works at most at {geometry.image_size} px, below the smallest numeric side "
+                f"({WORKING_SIDE_MIN}): choose 'auto' or 'draft'"
+            )
             raise EngineError(
                 f"working size {width}x{height} needs {tokens} tokens, more than this model's {geometry.max_seq}: "
-                f"{hint}")
+                f"{hint}"
+            )
         return plan
 
     def working_resolution_choices(self) -> list[str]:
@@ -614,8 +655,14 @@ class EditEngine:
             return 1
         return max(1, min(8, int(free * 0.8 // per_item)))
 
-    def run_batch(self, batch: "BatchRequest | BatchPlan", on_item: Callable | None = None,
-                  on_step: StepFn | None = None, *, cancel: CancelToken | None = None) -> "BatchResult":
+    def run_batch(
+        self,
+        batch: "BatchRequest | BatchPlan",
+        on_item: Callable | None = None,
+        on_step: StepFn | None = None,
+        *,
+        cancel: CancelToken | None = None,
+    ) -> "BatchResult":
         """Runs a batch; calls `on_item(item)` as each item finishes (ok or error).
 
         `batch` is a BatchRequest (planned here: sources opened, items expanded, limits checked,
@@ -663,8 +710,12 @@ class EditEngine:
             refiner=self.config.refiner,
             engine=self.pool_label,
             memory_plan=model.plan.to_dict() if model is not None and model.plan is not None else None,
-            versions={"hidream_ui": __version__, "torch": torch.__version__,
-                      "diffusers": diffusers.__version__, "transformers": transformers.__version__},
+            versions={
+                "hidream_ui": __version__,
+                "torch": torch.__version__,
+                "diffusers": diffusers.__version__,
+                "transformers": transformers.__version__,
+            },
         )
 
     def status(self) -> EngineStatus:
@@ -692,9 +743,12 @@ class EditEngine:
         try:
             device = self.device
             status = status.replace(
-                device=device.torch_device, device_type=device.type, device_name=device.name,
+                device=device.torch_device,
+                device_type=device.type,
+                device_name=device.name,
                 dtype=dtype_name(self.dtype) if self._dtype is not None else self.config.dtype,
-                memory=snapshot(device, backends=self._backends))
+                memory=snapshot(device, backends=self._backends),
+            )
         except EngineError as exc:
             status = status.replace(device_error=str(exc))
         if model is not None:
@@ -703,9 +757,16 @@ class EditEngine:
                 model_paths=model.sources.to_dict(names_only=self.hide_paths),
                 load_seconds=round(model.load_seconds, 3),
                 memory_plan=model.plan,
-                weight_swap=None if swap is None else WeightSwapStats(
-                    tensors=len(swap.inactive), bytes=swap.nbytes, on_device=swap.on_device, swaps=swap.swaps,
-                    bytes_copied=swap.bytes_copied))
+                weight_swap=None
+                if swap is None
+                else WeightSwapStats(
+                    tensors=len(swap.inactive),
+                    bytes=swap.nbytes,
+                    on_device=swap.on_device,
+                    swaps=swap.swaps,
+                    bytes_copied=swap.bytes_copied,
+                ),
+            )
         return status
 
     # ------------------------------------------------------------------ memory

@@ -139,8 +139,9 @@ class JobRegistry:
         self.history: list[Job] = []  # the last finished jobs (tests and the soak benchmark read it)
 
     @contextmanager
-    def start(self, kind: str, session: str | None, event_id: str | None = None,
-              alive: Callable[[], bool] | None = None) -> Iterator[Job]:
+    def start(
+        self, kind: str, session: str | None, event_id: str | None = None, alive: Callable[[], bool] | None = None
+    ) -> Iterator[Job]:
         token = CancelToken(alive)
         with self._lock:
             job = Job(id=next(self._ids), kind=kind, session=session, event_id=event_id, token=token)
@@ -160,8 +161,9 @@ class JobRegistry:
         with self._lock:
             return [job for job in self._jobs.values() if session is None or job.session == session]
 
-    def cancel(self, session: str | None, event_id: str | None = None, reason: str = "cancelled",
-               kind: str | None = None) -> int:
+    def cancel(
+        self, session: str | None, event_id: str | None = None, reason: str = "cancelled", kind: str | None = None
+    ) -> int:
         """Cancels the session's jobs (only the one of `event_id`, or of `kind`, when given);
         returns how many.
 
@@ -170,9 +172,13 @@ class JobRegistry:
         if session is None:
             return 0
         with self._lock:
-            jobs = [job for job in self._jobs.values()
-                    if job.session == session and (event_id is None or job.event_id == event_id)
-                    and (kind is None or job.kind == kind)]
+            jobs = [
+                job
+                for job in self._jobs.values()
+                if job.session == session
+                and (event_id is None or job.event_id == event_id)
+                and (kind is None or job.kind == kind)
+            ]
             if not jobs and event_id is not None:
                 now = time.monotonic()
                 # Forget early cancels nobody claimed (the event never started) after a minute, and

@@ -101,9 +101,16 @@ def shared_sampler() -> "TelemetrySampler":
         return _SHARED_SAMPLER
 
 
-def device_row(engine: EditEngine, label: str | None = None, sampler: "TelemetrySampler | None" = None, *,
-               status: EngineStatus | None = None, busy: bool | None = None, jobs: int = 0,
-               load_error: str | None = None) -> DeviceRow:
+def device_row(
+    engine: EditEngine,
+    label: str | None = None,
+    sampler: "TelemetrySampler | None" = None,
+    *,
+    status: EngineStatus | None = None,
+    busy: bool | None = None,
+    jobs: int = 0,
+    load_error: str | None = None,
+) -> DeviceRow:
     """One engine's row for the System panel and `/status` `devices`. Cheap: no lock, no device
     sync (the engine's status), telemetry from the sampler's cache."""
     status = status or engine.status()
@@ -114,10 +121,20 @@ def device_row(engine: EditEngine, label: str | None = None, sampler: "Telemetry
             telemetry = (sampler or shared_sampler()).read(label, engine.device)
         except EngineError:  # the device cannot be used: the row says why (status.device_error)
             telemetry = None
-    return DeviceRow(engine=label, device=status.device, device_name=status.device_name, state=status.state,
-                     progress=status.progress, loaded=status.loaded, busy=status.state != "idle" if busy is None
-                     else busy, jobs=jobs, memory=status.memory, telemetry=telemetry,
-                     error=status.device_error or load_error or status.last_error, attention=status.attention)
+    return DeviceRow(
+        engine=label,
+        device=status.device,
+        device_name=status.device_name,
+        state=status.state,
+        progress=status.progress,
+        loaded=status.loaded,
+        busy=status.state != "idle" if busy is None else busy,
+        jobs=jobs,
+        memory=status.memory,
+        telemetry=telemetry,
+        error=status.device_error or load_error or status.last_error,
+        attention=status.attention,
+    )
 
 
 def engine_labels(devices: Sequence[str]) -> list[str]:
@@ -134,8 +151,14 @@ def engine_labels(devices: Sequence[str]) -> list[str]:
 class EnginePool:
     """Several engines behind the surface of one (`edit`, `run_batch`, `load`, `status`, ...)."""
 
-    def __init__(self, config: AppConfig, engines: Sequence[EditEngine], labels: Sequence[str] | None = None,
-                 threads: Sequence[int | None] | None = None, sampler: "TelemetrySampler | None" = None):
+    def __init__(
+        self,
+        config: AppConfig,
+        engines: Sequence[EditEngine],
+        labels: Sequence[str] | None = None,
+        threads: Sequence[int | None] | None = None,
+        sampler: "TelemetrySampler | None" = None,
+    ):
         if not engines:
             raise EngineError("an engine pool needs at least one engine")
         if labels is None:  # several engines: numbered device names; one: named by the device it resolves to
@@ -143,8 +166,10 @@ class EnginePool:
         labels = list(labels)
         threads = list(threads or [None] * len(engines))
         self.config = config
-        self.slots = [Slot(i, label, engine, thread_count)
-                      for i, (label, engine, thread_count) in enumerate(zip(labels, engines, threads))]
+        self.slots = [
+            Slot(i, label, engine, thread_count)
+            for i, (label, engine, thread_count) in enumerate(zip(labels, engines, threads))
+        ]
         for slot in self.slots:
             slot.engine.pool_label = slot.given_label if len(self.slots) > 1 else None
         self._cond = threading.Condition()
@@ -155,9 +180,16 @@ class EnginePool:
         self._attention_lock = threading.Lock()
 
     @classmethod
-    def for_config(cls, config: AppConfig, backends=None, *, cores: int | None = None, hide_paths: bool = False,
-                   limit: int | None = None,
-                   engine_factory: type[EditEngine] = EditEngine) -> "EnginePool":
+    def for_config(
+        cls,
+        config: AppConfig,
+        backends=None,
+        *,
+        cores: int | None = None,
+        hide_paths: bool = False,
+        limit: int | None = None,
+        engine_factory: type[EditEngine] = EditEngine,
+    ) -> "EnginePool":
         """One engine per device of `config.devices` (or one engine on `config.device`). `all` is
         resolved here (it needs the device survey); named devices resolve lazily, as `--device` does.
         Raises EngineError for a device that cannot be used (only with `all`). `hide_paths`: results
@@ -225,8 +257,9 @@ class EnginePool:
             torch.set_num_threads(default)
 
     @contextmanager
-    def acquire(self, cancel: "CancelToken | None" = None, *, slot: Slot | None = None,
-                prefer: int | None = None) -> Iterator[Slot]:
+    def acquire(
+        self, cancel: "CancelToken | None" = None, *, slot: Slot | None = None, prefer: int | None = None
+    ) -> Iterator[Slot]:
         """An idle engine for the caller's job (waits for one; a cancelled job stops waiting).
 
         Among idle engines: a loaded one before one still loading, then the least used, then the
@@ -317,8 +350,15 @@ class EnginePool:
             if retry:
                 self._load_in_background(retry)
 
-    def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
-             cancel: "CancelToken | None" = None, on_preview: "PreviewFn | None" = None) -> "EditResult":
+    def edit(
+        self,
+        request: "EditRequest",
+        on_step: "StepFn | None" = None,
+        *,
+        save: bool = True,
+        cancel: "CancelToken | None" = None,
+        on_preview: "PreviewFn | None" = None,
+    ) -> "EditResult":
         """One edit on an idle engine, saved once that engine is free for the next job (live previews
         to `on_preview`, see EditEngine.edit)."""
         from hidream_ui.engine.jobs import CancelToken
@@ -335,8 +375,14 @@ class EnginePool:
             self.start_loading(skip=slot)
             return slot.engine.run_exclusive(state, work, cancel=cancel)
 
-    def run_batch(self, batch: "BatchRequest | BatchPlan", on_item: Callable | None = None,
-                  on_step: "StepFn | None" = None, *, cancel: "CancelToken | None" = None) -> "BatchResult":
+    def run_batch(
+        self,
+        batch: "BatchRequest | BatchPlan",
+        on_item: Callable | None = None,
+        on_step: "StepFn | None" = None,
+        *,
+        cancel: "CancelToken | None" = None,
+    ) -> "BatchResult":
         """A batch over the pool: item i goes to share i mod N, each share runs on an idle engine
         (batching within the share); items keep their planned order in the result."""
         from hidream_ui.engine import batch as batches
@@ -345,7 +391,7 @@ class EnginePool:
         plan = batches.as_plan(batch, self.open_image, self.config)
         token = cancel or CancelToken()
         pending = [item for item in plan.items if item.status == "pending"]
-        shares = [pending[i::self.size] for i in range(self.size)]
+        shares = [pending[i :: self.size] for i in range(self.size)]
         shares = [share for share in shares if share]
         started = time.perf_counter()
         results: list[Any] = [None] * len(shares)
@@ -367,8 +413,11 @@ class EnginePool:
 
         # The first share runs in the calling thread (the job's own), the others in threads joined
         # here before the batch returns: a pool of one starts no thread, none outlives the job.
-        threads = [threading.Thread(target=run_share, args=(i, share), name=f"hidream-batch-{i}", daemon=True)
-                   for i, share in enumerate(shares) if i > 0]
+        threads = [
+            threading.Thread(target=run_share, args=(i, share), name=f"hidream-batch-{i}", daemon=True)
+            for i, share in enumerate(shares)
+            if i > 0
+        ]
         for thread in threads:
             thread.start()
         if shares:
@@ -391,8 +440,9 @@ class EnginePool:
                 else:
                     stats[key] = stats.get(key, 0) + value
         cancelled = token.cancelled or any(part.cancelled for part in parts)
-        return BatchResult(items=plan.items, rejected=plan.rejected, cancelled=cancelled, seconds=round(seconds, 4),
-                           stats=stats)
+        return BatchResult(
+            items=plan.items, rejected=plan.rejected, cancelled=cancelled, seconds=round(seconds, 4), stats=stats
+        )
 
     def slot_for(self, label: str) -> Slot:
         """The engine labelled `label` ("cpu#1", "npu:1"); EngineError naming the labels otherwise."""
@@ -485,9 +535,18 @@ class EnginePool:
     def device_rows(self, statuses: list[EngineStatus] | None = None) -> list[DeviceRow]:
         """One row per engine; `statuses` (one per slot) when the caller has them already."""
         statuses = statuses or [slot.engine.status() for slot in self.slots]
-        return [device_row(slot.engine, slot.label, self._sampler, status=status, busy=slot.busy, jobs=slot.jobs,
-                           load_error=slot.load_error if slot.failed else None)
-                for slot, status in zip(self.slots, statuses)]
+        return [
+            device_row(
+                slot.engine,
+                slot.label,
+                self._sampler,
+                status=status,
+                busy=slot.busy,
+                jobs=slot.jobs,
+                load_error=slot.load_error if slot.failed else None,
+            )
+            for slot, status in zip(self.slots, statuses)
+        ]
 
     def status(self) -> EngineStatus:
         """The primary engine's status with the pool's state (its busiest engine's), summed
@@ -498,8 +557,13 @@ class EnginePool:
         state = next((s for s in _STATE_ORDER if s in states), states[0])
         busiest = next(row for row in rows if row.state == state)
         base = statuses[0]
-        return base.replace(state=state, progress=busiest.progress, loaded=any(row.loaded for row in rows),
-                            counters=self.counters, devices=rows)
+        return base.replace(
+            state=state,
+            progress=busiest.progress,
+            loaded=any(row.loaded for row in rows),
+            counters=self.counters,
+            devices=rows,
+        )
 
 
 __all__ = ["ALL_ENGINES", "EnginePool", "Slot", "device_row", "engine_labels", "host_cores", "shared_sampler"]

@@ -47,11 +47,24 @@ class Engine(Protocol):
 
     def load(self, on_progress: Callable[[float, str], None] | None = None) -> "LoadedModel": ...
 
-    def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
-             cancel: "CancelToken | None" = None, on_preview: "PreviewFn | None" = None) -> "EditResult": ...
+    def edit(
+        self,
+        request: "EditRequest",
+        on_step: "StepFn | None" = None,
+        *,
+        save: bool = True,
+        cancel: "CancelToken | None" = None,
+        on_preview: "PreviewFn | None" = None,
+    ) -> "EditResult": ...
 
-    def run_batch(self, batch: "BatchRequest | BatchPlan", on_item: Callable | None = None,
-                  on_step: "StepFn | None" = None, *, cancel: "CancelToken | None" = None) -> "BatchResult": ...
+    def run_batch(
+        self,
+        batch: "BatchRequest | BatchPlan",
+        on_item: Callable | None = None,
+        on_step: "StepFn | None" = None,
+        *,
+        cancel: "CancelToken | None" = None,
+    ) -> "BatchResult": ...
 
     def run_exclusive(self, state: str, work: Callable[[Any], T], *, cancel: "CancelToken | None" = None) -> T: ...
 

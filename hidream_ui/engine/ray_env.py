@@ -27,8 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.config import AppConfig
 
 RAY_VERSION = "2.60.0"  # requirements-ray.txt pins it; the tests run on it
-INSTALL_HINT = (f"Ray is not installed in this Python ({sys.executable}): `pip install 'hidream_ui[ray]'` "
-                f"or `pip install -r requirements-ray.txt` (ray[serve,data]=={RAY_VERSION}), then run again")
+INSTALL_HINT = (
+    f"Ray is not installed in this Python ({sys.executable}): `pip install 'hidream_ui[ray]'` "
+    f"or `pip install -r requirements-ray.txt` (ray[serve,data]=={RAY_VERSION}), then run again"
+)
 ADDRESS_ENV = "HIDREAM_RAY_ADDRESS"
 LOCAL = "local"
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -76,8 +78,7 @@ def connect(address: str, *, verbose: bool = False) -> bool:
     ray = require_ray(address)
     if ray.is_initialized():
         return False
-    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": verbose,
-                               "configure_logging": verbose}
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": verbose, "configure_logging": verbose}
     try:
         if address == LOCAL:
             ray.init(_node_ip_address="127.0.0.1", **options)
@@ -119,7 +120,7 @@ class Placement:
 
 
 def device_kind(config: "AppConfig", resources: dict[str, float]) -> str:
-    """"cuda", "npu" or "cpu": what the configuration names (`--device`, `--devices`), or for `auto`
+    """ "cuda", "npu" or "cpu": what the configuration names (`--device`, `--devices`), or for `auto`
     what the cluster has (GPUs first, then NPUs, else CPUs)."""
     named = [name.split(":")[0].split("#")[0] for name in (config.devices or (config.device,))]
     for kind in ("cuda", "npu", "cpu"):
@@ -148,6 +149,20 @@ def default_replicas(kind: str, resources: dict[str, float]) -> int:
     return max(1, int(count))
 
 
-__all__ = ["ADDRESS_ENV", "INSTALL_HINT", "LOCAL", "NPU_RESOURCE", "Placement", "RAY_VERSION", "RayUnavailable",
-           "connect", "default_replicas", "disconnect", "device_kind", "is_loopback", "placement",
-           "prepare_environment", "require_ray"]
+__all__ = [
+    "ADDRESS_ENV",
+    "INSTALL_HINT",
+    "LOCAL",
+    "NPU_RESOURCE",
+    "Placement",
+    "RAY_VERSION",
+    "RayUnavailable",
+    "connect",
+    "default_replicas",
+    "disconnect",
+    "device_kind",
+    "is_loopback",
+    "placement",
+    "prepare_environment",
+    "require_ray",
+]

@@ -126,7 +126,6 @@ def keep_replica_server_on_loopback(node_ip: str) -> bool:
     return True
 
 
-
 class EngineReplica:
     """One engine in a Ray Serve replica (wrapped by `serve.deployment` in `RayEngine.load`)."""
 
@@ -147,7 +146,8 @@ class EngineReplica:
         self.busy = False
         self.last_job: dict[str, Any] = {}
         self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix="hidream-replica")  # one computing thread: the device is bound to it
+            1, thread_name_prefix="hidream-replica"
+        )  # one computing thread: the device is bound to it
         self._stop = threading.Event()
         self.report()
         self.engine.load()
@@ -168,8 +168,11 @@ class EngineReplica:
         """Fire and forget: a slow board never slows an edit."""
         try:
             status = self.engine.status()
-            self.board.report.remote(self.label, self.row(), {
-                "counters": dict(status.counters), "attention": status.attention, "last_job": dict(self.last_job)})
+            self.board.report.remote(
+                self.label,
+                self.row(),
+                {"counters": dict(status.counters), "attention": status.attention, "last_job": dict(self.last_job)},
+            )
         except Exception:  # noqa: BLE001 - a missed report shows as a stale row, never as a failed edit
             logger.debug("status report failed", exc_info=True)
 
@@ -203,8 +206,9 @@ class EngineReplica:
                 loop.call_soon_threadsafe(put, ("error", exc))
             except Exception as exc:  # noqa: BLE001 - any other failure may not pickle: its text travels
                 logger.exception("edit failed on %s", self.label)
-                loop.call_soon_threadsafe(put, ("error", EngineError(
-                    f"the edit failed on replica {self.label}: {type(exc).__name__}: {exc}")))
+                loop.call_soon_threadsafe(
+                    put, ("error", EngineError(f"the edit failed on replica {self.label}: {type(exc).__name__}: {exc}"))
+                )
             finally:  # busy until the computing thread is done, even after the caller went away
                 self.busy = False
                 self.report()
@@ -240,8 +244,16 @@ class EngineReplica:
 class RayEngine:
     """The `Engine` protocol over Ray Serve replicas (see the module's docstring)."""
 
-    def __init__(self, config: AppConfig, address: str, replicas: str | int | None = None, *,
-                 hide_paths: bool = False, verbose: bool = False, name: str | None = None):
+    def __init__(
+        self,
+        config: AppConfig,
+        address: str,
+        replicas: str | int | None = None,
+        *,
+        hide_paths: bool = False,
+        verbose: bool = False,
+        name: str | None = None,
+    ):
         self.config = config
         self.address = address
         self.min_replicas, self.max_replicas = parse_replicas(replicas)
@@ -299,18 +311,31 @@ class RayEngine:
             board_name = f"{self.app_name}-board"
             self._board = ray.remote(num_cpus=0)(ReplicaBoard).options(name=board_name).remote()
             serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy, no port
-            scaling: dict[str, Any] = ({"num_replicas": self._size} if self.max_replicas is None else
-                                       {"autoscaling_config": {"min_replicas": self.min_replicas,
-                                                               "max_replicas": self.max_replicas,
-                                                               "target_ongoing_requests": 1}})
+            scaling: dict[str, Any] = (
+                {"num_replicas": self._size}
+                if self.max_replicas is None
+                else {
+                    "autoscaling_config": {
+                        "min_replicas": self.min_replicas,
+                        "max_replicas": self.max_replicas,
+                        "target_ongoing_requests": 1,
+                    }
+                }
+            )
             deployment = serve.deployment(EngineReplica, name="EngineReplica").options(
-                ray_actor_options=where.options, max_ongoing_requests=1, health_check_period_s=HEALTH_CHECK_PERIOD,
-                **scaling)
+                ray_actor_options=where.options,
+                max_ongoing_requests=1,
+                health_check_period_s=HEALTH_CHECK_PERIOD,
+                **scaling,
+            )
             replica_config = dataclasses.replace(self.config, devices=(), device=where.device)
             if on_progress is not None:
                 on_progress(0.1, f"starting {self.size} replica(s) on {where.kind}; each loads the model")
-            self._handle = serve.run(deployment.bind(replica_config, self._hide_paths, board_name, namespace),
-                                     name=self.app_name, route_prefix=None)
+            self._handle = serve.run(
+                deployment.bind(replica_config, self._hide_paths, board_name, namespace),
+                name=self.app_name,
+                route_prefix=None,
+            )
             if on_progress is not None:
                 on_progress(1.0, "replicas running")
         return None
@@ -335,8 +360,15 @@ class RayEngine:
                     self._owned = False
 
     # ------------------------------------------------------------------ jobs
-    def edit(self, request: "EditRequest", on_step: "StepFn | None" = None, *, save: bool = True,
-             cancel: "CancelToken | None" = None, on_preview: "PreviewFn | None" = None) -> "EditResult":
+    def edit(
+        self,
+        request: "EditRequest",
+        on_step: "StepFn | None" = None,
+        *,
+        save: bool = True,
+        cancel: "CancelToken | None" = None,
+        on_preview: "PreviewFn | None" = None,
+    ) -> "EditResult":
         """One edit on a free replica; progress per step through `on_step`; saved here when `save`.
         `on_preview` is accepted (the Engine protocol) but gets nothing yet: live previews do not
         cross the replica boundary (a replica's events stream steps only)."""
@@ -403,12 +435,19 @@ class RayEngine:
             raise _ReplicaLost(
                 f"the Ray replica running this job{where} died or became unreachable "
                 f"({type(exc).__name__}); the job was lost, nothing was saved. Ray replaces the replica; "
-                "run the edit again") from exc
+                "run the edit again"
+            ) from exc
         finally:
             done.set()
 
-    def run_batch(self, batch: "BatchRequest | BatchPlan", on_item: Callable | None = None,
-                  on_step: "StepFn | None" = None, *, cancel: "CancelToken | None" = None) -> "BatchResult":
+    def run_batch(
+        self,
+        batch: "BatchRequest | BatchPlan",
+        on_item: Callable | None = None,
+        on_step: "StepFn | None" = None,
+        *,
+        cancel: "CancelToken | None" = None,
+    ) -> "BatchResult":
         """A batch as one edit per item over the replicas (`size` at once), each saved here."""
         from hidream_ui.edits import EditRequest
         from hidream_ui.engine import batch as batches
@@ -427,9 +466,16 @@ class RayEngine:
             t0 = time.perf_counter()
             try:
                 image = plan.images[item.source_index][1]
-                item.result = self.edit(EditRequest(image=image, params=item_params(plan.settings, item),
-                                                    source_name=item.source_name, rewrite=item.rewrite),
-                                        on_step, cancel=token)
+                item.result = self.edit(
+                    EditRequest(
+                        image=image,
+                        params=item_params(plan.settings, item),
+                        source_name=item.source_name,
+                        rewrite=item.rewrite,
+                    ),
+                    on_step,
+                    cancel=token,
+                )
                 item.status, item.seconds = "ok", round(time.perf_counter() - t0, 4)
             except EditCancelled:
                 item.status, item.error = "cancelled", "cancelled before it finished"
@@ -443,8 +489,13 @@ class RayEngine:
         pending = [item for item in plan.items if item.status == "pending"]
         with ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="hidream-ray-batch") as executor:
             list(executor.map(run, pending))
-        return BatchResult(items=plan.items, rejected=plan.rejected, cancelled=token.cancelled,
-                           seconds=round(time.perf_counter() - started, 4), stats={"batch_sizes": {}})
+        return BatchResult(
+            items=plan.items,
+            rejected=plan.rejected,
+            cancelled=token.cancelled,
+            seconds=round(time.perf_counter() - started, 4),
+            stats={"batch_sizes": {}},
+        )
 
     def run_exclusive(self, state: str, work: Callable, *, cancel: "CancelToken | None" = None):
         raise EngineError(UNSUPPORTED.format(what=f"{state} on the app's model (the model lives in the replicas)"))
@@ -532,8 +583,11 @@ class RayEngine:
             rows = self._status_cache[1] if self._status_cache else {}
         wall = time.time()
         live = self._live_replicas()
-        rows = {label: value for label, value in rows.items()
-                if wall - value[0] < FORGET_AFTER and (live is None or label in live)}
+        rows = {
+            label: value
+            for label, value in rows.items()
+            if wall - value[0] < FORGET_AFTER and (live is None or label in live)
+        }
         self._status_cache = (now, rows)
         return rows
 
@@ -557,8 +611,12 @@ class RayEngine:
         rows = []
         for _, (seen, row, _extra) in sorted(self._board_rows(fresh).items(), key=lambda entry: entry[0]):
             if wall - seen > STALE_AFTER:
-                row = dataclasses.replace(row, state="unreachable", busy=False,
-                                          error=f"no report for {wall - seen:.0f} s: dead or being replaced")
+                row = dataclasses.replace(
+                    row,
+                    state="unreachable",
+                    busy=False,
+                    error=f"no report for {wall - seen:.0f} s: dead or being replaced",
+                )
             rows.append(row)
         return rows
 
@@ -569,9 +627,15 @@ class RayEngine:
 
         total, free = ray.cluster_resources(), ray.available_resources()
         keys = [key for key in ("CPU", "GPU", "NPU", "memory") if key in total]
-        return {"address": self.address, "connected": True, "nodes": len([n for n in ray.nodes() if n.get("Alive")]),
-                "resources": {key: total[key] for key in keys}, "available": {key: free.get(key, 0) for key in keys},
-                "replicas": len(self._board_rows()), "jobs": self._jobs}
+        return {
+            "address": self.address,
+            "connected": True,
+            "nodes": len([n for n in ray.nodes() if n.get("Alive")]),
+            "resources": {key: total[key] for key in keys},
+            "available": {key: free.get(key, 0) for key in keys},
+            "replicas": len(self._board_rows()),
+            "jobs": self._jobs,
+        }
 
     def status(self) -> EngineStatus:
         rows = self.device_rows()
@@ -579,12 +643,23 @@ class RayEngine:
         state = next((s for s in ("editing", "loading", "idle") if s in states), "loading" if not rows else "idle")
         busiest = next((row for row in rows if row.state == state), None)
         return EngineStatus(
-            state=state, progress=busiest.progress if busiest else Progress(), loaded=any(r.loaded for r in rows),
-            variant=self.config.variant, model_source="tiny" if self.config.uses_tiny_model else "real",
+            state=state,
+            progress=busiest.progress if busiest else Progress(),
+            loaded=any(r.loaded for r in rows),
+            variant=self.config.variant,
+            model_source="tiny" if self.config.uses_tiny_model else "real",
             tiny_profile=self.config.tiny_profile if self.config.uses_tiny_model else None,
-            attention=self.attention_of(), attention_note=None, refiner=self.config.refiner,
-            text_encoders=self.config.text_encoders, prompt_cache=PromptCacheStats(0, 0, 0), counters=self.counters,
-            device=f"ray ({self.address})", device_type="ray", devices=rows, cluster=self.cluster_totals())
+            attention=self.attention_of(),
+            attention_note=None,
+            refiner=self.config.refiner,
+            text_encoders=self.config.text_encoders,
+            prompt_cache=PromptCacheStats(0, 0, 0),
+            counters=self.counters,
+            device=f"ray ({self.address})",
+            device_type="ray",
+            devices=rows,
+            cluster=self.cluster_totals(),
+        )
 
     def replica_last_jobs(self) -> dict[str, dict]:
         """Each replica's last job as it reported it (steps run, where it was cancelled): tests, bench."""
@@ -608,5 +683,11 @@ def address_from(flag: str | None, environ) -> str | None:
     return flag or (environ.get(ADDRESS_ENV, "").strip() or None)
 
 
-__all__ = ["EngineReplica", "RayEngine", "ReplicaBoard", "address_from", "keep_replica_server_on_loopback",
-           "parse_replicas"]
+__all__ = [
+    "EngineReplica",
+    "RayEngine",
+    "ReplicaBoard",
+    "address_from",
+    "keep_replica_server_on_loopback",
+    "parse_replicas",
+]

@@ -131,5 +131,12 @@ class EngineStatus:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["DeviceRow", "EngineStatus", "Progress", "PromptCacheStats", "QueueFigures", "RewriterStatus",
-           "WeightSwapStats"]
+__all__ = [
+    "DeviceRow",
+    "EngineStatus",
+    "Progress",
+    "PromptCacheStats",
+    "QueueFigures",
+    "RewriterStatus",
+    "WeightSwapStats",
+]

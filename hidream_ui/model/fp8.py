@@ -91,13 +91,17 @@ def apply_fp8(transformer: "torch.nn.Module", compute_dtype: "torch.dtype") -> N
     import torch
     from diffusers.hooks import apply_layerwise_casting
 
-    apply_layerwise_casting(transformer, storage_dtype=getattr(torch, STORAGE_DTYPE_NAME),
-                            compute_dtype=compute_dtype, skip_modules_pattern=SKIP_PATTERNS)
+    apply_layerwise_casting(
+        transformer,
+        storage_dtype=getattr(torch, STORAGE_DTYPE_NAME),
+        compute_dtype=compute_dtype,
+        skip_modules_pattern=SKIP_PATTERNS,
+    )
 
 
 def _strip_prefix(key: str) -> str:
     # ComfyUI-style checkpoints prefix every key; diffusers' single-file converter for HiDream strips the same.
-    return key[len("model.diffusion_model."):] if key.startswith("model.diffusion_model.") else key
+    return key[len("model.diffusion_model.") :] if key.startswith("model.diffusion_model.") else key
 
 
 def weight_files(source: Path) -> list[Path]:
@@ -113,9 +117,20 @@ def weight_files(source: Path) -> list[Path]:
 
 
 # safetensors dtype names -> torch dtype attribute names.
-_SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
-                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32",
-                       "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_SAFETENSORS_DTYPES = {
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F32": "float32",
+    "F64": "float64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
 
 
 def read_tensors(path: Path):
@@ -166,8 +181,14 @@ def _release_freed_memory() -> None:
         trim(0)
 
 
-def load_streamed(config: dict, files: Iterable[Path], compute_dtype: "torch.dtype", *, fp8: bool,
-                  on_tensor: Callable[[str], None] | None = None) -> "torch.nn.Module":
+def load_streamed(
+    config: dict,
+    files: Iterable[Path],
+    compute_dtype: "torch.dtype",
+    *,
+    fp8: bool,
+    on_tensor: Callable[[str], None] | None = None,
+) -> "torch.nn.Module":
     """A HiDream transformer filled tensor by tensor from `files` on the host: fp8 for the modules
     `fp8_module_names` picks (when `fp8`), `compute_dtype` for the rest. Raises ModelError naming
     missing or unexpected keys."""
@@ -201,8 +222,10 @@ def load_streamed(config: dict, files: Iterable[Path], compute_dtype: "torch.dty
                 on_tensor(name)
     missing = sorted(set(expected) - seen)
     if unexpected or missing:
-        raise ModelError(f"transformer weights do not fit its config: {len(missing)} missing (e.g. {missing[:3]}), "
-                         f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
+        raise ModelError(
+            f"transformer weights do not fit its config: {len(missing)} missing (e.g. {missing[:3]}), "
+            f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})"
+        )
     _release_freed_memory()
     meta = [name for name, b in transformer.named_buffers() if b.device.type == "meta"]
     if meta:
@@ -210,5 +233,13 @@ def load_streamed(config: dict, files: Iterable[Path], compute_dtype: "torch.dty
     return transformer.eval().requires_grad_(False)
 
 
-__all__ = ["SKIP_PATTERNS", "apply_fp8", "fp8_module_names", "fp8_parameter_names", "fp8_unavailable",
-           "load_streamed", "read_tensors", "weight_files"]
+__all__ = [
+    "SKIP_PATTERNS",
+    "apply_fp8",
+    "fp8_module_names",
+    "fp8_parameter_names",
+    "fp8_unavailable",
+    "load_streamed",
+    "read_tensors",
+    "weight_files",
+]

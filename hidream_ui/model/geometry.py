@@ -35,7 +35,7 @@ def geometry_for(variant: str, transformer_config, vae_config) -> Geometry:
     res = transformer_config["max_resolution"]
     base_tokens = int(res[0]) * int(res[1]) // (patch * patch)
     unit = vae_scale * patch
-    side_tokens = int(round(base_tokens ** 0.5))
+    side_tokens = int(round(base_tokens**0.5))
     image_size = side_tokens * unit  # real: 64 * 16 = 1024
     # E1-Full works at 768 = 3/4 of E1.1's 1024 side; keep the ratio for smaller test models.
     e1_full_side = max(unit, (image_size * 3 // 4) // unit * unit)
@@ -43,8 +43,9 @@ def geometry_for(variant: str, transformer_config, vae_config) -> Geometry:
         max_seq = 2 * base_tokens  # the edit input is H x 2W: twice the largest image
     else:
         max_seq = 2 * (e1_full_side // unit) ** 2
-    return Geometry(vae_scale=vae_scale, patch_size=patch, image_size=image_size,
-                    e1_full_side=e1_full_side, max_seq=max_seq)
+    return Geometry(
+        vae_scale=vae_scale, patch_size=patch, image_size=image_size, e1_full_side=e1_full_side, max_seq=max_seq
+    )
 
 
 def read_geometry(sources: "ModelSources") -> Geometry:

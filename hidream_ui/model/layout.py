@@ -18,12 +18,31 @@ HUB_IDS = {
 # The adapter HiDream-E1-Full is trained with: upstream inference.py adds exactly this LoraConfig to the
 # HiDream-I1-Full transformer before loading the checkpoint with strict=False.
 E1_FULL_LORA_TARGETS = (
-    "to_k", "to_q", "to_v", "to_out", "to_k_t", "to_q_t", "to_v_t", "to_out_t", "w1", "w2", "w3",
+    "to_k",
+    "to_q",
+    "to_v",
+    "to_out",
+    "to_k_t",
+    "to_q_t",
+    "to_v_t",
+    "to_out_t",
+    "w1",
+    "w2",
+    "w3",
     "final_layer.linear",
 )
 E1_FULL_LORA_RANK = 16
 E1_FULL_LORA_ALPHA = 16
 # Tokens per text encoder as HiDream's pipeline encodes a prompt (T5 and Llama; CLIP caps at 77).
 PROMPT_TOKENS = 128
-I1_COMPONENTS = ("scheduler", "vae", "text_encoder", "text_encoder_2", "text_encoder_3",
-                 "tokenizer", "tokenizer_2", "tokenizer_3", "transformer")
+I1_COMPONENTS = (
+    "scheduler",
+    "vae",
+    "text_encoder",
+    "text_encoder_2",
+    "text_encoder_3",
+    "tokenizer",
+    "tokenizer_2",
+    "tokenizer_3",
+    "transformer",
+)

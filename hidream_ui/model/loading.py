@@ -143,18 +143,28 @@ def _bytes_read(sources: ModelSources, refiner: str) -> int:
 BUILD_LOCK = threading.RLock()
 
 
-def load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
-               on_progress: ProgressFn | None = None, sources: ModelSources | None = None,
-               plan: "MemoryPlan | None" = None) -> LoadedModel:
+def load_model(
+    config: AppConfig,
+    device: "DeviceInfo",
+    dtype: "torch.dtype",
+    on_progress: ProgressFn | None = None,
+    sources: ModelSources | None = None,
+    plan: "MemoryPlan | None" = None,
+) -> LoadedModel:
     """Loads the pipeline for `config.variant` onto `device` in `dtype`, placed by `plan` (one load at a
     time per process)."""
     with BUILD_LOCK:
         return _load_model(config, device, dtype, on_progress, sources, plan)
 
 
-def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
-                on_progress: ProgressFn | None = None, sources: ModelSources | None = None,
-                plan: "MemoryPlan | None" = None) -> LoadedModel:
+def _load_model(
+    config: AppConfig,
+    device: "DeviceInfo",
+    dtype: "torch.dtype",
+    on_progress: ProgressFn | None = None,
+    sources: ModelSources | None = None,
+    plan: "MemoryPlan | None" = None,
+) -> LoadedModel:
     """Loads the pipeline for `config.variant` onto `device` in `dtype`, placed by `plan` (the
     memory plan; None: everything resident in bf16 storage, i.e. `full`) and `--placement`.
 
@@ -202,8 +212,9 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
         text_encoder_4 = made.pop("text_encoder_4")
         transformer = made.pop("transformer")
     elif sources.variant == "e1.1":
-        transformer = _load_transformer(Path(sources.e1) if _is_local(sources.e1) else sources.e1, dtype, fp8,
-                                        config.transformer_file)
+        transformer = _load_transformer(
+            Path(sources.e1) if _is_local(sources.e1) else sources.e1, dtype, fp8, config.transformer_file
+        )
         if config.refiner == "i1":
             progress(0.5, "loading HiDream-I1-Full transformer weights for the refine stage")
             swap_sets = _differing_tensors(transformer, Path(sources.i1) / "transformer", dtype)
@@ -223,8 +234,14 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     diffusers_logging.set_verbosity_error()
     try:
         pipeline = HiDreamEditPipeline.from_pretrained(
-            sources.i1, transformer=transformer, tokenizer_4=tokenizer_4, text_encoder_4=text_encoder_4,
-            dtype=dtype, **made, **_load_kwargs(sources.i1))
+            sources.i1,
+            transformer=transformer,
+            tokenizer_4=tokenizer_4,
+            text_encoder_4=text_encoder_4,
+            dtype=dtype,
+            **made,
+            **_load_kwargs(sources.i1),
+        )
     finally:
         diffusers_logging.set_verbosity(verbosity)
     pipeline.set_progress_bar_config(disable=True)
@@ -237,8 +254,13 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
     progress(0.8, f"placing the model on {device.torch_device}: memory plan {plan.label}")
     if fp8:
         apply_fp8(transformer, dtype)  # diffusers wants layerwise casting installed before group offloading
-    apply_plan(pipeline, plan, device, placement_for(config.placement, device.torch_device, "device"),
-               encoders_placed="encoders" in dict(config.placement))
+    apply_plan(
+        pipeline,
+        plan,
+        device,
+        placement_for(config.placement, device.torch_device, "device"),
+        encoders_placed="encoders" in dict(config.placement),
+    )
 
     swap = None
     if swap_sets:
@@ -248,25 +270,38 @@ def _load_model(config: AppConfig, device: "DeviceInfo", dtype: "torch.dtype",
             module.eval().requires_grad_(False)
     weight_bytes = _bytes_read(sources, config.refiner)
     loaded = LoadedModel(
-        pipeline=pipeline, sources=sources, device=device, dtype=dtype, geometry=geometry,
-        refiner=config.refiner, text_encoders=pipeline.text_encoder_mode, swap=swap, uses_lora=uses_lora,
-        load_seconds=time.perf_counter() - start, weight_bytes=weight_bytes, plan=plan,
+        pipeline=pipeline,
+        sources=sources,
+        device=device,
+        dtype=dtype,
+        geometry=geometry,
+        refiner=config.refiner,
+        text_encoders=pipeline.text_encoder_mode,
+        swap=swap,
+        uses_lora=uses_lora,
+        load_seconds=time.perf_counter() - start,
+        weight_bytes=weight_bytes,
+        plan=plan,
     )
     progress(1.0, f"model ready in {loaded.load_seconds:.1f} s")
     return loaded
 
 
-def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan", device: "DeviceInfo",
-                   dtype) -> dict:
+def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan", device: "DeviceInfo", dtype) -> dict:
     """The full profile: every part at the release's dimensions, random weights made in memory."""
     from hidream_ui.model.tiny.in_memory import release_parts  # looked up per call: tests replace it
 
     if sources.variant != "e1.1" or config.refiner != "e1" or config.transformer_file is not None:
-        raise ModelError("--tiny-profile full makes E1.1 in memory only: it has no E1-Full LoRA file, no second "
-                         "weight set for --refiner i1 and no --transformer-file")
+        raise ModelError(
+            "--tiny-profile full makes E1.1 in memory only: it has no E1-Full LoRA file, no second "
+            "weight set for --refiner i1 and no --transformer-file"
+        )
     spec = plan.spec
-    where = {"transformer": spec.transformer == "resident", "vae": True,
-             **{name: spec.encoders == "resident" for name in TEXT_ENCODERS}}
+    where = {
+        "transformer": spec.transformer == "resident",
+        "vae": True,
+        **{name: spec.encoders == "resident" for name in TEXT_ENCODERS},
+    }
     placement = {name: device.torch_device if resident else "cpu" for name, resident in where.items()}
     # Parts --placement puts on another card are made there, not on the engine's device (the planner counted
     # them there: making them here first would need the very memory the split saves).
@@ -274,8 +309,14 @@ def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan",
     placement["vae"] = placed.vae
     if "encoders" in dict(config.placement):
         placement.update({name: placed.encoders for name in TEXT_ENCODERS})
-    return release_parts(Path(sources.llama), Path(sources.i1), dtype, fp8=plan.weights == "fp8",
-                         seed=config.tiny_seed, placement=placement)
+    return release_parts(
+        Path(sources.llama),
+        Path(sources.i1),
+        dtype,
+        fp8=plan.weights == "fp8",
+        seed=config.tiny_seed,
+        placement=placement,
+    )
 
 
 def _load_transformer(root, dtype, fp8: bool, single_file: Path | None):
@@ -286,13 +327,15 @@ def _load_transformer(root, dtype, fp8: bool, single_file: Path | None):
     if not fp8:
         if single_file is not None:
             return HiDreamImageTransformer2DModel.from_single_file(
-                str(single_file), config=str(root), subfolder="transformer", dtype=dtype,
-                **_load_kwargs(str(root)))
-        return HiDreamImageTransformer2DModel.from_pretrained(root, subfolder="transformer", dtype=dtype,
-                                                              **_load_kwargs(str(root)))
+                str(single_file), config=str(root), subfolder="transformer", dtype=dtype, **_load_kwargs(str(root))
+            )
+        return HiDreamImageTransformer2DModel.from_pretrained(
+            root, subfolder="transformer", dtype=dtype, **_load_kwargs(str(root))
+        )
     if not isinstance(root, Path):
-        raise ModelError(f"--weights fp8 streams local weight files; {root!r} is a hub id: download it and "
-                         "give --model-dir")
+        raise ModelError(
+            f"--weights fp8 streams local weight files; {root!r} is a hub id: download it and give --model-dir"
+        )
     folder = root / "transformer"
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     return load_streamed(config, weight_files(single_file or folder), dtype, fp8=True)
@@ -324,9 +367,15 @@ def _attach_e1_full(transformer, e1_source: str, dtype) -> dict:
         from huggingface_hub import hf_hub_download
 
         path = Path(hf_hub_download(repo_id=e1_source, filename=E1_FULL_FILE))
-    transformer.add_adapter(LoraConfig(
-        r=E1_FULL_LORA_RANK, lora_alpha=E1_FULL_LORA_ALPHA, lora_dropout=0.0,
-        target_modules=list(E1_FULL_LORA_TARGETS), init_lora_weights="gaussian"))
+    transformer.add_adapter(
+        LoraConfig(
+            r=E1_FULL_LORA_RANK,
+            lora_alpha=E1_FULL_LORA_ALPHA,
+            lora_dropout=0.0,
+            target_modules=list(E1_FULL_LORA_TARGETS),
+            init_lora_weights="gaussian",
+        )
+    )
     # peft makes adapter weights in the base layer's dtype: under fp8 storage that would be float8. The LoRA
     # stays in the compute dtype (fp8 skips it); a no-op when the base layers are in `dtype` already.
     with torch.no_grad():
@@ -378,8 +427,9 @@ def _make_swap(transformer, tensors: dict, device: "DeviceInfo") -> WeightSwap:
     # LoRA-wrapped modules rename "x.weight" to "x.base_layer.weight" in named_parameters.
     resolved = {}
     for key in tensors:
-        name = key if key in params else key.replace(".weight", ".base_layer.weight").replace(
-            ".bias", ".base_layer.bias")
+        name = (
+            key if key in params else key.replace(".weight", ".base_layer.weight").replace(".bias", ".base_layer.bias")
+        )
         if name not in params:
             raise ModelError(f"refine weight {key!r} has no parameter in the transformer")
         resolved[key] = name
@@ -391,8 +441,9 @@ def _make_swap(transformer, tensors: dict, device: "DeviceInfo") -> WeightSwap:
             inactive[resolved[key]] = tensor.to(device.torch_device)
         else:
             inactive[resolved[key]] = tensor.pin_memory() if device.type in ("cuda", "npu") else tensor
-    return WeightSwap(params={resolved[k]: params[resolved[k]] for k in tensors}, inactive=inactive,
-                      on_device=on_device)
+    return WeightSwap(
+        params={resolved[k]: params[resolved[k]] for k in tensors}, inactive=inactive, on_device=on_device
+    )
 
 
 def _fits_on_device(device: "DeviceInfo", nbytes: int) -> bool:

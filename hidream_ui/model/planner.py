@@ -173,8 +173,15 @@ def _part_size(module, block_modules=(), fp8_names: set[str] | None = None) -> P
         counts = [_count(modules[name]) for name in fp8_names]
         fp8, max_fp8 = sum(counts), max(counts, default=0)
     total = _count(module)
-    return PartSize(total=total, fp8=fp8, unmatched=unmatched, max_block=largest,
-                    nonleaf=total - sum(leaf_counts), max_leaf=max(leaf_counts, default=0), max_fp8_leaf=max_fp8)
+    return PartSize(
+        total=total,
+        fp8=fp8,
+        unmatched=unmatched,
+        max_block=largest,
+        nonleaf=total - sum(leaf_counts),
+        max_leaf=max(leaf_counts, default=0),
+        max_fp8_leaf=max_fp8,
+    )
 
 
 def _public(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,7 +191,6 @@ def _public(config: Mapping[str, Any]) -> dict[str, Any]:
 @functools.lru_cache(maxsize=8)
 def _sizes_cached(key: str) -> ModelSizes:
     import torch
-
 
     configs = json.loads(key)
     # Under the build lock: transformers sets torch's process-wide default dtype while it builds a
@@ -224,9 +230,14 @@ def read_configs(config: "AppConfig") -> dict[str, dict[str, Any]]:
     sources = resolve_sources(config)
     i1 = Path(sources.i1)
     transformer_root = Path(sources.e1) if sources.variant == "e1.1" else i1
-    folders = {"transformer": transformer_root / "transformer", "llama": Path(sources.llama),
-               "t5": i1 / "text_encoder_3", "clip_l": i1 / "text_encoder", "clip_g": i1 / "text_encoder_2",
-               "vae": i1 / "vae"}
+    folders = {
+        "transformer": transformer_root / "transformer",
+        "llama": Path(sources.llama),
+        "t5": i1 / "text_encoder_3",
+        "clip_l": i1 / "text_encoder",
+        "clip_g": i1 / "text_encoder_2",
+        "vae": i1 / "vae",
+    }
     full = sources.tiny_profile == profiles.FULL_PROFILE_NAME
     out = {}
     for part, folder in folders.items():
@@ -252,12 +263,17 @@ def activation_terms(sizes: ModelSizes, working_size: tuple[int, int], element: 
     tokens = image_tokens + 2 * PROMPT_TOKENS  # single-stream blocks carry the T5 and Llama tokens too
     scores = GUIDANCE_BATCH * batch * sizes.heads * tokens * tokens * element
     vae_tokens = (width // (sizes.unit // 2 or 1)) * (height // (sizes.unit // 2 or 1))
-    return {"tokens": tokens, "scores": scores, "vae_scores": batch * vae_tokens * vae_tokens * element,
-            "encode_unit": (sizes.llama_layers + 1) * PROMPT_TOKENS * sizes.llama_hidden * element}
+    return {
+        "tokens": tokens,
+        "scores": scores,
+        "vae_scores": batch * vae_tokens * vae_tokens * element,
+        "encode_unit": (sizes.llama_layers + 1) * PROMPT_TOKENS * sizes.llama_hidden * element,
+    }
 
 
-def activation_bytes(sizes: ModelSizes, working_size: tuple[int, int], element: int, batch: int = 1,
-                     attention: str = "fused") -> dict:
+def activation_bytes(
+    sizes: ModelSizes, working_size: tuple[int, int], element: int, batch: int = 1, attention: str = "fused"
+) -> dict:
     """Activation peaks (bytes) of each phase for `batch` images at `working_size` (width, height), with a
     fused attention kernel or the `math` path (its score matrices on top)."""
     if attention not in ATTENTION_STRATEGIES:
@@ -322,12 +338,22 @@ def split_for(placement: tuple[tuple[str, str], ...], engine_device: str) -> Spl
     vae_away = parts.get("vae", engine) != engine
     if vae_away:
         others.setdefault(parts["vae"], []).append("vae")
-    return Split(encoders=encoders, vae_away=vae_away,
-                 others=tuple((device, tuple(names)) for device, names in others.items()))
+    return Split(
+        encoders=encoders, vae_away=vae_away, others=tuple((device, tuple(names)) for device, names in others.items())
+    )
 
 
-def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int, int], element: int,
-             batch: int = 1, prefetch: bool = True, split: Split = NO_SPLIT, attention: str = "fused") -> PlanEstimate:
+def estimate(
+    sizes: ModelSizes,
+    plan: str,
+    weights: str,
+    working_size: tuple[int, int],
+    element: int,
+    batch: int = 1,
+    prefetch: bool = True,
+    split: Split = NO_SPLIT,
+    attention: str = "fused",
+) -> PlanEstimate:
     """Predicted device peak and host need of `plan` with `weights` storage at `working_size` (`prefetch`:
     the device has a side stream, so streamed plans hold two groups at once) on the engine's device; with
     `split` (`--placement`), parts placed on another device count there, not here (`placed_need`)."""
@@ -347,12 +373,12 @@ def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int
     # Weights resident between calls, then what each phase brings in on top.
     resident = vae + (t_all if spec.transformer == "resident" else 0) + (e_all if spec.encoders == "resident" else 0)
     if spec.encoders in ("blocks", "leaf"):
-        encoder_in = max(_streamed(part, spec.encoders, element, False, prefetch)
-                         for part in sizes.encoders.values())
+        encoder_in = max(_streamed(part, spec.encoders, element, False, prefetch) for part in sizes.encoders.values())
     else:
         encoder_in = 0
-    transformer_in = 0 if spec.transformer == "resident" else _streamed(sizes.transformer, spec.transformer,
-                                                                         element, fp8, prefetch)
+    transformer_in = (
+        0 if spec.transformer == "resident" else _streamed(sizes.transformer, spec.transformer, element, fp8, prefetch)
+    )
     phases = {
         "encode": resident + encoder_in + act["encode"],
         "denoise": resident + transformer_in + cast + act["denoise"],
@@ -363,8 +389,14 @@ def estimate(sizes: ModelSizes, plan: str, weights: str, working_size: tuple[int
         host += e_all
     if spec.transformer != "resident":
         host += t_all
-    return PlanEstimate(plan=plan, weights=weights, peak=max(phases.values()), host=host,
-                        relative_speed=spec.relative_speed, phases=phases)
+    return PlanEstimate(
+        plan=plan,
+        weights=weights,
+        peak=max(phases.values()),
+        host=host,
+        relative_speed=spec.relative_speed,
+        phases=phases,
+    )
 
 
 @dataclass(frozen=True)
@@ -384,19 +416,30 @@ class DeviceNeed:
         return asdict(self)
 
 
-def placed_need(sizes: ModelSizes, device: str, parts: tuple[str, ...], working_size: tuple[int, int],
-                element: int, batch: int = 1, free: int | None = None) -> DeviceNeed:
+def placed_need(
+    sizes: ModelSizes,
+    device: str,
+    parts: tuple[str, ...],
+    working_size: tuple[int, int],
+    element: int,
+    batch: int = 1,
+    free: int | None = None,
+) -> DeviceNeed:
     """What `parts` ("encoders", "vae") placed on `device` need there: their weights, resident for the whole
     run, plus each phase's activations (encode for the encoders, decode for the VAE)."""
     act = activation_bytes(sizes, working_size, element, batch)
-    weights = (sizes.encoder_total * element if "encoders" in parts else 0) + \
-        (sizes.vae.total * element if "vae" in parts else 0)
-    phases = {"encode": weights + (act["encode"] if "encoders" in parts else 0),
-              "decode": weights + (act["decode"] if "vae" in parts else 0)}
+    weights = (sizes.encoder_total * element if "encoders" in parts else 0) + (
+        sizes.vae.total * element if "vae" in parts else 0
+    )
+    phases = {
+        "encode": weights + (act["encode"] if "encoders" in parts else 0),
+        "decode": weights + (act["decode"] if "vae" in parts else 0),
+    }
     peak = max(phases.values())
     fits = None if free is None else peak <= free - margin(free)
-    return DeviceNeed(device=device, parts=tuple(parts), weights=weights, peak=peak, phases=phases, free=free,
-                      fits=fits)
+    return DeviceNeed(
+        device=device, parts=tuple(parts), weights=weights, peak=peak, phases=phases, free=free, fits=fits
+    )
 
 
 def margin(free: int) -> int:
@@ -430,10 +473,22 @@ class PlanChoice:
     free: int | None = None  # the engine's device's free bytes the choice was made against
 
 
-def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights: str = "auto",
-           working_size: tuple[int, int], element: int, refiner: str = "e1", fp8_reason: str | None = None,
-           batch: int = 1, prefetch: bool = True, split: Split = NO_SPLIT,
-           other_free: Mapping[str, int | None] | None = None, host_free: int | None = None) -> PlanChoice:
+def choose(
+    sizes: ModelSizes,
+    *,
+    free: int | None,
+    memory: str = "auto",
+    weights: str = "auto",
+    working_size: tuple[int, int],
+    element: int,
+    refiner: str = "e1",
+    fp8_reason: str | None = None,
+    batch: int = 1,
+    prefetch: bool = True,
+    split: Split = NO_SPLIT,
+    other_free: Mapping[str, int | None] | None = None,
+    host_free: int | None = None,
+) -> PlanChoice:
     """Picks the first candidate whose predicted peak fits `free` minus the margin. `free=None` (unknown)
     takes the first candidate. Every row is kept for the `plan` command's table. With `split`
     (`--placement`), the rows are the engine's device's and every other device named is checked against
@@ -443,8 +498,10 @@ def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights
     rows, chosen = [], None
     limit = None if free is None else free - margin(free)
     other_free = other_free or {}
-    devices = tuple(placed_need(sizes, device, parts, working_size, element, batch, other_free.get(device))
-                    for device, parts in split.others)
+    devices = tuple(
+        placed_need(sizes, device, parts, working_size, element, batch, other_free.get(device))
+        for device, parts in split.others
+    )
     for plan, store in candidates(memory, weights):
         row = estimate(sizes, plan, store, working_size, element, batch, prefetch, split)
         note = check_compatible(plan, refiner=refiner) or (fp8_reason if store == "fp8" else None)
@@ -457,9 +514,16 @@ def choose(sizes: ModelSizes, *, free: int | None, memory: str = "auto", weights
         rows.append(row)
         if chosen is None and usable:
             chosen = MemoryPlan(
-                name=plan, weights=store, requested=memory, requested_weights=weights, predicted_peak=row.peak,
-                host_bytes=row.host, free=free, working_size=tuple(working_size),
-                reason=_reason(memory, weights, plan, store, row.peak, free) + _placed_note(sizes, split, element))
+                name=plan,
+                weights=store,
+                requested=memory,
+                requested_weights=weights,
+                predicted_peak=row.peak,
+                host_bytes=row.host,
+                free=free,
+                working_size=tuple(working_size),
+                reason=_reason(memory, weights, plan, store, row.peak, free) + _placed_note(sizes, split, element),
+            )
     refusal = None if chosen is not None else _refusal(rows, free, working_size, weights, memory)
     crowded = [need for need in devices if need.fits is False]
     if crowded:
@@ -491,10 +555,12 @@ def _placed_note(sizes: ModelSizes, split: Split, element: int) -> str:
 def _placed_refusal(need: DeviceNeed, working_size) -> str:
     size = "x".join(map(str, working_size))
     free = need.free or 0
-    return (f"{need.device} (--placement {', '.join(need.parts)}) needs at least {_gb(need.peak + margin(need.peak))} "
-            f"at {size} (weights {_gb(need.weights)} + activations {_gb(need.peak - need.weights)}, predicted peak "
-            f"{_gb(need.peak)} + margin) but {_gb(free)} is free; try a card with more free memory there, or leave "
-            f"{' and '.join(need.parts)} out of --placement so the memory plan places them")
+    return (
+        f"{need.device} (--placement {', '.join(need.parts)}) needs at least {_gb(need.peak + margin(need.peak))} "
+        f"at {size} (weights {_gb(need.weights)} + activations {_gb(need.peak - need.weights)}, predicted peak "
+        f"{_gb(need.peak)} + margin) but {_gb(free)} is free; try a card with more free memory there, or leave "
+        f"{' and '.join(need.parts)} out of --placement so the memory plan places them"
+    )
 
 
 def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: str, memory: str) -> str:
@@ -516,11 +582,15 @@ def _refusal(rows: list[PlanEstimate], free: int | None, working_size, weights: 
     host = ""
     if host_bound:
         least = min(host_bound, key=lambda r: r.host)
-        host = (f"; the plans keeping weights on the host need more RAM than is available (least: {least.plan} · "
-                f"{least.weights}, {least.note}): use a machine with more RAM or --host-memory")
-    return (f"needs at least {_gb(needed)} of device memory at {size} (smallest: {smallest.plan} · {smallest.weights}, "
-            f"predicted peak {_gb(smallest.peak)} + margin) but {_gb(free or 0)} is free; try {' / '.join(hints)}"
-            f"{host}")
+        host = (
+            f"; the plans keeping weights on the host need more RAM than is available (least: {least.plan} · "
+            f"{least.weights}, {least.note}): use a machine with more RAM or --host-memory"
+        )
+    return (
+        f"needs at least {_gb(needed)} of device memory at {size} (smallest: {smallest.plan} · {smallest.weights}, "
+        f"predicted peak {_gb(smallest.peak)} + margin) but {_gb(free or 0)} is free; try {' / '.join(hints)}"
+        f"{host}"
+    )
 
 
 def default_working_size(variant: str, configs: Mapping[str, Mapping[str, Any]]) -> tuple[int, int]:
@@ -531,9 +601,18 @@ def default_working_size(variant: str, configs: Mapping[str, Mapping[str, Any]])
     return side, side
 
 
-def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *, free: int | None = None,
-             working_size: tuple[int, int] | None = None, prefetch: bool | None = None,
-             other_free: Mapping[str, int | None] | None = None, host_free: int | None = None) -> PlanChoice:
+def plan_for(
+    config: "AppConfig",
+    device,
+    dtype: "torch.dtype",
+    backends=None,
+    *,
+    free: int | None = None,
+    working_size: tuple[int, int] | None = None,
+    prefetch: bool | None = None,
+    other_free: Mapping[str, int | None] | None = None,
+    host_free: int | None = None,
+) -> PlanChoice:
     """The planner's table and choice for `config` on `device` (its free memory now unless `free` is given),
     from the configs only: nothing is loaded. `chosen` is None (with `refusal`) when nothing fits.
 
@@ -559,11 +638,20 @@ def plan_for(config: "AppConfig", device, dtype: "torch.dtype", backends=None, *
         fp8_reason = fp8_unavailable(device)
         if fp8_reason and config.weights == "fp8":
             raise PlanRefused(f"--weights fp8 cannot be used: {fp8_reason}")
-    return choose(sizes, free=free, memory=requested_plan(config), weights=config.weights,
-                  working_size=working_size or default_working_size(config.variant, configs),
-                  element=torch.tensor([], dtype=dtype).element_size(), refiner=config.refiner,
-                  fp8_reason=fp8_reason, prefetch=use_streams(device) if prefetch is None else prefetch,
-                  split=split, other_free=known, host_free=host_free)
+    return choose(
+        sizes,
+        free=free,
+        memory=requested_plan(config),
+        weights=config.weights,
+        working_size=working_size or default_working_size(config.variant, configs),
+        element=torch.tensor([], dtype=dtype).element_size(),
+        refiner=config.refiner,
+        fp8_reason=fp8_reason,
+        prefetch=use_streams(device) if prefetch is None else prefetch,
+        split=split,
+        other_free=known,
+        host_free=host_free,
+    )
 
 
 def host_available() -> int:
@@ -591,9 +679,13 @@ def resolve_plan(config: "AppConfig", device, dtype: "torch.dtype", backends=Non
         choice = plan_for(config, device, dtype, backends)
     except ConfigsUnavailable as exc:
         memory = requested_plan(config)
-        return MemoryPlan(name="full" if memory == "auto" else memory,
-                          weights="fp8" if config.weights == "fp8" else "bf16", requested=memory,
-                          requested_weights=config.weights, reason=f"no prediction: {exc}")
+        return MemoryPlan(
+            name="full" if memory == "auto" else memory,
+            weights="fp8" if config.weights == "fp8" else "bf16",
+            requested=memory,
+            requested_weights=config.weights,
+            reason=f"no prediction: {exc}",
+        )
     if choice.chosen is None:
         raise PlanRefused(choice.refusal or "no memory plan fits")
     return choice.chosen
@@ -618,7 +710,27 @@ def parse_bytes(text: str) -> int:
     return int(value * scale)
 
 
-__all__ = ["ConfigsUnavailable", "DeviceNeed", "ModelSizes", "PartSize", "PlanChoice", "PlanEstimate", "Split",
-           "activation_bytes", "activation_terms", "candidates", "host_available",
-           "choose", "default_working_size", "estimate", "margin", "parse_bytes",
-           "placed_need", "plan_for", "read_configs", "resolve_plan", "sizes_from_configs", "split_for"]
+__all__ = [
+    "ConfigsUnavailable",
+    "DeviceNeed",
+    "ModelSizes",
+    "PartSize",
+    "PlanChoice",
+    "PlanEstimate",
+    "Split",
+    "activation_bytes",
+    "activation_terms",
+    "candidates",
+    "host_available",
+    "choose",
+    "default_working_size",
+    "estimate",
+    "margin",
+    "parse_bytes",
+    "placed_need",
+    "plan_for",
+    "read_configs",
+    "resolve_plan",
+    "sizes_from_configs",
+    "split_for",
+]

@@ -42,22 +42,40 @@ class PlanSpec:
     relative_speed: float
 
 
-PLAN_SPECS: Mapping[str, PlanSpec] = MappingProxyType({spec.name: spec for spec in (
-    PlanSpec("full", "resident", "resident", "everything resident on the device", 1.0),
-    PlanSpec("encoders-offload", "resident", "blocks",
-             "text encoders streamed to the device only to encode; transformer and VAE resident", 1.0),
-    PlanSpec("encoders-cpu", "resident", "host", "text encoders run on the host; transformer and VAE resident", 1.0),
-    PlanSpec("blocks", "blocks", "blocks",
-             "transformer blocks streamed from pinned host memory group by group, encoders offloaded", 0.5),
-    PlanSpec("sequential", "leaf", "leaf", "leaf-level streaming: the smallest and slowest", 0.15),
-)})
+PLAN_SPECS: Mapping[str, PlanSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            PlanSpec("full", "resident", "resident", "everything resident on the device", 1.0),
+            PlanSpec(
+                "encoders-offload",
+                "resident",
+                "blocks",
+                "text encoders streamed to the device only to encode; transformer and VAE resident",
+                1.0,
+            ),
+            PlanSpec(
+                "encoders-cpu", "resident", "host", "text encoders run on the host; transformer and VAE resident", 1.0
+            ),
+            PlanSpec(
+                "blocks",
+                "blocks",
+                "blocks",
+                "transformer blocks streamed from pinned host memory group by group, encoders offloaded",
+                0.5,
+            ),
+            PlanSpec("sequential", "leaf", "leaf", "leaf-level streaming: the smallest and slowest", 0.15),
+        )
+    }
+)
 PLANS: tuple[str, ...] = tuple(PLAN_SPECS)  # fastest first
 MEMORY_CHOICES: tuple[str, ...] = ("auto", *PLANS)
 WEIGHTS: tuple[str, ...] = ("bf16", "fp8")
 WEIGHT_CHOICES: tuple[str, ...] = ("auto", *WEIGHTS)
 # `--text-encoders` (the older lever) as an alias: "device" leaves the choice to --memory (default auto).
 TEXT_ENCODERS_ALIAS: Mapping[str, str | None] = MappingProxyType(
-    {"device": None, "cpu": "encoders-cpu", "offload": "encoders-offload"})
+    {"device": None, "cpu": "encoders-cpu", "offload": "encoders-offload"}
+)
 # Where the text encoders live for code that runs them outside the pipeline (the local rewriter's Llama).
 ENCODER_MODE = MappingProxyType({"resident": "device", "host": "cpu", "blocks": "offload", "leaf": "offload"})
 # The modules the block-level hooks recurse into (a T5 stack, a CLIP text transformer and its encoder), so a
@@ -110,12 +128,26 @@ def _group_offload(module: "torch.nn.Module", device: "DeviceInfo", level: str, 
     kwargs: dict[str, Any] = {"num_blocks_per_group": 1} if level == "block_level" else {}
     if block_modules:
         kwargs["block_modules"] = list(block_modules)
-    apply_group_offloading(module, onload_device=device.torch_device, offload_device="cpu", offload_type=level,
-                           use_stream=streams, record_stream=streams, non_blocking=streams, **kwargs)
+    apply_group_offloading(
+        module,
+        onload_device=device.torch_device,
+        offload_device="cpu",
+        offload_type=level,
+        use_stream=streams,
+        record_stream=streams,
+        non_blocking=streams,
+        **kwargs,
+    )
 
 
-def apply_plan(pipeline, plan: MemoryPlan, device: "DeviceInfo", placement: "Placement | None" = None, *,
-               encoders_placed: bool = False) -> None:
+def apply_plan(
+    pipeline,
+    plan: MemoryPlan,
+    device: "DeviceInfo",
+    placement: "Placement | None" = None,
+    *,
+    encoders_placed: bool = False,
+) -> None:
     """Places the pipeline's parts (all on the host, as loaded) for `plan` on `device`.
 
     Resident parts move once; streamed parts get diffusers' group-offloading hooks, which move
@@ -171,9 +203,11 @@ def check_compatible(plan_name: str, *, refiner: str) -> str | None:
     if refiner == "i1" and spec.transformer != "resident":
         # The refine weight set swaps parameter storage (model/loading.py WeightSwap); streamed groups keep
         # their own host copies of each parameter and would bring the old set back on the next onload.
-        return (f"--memory {plan_name} streams the transformer, which keeps its own host copy of every weight; "
-                "--refiner i1 swaps weights in place and would be undone. Use --refiner e1 or a plan that keeps "
-                "the transformer resident (full, encoders-offload, encoders-cpu, possibly with --weights fp8)")
+        return (
+            f"--memory {plan_name} streams the transformer, which keeps its own host copy of every weight; "
+            "--refiner i1 swaps weights in place and would be undone. Use --refiner e1 or a plan that keeps "
+            "the transformer resident (full, encoders-offload, encoders-cpu, possibly with --weights fp8)"
+        )
     return None
 
 
@@ -202,8 +236,10 @@ def validate_memory_options(config):
         if config.memory == "auto":
             config = dataclasses.replace(config, memory=alias)
         elif config.memory != alias:
-            raise error(f"text_encoders={config.text_encoders!r} means memory={alias!r}, but memory="
-                        f"{config.memory!r} was asked for: give one of them")
+            raise error(
+                f"text_encoders={config.text_encoders!r} means memory={alias!r}, but memory="
+                f"{config.memory!r} was asked for: give one of them"
+            )
     if config.memory != "auto":
         reason = check_compatible(config.memory, refiner=config.refiner)
         if reason:
@@ -215,11 +251,27 @@ def validate_memory_options(config):
         if not path.is_file():
             raise error(f"transformer_file={str(path)!r} does not exist")
         if config.variant != "e1.1":
-            raise error(f"transformer_file={str(path)!r} replaces the E1.1 transformer; e1-full loads its "
-                        "LoRA onto HiDream-I1-Full (use --i1 for another I1 folder)")
+            raise error(
+                f"transformer_file={str(path)!r} replaces the E1.1 transformer; e1-full loads its "
+                "LoRA onto HiDream-I1-Full (use --i1 for another I1 folder)"
+            )
     return config
 
 
-__all__ = ["ENCODER_MODE", "MEMORY_CHOICES", "MemoryOptionError", "MemoryPlan", "PLANS", "PLAN_SPECS", "PlanRefused",
-           "PlanSpec", "TEXT_ENCODERS_ALIAS", "WEIGHTS", "WEIGHT_CHOICES", "apply_plan", "check_compatible",
-           "installed_hooks", "use_streams"]
+__all__ = [
+    "ENCODER_MODE",
+    "MEMORY_CHOICES",
+    "MemoryOptionError",
+    "MemoryPlan",
+    "PLANS",
+    "PLAN_SPECS",
+    "PlanRefused",
+    "PlanSpec",
+    "TEXT_ENCODERS_ALIAS",
+    "WEIGHTS",
+    "WEIGHT_CHOICES",
+    "apply_plan",
+    "check_compatible",
+    "installed_hooks",
+    "use_streams",
+]

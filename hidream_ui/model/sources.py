@@ -30,11 +30,18 @@ class ModelSources:
     def to_dict(self, *, names_only: bool = False) -> dict:
         """The sources as JSON; `names_only` gives each local part's folder name, not its absolute
         path (what an app without login may show of the server's disk; hub ids stay as they are)."""
+
         def shown(source: str) -> str:
             return Path(source).name if names_only and os.path.isabs(source) else source
 
-        return {"variant": self.variant, "kind": self.kind, "llama": shown(self.llama), "i1": shown(self.i1),
-                "e1": shown(self.e1), "tiny_profile": self.tiny_profile}
+        return {
+            "variant": self.variant,
+            "kind": self.kind,
+            "llama": shown(self.llama),
+            "i1": shown(self.i1),
+            "e1": shown(self.e1),
+            "tiny_profile": self.tiny_profile,
+        }
 
 
 def resolve_sources(config: AppConfig, *, build_tiny: bool = True) -> ModelSources:
@@ -76,8 +83,14 @@ def _is_tiny(base: Path) -> bool:
 
 def _sources_in(base: Path, variant: str, *, kind: str, tiny_profile: str | None = None) -> ModelSources:
     e1 = base / (E11_DIR if variant == "e1.1" else E1_FULL_DIR)
-    return ModelSources(variant=variant, llama=str(base / LLAMA_DIR), i1=str(base / I1_DIR), e1=str(e1),
-                        kind=kind, tiny_profile=tiny_profile)
+    return ModelSources(
+        variant=variant,
+        llama=str(base / LLAMA_DIR),
+        i1=str(base / I1_DIR),
+        e1=str(e1),
+        kind=kind,
+        tiny_profile=tiny_profile,
+    )
 
 
 def _is_local(source: str) -> bool:
@@ -144,8 +157,12 @@ def verify_sources(sources: ModelSources) -> list[str]:
                         problems.append(f"{folder}: empty tokenizer folder")
                 elif component == "transformer" or component == "vae":
                     _check_config(folder, problems)
-                    _check_weights_folder(folder, "diffusion_pytorch_model.safetensors.index.json",
-                                          "diffusion_pytorch_model.safetensors", problems)
+                    _check_weights_folder(
+                        folder,
+                        "diffusion_pytorch_model.safetensors.index.json",
+                        "diffusion_pytorch_model.safetensors",
+                        problems,
+                    )
                 else:
                     _check_config(folder, problems)
                     _check_weights_folder(folder, "model.safetensors.index.json", "model.safetensors", problems)
@@ -157,8 +174,12 @@ def verify_sources(sources: ModelSources) -> list[str]:
                 problems.append(f"{folder}: HiDream-E1-1 transformer folder does not exist")
             else:
                 _check_config(folder, problems)
-                _check_weights_folder(folder, "diffusion_pytorch_model.safetensors.index.json",
-                                      "diffusion_pytorch_model.safetensors", problems)
+                _check_weights_folder(
+                    folder,
+                    "diffusion_pytorch_model.safetensors.index.json",
+                    "diffusion_pytorch_model.safetensors",
+                    problems,
+                )
         else:
             path = e1 / E1_FULL_FILE if e1.is_dir() or not e1.suffix else e1
             if not path.is_file():

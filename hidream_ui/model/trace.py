@@ -212,25 +212,29 @@ def _embeds(parts: Parts, batch: int, dtype: torch.dtype):
     pooled = sum(int(parts.configs[c]["projection_dim"]) for c in ("clip_l", "clip_g"))
     return PromptEmbeds(
         t5=torch.empty((batch, PROMPT_TOKENS, t5), dtype=dtype, device="meta"),
-        llama=torch.empty((llama["num_hidden_layers"] + 1, batch, PROMPT_TOKENS, llama["hidden_size"]), dtype=dtype,
-                          device="meta"),
-        pooled=torch.empty((batch, pooled), dtype=dtype, device="meta"))
+        llama=torch.empty(
+            (llama["num_hidden_layers"] + 1, batch, PROMPT_TOKENS, llama["hidden_size"]), dtype=dtype, device="meta"
+        ),
+        pooled=torch.empty((batch, pooled), dtype=dtype, device="meta"),
+    )
 
 
 def _predict(parts: Parts, hidden: torch.Tensor, text) -> torch.Tensor:
     from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline, collapsed_tokens
 
     shim = types.SimpleNamespace(transformer=parts.transformer)
-    shim._collapsed_tokens = lambda h: collapsed_tokens(h, parts.transformer.config.patch_size,
-                                                        parts.transformer.max_seq)
+    shim._collapsed_tokens = lambda h: collapsed_tokens(
+        h, parts.transformer.config.patch_size, parts.transformer.max_seq
+    )
     timestep = torch.zeros((hidden.shape[0],), device="meta")
     # diffusers turns the image sizes into a tensor that unpatchify reads back (.item(): not on meta); the
     # sizes are known here, so unpatchify gets them as host ints.
     p = parts.transformer.config.patch_size
     known = [(hidden.shape[-2] // p, hidden.shape[-1] // p)] * hidden.shape[0]
     unpatchify = type(parts.transformer).unpatchify
-    parts.transformer.unpatchify = lambda x, img_sizes, is_training: unpatchify(parts.transformer, x, known,
-                                                                               is_training)
+    parts.transformer.unpatchify = lambda x, img_sizes, is_training: unpatchify(
+        parts.transformer, x, known, is_training
+    )
     try:
         return HiDreamEditPipeline.predict(shim, hidden, timestep, text, True)
     finally:
@@ -263,8 +267,9 @@ def _decode(parts: Parts, mode: LiveBytes, size: tuple[int, int], dtype: torch.d
     scale = 2 ** (len(parts.configs["vae"]["block_out_channels"]) - 1)
     start = mode.current
     mode.reset_peak()
-    latents = torch.empty((1, parts.vae.config.latent_channels, height // scale, width // scale), dtype=dtype,
-                          device="meta")
+    latents = torch.empty(
+        (1, parts.vae.config.latent_channels, height // scale, width // scale), dtype=dtype, device="meta"
+    )
     out = parts.vae.decode(latents, return_dict=False)[0]
     del out, latents
     return mode.peak - start
@@ -292,8 +297,14 @@ def trace_phases(parts: Parts, size: tuple[int, int], dtype: torch.dtype, strate
         denoise = _denoise(parts, mode, size, dtype, refine=False)
         refine = _denoise(parts, mode, size, dtype, refine=True)
         decode = _decode(parts, mode, size, dtype)
-    return PhaseTrace(attention=strategy, encode=encode, denoise=denoise, refine=refine, decode=decode,
-                      seconds=time.perf_counter() - started)
+    return PhaseTrace(
+        attention=strategy,
+        encode=encode,
+        denoise=denoise,
+        refine=refine,
+        decode=decode,
+        seconds=time.perf_counter() - started,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,8 +328,9 @@ class PlanTrace:
         return asdict(self)
 
 
-def plan_traces(sizes, phases: PhaseTrace, size: tuple[int, int], element: int, prefetch: bool = True,
-                plans=None, weights=None) -> list[PlanTrace]:
+def plan_traces(
+    sizes, phases: PhaseTrace, size: tuple[int, int], element: int, prefetch: bool = True, plans=None, weights=None
+) -> list[PlanTrace]:
     """Every (plan, storage) with the traced activations of `phases` in place of the planner's model."""
     from hidream_ui.model.planner import activation_bytes, estimate
     from hidream_ui.model.plans import PLANS, WEIGHTS
@@ -331,9 +343,19 @@ def plan_traces(sizes, phases: PhaseTrace, size: tuple[int, int], element: int, 
             row = estimate(sizes, plan, store, size, element, prefetch=prefetch, attention=phases.attention)
             traced = {k: v - model[k] + traced_act[k] for k, v in row.phases.items()}
             peak = max(traced.values())
-            out.append(PlanTrace(plan=plan, weights=store, attention=phases.attention, traced=traced,
-                                 predicted=dict(row.phases), traced_peak=peak, predicted_peak=row.peak,
-                                 ratio=round(row.peak / peak, 4), host=row.host))
+            out.append(
+                PlanTrace(
+                    plan=plan,
+                    weights=store,
+                    attention=phases.attention,
+                    traced=traced,
+                    predicted=dict(row.phases),
+                    traced_peak=peak,
+                    predicted_peak=row.peak,
+                    ratio=round(row.peak / peak, 4),
+                    host=row.host,
+                )
+            )
     return out
 
 
@@ -359,5 +381,15 @@ def fitted_constants(sizes, traces: Mapping[tuple[int, int], Mapping[str, PhaseT
     return out
 
 
-__all__ = ["ATTENTION_STRATEGIES", "LiveBytes", "Parts", "PhaseTrace", "PlanTrace", "build_parts",
-           "fitted_constants", "plan_traces", "trace_phases", "traced"]
+__all__ = [
+    "ATTENTION_STRATEGIES",
+    "LiveBytes",
+    "Parts",
+    "PhaseTrace",
+    "PlanTrace",
+    "build_parts",
+    "fitted_constants",
+    "plan_traces",
+    "trace_phases",
+    "traced",
+]

@@ -47,8 +47,10 @@ def collapsed_tokens(hidden: torch.Tensor, patch_size: int, max_seq: int):
     n = ph * pw
     pad = max_seq - n
     if pad < 0:
-        raise ValueError(f"a {ph}x{pw}-patch edit input needs {n} tokens, more than this model's max_seq {max_seq}: "
-                         "use a smaller working resolution")
+        raise ValueError(
+            f"a {ph}x{pw}-patch edit input needs {n} tokens, more than this model's max_seq {max_seq}: "
+            "use a smaller working resolution"
+        )
     # Same feature order as the transformer's own patchify: (row-in-patch, col-in-patch, channel).
     tokens = hidden.reshape(batch, channels, ph, p, pw, p).permute(0, 2, 4, 3, 5, 1).reshape(batch, n, -1)
     ids = torch.zeros(n, 3, device=hidden.device)
@@ -104,10 +106,16 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         # asking for them forces transformers' eager attention (slow, and O(L^2) memory per layer).
         prompt = [prompt] if isinstance(prompt, str) else prompt
         inputs = self.tokenizer_4(
-            prompt, padding="max_length", max_length=min(max_sequence_length, self.tokenizer_4.model_max_length),
-            truncation=True, add_special_tokens=True, return_tensors="pt")
-        outputs = self.text_encoder_4(inputs.input_ids.to(device), attention_mask=inputs.attention_mask.to(device),
-                                      output_hidden_states=True)
+            prompt,
+            padding="max_length",
+            max_length=min(max_sequence_length, self.tokenizer_4.model_max_length),
+            truncation=True,
+            add_special_tokens=True,
+            return_tensors="pt",
+        )
+        outputs = self.text_encoder_4(
+            inputs.input_ids.to(device), attention_mask=inputs.attention_mask.to(device), output_hidden_states=True
+        )
         return torch.stack(outputs.hidden_states[1:], dim=0)
 
     @torch.no_grad()
@@ -121,14 +129,25 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         device = torch.device(self.compute_device or self._execution_device)
         dtype = self.transformer.dtype
         encoders = [self.text_encoder, self.text_encoder_2, self.text_encoder_3, self.text_encoder_4]
-        inputs = [torch.device("cpu") if self.text_encoder_mode == "cpu" else
-                  device if self.text_encoder_mode == "offload" else encoder.device for encoder in encoders]
-        pooled = torch.cat([
-            self._get_clip_prompt_embeds(self.tokenizer, self.text_encoder, [text], max_sequence_length,
-                                         inputs[0], None).to(device, dtype),
-            self._get_clip_prompt_embeds(self.tokenizer_2, self.text_encoder_2, [text], max_sequence_length,
-                                         inputs[1], None).to(device, dtype),
-        ], dim=-1)
+        inputs = [
+            torch.device("cpu")
+            if self.text_encoder_mode == "cpu"
+            else device
+            if self.text_encoder_mode == "offload"
+            else encoder.device
+            for encoder in encoders
+        ]
+        pooled = torch.cat(
+            [
+                self._get_clip_prompt_embeds(
+                    self.tokenizer, self.text_encoder, [text], max_sequence_length, inputs[0], None
+                ).to(device, dtype),
+                self._get_clip_prompt_embeds(
+                    self.tokenizer_2, self.text_encoder_2, [text], max_sequence_length, inputs[1], None
+                ).to(device, dtype),
+            ],
+            dim=-1,
+        )
         t5 = self._get_t5_prompt_embeds([text], max_sequence_length, inputs[2], None)
         llama = self._get_llama3_prompt_embeds([text], max_sequence_length, inputs[3], None)
         return PromptEmbeds(t5=t5.to(device, dtype), llama=llama.to(device, dtype), pooled=pooled)
@@ -137,19 +156,26 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
     def _collapsed_tokens(self, hidden: torch.Tensor):
         return collapsed_tokens(hidden, self.transformer.config.patch_size, self.transformer.max_seq)
 
-    def predict(self, hidden: torch.Tensor, timestep: torch.Tensor, text: PromptEmbeds,
-                collapse_padding: bool = True) -> torch.Tensor:
+    def predict(
+        self, hidden: torch.Tensor, timestep: torch.Tensor, text: PromptEmbeds, collapse_padding: bool = True
+    ) -> torch.Tensor:
         """One transformer call; returns the negated prediction (HiDream predicts the opposite sign)."""
-        kwargs = dict(timesteps=timestep, encoder_hidden_states_t5=text.t5, encoder_hidden_states_llama3=text.llama,
-                      pooled_embeds=text.pooled, return_dict=False)
+        kwargs = dict(
+            timesteps=timestep,
+            encoder_hidden_states_t5=text.t5,
+            encoder_hidden_states_llama3=text.llama,
+            pooled_embeds=text.pooled,
+            return_dict=False,
+        )
         if collapse_padding and hidden.shape[-2] != hidden.shape[-1]:
             tokens, mask, _, ids = self._collapsed_tokens(hidden)
             # Sizes as host ints (the same values as the tensor): unpatchify slices with them, and a
             # device tensor there costs one device-to-host sync per image per call.
             p = self.transformer.config.patch_size
             sizes = [(hidden.shape[-2] // p, hidden.shape[-1] // p)] * hidden.shape[0]
-            out = self.transformer(hidden_states=tokens, hidden_states_masks=mask, img_sizes=sizes, img_ids=ids,
-                                   **kwargs)[0]
+            out = self.transformer(
+                hidden_states=tokens, hidden_states_masks=mask, img_sizes=sizes, img_ids=ids, **kwargs
+            )[0]
         else:
             out = self.transformer(hidden_states=hidden, **kwargs)[0]
         return -out
@@ -197,8 +223,10 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         prompts = [prompt] * len(images) if isinstance(prompt, str) else list(prompt)
         negatives = [negative_prompt] * len(images) if isinstance(negative_prompt, str) else list(negative_prompt)
         if not images or len(prompts) != len(images) or len(negatives) != len(images):
-            raise ValueError(f"got {len(images)} images, {len(prompts)} prompts and {len(negatives)} negative prompts:"
-                             " give one prompt (and negative prompt) per image")
+            raise ValueError(
+                f"got {len(images)} images, {len(prompts)} prompts and {len(negatives)} negative prompts:"
+                " give one prompt (and negative prompt) per image"
+            )
         width, height = images[0].size
         if any(im.size != (width, height) for im in images):
             sizes = sorted({im.size for im in images})
@@ -210,8 +238,10 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
             raise ValueError(f"num_inference_steps={num_inference_steps} must be at least 1")
         masks = [mask] * len(images) if mask is None or isinstance(mask, PIL.Image.Image) else list(mask)
         if len(masks) != len(images) or any(m is not None and m.size != (width, height) for m in masks):
-            raise ValueError(f"give one mask (or None) per image at the working size {width}x{height}; got "
-                             f"{[None if m is None else m.size for m in masks]}")
+            raise ValueError(
+                f"give one mask (or None) per image at the working size {width}x{height}; got "
+                f"{[None if m is None else m.size for m in masks]}"
+            )
         self._interrupt = False
         device = torch.device(self.compute_device or self._execution_device)
         dtype = self.transformer.dtype
@@ -264,8 +294,9 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         stage("edit")
         # Step cache (if one is installed): nothing cached may cross edits or the refine switch; `calls`
         # is each stage's number of transformer calls (MagCache spreads its per-step ratios over them).
-        reset_step_cache(self.transformer, stats=True, calls=switch or num_inference_steps,
-                         stage="edit" if switch else "refine")
+        reset_step_cache(
+            self.transformer, stats=True, calls=switch or num_inference_steps, stage="edit" if switch else "refine"
+        )
         try:
             for i, t in enumerate(timesteps):
                 if self.interrupt:
@@ -310,8 +341,9 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
             result = latents
         else:
             latents = latents.to(self.vae.device)
-            decoded = self.vae.decode((latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor,
-                                      return_dict=False)[0]
+            decoded = self.vae.decode(
+                (latents / self.vae.config.scaling_factor) + self.vae.config.shift_factor, return_dict=False
+            )[0]
             result = self.image_processor.postprocess(decoded, output_type=output_type)
         if not return_dict:
             return (result,)

@@ -5,8 +5,14 @@ from __future__ import annotations
 import torch
 
 
-def combine_edit_guidance(u: torch.Tensor, ic: torch.Tensor, fc: torch.Tensor, guidance_scale: float,
-                          image_guidance_scale: float, clip_cfg_norm: bool) -> torch.Tensor:
+def combine_edit_guidance(
+    u: torch.Tensor,
+    ic: torch.Tensor,
+    fc: torch.Tensor,
+    guidance_scale: float,
+    image_guidance_scale: float,
+    clip_cfg_norm: bool,
+) -> torch.Tensor:
     """Editing-stage guidance from the unconditional, image-conditioned and fully conditioned predictions."""
     if clip_cfg_norm:
         text_guided = ic + guidance_scale * (fc - ic)

@@ -51,8 +51,9 @@ def latent_mask(masks: Sequence[Image.Image | None], latent_size: tuple[int, int
     return torch.from_numpy(np.stack(planes)[:, None]).to(device=device, dtype=dtype)
 
 
-def keep_outside(latents: torch.Tensor, mask: torch.Tensor, source: torch.Tensor, noise: torch.Tensor,
-                 sigma: torch.Tensor | float) -> torch.Tensor:
+def keep_outside(
+    latents: torch.Tensor, mask: torch.Tensor, source: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor | float
+) -> torch.Tensor:
     """`latents` inside the mask, the source noised to `sigma` with `noise` outside it."""
     sigma = torch.as_tensor(sigma, device=latents.device, dtype=latents.dtype)
     kept = (1 - sigma) * source + sigma * noise

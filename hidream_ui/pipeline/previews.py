@@ -59,7 +59,7 @@ def fit_pictures(count: int = FIT_PICTURES, side: int = FIT_SIDE, seed: int = 0)
         for _ in range(int(rng.integers(3, 9))):
             x0, y0 = (int(v) for v in rng.integers(0, side - 16, 2))
             w, h = (int(v) for v in rng.integers(16, side // 2, 2))
-            pixels[y0:y0 + h, x0:x0 + w] = rng.random(3, dtype=np.float32)
+            pixels[y0 : y0 + h, x0 : x0 + w] = rng.random(3, dtype=np.float32)
         pictures.append(Image.fromarray((pixels * 255).round().astype(np.uint8), mode="RGB"))
     return pictures
 
@@ -83,5 +83,4 @@ def fit_latent_rgb(pipe, pictures: list[Image.Image] | None = None) -> LatentToR
     design = torch.cat([x, torch.ones(x.shape[0], 1)], dim=1).double()
     solution = torch.linalg.lstsq(design, y.double()).solution.float()  # (C + 1, 3)
     residual = float(((design.float() @ solution - y) ** 2).mean().sqrt())
-    return LatentToRGB(weight=solution[:channels].contiguous(), bias=solution[channels].contiguous(),
-                       residual=residual)
+    return LatentToRGB(weight=solution[:channels].contiguous(), bias=solution[channels].contiguous(), residual=residual)

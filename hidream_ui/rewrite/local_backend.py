@@ -56,10 +56,17 @@ class HeadCost:
 
 def head_cost(llama_config: Any, element_bytes: int) -> HeadCost:
     """The head's cost for a Llama config (a transformers config or a config.json dict)."""
-    get = llama_config.get if isinstance(llama_config, dict) else (lambda key, default=None:
-                                                                  getattr(llama_config, key, default))
-    return HeadCost(vocab_size=int(get("vocab_size")), hidden_size=int(get("hidden_size")),
-                    element_bytes=element_bytes, tied=bool(get("tie_word_embeddings", False)))
+    get = (
+        llama_config.get
+        if isinstance(llama_config, dict)
+        else (lambda key, default=None: getattr(llama_config, key, default))
+    )
+    return HeadCost(
+        vocab_size=int(get("vocab_size")),
+        hidden_size=int(get("hidden_size")),
+        element_bytes=element_bytes,
+        tied=bool(get("tie_word_embeddings", False)),
+    )
 
 
 def head_file(llama_source: str) -> Path:
@@ -71,8 +78,10 @@ def head_file(llama_source: str) -> Path:
         if index.is_file():
             shard = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).get(HEAD_KEY)
             if not shard:
-                raise RewriteError(f"{folder.name}/{index_name} lists no {HEAD_KEY}: this Llama export has no LM "
-                                   "head, which --rewriter local needs (use --rewriter-url with a VLM instead)")
+                raise RewriteError(
+                    f"{folder.name}/{index_name} lists no {HEAD_KEY}: this Llama export has no LM "
+                    "head, which --rewriter local needs (use --rewriter-url with a VLM instead)"
+                )
             return folder / shard
         if (folder / single_name).is_file():
             return folder / single_name
@@ -117,8 +126,9 @@ class LocalRewriter:
 
     def lines(self, image, instruction: str, cancel: "CancelToken | None" = None) -> tuple[None, str, str]:
         """(None, instruction, target): no source description, the model cannot see the image."""
-        answer = self.engine.run_exclusive("rewriting", lambda model: self.generate(model, instruction, cancel),
-                                           cancel=cancel)
+        answer = self.engine.run_exclusive(
+            "rewriting", lambda model: self.generate(model, instruction, cancel), cancel=cancel
+        )
         refined, target = parse_answer(answer, TEXT_LABELS)
         return None, refined, target
 
@@ -142,8 +152,10 @@ class LocalRewriter:
                     raise RewriteError(f"{path.name} holds no {HEAD_KEY}")
                 stored = weights.get_tensor(HEAD_KEY)
             if tuple(stored.shape) != (cost.vocab_size, cost.hidden_size):
-                raise RewriteError(f"{path.name}: {HEAD_KEY} has shape {tuple(stored.shape)}, expected "
-                                   f"{(cost.vocab_size, cost.hidden_size)} from the Llama config")
+                raise RewriteError(
+                    f"{path.name}: {HEAD_KEY} has shape {tuple(stored.shape)}, expected "
+                    f"{(cost.vocab_size, cost.hidden_size)} from the Llama config"
+                )
             # Next to the Llama, in its dtype (where the Llama rests: the device, or the host for
             # --text-encoders cpu / offload).
             head = stored.to(device=llama.device, dtype=llama.dtype)
@@ -151,8 +163,14 @@ class LocalRewriter:
         self.cost = cost
         self._head = head  # the last one loaded
         self._heads[llama] = head
-        logger.info("Llama LM head for --rewriter local: %d x %d in %s = %.2f GB%s", cost.vocab_size,
-                    cost.hidden_size, llama.dtype, cost.bytes / 1e9, " (tied to the embedding)" if cost.tied else "")
+        logger.info(
+            "Llama LM head for --rewriter local: %d x %d in %s = %.2f GB%s",
+            cost.vocab_size,
+            cost.hidden_size,
+            llama.dtype,
+            cost.bytes / 1e9,
+            " (tied to the embedding)" if cost.tied else "",
+        )
         return head
 
     def generate(self, model: "LoadedModel", instruction: str, cancel: "CancelToken | None" = None) -> str:
@@ -164,10 +182,13 @@ class LocalRewriter:
         if not getattr(tokenizer, "chat_template", None):
             raise RewriteError("the Llama tokenizer has no chat template: --rewriter local needs the Instruct model")
         head = self._ensure_head(model)
-        messages = [{"role": "system", "content": TEXT_SYSTEM_PROMPT},
-                    {"role": "user", "content": user_message(instruction)}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                               return_tensors="pt")["input_ids"]
+        messages = [
+            {"role": "system", "content": TEXT_SYSTEM_PROMPT},
+            {"role": "user", "content": user_message(instruction)},
+        ]
+        prompt = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+        )["input_ids"]
         stop = set(_ids(llama.config.eos_token_id)) | set(_ids(tokenizer.eos_token_id))
         # --text-encoders offload keeps the Llama on the host between uses; move it (and the head)
         # for the generation only, as encoding does.
@@ -218,8 +239,12 @@ class LocalRewriter:
 
     def status(self) -> dict[str, Any]:
         cost = self.planned_cost()
-        return {"backend": self.backend, "model": self.model, "lm_head_bytes": cost.bytes if cost else None,
-                "lm_head_loaded": self.head_loaded}
+        return {
+            "backend": self.backend,
+            "model": self.model,
+            "lm_head_bytes": cost.bytes if cost else None,
+            "lm_head_loaded": self.head_loaded,
+        }
 
 
 def _ids(value: Any) -> list[int]:

@@ -50,10 +50,13 @@ def base_url(url: str) -> str:
 def build_messages(image: Image.Image, instruction: str) -> list[dict[str, Any]]:
     return [
         {"role": "system", "content": VISION_SYSTEM_PROMPT},
-        {"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": image_data_url(image)}},
-            {"type": "text", "text": user_message(instruction)},
-        ]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": image_data_url(image)}},
+                {"type": "text", "text": user_message(instruction)},
+            ],
+        },
     ]
 
 
@@ -75,8 +78,7 @@ class OpenAIRewriter:
 
     backend = "openai"
 
-    def __init__(self, url: str, model: str, api_key: str | None, timeout: float,
-                 max_tokens: int = MAX_ANSWER_TOKENS):
+    def __init__(self, url: str, model: str, api_key: str | None, timeout: float, max_tokens: int = MAX_ANSWER_TOKENS):
         self.url = base_url(url)
         self.model = model
         self.timeout = float(timeout)
@@ -94,8 +96,9 @@ class OpenAIRewriter:
                 import openai
 
                 # No retries: the timeout is the user's wait, not a third of it.
-                self._client = openai.OpenAI(base_url=self.url, api_key=self._api_key, timeout=self.timeout,
-                                             max_retries=0)
+                self._client = openai.OpenAI(
+                    base_url=self.url, api_key=self._api_key, timeout=self.timeout, max_retries=0
+                )
             return self._client
 
     def lines(self, image: Image.Image, instruction: str, cancel=None) -> tuple[str | None, str, str]:
@@ -109,8 +112,11 @@ class OpenAIRewriter:
 
         try:
             response = self._openai_client().chat.completions.create(
-                model=self.model, messages=build_messages(image, instruction), temperature=0.0,
-                max_tokens=self.max_tokens)
+                model=self.model,
+                messages=build_messages(image, instruction),
+                temperature=0.0,
+                max_tokens=self.max_tokens,
+            )
         except openai.APITimeoutError:
             raise RewriteError(f"the rewriter did not answer within {self.timeout:g} s", unreachable=True) from None
         except openai.APIStatusError as exc:
@@ -118,8 +124,9 @@ class OpenAIRewriter:
         except openai.APIConnectionError as exc:
             cause = exc.__cause__ or exc
             logger.warning("rewriter at %s unreachable: %r", self.url, cause)
-            raise RewriteError(f"cannot reach the rewriter server ({type(cause).__name__}: {cause})",
-                               unreachable=True) from None
+            raise RewriteError(
+                f"cannot reach the rewriter server ({type(cause).__name__}: {cause})", unreachable=True
+            ) from None
         except openai.APIResponseValidationError as exc:
             raise RewriteError(f"the rewriter's reply is not a chat completion: {_server_text(exc)}") from None
         except openai.OpenAIError as exc:
@@ -142,8 +149,10 @@ class OpenAIRewriter:
             raise RewriteError("the rewriter declined (its content filter stopped the answer)")
         content = getattr(message, "content", None)
         if finish == "length":
-            raise RewriteError(f"the rewriter's answer was cut off after {self.max_tokens} tokens: "
-                               f"{' '.join(str(content or '').split())[:160]!r}")
+            raise RewriteError(
+                f"the rewriter's answer was cut off after {self.max_tokens} tokens: "
+                f"{' '.join(str(content or '').split())[:160]!r}"
+            )
         if not isinstance(content, str):
             raise RewriteError("the rewriter's reply holds no text")
         return content

@@ -61,8 +61,9 @@ _LABEL_ALIASES = {
     "TARGET": ("target image description", "target description", "target image", "target"),
 }
 _ANY_LABEL = re.compile(
-    r"^(" + "|".join(sorted({re.escape(a) for aliases in _LABEL_ALIASES.values() for a in aliases},
-                            key=len, reverse=True)) + r")\s*[:：]\s*",
+    r"^("
+    + "|".join(sorted({re.escape(a) for aliases in _LABEL_ALIASES.values() for a in aliases}, key=len, reverse=True))
+    + r")\s*[:：]\s*",
     re.IGNORECASE,
 )
 # List markers and emphasis a chat model likes to add in front of a line.
@@ -71,8 +72,11 @@ _QUOTES = "\"'“”‘’`"
 # One line may take at most this much, so that the composed E1-Full prompt stays far inside the
 # request limit (MAX_PROMPT_CHARS) and the text encoders' useful length.
 MAX_LINE_CHARS = 1000
-_REFUSAL = re.compile(r"^(?:i'?m sorry|i am sorry|sorry|i can(?:no|')t|i cannot|i am unable|i'm unable|"
-                      r"as an ai|i won'?t)\b", re.IGNORECASE)
+_REFUSAL = re.compile(
+    r"^(?:i'?m sorry|i am sorry|sorry|i can(?:no|')t|i cannot|i am unable|i'm unable|"
+    r"as an ai|i won'?t)\b",
+    re.IGNORECASE,
+)
 
 
 class RewriteError(ValueError):
@@ -112,8 +116,9 @@ def parse_answer(answer: str, labels: tuple[str, ...] = VISION_LABELS) -> tuple[
     if len(lines) != len(labels):
         if _REFUSAL.match(lines[0] if lines else ""):
             raise RewriteError(f"the rewriter declined: {_short(answer)}")
-        raise RewriteError(f"the rewriter's answer is not {len(labels)} lines ({names}): it has {len(lines)}: "
-                           f"{_short(answer)}")
+        raise RewriteError(
+            f"the rewriter's answer is not {len(labels)} lines ({names}): it has {len(lines)}: {_short(answer)}"
+        )
     texts = []
     for number, (line, label) in enumerate(zip(lines, labels), start=1):
         text = _DECORATION.sub("", line).strip()
@@ -121,9 +126,11 @@ def parse_answer(answer: str, labels: tuple[str, ...] = VISION_LABELS) -> tuple[
         if match:
             written = match.group(1).lower()
             if written not in _LABEL_ALIASES[label]:
-                raise RewriteError(f"line {number} of the rewriter's answer is labelled {match.group(1)!r}; "
-                                   f"expected {label}: {_short(answer)}")
-            text = text[match.end():]
+                raise RewriteError(
+                    f"line {number} of the rewriter's answer is labelled {match.group(1)!r}; "
+                    f"expected {label}: {_short(answer)}"
+                )
+            text = text[match.end() :]
         # "**SOURCE:** text" leaves the closing "**" after the label.
         text = text.strip().strip("*").strip().strip(_QUOTES).strip()
         if not any(ch.isalpha() for ch in text):
@@ -131,11 +138,14 @@ def parse_answer(answer: str, labels: tuple[str, ...] = VISION_LABELS) -> tuple[
         if text.startswith("<") and text.endswith(">"):
             raise RewriteError(f"line {number} ({label}) of the rewriter's answer is a placeholder: {_short(text)}")
         if len(text) > MAX_LINE_CHARS:
-            raise RewriteError(f"line {number} ({label}) of the rewriter's answer is {len(text)} characters long "
-                               f"(at most {MAX_LINE_CHARS})")
+            raise RewriteError(
+                f"line {number} ({label}) of the rewriter's answer is {len(text)} characters long "
+                f"(at most {MAX_LINE_CHARS})"
+            )
         if TARGET_MARKER in text:
-            raise RewriteError(f"line {number} ({label}) of the rewriter's answer contains {TARGET_MARKER!r}: "
-                               f"{_short(text)}")
+            raise RewriteError(
+                f"line {number} ({label}) of the rewriter's answer contains {TARGET_MARKER!r}: {_short(text)}"
+            )
         texts.append(text)
     return tuple(texts)
 
@@ -184,5 +194,14 @@ class RewriteResult:
         return cls(source=source, seconds=float(seconds), **values)
 
 
-__all__ = ["VISION_SYSTEM_PROMPT", "TEXT_SYSTEM_PROMPT", "VISION_LABELS", "TEXT_LABELS", "MAX_LINE_CHARS",
-           "RewriteError", "RewriteResult", "parse_answer", "user_message"]
+__all__ = [
+    "VISION_SYSTEM_PROMPT",
+    "TEXT_SYSTEM_PROMPT",
+    "VISION_LABELS",
+    "TEXT_LABELS",
+    "MAX_LINE_CHARS",
+    "RewriteError",
+    "RewriteResult",
+    "parse_answer",
+    "user_message",
+]

@@ -45,8 +45,9 @@ class Backend(Protocol):
     @property
     def model(self) -> str: ...
 
-    def lines(self, image: "Image.Image", instruction: str,
-              cancel: "CancelToken | None" = None) -> tuple[str | None, str, str]: ...
+    def lines(
+        self, image: "Image.Image", instruction: str, cancel: "CancelToken | None" = None
+    ) -> tuple[str | None, str, str]: ...
 
     def status(self) -> dict[str, Any]: ...
 
@@ -89,16 +90,18 @@ class RewriteService:
         self.last_error: str | None = None
 
     @classmethod
-    def for_config(cls, config: AppConfig, engine: "Engine",
-                   environ: Mapping[str, str] | None = None) -> "RewriteService | None":
+    def for_config(
+        cls, config: AppConfig, engine: "Engine", environ: Mapping[str, str] | None = None
+    ) -> "RewriteService | None":
         """The service `config` asks for, or None when rewriting is off. Builds no client and loads
         nothing: the first rewrite does."""
         kind = config.rewriter_backend
         if kind == "off":
             return None
         if kind == "openai":
-            backend: Backend = OpenAIRewriter(config.rewriter_url or "", config.rewriter_model or "",
-                                              api_key(environ), config.rewriter_timeout)
+            backend: Backend = OpenAIRewriter(
+                config.rewriter_url or "", config.rewriter_model or "", api_key(environ), config.rewriter_timeout
+            )
         else:
             backend = LocalRewriter(engine)
         return cls(backend, config.variant)
@@ -134,9 +137,15 @@ class RewriteService:
                 self.last_error = str(exc)
             logger.warning("rewriting %r failed: %s", text, exc)
             raise
-        result = RewriteResult(original=text, source=source, instruction=refined, target=target,
-                               backend=self.backend.backend, model=self.backend.model,
-                               seconds=round(time.perf_counter() - started, 3))
+        result = RewriteResult(
+            original=text,
+            source=source,
+            instruction=refined,
+            target=target,
+            backend=self.backend.backend,
+            model=self.backend.model,
+            seconds=round(time.perf_counter() - started, 3),
+        )
         with self._lock:
             self.rewrites += 1
             self._cache[key] = result
@@ -148,9 +157,14 @@ class RewriteService:
         """The prompt the model gets for this app's variant."""
         return result.compose(self.variant)
 
-    def rewrite_items(self, plan: "BatchPlan", *, cancel: "CancelToken | None" = None,
-                      on_failed: Callable[["BatchItem"], None] | None = None,
-                      on_progress: Callable[[int, int], None] | None = None) -> int:
+    def rewrite_items(
+        self,
+        plan: "BatchPlan",
+        *,
+        cancel: "CancelToken | None" = None,
+        on_failed: Callable[["BatchItem"], None] | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> int:
         """Rewrites each pending item of a batch plan in place, once per (image, instruction).
 
         A rewritten item keeps its request in `original_instruction` and its answer in `rewrite`,
@@ -194,8 +208,10 @@ class RewriteService:
                 rewritten += 1
             else:
                 item.status = "error"
-                item.error = (f"rewriting the instruction failed: {outcome}. Run the batch with rewriting off to "
-                              "use the instruction as written")
+                item.error = (
+                    f"rewriting the instruction failed: {outcome}. Run the batch with rewriting off to "
+                    "use the instruction as written"
+                )
                 if on_failed is not None:
                     on_failed(item)
         return rewritten
@@ -204,10 +220,16 @@ class RewriteService:
         facts = self.backend.status()
         with self._lock:
             return RewriterStatus(
-                backend=self.backend.backend, model=self.backend.model, timeout=facts.get("timeout"),
-                lm_head_bytes=facts.get("lm_head_bytes"), lm_head_loaded=facts.get("lm_head_loaded"),
-                rewrites=self.rewrites, cache_hits=self.cache_hits, failures=self.failures,
-                last_error=self.last_error)
+                backend=self.backend.backend,
+                model=self.backend.model,
+                timeout=facts.get("timeout"),
+                lm_head_bytes=facts.get("lm_head_bytes"),
+                lm_head_loaded=facts.get("lm_head_loaded"),
+                rewrites=self.rewrites,
+                cache_hits=self.cache_hits,
+                failures=self.failures,
+                last_error=self.last_error,
+            )
 
 
 __all__ = ["RewriteService", "API_KEY_VARIABLES", "api_key", "image_key", "needs_rewrite"]

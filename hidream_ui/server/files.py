@@ -63,9 +63,13 @@ class UploadGate:
     images, numpy arrays from Python callers) pass through untouched.
     """
 
-    def __init__(self, is_stored: Callable[[str], bool], roots: Iterable[str | os.PathLike] = (),
-                 result_of: Callable[[str], str | None] | None = None,
-                 expired: Callable[[str], bool] | None = None):
+    def __init__(
+        self,
+        is_stored: Callable[[str], bool],
+        roots: Iterable[str | os.PathLike] = (),
+        result_of: Callable[[str], str | None] | None = None,
+        expired: Callable[[str], bool] | None = None,
+    ):
         self._is_stored = is_stored
         # `expired(path)`: the app stored `path` for a client and the pruning has removed it since.
         self._expired = expired
@@ -92,8 +96,9 @@ class UploadGate:
         if isinstance(value, Mapping):
             path, name = value.get("path"), value.get("orig_name")
             if not path:
-                raise RequestError(field, value.get("orig_name") or "upload",
-                                   "an uploaded file (the upload did not arrive)")
+                raise RequestError(
+                    field, value.get("orig_name") or "upload", "an uploaded file (the upload did not arrive)"
+                )
         elif isinstance(value, (str, os.PathLike)):
             path, name = value, None
         elif isinstance(getattr(value, "path", None), (str, os.PathLike)):
@@ -310,9 +315,13 @@ class StorageLimits:
 
     @classmethod
     def for_config(cls, config: Any) -> "StorageLimits":
-        return cls(client_bytes=config.client_quota_mb * MB, client_files=config.client_quota_files,
-                   cache_bytes=config.cache_max_mb * MB, cache_files=config.cache_max_files,
-                   max_age=float(config.cache_max_age))
+        return cls(
+            client_bytes=config.client_quota_mb * MB,
+            client_files=config.client_quota_files,
+            cache_bytes=config.cache_max_mb * MB,
+            cache_files=config.cache_max_files,
+            max_age=float(config.cache_max_age),
+        )
 
     @property
     def quota_bytes(self) -> int:
@@ -395,8 +404,13 @@ class ClientStorage:
     jobs in progress and uploads in flight (503).
     """
 
-    def __init__(self, limits: StorageLimits, clock: Callable[[], float] = time.time,
-                 prune_now: Callable[[], int] | None = None, wake: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        limits: StorageLimits,
+        clock: Callable[[], float] = time.time,
+        prune_now: Callable[[], int] | None = None,
+        wake: Callable[[], None] | None = None,
+    ):
         self.limits = limits
         self._clock = clock
         self._lock = threading.Lock()
@@ -442,21 +456,33 @@ class ClientStorage:
         the request's Content-Length, if it has one (it must fit in the cache's room as a whole)."""
         limits = self.limits
         if declared is not None and declared > limits.quota_bytes:
-            return Refusal(413, f"This upload ({declared / MB:.1f} MB) is larger than one client may keep on this "
-                                f"server (at most {limits.quota_bytes / MB:.0f} MB per client): upload less.")
+            return Refusal(
+                413,
+                f"This upload ({declared / MB:.1f} MB) is larger than one client may keep on this "
+                f"server (at most {limits.quota_bytes / MB:.0f} MB per client): upload less.",
+            )
         files, size = self._binding_usage(key)
         with self._lock:
             size += sum(u.received for u in self._receiving.values() if u.key == key)
             total_files, total_bytes = self._total
             total_bytes += self._in_flight()
         if files >= limits.quota_files or size >= limits.quota_bytes:
-            return Refusal(429, f"Your queued and running jobs use {files} file(s), {size / MB:.1f} MB, on this "
-                                f"server (at most {limits.quota_files} files and {limits.quota_bytes / MB:.0f} MB per "
-                                "client): wait for one to finish, or stop it.")
-        if (total_files >= limits.cache_files or total_bytes >= limits.cache_bytes
-                or total_bytes + (declared or 0) > limits.cache_bytes):
-            return Refusal(503, f"The server's upload space is taken by jobs in progress (at most {limits.cache_files} "
-                                f"files, {limits.cache_bytes / MB:.0f} MB): try again in a minute.")
+            return Refusal(
+                429,
+                f"Your queued and running jobs use {files} file(s), {size / MB:.1f} MB, on this "
+                f"server (at most {limits.quota_files} files and {limits.quota_bytes / MB:.0f} MB per "
+                "client): wait for one to finish, or stop it.",
+            )
+        if (
+            total_files >= limits.cache_files
+            or total_bytes >= limits.cache_bytes
+            or total_bytes + (declared or 0) > limits.cache_bytes
+        ):
+            return Refusal(
+                503,
+                f"The server's upload space is taken by jobs in progress (at most {limits.cache_files} "
+                f"files, {limits.cache_bytes / MB:.0f} MB): try again in a minute.",
+            )
         return None
 
     def _binding_usage(self, key: str) -> tuple[int, int]:
@@ -498,12 +524,18 @@ class ClientStorage:
             others = sum(u.received for n, u in self._receiving.items() if u.key == current.key and n != upload)
             cache = self._total[1] + self._in_flight()
         if current.base + others + current.received > limits.quota_bytes:
-            return Refusal(413, f"This upload is larger than one client may keep on this server (at most "
-                                f"{limits.quota_bytes / MB:.0f} MB per client, {current.base / MB:.1f} MB of it used "
-                                "by your jobs in progress): upload less.")
+            return Refusal(
+                413,
+                f"This upload is larger than one client may keep on this server (at most "
+                f"{limits.quota_bytes / MB:.0f} MB per client, {current.base / MB:.1f} MB of it used "
+                "by your jobs in progress): upload less.",
+            )
         if cache > limits.cache_bytes:
-            return Refusal(503, f"The server's upload space is full (at most {limits.cache_bytes / MB:.0f} MB, "
-                                "uploads in progress included): try again in a minute.")
+            return Refusal(
+                503,
+                f"The server's upload space is full (at most {limits.cache_bytes / MB:.0f} MB, "
+                "uploads in progress included): try again in a minute.",
+            )
         return None
 
     def _in_flight(self) -> int:
@@ -571,8 +603,15 @@ class ClientStorage:
         return alone
 
     # ------------------------------------------------------------------ calls
-    def record_call(self, session: str | None, key: str, fn: Any, event_id: str | None,
-                    inputs: Iterable[str], outputs: Iterable[str]) -> None:
+    def record_call(
+        self,
+        session: str | None,
+        key: str,
+        fn: Any,
+        event_id: str | None,
+        inputs: Iterable[str],
+        outputs: Iterable[str],
+    ) -> None:
         """A call of event `fn` by `key` (from `session`) named `inputs` and produced `outputs` (cache
         paths): outputs are charged to `key`; both become `key`'s latest job (a generator's yields,
         one event id, add up: its live previews and its result)."""
@@ -621,16 +660,26 @@ class ClientStorage:
         limits = self.limits
         with self._lock:
             held = self._held.get(key) or {}
-            over = (len(held) > limits.quota_files - headroom(limits.quota_files)
-                    or sum(held.values()) > limits.quota_bytes - headroom(limits.quota_bytes)
-                    or len(self._owners) > limits.cache_files - headroom(limits.cache_files))
+            over = (
+                len(held) > limits.quota_files - headroom(limits.quota_files)
+                or sum(held.values()) > limits.quota_bytes - headroom(limits.quota_bytes)
+                or len(self._owners) > limits.cache_files - headroom(limits.cache_files)
+            )
         if over and self.wake is not None:
             self.wake()
 
     # ------------------------------------------------------------------ pruning
-    def plan(self, entries: list[CacheEntry], *, referenced: Iterable[str] = (), now: float | None = None,
-             max_files: int | None = None, max_age: float | None = None, max_bytes: int | None = None,
-             walked_from: float | None = None) -> list[str]:
+    def plan(
+        self,
+        entries: list[CacheEntry],
+        *,
+        referenced: Iterable[str] = (),
+        now: float | None = None,
+        max_files: int | None = None,
+        max_age: float | None = None,
+        max_bytes: int | None = None,
+        walked_from: float | None = None,
+    ) -> list[str]:
         """The paths to delete from `entries` (the cache's files, examples excluded), oldest first.
         `referenced`: paths queued or running events name. The caps default to the limits.
         `walked_from`: time.monotonic() when the walk that listed `entries` began (None: before every charge).
@@ -649,8 +698,11 @@ class ClientStorage:
             # Gone by other hands (gradio's own age clean-up). A file charged after the walk began is not
             # in it, yet there: forgetting it would let a client uploading during the janitor's round drop
             # out of its own count and pass its quota.
-            for path in [p for p in self._owners if p not in present
-                         and (walked_from is None or self._charged.get(p, 0.0) < walked_from)]:
+            for path in [
+                p
+                for p in self._owners
+                if p not in present and (walked_from is None or self._charged.get(p, 0.0) < walked_from)
+            ]:
                 self._forget(path)
             for path in [p for p in self._used if p not in present]:
                 del self._used[path]  # named by a call but not (or no longer) in the cache
@@ -664,10 +716,8 @@ class ClientStorage:
             # A charged file is complete (the upload route or the call that made it has returned);
             # one nobody is charged for may still be being written. A latest job's files yield only
             # to a full cache (`pressed`), never to age or to their own client's quota.
-            arriving = ((entry.path not in owners and now - entry.modified < limits.grace)
-                        or (entry.spool and receiving))
-            return (entry.path not in referenced and (pressed or entry.path not in held_now)
-                    and not arriving)
+            arriving = (entry.path not in owners and now - entry.modified < limits.grace) or (entry.spool and receiving)
+            return entry.path not in referenced and (pressed or entry.path not in held_now) and not arriving
 
         ordered = sorted(entries, key=last)  # least recently used first
         victims: dict[str, CacheEntry] = {}
@@ -728,8 +778,10 @@ class ClientStorage:
             if not owners.get(entry.path) and removable(entry):
                 victims[entry.path] = entry
                 count, size = count - 1, size - entry.size
-        candidates = {key: [e for e in held if e.path not in victims and removable(e, pressed=True)]
-                      for key, held in by_key.items()}
+        candidates = {
+            key: [e for e in held if e.path not in victims and removable(e, pressed=True)]
+            for key, held in by_key.items()
+        }
         weight = {key: [len(held), sum(e.size for e in held)] for key, held in by_key.items()}
         while count > max_files or size > max_bytes:
             heavy = [key for key, files in candidates.items() if files]
@@ -799,5 +851,17 @@ class ClientStorage:
         self._charged[path] = time.monotonic()
 
 
-__all__ = ["UploadGate", "ServedResults", "CacheJanitor", "ClientStorage", "StorageLimits", "CacheEntry", "Refusal",
-           "NOT_UPLOADED", "EXPIRED", "PictureExpired", "ARRIVING_GRACE", "LATEST_HOLD"]
+__all__ = [
+    "UploadGate",
+    "ServedResults",
+    "CacheJanitor",
+    "ClientStorage",
+    "StorageLimits",
+    "CacheEntry",
+    "Refusal",
+    "NOT_UPLOADED",
+    "EXPIRED",
+    "PictureExpired",
+    "ARRIVING_GRACE",
+    "LATEST_HOLD",
+]

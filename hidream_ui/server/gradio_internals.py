@@ -111,8 +111,10 @@ def sign_in(scope: dict, username: str) -> list[tuple[bytes, bytes]] | None:
         return None
     token = secrets.token_urlsafe(16)
     tokens[token] = username
-    return [(b"set-cookie", f"access-token-{cookie_id}={token}; HttpOnly; Path=/; SameSite=none; Secure".encode()),
-            (b"set-cookie", f"access-token-unsecure-{cookie_id}={token}; HttpOnly; Path=/; SameSite=lax".encode())]
+    return [
+        (b"set-cookie", f"access-token-{cookie_id}={token}; HttpOnly; Path=/; SameSite=none; Secure".encode()),
+        (b"set-cookie", f"access-token-unsecure-{cookie_id}={token}; HttpOnly; Path=/; SameSite=lax".encode()),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,8 +150,11 @@ def session_jobs(demo: Any, session_hash: str, concurrency_id: str) -> int:
     count = 0
     for event in _events(demo):
         fn = getattr(event, "fn", None)
-        if (getattr(event, "session_hash", None) == session_hash and getattr(event, "alive", True)
-                and getattr(fn, "concurrency_id", None) == concurrency_id):
+        if (
+            getattr(event, "session_hash", None) == session_hash
+            and getattr(event, "alive", True)
+            and getattr(fn, "concurrency_id", None) == concurrency_id
+        ):
             count += 1
     return count
 
@@ -160,9 +165,15 @@ def waiting_jobs(demo: Any, concurrency_id: str) -> int:
     return figures["waiting"] if figures else 0
 
 
-def admit_jobs(demo: Any, concurrency_id: str | tuple[str, ...], *, max_waiting: int, per_session: int,
-               per_session_message: Callable[[int], str], late_inputs: dict[str, tuple[str, ...]] | None = None
-               ) -> bool:
+def admit_jobs(
+    demo: Any,
+    concurrency_id: str | tuple[str, ...],
+    *,
+    max_waiting: int,
+    per_session: int,
+    per_session_message: Callable[[int], str],
+    late_inputs: dict[str, tuple[str, ...]] | None = None,
+) -> bool:
     """The app's admission policy for the `concurrency_id` group (the device lane; a tuple names
     several lanes, each limited on its own: the rewriter's lane is the other one), enforced
     where gradio itself admits events: the queue's `push`, which the browser, gradio_client and
@@ -200,8 +211,12 @@ def admit_jobs(demo: Any, concurrency_id: str | tuple[str, ...], *, max_waiting:
                 return False, f"Queue is full. Max size is {max_waiting} and size is {waiting}.", "queue_full"
             held = session_jobs(demo, session, lane) if session is not None else 0
             if held >= per_session:
-                refusal = {"__type__": "validate", "is_valid": False, "message": per_session_message(held),
-                           "parameter_name": "queue"}
+                refusal = {
+                    "__type__": "validate",
+                    "is_valid": False,
+                    "message": per_session_message(held),
+                    "parameter_name": "queue",
+                }
                 return False, [refusal], "validator_error"
             return await original(body, request, username)
 
@@ -270,6 +285,7 @@ def cache_once(data: bytes, name: str) -> str:
     """
     try:
         from gradio.processing_utils import hash_bytes
+
         digest = hash_bytes(data)
     except (ImportError, AttributeError):  # pragma: no cover - an upgrade moved it: a copy, still safe
         digest = hashlib.sha256(data).hexdigest()
@@ -332,8 +348,16 @@ def app_cache_files(demo: Any, folder: Path) -> list[Path]:
     return [p for p in cache_files(folder) if os.path.realpath(p) not in kept]
 
 
-def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now: float | None = None,
-                max_bytes: int | None = None, storage: Any = None) -> int:
+def prune_cache(
+    demo: Any,
+    folder: Path,
+    max_files: int,
+    max_age: float,
+    *,
+    now: float | None = None,
+    max_bytes: int | None = None,
+    storage: Any = None,
+) -> int:
     """Deletes what `storage.plan` (a `files.ClientStorage`) chooses from the cache folder, or,
     without `storage`, the files older than `max_age` seconds, then the oldest beyond `max_files`
     (and `max_bytes`); returns how many went. The examples' cached copies always stay, and so do
@@ -351,10 +375,25 @@ def prune_cache(demo: Any, folder: Path, max_files: int, max_age: float, *, now:
     entries = _entries(app_cache_files(demo, folder), folder)
     if storage is None:  # count and age only: a throwaway policy with nobody charged
         big = max_bytes if max_bytes is not None else 1 << 62
-        storage = ClientStorage(StorageLimits(client_bytes=big, client_files=max_files, cache_bytes=big,
-                                              cache_files=max_files, max_age=max_age, grace=0.0))
-    chosen = storage.plan(entries, referenced=referenced_paths(demo), now=now, max_files=max_files,
-                          max_age=max_age, max_bytes=max_bytes, walked_from=walked_from)
+        storage = ClientStorage(
+            StorageLimits(
+                client_bytes=big,
+                client_files=max_files,
+                cache_bytes=big,
+                cache_files=max_files,
+                max_age=max_age,
+                grace=0.0,
+            )
+        )
+    chosen = storage.plan(
+        entries,
+        referenced=referenced_paths(demo),
+        now=now,
+        max_files=max_files,
+        max_age=max_age,
+        max_bytes=max_bytes,
+        walked_from=walked_from,
+    )
     removed: set[str] = set()
     for name in chosen:
         path = Path(name)
@@ -506,8 +545,15 @@ def watch_calls(demo: Any, record: Callable[..., None], job_lanes: tuple[str, ..
             fn = kwargs.get("block_fn")
             if getattr(fn, "concurrency_id", None) in job_lanes:
                 mark_worked(demo, kwargs.get("session_hash"))
-            record(kwargs.get("session_hash"), getattr(client, "host", None), getattr(request, "username", None),
-                   getattr(fn, "fn_index", fn), kwargs.get("event_id"), inputs, outputs)
+            record(
+                kwargs.get("session_hash"),
+                getattr(client, "host", None),
+                getattr(request, "username", None),
+                getattr(fn, "fn_index", fn),
+                kwargs.get("event_id"),
+                inputs,
+                outputs,
+            )
         except Exception:  # noqa: BLE001 - accounting must never break a call
             logger.exception("recording a call's files failed")
         return output
@@ -631,9 +677,11 @@ def _lean_classes() -> tuple[type, type] | None:
                     self.session_data.move_to_end(session_id)
                 while len(self.session_data) > self.capacity:
                     # The oldest of the least worth (dict order is the order of use).
-                    victim = min((sid for sid in self.session_data if sid != session_id),
-                                 key=lambda sid: getattr(self.session_data[sid], "worth", 2),
-                                 default=next(iter(self.session_data)))
+                    victim = min(
+                        (sid for sid in self.session_data if sid != session_id),
+                        key=lambda sid: getattr(self.session_data[sid], "worth", 2),
+                        default=next(iter(self.session_data)),
+                    )
                     del self.session_data[victim]
                     self.time_last_used.pop(victim, None)
 
@@ -714,8 +762,29 @@ def expire_sessions(demo: Any, max_idle: float, *, now: float | None = None) -> 
     return len(idle)
 
 
-__all__ = ["current_event_id", "event_alive", "logged_in_user", "sign_in", "queue_figures", "session_jobs",
-           "waiting_jobs", "admit_jobs", "is_app_file", "cache_files", "prune_cache", "private_cache_folder",
-           "register_demo", "app_cache_files", "lean_sessions", "session_count", "expire_sessions",
-           "referenced_paths", "watch_calls", "upload_abort", "discard_uploads", "stored_uploads", "mark_worked",
-           "session_known"]
+__all__ = [
+    "current_event_id",
+    "event_alive",
+    "logged_in_user",
+    "sign_in",
+    "queue_figures",
+    "session_jobs",
+    "waiting_jobs",
+    "admit_jobs",
+    "is_app_file",
+    "cache_files",
+    "prune_cache",
+    "private_cache_folder",
+    "register_demo",
+    "app_cache_files",
+    "lean_sessions",
+    "session_count",
+    "expire_sessions",
+    "referenced_paths",
+    "watch_calls",
+    "upload_abort",
+    "discard_uploads",
+    "stored_uploads",
+    "mark_worked",
+    "session_known",
+]

@@ -145,7 +145,7 @@ class NewSessions:
                     self._recent.pop(next(iter(self._recent)))
             if len(self._opened) > MAX_REMEMBERED:  # an address flood: forget the longest idle half
                 idle = sorted(self._opened, key=lambda a: self._opened[a][-1] if self._opened[a] else 0.0)
-                for old in idle[:MAX_REMEMBERED // 2]:
+                for old in idle[: MAX_REMEMBERED // 2]:
                     del self._opened[old]
             return 0.0
 
@@ -153,9 +153,18 @@ class NewSessions:
 class BoothGuard:
     """ASGI middleware: `Middleware(BoothGuard, jobs=..., throttle=..., ...)` in FastAPI's list."""
 
-    def __init__(self, app, *, jobs: JobRegistry, throttle: LoginThrottle | None = None,
-                 require_login: bool = False, max_upload_bytes: int | None = None,
-                 max_body_bytes: int | None = None, storage=None, new_sessions: NewSessions | None = None):
+    def __init__(
+        self,
+        app,
+        *,
+        jobs: JobRegistry,
+        throttle: LoginThrottle | None = None,
+        require_login: bool = False,
+        max_upload_bytes: int | None = None,
+        max_body_bytes: int | None = None,
+        storage=None,
+        new_sessions: NewSessions | None = None,
+    ):
         self.app = app
         self.new_sessions = new_sessions  # per-address limit on new sessions (None: no limit)
         self.storage = storage  # files.ClientStorage: per-client upload accounting (None: size limit only)
@@ -182,9 +191,14 @@ class BoothGuard:
         inner = self.app if _is_form(scope) else self._json
         if self.max_body_bytes is None:
             return await inner(scope, receive, send)
-        return await _capped(inner, scope, receive, send, self.max_body_bytes,
-                             f"The request body is larger than {_size(self.max_body_bytes)} (files go through the "
-                             "upload route).")
+        return await _capped(
+            inner,
+            scope,
+            receive,
+            send,
+            self.max_body_bytes,
+            f"The request body is larger than {_size(self.max_body_bytes)} (files go through the upload route).",
+        )
 
     # ------------------------------------------------------------------ JSON bodies (cancel, remote files)
     async def _json(self, scope, receive, send):
@@ -195,8 +209,12 @@ class BoothGuard:
             return  # the client went away, or the body went over the cap (`_capped` answers 413)
         if body.count(b"{") + body.count(b"[") > MAX_JSON_CONTAINERS:
             logger.warning("refused a request of more than %d JSON objects and lists", MAX_JSON_CONTAINERS)
-            return await _refuse(send, 413, f"The request holds more than {MAX_JSON_CONTAINERS} objects and lists: "
-                                            "send less (a History holds at most 30 entries).")
+            return await _refuse(
+                send,
+                413,
+                f"The request holds more than {MAX_JSON_CONTAINERS} objects and lists: "
+                "send less (a History holds at most 30 entries).",
+            )
         try:
             data = json.loads(body) if body else None
         except (ValueError, RecursionError):
@@ -204,14 +222,22 @@ class BoothGuard:
         remote = _remote_file(data)
         if remote is not None:
             logger.warning("refused a request naming a remote file: %.200s", remote)
-            return await _refuse(send, 400, f"Files cannot be named by URL ({remote[:200]!r}): upload the file "
-                                            "through the upload route and send the path it returns.")
+            return await _refuse(
+                send,
+                400,
+                f"Files cannot be named by URL ({remote[:200]!r}): upload the file "
+                "through the upload route and send the path it returns.",
+            )
         if str(scope.get("path", "")).rstrip("/").endswith("/gradio_api/cancel") and isinstance(data, dict):
             self._cancel(scope, data)
         wait = self._new_session_wait(scope, data)
         if wait > 0:
-            return await _refuse(send, 429, f"Too many new sessions from your address: try again in {wait:.0f} s.",
-                                 [(b"retry-after", str(int(wait) + 1).encode())])
+            return await _refuse(
+                send,
+                429,
+                f"Too many new sessions from your address: try again in {wait:.0f} s.",
+                [(b"retry-after", str(int(wait) + 1).encode())],
+            )
         return await self.app(scope, replayed, send)
 
     def _new_session_wait(self, scope, data) -> float:
@@ -309,8 +335,9 @@ class BoothGuard:
         for message in held:
             await send(message)
 
-    def _charge_upload(self, scope, key: str, held: list[dict],
-                       existed: frozenset = frozenset()) -> tuple[int, str] | None:
+    def _charge_upload(
+        self, scope, key: str, held: list[dict], existed: frozenset = frozenset()
+    ) -> tuple[int, str] | None:
         """Charges a stored upload (the paths the route answered) to `key`; undoes it and returns
         the refusal when the request alone is more than a client may keep (a client merely at its
         quota is not refused: its least recently used files age out). `existed`: the paths gradio
@@ -336,8 +363,10 @@ class BoothGuard:
             alone = []
         gradio_internals.discard_uploads(scope, alone, existed)
         limits = self.storage.limits
-        return 413, (f"This upload has {len(paths)} file(s): more than one client may keep on this server (at most "
-                     f"{limits.quota_files} per client, those your jobs in progress use included): upload fewer.")
+        return 413, (
+            f"This upload has {len(paths)} file(s): more than one client may keep on this server (at most "
+            f"{limits.quota_files} per client, those your jobs in progress use included): upload fewer."
+        )
 
     # ------------------------------------------------------------------ login
     async def _login(self, scope, receive, send):
@@ -358,8 +387,12 @@ class BoothGuard:
         wait, attempt = self.throttle.begin(*keys)
         if attempt is None:
             logger.warning("login throttled for %s (%.0f s left)", keys, wait)
-            await _refuse(send, 429, f"Too many failed logins: try again in {wait:.0f} s.",
-                          [(b"retry-after", str(int(wait) + 1).encode())])
+            await _refuse(
+                send,
+                429,
+                f"Too many failed logins: try again in {wait:.0f} s.",
+                [(b"retry-after", str(int(wait) + 1).encode())],
+            )
             return
         if refusal is not None:
             return await _refuse(send, *refusal)
@@ -470,8 +503,12 @@ def _remote_file(data) -> str | None:
         item = stack.pop()
         if isinstance(item, dict):
             meta, path = item.get("meta"), item.get("path")
-            if (isinstance(meta, dict) and meta.get("_type") == FILE_DATA_TYPE and isinstance(path, str)
-                    and _URL.match(path)):
+            if (
+                isinstance(meta, dict)
+                and meta.get("_type") == FILE_DATA_TYPE
+                and isinstance(path, str)
+                and _URL.match(path)
+            ):
                 return path
             stack.extend(item.values())
         elif isinstance(item, list):
@@ -504,8 +541,13 @@ def _content_length(scope) -> int | None:
 
 async def _refuse(send, status: int, detail: str, headers: list | None = None) -> None:
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *(headers or [])],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -61,10 +61,14 @@ def may_change_engine(config: AppConfig, request: Any) -> bool:
 def refusal(config: AppConfig, what: str) -> str:
     """The message a refused visitor reads (`what`: "the attention strategy", ...)."""
     if config.operator is None:
-        return (f"In kiosk mode only the operator controls {what}, and this app was started without an "
-                "operator (--kiosk without --operator): it stays as set at start.")
-    return (f"In kiosk mode only the operator controls {what}: log in as the operator (at {OPERATOR_PATH}, "
-            "or on the login page) to change it.")
+        return (
+            f"In kiosk mode only the operator controls {what}, and this app was started without an "
+            "operator (--kiosk without --operator): it stays as set at start."
+        )
+    return (
+        f"In kiosk mode only the operator controls {what}: log in as the operator (at {OPERATOR_PATH}, "
+        "or on the login page) to change it."
+    )
 
 
 class OperatorLogin:
@@ -79,8 +83,12 @@ class OperatorLogin:
             path = str(scope.get("path", "")).rstrip("/")
             method = scope.get("method")
             if path == OPERATOR_PATH and method in ("GET", "HEAD"):
-                return await _page(send, 200, "Sign in to change the engine-wide settings "
-                                              "(attention, speed, load model).", _form(scope))
+                return await _page(
+                    send,
+                    200,
+                    "Sign in to change the engine-wide settings (attention, speed, load model).",
+                    _form(scope),
+                )
             if path == LOGIN_PATH and method == "POST":
                 return await self._login(scope, receive, send)
         return await self.app(scope, receive, send)
@@ -88,8 +96,12 @@ class OperatorLogin:
     async def _login(self, scope, receive, send):
         # The first Content-Type, as starlette (and so the guard's throttle) reads it; the guard
         # refuses requests that carry several.
-        content_type = next((value for key, value in scope.get("headers", ()) if key == b"content-type"),
-                            b"").split(b";")[0].strip().lower()
+        content_type = (
+            next((value for key, value in scope.get("headers", ()) if key == b"content-type"), b"")
+            .split(b";")[0]
+            .strip()
+            .lower()
+        )
         if content_type != b"application/x-www-form-urlencoded":
             return await _page(send, 415, "Send the form (application/x-www-form-urlencoded).", "")
         body, more = b"", True
@@ -115,8 +127,13 @@ class OperatorLogin:
         if cookies is None:
             return await _page(send, 503, "This gradio version's login cannot be used; see the server log.", "")
         logger.info("operator signed in")
-        return await _page(send, 200, "Signed in as the operator. <a href=\"../\">Open the app</a>; "
-                                      "<a href=\"../logout\">log out</a> when done.", "", cookies)
+        return await _page(
+            send,
+            200,
+            'Signed in as the operator. <a href="../">Open the app</a>; <a href="../logout">log out</a> when done.',
+            "",
+            cookies,
+        )
 
 
 def _form(scope) -> str:
@@ -128,9 +145,17 @@ def _form(scope) -> str:
 
 async def _page(send, status: int, message: str, body: str, headers: list | None = None) -> None:
     text = _PAGE.format(message=message if status == 200 else html.escape(message), body=body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-store"),
-                            *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/html; charset=utf-8"),
+                (b"cache-control", b"no-store"),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": text})
 
 

@@ -117,8 +117,10 @@ def grouping_line(result: BatchResult) -> str:
         limit = int(per_call.get(size) or 1)
         calls = -(-count // limit)
         shown = size.replace("x", "×")
-        parts.append(f"{shown}: {count} item{'s' if count != 1 else ''} in {calls} call{'s' if calls != 1 else ''}"
-                     + (f" of up to {limit}" if limit > 1 else ""))
+        parts.append(
+            f"{shown}: {count} item{'s' if count != 1 else ''} in {calls} call{'s' if calls != 1 else ''}"
+            + (f" of up to {limit}" if limit > 1 else "")
+        )
     return "; ".join(parts)
 
 
@@ -159,25 +161,31 @@ class BatchRun:
         else:
             ok, failed = len(result.ok), len(result.errors)
             skipped = sum(1 for item in result.items if item.status == "cancelled")
-            line = (f"**{'Stopped' if result.cancelled else 'Done'}: {ok}/{len(result.items)}** ok"
-                    + (f" · {failed} failed" if failed else "") + (f" · {skipped} not run" if skipped else "")
-                    + f" · {format_seconds(result.seconds)}")
+            line = (
+                f"**{'Stopped' if result.cancelled else 'Done'}: {ok}/{len(result.items)}** ok"
+                + (f" · {failed} failed" if failed else "")
+                + (f" · {skipped} not run" if skipped else "")
+                + f" · {format_seconds(result.seconds)}"
+            )
             stats = result.stats or {}
             if "text_encoder_calls" in stats:
-                line += (f" · text encoder runs {stats['text_encoder_calls']}, "
-                         f"transformer steps {stats.get('transformer_calls', 0)}")
+                line += (
+                    f" · text encoder runs {stats['text_encoder_calls']}, "
+                    f"transformer steps {stats.get('transformer_calls', 0)}"
+                )
             grouping = grouping_line(result)
             if grouping:
                 line += f"\n\nShared transformer calls by working size: {grouping}"
         text = line
         if self.errors:
             text += "\n\n**Errors**\n\n" + "\n".join(
-                f"- {md(source)} × “{md(instruction)}”: {md(message)}"
-                for source, instruction, message in self.errors)
+                f"- {md(source)} × “{md(instruction)}”: {md(message)}" for source, instruction, message in self.errors
+            )
         if self.rejected:
             # Reader messages usually start with the file name already ("x.png: not a ..."): once is enough.
             text += "\n\n**Rejected uploads**\n\n" + "\n".join(
-                f"- {md(name)}: {md(reason.removeprefix(f'{name}: '))}" for name, reason in self.rejected)
+                f"- {md(name)}: {md(reason.removeprefix(f'{name}: '))}" for name, reason in self.rejected
+            )
         return text
 
 
@@ -215,15 +223,31 @@ class BatchTab:
             # (whose retention only counts PNGs).
             self._zip_dir = Path(tempfile.mkdtemp(prefix="hidream-batch-"))
         old = sorted(self._zip_dir.glob("batch-*.zip"))
-        for stale in old[:max(0, len(old) - (ZIPS_KEPT - 1))]:
+        for stale in old[: max(0, len(old) - (ZIPS_KEPT - 1))]:
             stale.unlink(missing_ok=True)
         return self._zip_dir / f"batch-{time.strftime('%Y%m%d-%H%M%S')}-{time.perf_counter_ns() % 10**6:06d}.zip"
 
     # ------------------------------------------------------------------ run
     @guarded("the batch")
-    def run(self, files, instructions, mode, negative_prompt, guidance_scale, image_guidance_scale,
-            num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed, seed_policy,
-            batch_size, rewrite=False, request: gr.Request = None, progress=gr.Progress()):
+    def run(
+        self,
+        files,
+        instructions,
+        mode,
+        negative_prompt,
+        guidance_scale,
+        image_guidance_scale,
+        num_inference_steps,
+        refine_strength,
+        clip_cfg_norm,
+        working_resolution,
+        seed,
+        seed_policy,
+        batch_size,
+        rewrite=False,
+        request: gr.Request = None,
+        progress=gr.Progress(),
+    ):
         """Edits every uploaded image (or zip of images) with every instruction (one per line), or
         pairs line i with image i. Streams (gallery, report, results zip) as items finish.
 
@@ -236,25 +260,39 @@ class BatchTab:
         if validated_flag("rewrite", rewrite):
             rewriter = self.services.rewriter
             if rewriter is None:
-                raise RequestError("rewrite", True, "false: no rewriter is configured (start the app with "
-                                                    "--rewriter-url URL --rewriter-model NAME, or --rewriter local)")
+                raise RequestError(
+                    "rewrite",
+                    True,
+                    "false: no rewriter is configured (start the app with "
+                    "--rewriter-url URL --rewriter-model NAME, or --rewriter local)",
+                )
         size = _batch_size(batch_size)
         lines = clean_instructions(instructions or "")
         # The job (and its cancel token) exists before any upload is read: expanding zips and
         # decoding images is work too, and Stop, /cancel and a client that went away stop it.
         with self.services.job("batch", request) as job:
             sources, rejected = self._sources(files, cancel=job.token)
-            batch = BatchRequest(sources=tuple(sources), instructions=lines, settings=settings,
-                                 seed=first_seed, mode=str(mode or "matrix"),
-                                 seed_policy=str(seed_policy or "fixed"), batch_size=size)
+            batch = BatchRequest(
+                sources=tuple(sources),
+                instructions=lines,
+                settings=settings,
+                seed=first_seed,
+                mode=str(mode or "matrix"),
+                seed_policy=str(seed_policy or "fixed"),
+                batch_size=size,
+            )
             # Decoded and planned here, once (the engine runs this plan), so the item count is known
             # for the progress line and every file that does not open is reported with its reason.
             check_item_count(batch, len(sources), self.config.max_batch_items)  # before decoding anything
-            images, refused = open_sources(sources, self.engine.open_image,
-                                           max_total_pixels=BATCH_PIXEL_BUDGET * self.config.max_pixels,
-                                           cancel=job.token)
-            plan = plan_batch(batch, self.engine.open_image, self.config.max_batch_items,
-                              opened=(images, rejected + refused))
+            images, refused = open_sources(
+                sources,
+                self.engine.open_image,
+                max_total_pixels=BATCH_PIXEL_BUDGET * self.config.max_pixels,
+                cancel=job.token,
+            )
+            plan = plan_batch(
+                batch, self.engine.open_image, self.config.max_batch_items, opened=(images, rejected + refused)
+            )
             total = len(plan.items)
 
             run = BatchRun(total, plan.rejected)
@@ -265,10 +303,18 @@ class BatchTab:
 
             def work(emit):
                 if rewriter is not None:  # per item, before any edit: cached per image + instruction
-                    rewriter.rewrite_items(plan, cancel=job.token, on_failed=lambda item: emit("item", item),
-                                           on_progress=lambda done, count: emit("rewrite", (done, count)))
-                return self.engine.run_batch(plan, on_item=lambda item: emit("item", item),
-                                             on_step=lambda info: emit("step", info), cancel=job.token)
+                    rewriter.rewrite_items(
+                        plan,
+                        cancel=job.token,
+                        on_failed=lambda item: emit("item", item),
+                        on_progress=lambda done, count: emit("rewrite", (done, count)),
+                    )
+                return self.engine.run_batch(
+                    plan,
+                    on_item=lambda item: emit("item", item),
+                    on_step=lambda info: emit("step", info),
+                    cancel=job.token,
+                )
 
             for event in stream_job(work, job.token, name="hidream-batch"):
                 kind, payload = event.kind, event.payload
@@ -281,8 +327,14 @@ class BatchTab:
                     run.first_step = run.first_step or time.perf_counter()
                     run.step_text = f"{info.stage} step {info.step}/{info.total}"
                     # The steps of the items in flight count: the bar moves before the first item ends.
-                    move_bar(progress, job, (run.done + info.step / max(1, info.total)) / max(1, total),
-                             f"{run.done}/{total} items · {run.step_text}", step=info.step, total=info.total)
+                    move_bar(
+                        progress,
+                        job,
+                        (run.done + info.step / max(1, info.total)) / max(1, total),
+                        f"{run.done}/{total} items · {run.step_text}",
+                        step=info.step,
+                        total=info.total,
+                    )
                 elif kind == "item":
                     if payload.result is not None:
                         self.services.results.add(payload.result.saved_png)
@@ -369,57 +421,117 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
             "Upload images (or a **.zip** of images) and write **one instruction per line**. "
             f"Up to {config.max_batch_items} items per run. Items of the same working size share "
             "transformer calls; each keeps its own seed, so a result equals the single edit with "
-            "the same settings. Every PNG carries its settings.")
+            "the same settings. Every PNG carries its settings."
+        )
         with gr.Row(equal_height=False):
             with gr.Column():
-                files = gr.File(label="Images or .zip", file_count="multiple", file_types=["image", ".zip"],
-                                elem_id="hui-batch-files")
-                instructions = gr.Textbox(label="Instructions (one per line)", lines=4,
-                                          placeholder="Turn the sky into a sunset\nMake it snow",
-                                          elem_id="hui-batch-instructions")
+                files = gr.File(
+                    label="Images or .zip",
+                    file_count="multiple",
+                    file_types=["image", ".zip"],
+                    elem_id="hui-batch-files",
+                )
+                instructions = gr.Textbox(
+                    label="Instructions (one per line)",
+                    lines=4,
+                    placeholder="Turn the sky into a sunset\nMake it snow",
+                    elem_id="hui-batch-instructions",
+                )
                 mode = gr.Radio(list(MODE_CHOICES), value="matrix", label="Pairing")
-                rewrite = gr.Checkbox(value=rewriter is not None and config.variant == "e1-full",
-                                      visible=rewriter is not None, label="Rewrite instructions",
-                                      info="each image + instruction through the rewriter first "
-                                           f"({rewriter.label if rewriter is not None else 'none configured'})",
-                                      elem_id="hui-batch-rewrite")
+                rewrite = gr.Checkbox(
+                    value=rewriter is not None and config.variant == "e1-full",
+                    visible=rewriter is not None,
+                    label="Rewrite instructions",
+                    info="each image + instruction through the rewriter first "
+                    f"({rewriter.label if rewriter is not None else 'none configured'})",
+                    elem_id="hui-batch-rewrite",
+                )
                 with gr.Row():
                     run_button = gr.Button("Run batch", variant="primary", elem_id="hui-batch-run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-batch-stop")
             with gr.Column():
-                sources = gr.Gallery(label="Sources", value=[], columns=6, height=120, object_fit="contain",
-                                     interactive=False, allow_preview=False, elem_id="hui-batch-sources")
+                sources = gr.Gallery(
+                    label="Sources",
+                    value=[],
+                    columns=6,
+                    height=120,
+                    object_fit="contain",
+                    interactive=False,
+                    allow_preview=False,
+                    elem_id="hui-batch-sources",
+                )
                 # No label on the results: it sat on top of the first thumbnail.
-                gallery = gr.Gallery(label="Results", show_label=False, columns=2, height=420, object_fit="contain",
-                                     interactive=False, elem_id="hui-batch-gallery")
+                gallery = gr.Gallery(
+                    label="Results",
+                    show_label=False,
+                    columns=2,
+                    height=420,
+                    object_fit="contain",
+                    interactive=False,
+                    elem_id="hui-batch-gallery",
+                )
                 report = gr.Markdown(elem_id="hui-batch-report")
                 download = gr.DownloadButton("Download results (.zip)", value=None, elem_id="hui-batch-zip")
         # Below the results, not between the Run button and them (on a phone the results come first).
         with gr.Accordion("Settings (shared by every item)", open=False):
             settings = settings_widgets(defaults)
             with gr.Row():
-                seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
-                                 info="-1: random")
+                seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed", info="-1: random")
                 seed_policy = gr.Radio(list(SEED_POLICY_CHOICES), value="fixed", label="Seed per item")
-            batch_size = gr.Number(value=0, precision=0, minimum=0, maximum=MAX_BATCH_SIZE,
-                                   label="Items per transformer call", info="0 = from free memory")
+            batch_size = gr.Number(
+                value=0,
+                precision=0,
+                minimum=0,
+                maximum=MAX_BATCH_SIZE,
+                label="Items per transformer call",
+                info="0 = from free memory",
+            )
         # The order of /batch_edit's inputs (BatchTab.run's parameters).
         inputs = [files, instructions, mode, *settings.values(), seed, seed_policy, batch_size, rewrite]
-        run_button.click(None, None, None, js=disable_js(run_button.elem_id), queue=False,
-                         show_progress="hidden", api_visibility="private")
-        run_event = run_button.click(handlers.run, inputs=inputs, outputs=[gallery, report, download],
-                                     api_name="batch_edit", concurrency_id=DEVICE_GROUP,
-                                     concurrency_limit=engine.size, preprocess=False, show_progress_on=[gallery])
+        run_button.click(
+            None,
+            None,
+            None,
+            js=disable_js(run_button.elem_id),
+            queue=False,
+            show_progress="hidden",
+            api_visibility="private",
+        )
+        run_event = run_button.click(
+            handlers.run,
+            inputs=inputs,
+            outputs=[gallery, report, download],
+            api_name="batch_edit",
+            concurrency_id=DEVICE_GROUP,
+            concurrency_limit=engine.size,
+            preprocess=False,
+            show_progress_on=[gallery],
+        )
         # The uploads' thumbnails: it decodes a client's files, so it is queued on the small lane.
-        files.change(handlers.preview_sources, [files], [sources], concurrency_id=SETTINGS_FILE_GROUP,
-                     concurrency_limit=SETTINGS_FILE_CONCURRENCY, show_progress="hidden", api_visibility="private",
-                     preprocess=False)
+        files.change(
+            handlers.preview_sources,
+            [files],
+            [sources],
+            concurrency_id=SETTINGS_FILE_GROUP,
+            concurrency_limit=SETTINGS_FILE_CONCURRENCY,
+            show_progress="hidden",
+            api_visibility="private",
+            preprocess=False,
+        )
         # Stop never queues (it must get through while the batch holds the device group) and does
         # not cancel the event: the run ends by itself after the current step and keeps its items.
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
-    return BatchHandles(handlers=handlers, inputs=tuple(inputs), settings=settings, run_button=run_button,
-                        stop_button=stop_button, gallery=gallery, report=report, download=download,
-                        runs=((run_button, run_event),))
+    return BatchHandles(
+        handlers=handlers,
+        inputs=tuple(inputs),
+        settings=settings,
+        run_button=run_button,
+        stop_button=stop_button,
+        gallery=gallery,
+        report=report,
+        download=download,
+        runs=((run_button, run_event),),
+    )
 
 
 __all__ = ["build_batch_tab", "BatchTab", "BatchHandles", "BatchRun"]

@@ -52,8 +52,7 @@ USER_ERRORS = (EngineError, RequestError, ImageError, MetadataError, ArchiveErro
 WORKING_RESOLUTIONS = ("auto", "draft")
 
 E11_HINT = (
-    "**E1.1** takes a plain instruction, e.g. *Turn the sky into a sunset*. "
-    "Describe the change, not the whole picture."
+    "**E1.1** takes a plain instruction, e.g. *Turn the sky into a sunset*. Describe the change, not the whole picture."
 )
 E1_FULL_HINT = (
     "**E1-Full** expects two parts: `Editing Instruction: <the change>. "
@@ -68,8 +67,10 @@ def variant_hint(variant: str) -> str:
 
 def instruction_placeholder(variant: str) -> str:
     if variant == "e1-full":
-        return ("Editing Instruction: Convert the image into a Ghibli style. "
-                f"{TARGET_MARKER} A Ghibli-style cottage on a green hill under a blue sky.")
+        return (
+            "Editing Instruction: Convert the image into a Ghibli style. "
+            f"{TARGET_MARKER} A Ghibli-style cottage on a green hill under a blue sky."
+        )
     return "Turn the scene into a snowy winter evening"
 
 
@@ -164,6 +165,7 @@ def guarded(what: str) -> Callable[[Callable], Callable]:
 
     def decorate(fn: Callable) -> Callable:
         if inspect.isgeneratorfunction(fn):
+
             @functools.wraps(fn)
             def stream(*args, **kwargs):
                 try:
@@ -204,8 +206,7 @@ def widget(name: str, value: Any, *, hints: bool = True, **options: Any):
     """The widget of field `name` of hidream_ui.edits.FIELDS: its kind, range, step, label and hint
     come from the spec; `options` (elem_id, lines, placeholder, ...) are the tab's own."""
     spec = FIELD_SPECS[name]
-    options = {"label": spec.label, "value": value, **({"info": spec.info} if hints and spec.info else {}),
-               **options}
+    options = {"label": spec.label, "value": value, **({"info": spec.info} if hints and spec.info else {}), **options}
     if spec.kind in ("float", "int"):
         return gr.Slider(spec.lo, spec.hi, step=spec.step, **options)
     if spec.kind == "bool":
@@ -264,5 +265,3 @@ def format_seconds(seconds: float) -> str:
         return f"{seconds:.0f} s"
     minutes, rest = divmod(int(round(seconds)), 60)
     return f"{minutes} min {rest:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
-
-

@@ -42,16 +42,18 @@ logger = logging.getLogger(__name__)
 AXIS_CHOICES = tuple((axis.label, axis.name) for axis in AXES.values())
 NO_AXIS = "none"
 # What the values box suggests for each axis (the placeholder changes with the dropdown).
-AXIS_HINTS = MappingProxyType({
-    "seed": "1, 2, 3  or  0:7",
-    "guidance": "2, 3.5, 5  or  1.5:4.5:1",
-    "image_guidance": "1, 1.5, 2",
-    "steps": "10, 20, 28",
-    "refine": "0:0.6:0.2",
-    "attention": "sdpa, math, chunked",
-    "resolution": "draft, auto, 768",
-    "speed": "exact, fast, faster  or  none, interval:2, taylorseer:2, fbcache:0.1",
-})
+AXIS_HINTS = MappingProxyType(
+    {
+        "seed": "1, 2, 3  or  0:7",
+        "guidance": "2, 3.5, 5  or  1.5:4.5:1",
+        "image_guidance": "1, 1.5, 2",
+        "steps": "10, 20, 28",
+        "refine": "0:0.6:0.2",
+        "attention": "sdpa, math, chunked",
+        "resolution": "draft, auto, 768",
+        "speed": "exact, fast, faster  or  none, interval:2, taylorseer:2, fbcache:0.1",
+    }
+)
 
 
 class CompareTab:
@@ -63,9 +65,26 @@ class CompareTab:
         self.services = services or AppServices.for_config(config)
 
     @guarded("the comparison")
-    def run(self, image, instruction, axis_x, values_x, axis_y, values_y, negative_prompt, guidance_scale,
-            image_guidance_scale, num_inference_steps, refine_strength, clip_cfg_norm, working_resolution, seed,
-            mask=None, request: gr.Request = None, progress=gr.Progress()):
+    def run(
+        self,
+        image,
+        instruction,
+        axis_x,
+        values_x,
+        axis_y,
+        values_y,
+        negative_prompt,
+        guidance_scale,
+        image_guidance_scale,
+        num_inference_steps,
+        refine_strength,
+        clip_cfg_norm,
+        working_resolution,
+        seed,
+        mask=None,
+        request: gr.Request = None,
+        progress=gr.Progress(),
+    ):
         """Edits the image once per grid cell (y values are rows, x values columns).
 
         Streams (labelled grid image, gallery of cells, report) as cells finish. Values: comma
@@ -93,13 +112,20 @@ class CompareTab:
         state = {"step": ""}
 
         def partial(cancelled: bool = False) -> CompareResult:
-            return CompareResult(plan=plan, source_image=picture, cells=list(cells), cancelled=cancelled,
-                                 seconds=round(time.perf_counter() - started, 4))
+            return CompareResult(
+                plan=plan,
+                source_image=picture,
+                cells=list(cells),
+                cancelled=cancelled,
+                seconds=round(time.perf_counter() - started, 4),
+            )
 
         def report(done: bool = False, cancelled: bool = False) -> str:
             head = "Stopped" if cancelled else ("Done" if done else "Running")
-            text = (f"**{head}: {len(cells)}/{total} cells** · {format_seconds(time.perf_counter() - started)}"
-                    f" · seed {params.seed}")
+            text = (
+                f"**{head}: {len(cells)}/{total} cells** · {format_seconds(time.perf_counter() - started)}"
+                f" · seed {params.seed}"
+            )
             if not done and state["step"]:
                 text += f" · {state['step']}"
             return text
@@ -112,10 +138,19 @@ class CompareTab:
 
             def work(emit):
                 # The values as typed (not the parsed ones): the result's plan keeps the user's words.
-                return run_compare(self.engine, picture, params, plan.axis_x, values_x,
-                                   plan.axis_y, values_y if plan.axis_y is not None else None,
-                                   on_cell=lambda cell, result: emit("cell", (cell, result)),
-                                   on_step=lambda info: emit("step", info), source_name=name, cancel=job.token)
+                return run_compare(
+                    self.engine,
+                    picture,
+                    params,
+                    plan.axis_x,
+                    values_x,
+                    plan.axis_y,
+                    values_y if plan.axis_y is not None else None,
+                    on_cell=lambda cell, result: emit("cell", (cell, result)),
+                    on_step=lambda info: emit("step", info),
+                    source_name=name,
+                    cancel=job.token,
+                )
 
             for event in stream_job(work, job.token, name="hidream-compare"):
                 kind, payload = event.kind, event.payload
@@ -123,8 +158,14 @@ class CompareTab:
                     info: StepInfo = payload
                     state["step"] = f"cell {len(cells) + 1}: {info.stage} step {info.step}/{info.total}"
                     # The running cell's steps count: the bar moves before the first cell ends.
-                    move_bar(progress, job, (len(cells) + info.step / max(1, info.total)) / max(1, total),
-                             f"{len(cells)}/{total} cells · {state['step']}", step=info.step, total=info.total)
+                    move_bar(
+                        progress,
+                        job,
+                        (len(cells) + info.step / max(1, info.total)) / max(1, total),
+                        f"{len(cells)}/{total} cells · {state['step']}",
+                        step=info.step,
+                        total=info.total,
+                    )
                 elif kind == "cell":
                     cell, cell_result = payload
                     self.services.results.add(cell_result.saved_png)
@@ -135,8 +176,12 @@ class CompareTab:
                     yield render_grid(partial(), source=True), list(gallery), report(), list(gallery)
                 elif kind == "done":
                     result = payload
-        yield (render_grid(result, source=True), list(gallery), report(done=True, cancelled=result.cancelled),
-               list(gallery))
+        yield (
+            render_grid(result, source=True),
+            list(gallery),
+            report(done=True, cancelled=result.cancelled),
+            list(gallery),
+        )
 
     def stop(self, request: gr.Request = None) -> None:
         """Stops this session's comparison after the current step; finished cells are kept."""
@@ -161,8 +206,11 @@ class CompareTab:
         if not entries:
             return gr.update(choices=[], value=None), gr.update(choices=[], value=None), None
         a, b = 0, len(entries) - 1
-        return (gr.update(choices=choices, value=a), gr.update(choices=choices, value=b),
-                (entries[a][0], entries[b][0]))
+        return (
+            gr.update(choices=choices, value=a),
+            gr.update(choices=choices, value=b),
+            (entries[a][0], entries[b][0]),
+        )
 
     @staticmethod
     def pair(cells: Any, a: Any, b: Any):
@@ -176,8 +224,11 @@ class CompareTab:
 
 def _cell_entries(cells: Any) -> list[tuple[Any, str]]:
     """(result file or image, caption) pairs from the session's cell list."""
-    return [(entry[0], entry[1] if len(entry) > 1 else "") for entry in (cells or [])
-            if isinstance(entry, (list, tuple)) and entry]
+    return [
+        (entry[0], entry[1] if len(entry) > 1 else "")
+        for entry in (cells or [])
+        if isinstance(entry, (list, tuple)) and entry
+    ]
 
 
 @dataclass(frozen=True)
@@ -209,11 +260,17 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
         gr.Markdown(
             "Edit one image with one instruction over a grid of settings. Values: `1, 2, 3` or a range "
             f"`start:stop:step` (end included); attention and resolution take names. At most "
-            f"{config.max_grid_cells} cells. Cells that do not vary the seed share one.")
+            f"{config.max_grid_cells} cells. Cells that do not vary the seed share one."
+        )
         with gr.Row(equal_height=False):
             with gr.Column():
-                image = gr.Image(label="Source image", type="filepath", sources=["upload", "clipboard"], height=260,
-                                 elem_id="hui-compare-source")
+                image = gr.Image(
+                    label="Source image",
+                    type="filepath",
+                    sources=["upload", "clipboard"],
+                    height=260,
+                    elem_id="hui-compare-source",
+                )
                 instruction = gr.Textbox(label="Instruction", lines=2, elem_id="hui-compare-instruction")
                 with gr.Row():
                     axis_x = gr.Dropdown(list(AXIS_CHOICES), value="guidance", label="Columns (x axis)")
@@ -226,47 +283,107 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
                     stop_button = gr.Button("Stop", variant="stop", elem_id="hui-compare-stop")
             with gr.Column():
                 # No label: it would sit on top of the axis names drawn in the image's top-left corner.
-                grid = gr.Image(label="Grid", show_label=False, type="pil", format="png", interactive=False,
-                                elem_id="hui-compare-grid")
+                grid = gr.Image(
+                    label="Grid",
+                    show_label=False,
+                    type="pil",
+                    format="png",
+                    interactive=False,
+                    elem_id="hui-compare-grid",
+                )
                 report = gr.Markdown(elem_id="hui-compare-report")
                 # interactive=False: it is read by the slider pickers, which would otherwise make it an upload box.
-                cells = gr.Gallery(label="Cells", columns=4, height=260, object_fit="contain", interactive=False,
-                                   elem_id="hui-compare-cells")
+                cells = gr.Gallery(
+                    label="Cells",
+                    columns=4,
+                    height=260,
+                    object_fit="contain",
+                    interactive=False,
+                    elem_id="hui-compare-cells",
+                )
                 # One above the other: side by side, a phone cut their captions to a few letters.
                 pick_a = gr.Dropdown(label="Left", choices=[], interactive=True, elem_id="hui-compare-left")
                 pick_b = gr.Dropdown(label="Right", choices=[], interactive=True, elem_id="hui-compare-right")
-                slider = gr.ImageSlider(label="Two cells side by side", type="filepath", interactive=False,
-                                        height=380, elem_id="hui-compare-slider")
+                slider = gr.ImageSlider(
+                    label="Two cells side by side",
+                    type="filepath",
+                    interactive=False,
+                    height=380,
+                    elem_id="hui-compare-slider",
+                )
 
         # Below the results, not between the Run button and them (on a phone the results come first).
         with gr.Accordion("Shared settings", open=False):
             settings = settings_widgets(defaults)
-            seed = gr.Number(value=defaults.seed, precision=0, minimum=-1, label="Seed",
-                             info="-1: one random seed for the whole grid")
-            mask = gr.Image(label="Region mask (optional): white = may change, black = keep",
-                            sources=["upload", "clipboard"], type="filepath", image_mode=None, height=160,
-                            elem_id="hui-compare-mask")
+            seed = gr.Number(
+                value=defaults.seed,
+                precision=0,
+                minimum=-1,
+                label="Seed",
+                info="-1: one random seed for the whole grid",
+            )
+            mask = gr.Image(
+                label="Region mask (optional): white = may change, black = keep",
+                sources=["upload", "clipboard"],
+                type="filepath",
+                image_mode=None,
+                height=160,
+                elem_id="hui-compare-mask",
+            )
         for axis, values in ((axis_x, values_x), (axis_y, values_y)):
-            axis.change(handlers.hint, [axis], [values], queue=False, show_progress="hidden",
-                        api_visibility="private")
+            axis.change(handlers.hint, [axis], [values], queue=False, show_progress="hidden", api_visibility="private")
         # The order of /compare's inputs (CompareTab.run's parameters).
         inputs = [image, instruction, axis_x, values_x, axis_y, values_y, *settings.values(), seed, mask]
         cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers
-        run_button.click(None, None, None, js=disable_js(run_button.elem_id), queue=False,
-                         show_progress="hidden", api_visibility="private")
-        event = run_button.click(handlers.run, inputs=inputs, outputs=[grid, cells, report, cell_files],
-                                 api_name="compare",
-                                 concurrency_id=DEVICE_GROUP, concurrency_limit=engine.size, preprocess=False,
-                                 show_progress_on=[grid])
-        event.then(handlers.pickers, [cell_files], [pick_a, pick_b, slider], queue=False, show_progress="hidden",
-                   api_visibility="private")
+        run_button.click(
+            None,
+            None,
+            None,
+            js=disable_js(run_button.elem_id),
+            queue=False,
+            show_progress="hidden",
+            api_visibility="private",
+        )
+        event = run_button.click(
+            handlers.run,
+            inputs=inputs,
+            outputs=[grid, cells, report, cell_files],
+            api_name="compare",
+            concurrency_id=DEVICE_GROUP,
+            concurrency_limit=engine.size,
+            preprocess=False,
+            show_progress_on=[grid],
+        )
+        event.then(
+            handlers.pickers,
+            [cell_files],
+            [pick_a, pick_b, slider],
+            queue=False,
+            show_progress="hidden",
+            api_visibility="private",
+        )
         for picker in (pick_a, pick_b):
-            picker.input(handlers.pair, [cell_files, pick_a, pick_b], [slider], queue=False, show_progress="hidden",
-                         api_visibility="private")
+            picker.input(
+                handlers.pair,
+                [cell_files, pick_a, pick_b],
+                [slider],
+                queue=False,
+                show_progress="hidden",
+                api_visibility="private",
+            )
         stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
-    return CompareHandles(handlers=handlers, inputs=tuple(inputs), settings=settings, run_button=run_button,
-                          stop_button=stop_button, grid=grid, cells=cells, report=report, slider=slider,
-                          runs=((run_button, event),))
+    return CompareHandles(
+        handlers=handlers,
+        inputs=tuple(inputs),
+        settings=settings,
+        run_button=run_button,
+        stop_button=stop_button,
+        grid=grid,
+        cells=cells,
+        report=report,
+        slider=slider,
+        runs=((run_button, event),),
+    )
 
 
 __all__ = ["build_compare_tab", "CompareTab", "CompareHandles", "AXIS_CHOICES", "AXIS_HINTS", "NO_AXIS"]

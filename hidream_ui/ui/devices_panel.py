@@ -81,7 +81,8 @@ def render_device_rows(rows: Iterable[DeviceRow]) -> str:
         parts.append(
             f'<div class="hui-device" data-engine="{html.escape(row.engine)}">'
             f'<div class="hui-device-head"><span>{html.escape(head)}</span><span>{html.escape(_row_state(row))}</span>'
-            f'</div><div class="hui-device-figures">{html.escape(" · ".join(f for f in figures if f))}</div></div>')
+            f'</div><div class="hui-device-figures">{html.escape(" · ".join(f for f in figures if f))}</div></div>'
+        )
     return "".join(parts)
 
 

@@ -38,16 +38,20 @@ from hidream_ui.ui.world_examples import world_examples
 
 logger = logging.getLogger(__name__)
 
-REGION_HINT = ("Paint over what may change; the rest keeps the source (a soft edge joins them). "
-               "Nothing painted: the whole image may change.")
+REGION_HINT = (
+    "Paint over what may change; the rest keeps the source (a soft edge joins them). "
+    "Nothing painted: the whole image may change."
+)
 # The values of the rewritten prompt box, the rewriter's answer and its note once a rewrite is stale.
 CLEAR_REWRITE_JS = "() => ['', null, '']"
 # Brings an element into view unless it already is (the page is long on a phone).
 # Once now and once after the re-render the click causes (the progress overlay, a disabled button).
-_SCROLL_TO = ("(() => {{ const show = () => {{ const el = document.querySelector('{selector}'); if (!el) return; "
-              "const r = el.getBoundingClientRect(); "
-              "if (r.top < 0 || r.top > window.innerHeight - {margin}) "
-              "el.scrollIntoView({{behavior: 'instant', block: '{block}'}}); }}; show(); setTimeout(show, 300); }})()")
+_SCROLL_TO = (
+    "(() => {{ const show = () => {{ const el = document.querySelector('{selector}'); if (!el) return; "
+    "const r = el.getBoundingClientRect(); "
+    "if (r.top < 0 || r.top > window.innerHeight - {margin}) "
+    "el.scrollIntoView({{behavior: 'instant', block: '{block}'}}); }}; show(); setTimeout(show, 300); }})()"
+)
 # On Edit: the result area (where the progress bar runs), its top at the top of the screen.
 SHOW_RESULT_JS = "() => { " + _SCROLL_TO.format(selector="#hui-result", margin=200, block="start") + "; }"
 # After an example or "Edit the result": the source image and the instruction.
@@ -58,10 +62,16 @@ def rewrite_info(rewriter, variant: str) -> str:
     """The "Rewrite instruction" checkbox's hint: who rewrites, and what it does."""
     if rewriter is None:
         return "no rewriter configured (--rewriter-url or --rewriter local)"
-    what = ("sends the image and your instruction to " if not rewriter.uses_device else
-            "text only, with the model's own Llama: ") + rewriter.label
-    goal = ("builds the Editing Instruction + Target Image Description prompt" if variant == "e1-full" else
-            "makes the instruction precise")
+    what = (
+        "sends the image and your instruction to "
+        if not rewriter.uses_device
+        else "text only, with the model's own Llama: "
+    ) + rewriter.label
+    goal = (
+        "builds the Editing Instruction + Target Image Description prompt"
+        if variant == "e1-full"
+        else "makes the instruction precise"
+    )
     return f"{goal}; {what}"
 
 
@@ -132,15 +142,26 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
     with gr.Tab("Edit", id="edit", elem_id="hui-edit-tab"):
         with gr.Row(equal_height=False):
             with gr.Column(min_width=300):
-                image = gr.Image(label="Source image", sources=["upload", "clipboard", "webcam"], type="filepath",
-                                 image_mode=None, height=300, elem_id="hui-source")
-                form["instruction"] = widget("instruction", "", lines=2, placeholder=instruction_placeholder(variant),
-                                             elem_id="hui-instruction")
+                image = gr.Image(
+                    label="Source image",
+                    sources=["upload", "clipboard", "webcam"],
+                    type="filepath",
+                    image_mode=None,
+                    height=300,
+                    elem_id="hui-source",
+                )
+                form["instruction"] = widget(
+                    "instruction", "", lines=2, placeholder=instruction_placeholder(variant), elem_id="hui-instruction"
+                )
                 # On by default for E1-Full, the variant trained on the long two-part prompts
                 # (upstream's "Refine Instruction"); hidden without a rewriter.
-                rewrite = gr.Checkbox(value=rewriter is not None and variant == "e1-full",
-                                      visible=rewriter is not None, label="Rewrite instruction",
-                                      info=rewrite_info(rewriter, variant), elem_id="hui-rewrite-on")
+                rewrite = gr.Checkbox(
+                    value=rewriter is not None and variant == "e1-full",
+                    visible=rewriter is not None,
+                    label="Rewrite instruction",
+                    info=rewrite_info(rewriter, variant),
+                    elem_id="hui-rewrite-on",
+                )
                 with gr.Row(elem_id="hui-edit-actions"):
                     edit_button = gr.Button("Edit", variant="primary", min_width=100, elem_id="hui-edit")
                     stop_button = gr.Button("Stop", variant="stop", min_width=100, elem_id="hui-stop")
@@ -149,21 +170,31 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
             # the live previews) all show here, beside the button on a wide screen, right under it
             # on a phone.
             with gr.Column(min_width=300, elem_id="hui-result-area"):
-                result_slider = gr.ImageSlider(label="Before / after", type="pil", format="png", interactive=False,
-                                               max_height=420, elem_id="hui-result")
+                result_slider = gr.ImageSlider(
+                    label="Before / after",
+                    type="pil",
+                    format="png",
+                    interactive=False,
+                    max_height=420,
+                    elem_id="hui-result",
+                )
                 summary = gr.Markdown(elem_id="hui-summary")
                 # Hidden until the first result: an empty Number would read "0".
                 with gr.Row(equal_height=True, visible=False) as result_details:
-                    edit_result_button = gr.Button("Edit the result", variant="secondary",
-                                                   elem_id="hui-edit-result")
+                    edit_result_button = gr.Button("Edit the result", variant="secondary", elem_id="hui-edit-result")
                     # The saved file, not the slider's re-encoded copy: it carries the settings (PNG
                     # text chunk) that the History tab can read back.
-                    saved_png = gr.DownloadButton("Download PNG", value=None, variant="secondary",
-                                                  elem_id="hui-saved")
-                    seed_used = gr.Number(value=None, label="Seed used", interactive=False, precision=0,
-                                          placeholder="shown after the edit", min_width=90, elem_id="hui-seed-used")
-        with gr.Accordion("Rewritten instruction", open=True, visible=rewriter is not None,
-                          elem_id="hui-rewrite-box"):
+                    saved_png = gr.DownloadButton("Download PNG", value=None, variant="secondary", elem_id="hui-saved")
+                    seed_used = gr.Number(
+                        value=None,
+                        label="Seed used",
+                        interactive=False,
+                        precision=0,
+                        placeholder="shown after the edit",
+                        min_width=90,
+                        elem_id="hui-seed-used",
+                    )
+        with gr.Accordion("Rewritten instruction", open=True, visible=rewriter is not None, elem_id="hui-rewrite-box"):
             rewritten = gr.Textbox(label="Prompt the edit uses (editable)", lines=3, elem_id="hui-rewritten")
             rewrite_note = gr.Markdown(elem_id="hui-rewrite-note")
             with gr.Row():
@@ -172,24 +203,22 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
             rewrite_details = gr.JSON(label="Rewriter's answer", open=False, elem_id="hui-rewrite-details")
         # Region edits: a brush on the source image (region_editor). Painted = may change, the rest
         # keeps the source; nothing painted: the whole image may change.
-        with gr.Accordion("Region (optional): paint where the edit may change", open=False,
-                          elem_id="hui-region-box"):
+        with gr.Accordion("Region (optional): paint where the edit may change", open=False, elem_id="hui-region-box"):
             mask = build_region_editor("hui-mask")
             with gr.Row(equal_height=False):
                 gr.Markdown(REGION_HINT, elem_classes=["hui-hint"])
-                clear_region = gr.Button("Clear the region", size="sm", variant="secondary", min_width=140,
-                                         scale=0, elem_id="hui-mask-clear")
+                clear_region = gr.Button(
+                    "Clear the region", size="sm", variant="secondary", min_width=140, scale=0, elem_id="hui-mask-clear"
+                )
         with gr.Accordion("Advanced settings", open=False, elem_id="hui-advanced"):
             form["negative_prompt"] = widget("negative_prompt", value["negative_prompt"])
             with gr.Row():
                 for name in ("guidance_scale", "image_guidance_scale", "num_inference_steps", "refine_strength"):
                     form[name] = widget(name, value[name], min_width=240)
             with gr.Row():
-                form["working_resolution"] = widget("working_resolution", value["working_resolution"],
-                                                    min_width=240)
+                form["working_resolution"] = widget("working_resolution", value["working_resolution"], min_width=240)
                 form["seed"] = widget("seed", value["seed"], min_width=160)
-                form["randomize_seed"] = widget("randomize_seed", FIELD_SPECS["randomize_seed"].default,
-                                                min_width=160)
+                form["randomize_seed"] = widget("randomize_seed", FIELD_SPECS["randomize_seed"].default, min_width=160)
             with gr.Row():
                 form["clip_cfg_norm"] = widget("clip_cfg_norm", value["clip_cfg_norm"])
                 form["collapse_padding"] = widget("collapse_padding", value["collapse_padding"])
@@ -197,18 +226,41 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
         examples = world or load_examples(variant)
         example_set = None
         if examples:
-            label = ("Examples from the offline model's world (it knows only these scenes and words)" if world
-                     else "Examples (CC0, see assets/)")
-            example_set = gr.Examples(examples=examples, inputs=[image, form["instruction"]], cache_examples=False,
-                                      examples_per_page=len(examples), label=label)
+            label = (
+                "Examples from the offline model's world (it knows only these scenes and words)"
+                if world
+                else "Examples (CC0, see assets/)"
+            )
+            example_set = gr.Examples(
+                examples=examples,
+                inputs=[image, form["instruction"]],
+                cache_examples=False,
+                examples_per_page=len(examples),
+                label=label,
+            )
         last_entry = gr.State(None)
-    return EditTabHandles(image=image, form=form, mask=mask, clear_region=clear_region, rewrite=rewrite,
-                          edit_button=edit_button, stop_button=stop_button,
-                          rewritten=rewritten, rewrite_note=rewrite_note, rewrite_button=rewrite_button,
-                          edit_rewritten_button=edit_rewritten_button, rewrite_details=rewrite_details,
-                          result_slider=result_slider, result_details=result_details, seed_used=seed_used,
-                          saved_png=saved_png, summary=summary, last_entry=last_entry,
-                          edit_result_button=edit_result_button, examples=example_set)
+    return EditTabHandles(
+        image=image,
+        form=form,
+        mask=mask,
+        clear_region=clear_region,
+        rewrite=rewrite,
+        edit_button=edit_button,
+        stop_button=stop_button,
+        rewritten=rewritten,
+        rewrite_note=rewrite_note,
+        rewrite_button=rewrite_button,
+        edit_rewritten_button=edit_rewritten_button,
+        rewrite_details=rewrite_details,
+        result_slider=result_slider,
+        result_details=result_details,
+        seed_used=seed_used,
+        saved_png=saved_png,
+        summary=summary,
+        last_entry=last_entry,
+        edit_result_button=edit_result_button,
+        examples=example_set,
+    )
 
 
 def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -> list[tuple[gr.Button, Any]]:
@@ -228,8 +280,15 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     # preprocess=False: the handler opens the upload itself and can say what is wrong with a damaged
     # file (gradio's own decode error is a developer message).
     edit_event = tab.edit_button.click(
-        handlers.edit, inputs=[tab.image, *tab.inputs, tab.rewrite, tab.mask], outputs=tab.outputs, api_name="edit",
-        concurrency_id=DEVICE_GROUP, concurrency_limit=lane, preprocess=False, show_progress_on=[tab.summary])
+        handlers.edit,
+        inputs=[tab.image, *tab.inputs, tab.rewrite, tab.mask],
+        outputs=tab.outputs,
+        api_name="edit",
+        concurrency_id=DEVICE_GROUP,
+        concurrency_limit=lane,
+        preprocess=False,
+        show_progress_on=[tab.summary],
+    )
     on_edit(edit_event).then(handlers.show_rewrite, [tab.last_entry], rewrite_outputs, **private)
 
     # Rewriting: "Rewrite" shows the prompt (editable) before any edit; "Edit with this" edits with
@@ -237,16 +296,27 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     # on the network, not the device: their own lane (see common.REWRITER_GROUP).
     on_device = handlers.services.rewriter is not None and handlers.services.rewriter.uses_device
     rewrite_event = tab.rewrite_button.click(
-        handlers.rewrite, inputs=[tab.image, instruction], outputs=[tab.rewritten, tab.rewrite_details],
-        api_name="rewrite", concurrency_id=DEVICE_GROUP if on_device else REWRITER_GROUP,
-        concurrency_limit=lane if on_device else REWRITER_CONCURRENCY, preprocess=False,
-        show_progress_on=[tab.rewritten])
+        handlers.rewrite,
+        inputs=[tab.image, instruction],
+        outputs=[tab.rewritten, tab.rewrite_details],
+        api_name="rewrite",
+        concurrency_id=DEVICE_GROUP if on_device else REWRITER_GROUP,
+        concurrency_limit=lane if on_device else REWRITER_CONCURRENCY,
+        preprocess=False,
+        show_progress_on=[tab.rewritten],
+    )
     rewrite_event.success(handlers.rewrite_note, [tab.rewrite_details], [tab.rewrite_note], **private)
     rewrite_event.failure(handlers.rewrite_failed, [instruction], rewrite_outputs, **private)
     edit_rewritten_event = tab.edit_rewritten_button.click(
-        handlers.edit_rewritten, inputs=[tab.image, tab.rewritten, tab.rewrite_details, *tab.inputs[1:], tab.mask],
-        outputs=tab.outputs, api_name="edit_rewritten", concurrency_id=DEVICE_GROUP, concurrency_limit=lane,
-        preprocess=False, show_progress_on=[tab.summary])
+        handlers.edit_rewritten,
+        inputs=[tab.image, tab.rewritten, tab.rewrite_details, *tab.inputs[1:], tab.mask],
+        outputs=tab.outputs,
+        api_name="edit_rewritten",
+        concurrency_id=DEVICE_GROUP,
+        concurrency_limit=lane,
+        preprocess=False,
+        show_progress_on=[tab.summary],
+    )
     on_edit(edit_rewritten_event)
     if tab.examples is not None:  # an example picked far down the page: back to the form it filled
         tab.examples.dataset.click(None, None, None, js=SHOW_FORM_JS, **private)
@@ -258,9 +328,16 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     # layout.APP_JS: gradio's own input/change events did not reach a js-only listener here).
     # An upload is checked when it arrives (a text file renamed .png is refused now, not at Edit).
     # It decodes a client's file: queued on the small settings-file lane, like the PNG reader.
-    tab.image.upload(handlers.check_source, [tab.image], [tab.image, tab.summary],
-                     concurrency_id=SETTINGS_FILE_GROUP, concurrency_limit=SETTINGS_FILE_CONCURRENCY,
-                     show_progress="hidden", api_visibility="private", preprocess=False)
+    tab.image.upload(
+        handlers.check_source,
+        [tab.image],
+        [tab.image, tab.summary],
+        concurrency_id=SETTINGS_FILE_GROUP,
+        concurrency_limit=SETTINGS_FILE_CONCURRENCY,
+        show_progress="hidden",
+        api_visibility="private",
+        preprocess=False,
+    )
     # The region editor shows the source to paint on, whatever put it there (an upload, an example,
     # "Edit the result", History's "Edit again"); a new source starts with nothing painted. "Clear
     # the region" (and the editor's own clear) start over on the same source. No .change or .input
@@ -275,10 +352,19 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     tab.edit_result_button.click(None, None, None, js=SHOW_FORM_JS, **private)
     # Stop never queues: it must get through while the edit holds the device group. Its answer
     # ("Stopped after k of N steps") replaces the summary: a stop is not an error.
-    tab.stop_button.click(handlers.stop, None, [tab.summary], cancels=[edit_event, edit_rewritten_event, rewrite_event],
-                          **private)
+    tab.stop_button.click(
+        handlers.stop, None, [tab.summary], cancels=[edit_event, edit_rewritten_event, rewrite_event], **private
+    )
     return [(tab.edit_button, edit_event), (tab.edit_rewritten_button, edit_rewritten_event)]
 
 
-__all__ = ["EditTabHandles", "build_edit_tab", "wire_edit_tab", "load_examples", "rewrite_info", "CLEAR_REWRITE_JS",
-           "SHOW_RESULT_JS", "SHOW_FORM_JS"]
+__all__ = [
+    "EditTabHandles",
+    "build_edit_tab",
+    "wire_edit_tab",
+    "load_examples",
+    "rewrite_info",
+    "CLEAR_REWRITE_JS",
+    "SHOW_RESULT_JS",
+    "SHOW_FORM_JS",
+]

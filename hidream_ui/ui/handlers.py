@@ -83,16 +83,24 @@ def _redacted_row(row: DeviceRow) -> DeviceRow:
     telemetry = row.telemetry
     if telemetry is not None and telemetry.note:
         telemetry = dataclasses.replace(telemetry, note=redact_paths(telemetry.note))
-    return dataclasses.replace(row, error=redact_paths(row.error) if row.error else row.error, telemetry=telemetry,
-                               progress=_redacted_progress(row.progress))
+    return dataclasses.replace(
+        row,
+        error=redact_paths(row.error) if row.error else row.error,
+        telemetry=telemetry,
+        progress=_redacted_progress(row.progress),
+    )
 
 
 class Handlers:
     """The handlers of one demo: the engine plus the services shared with the other tabs (jobs
     and their cancel tokens, so one user's Stop only ever stops that user's work)."""
 
-    def __init__(self, engine: Engine, queue_info: Callable[[], Mapping[str, Any] | None] | None = None,
-                 services: AppServices | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        queue_info: Callable[[], Mapping[str, Any] | None] | None = None,
+        services: AppServices | None = None,
+    ):
         self.engine = engine
         self.queue_info = queue_info
         self.services = services or AppServices.for_config(getattr(engine, "config", None) or AppConfig())
@@ -171,8 +179,9 @@ class Handlers:
         # The parameters are the form's fields (EDIT_FORM, tests/test_edit_schema.py checks the names).
         params = params_from_form(locals())
         service = self._rewriter() if validated_flag("rewrite", rewrite) else None
-        yield from self._edit(image, params, service=service, record=None, request=request, progress=progress,
-                              mask=mask)
+        yield from self._edit(
+            image, params, service=service, record=None, request=request, progress=progress, mask=mask
+        )
 
     @guarded("the edit")
     def edit_rewritten(
@@ -198,18 +207,19 @@ class Handlers:
         rewriter's answer as `/rewrite` returned it (or null), is recorded beside it in the metadata.
         `mask` as for `/edit`."""
         if rewritten is None or (isinstance(rewritten, str) and not rewritten.strip()):
-            raise RequestError("instruction", rewritten, "a rewritten instruction: press Rewrite first "
-                                                         "(or Edit to use your instruction as written)")
+            raise RequestError(
+                "instruction",
+                rewritten,
+                "a rewritten instruction: press Rewrite first (or Edit to use your instruction as written)",
+            )
         record = RewriteResult.from_dict(_json_value(rewrite)) if _json_value(rewrite) else None
         params = params_from_form({**locals(), "instruction": rewritten})  # EDIT_FORM but the instruction
-        yield from self._edit(image, params, service=None, record=record, request=request, progress=progress,
-                              mask=mask)
+        yield from self._edit(image, params, service=None, record=record, request=request, progress=progress, mask=mask)
 
     def _region(self, mask) -> Any:
         return open_region(self.services, mask)
 
-    def _edit(self, image, params: EditParams, *, service, record: RewriteResult | None, request, progress,
-              mask=None):
+    def _edit(self, image, params: EditParams, *, service, record: RewriteResult | None, request, progress, mask=None):
         source, name = self.services.gate.path(image, "image")
         picture = self.engine.open_image(source, name=name)
         region = self._region(mask)
@@ -233,12 +243,15 @@ class Handlers:
                 try:
                     record = service.rewrite(picture, params.instruction, cancel=job.token)
                 except RewriteError as exc:
-                    raise gr_error(f"Rewriting the instruction failed: {exc}. Nothing was edited: uncheck "
-                                   "“Rewrite instruction” to edit with your instruction as written.",
-                                   title="Rewrite failed") from None
+                    raise gr_error(
+                        f"Rewriting the instruction failed: {exc}. Nothing was edited: uncheck "
+                        "“Rewrite instruction” to edit with your instruction as written.",
+                        title="Rewrite failed",
+                    ) from None
                 params = dataclasses.replace(params, instruction=service.prompt(record)).validated()
-            edit_request = EditRequest(image=picture, params=params, source_name=name, rewrite=record,
-                                       source_sha256=digest).validated()
+            edit_request = EditRequest(
+                image=picture, params=params, source_name=name, rewrite=record, source_sha256=digest
+            ).validated()
             load_seconds += self._load_with_progress(progress)
             progress(0.0, desc="Encoding the instruction")
 
@@ -248,8 +261,12 @@ class Handlers:
             # the engine then refuses to start.
             def work(emit):
                 try:
-                    return self.engine.edit(edit_request, lambda info: emit("step", info), cancel=job.token,
-                                            on_preview=lambda shot: emit("preview", shot))
+                    return self.engine.edit(
+                        edit_request,
+                        lambda info: emit("step", info),
+                        cancel=job.token,
+                        on_preview=lambda shot: emit("preview", shot),
+                    )
                 finally:
                     job_scope.close()
 
@@ -259,16 +276,29 @@ class Handlers:
                     if event.kind == "step":
                         info: StepInfo = event.payload
                         eta = f" · ETA {info.eta:.0f} s" if info.eta is not None else ""
-                        move_bar(progress, job, info.step / max(1, info.total),
-                                 f"{info.stage} step {info.step}/{info.total}{eta}", step=info.step, total=info.total)
+                        move_bar(
+                            progress,
+                            job,
+                            info.step / max(1, info.total),
+                            f"{info.stage} step {info.step}/{info.total}{eta}",
+                            step=info.step,
+                            total=info.total,
+                        )
                     elif event.kind == "preview" and not job.token.cancelled:  # a stopped edit shows no more
                         shot: Preview = event.payload
                         size = preview_size(picture.size)
                         before = before or png_bytes(picture.resize(size, Image.Resampling.BILINEAR))
                         # The same "before" on every preview: a file written once (cache_once says why).
-                        yield ((gradio_internals.cache_once(before, PREVIEW_BEFORE_NAME),
-                                shot.image.resize(size, Image.Resampling.BILINEAR)),
-                               gr.update(), gr.update(), gr.update(), gr.update())
+                        yield (
+                            (
+                                gradio_internals.cache_once(before, PREVIEW_BEFORE_NAME),
+                                shot.image.resize(size, Image.Resampling.BILINEAR),
+                            ),
+                            gr.update(),
+                            gr.update(),
+                            gr.update(),
+                            gr.update(),
+                        )
                     elif event.kind == "done":
                         result = event.payload
             except EditCancelled:
@@ -292,25 +322,35 @@ class Handlers:
             "metadata": metadata,
             # What this browser's History keeps of it (history_entries: thumbnails, the result's
             # opaque id, never its path; add_history signs it for the browser).
-            "history": new_entry(result=self.services.results.result_id(png),
-                                 name=result.saved_png.name if result.saved_png else None,
-                                 params=metadata.get("params") or result.params.to_dict(),
-                                 before=result.source_image, after=result.image,
-                                 seconds=round(result.timings.total, 2), parent=metadata.get("parent"),
-                                 sha256=file_sha256(png) if png else None),
+            "history": new_entry(
+                result=self.services.results.result_id(png),
+                name=result.saved_png.name if result.saved_png else None,
+                params=metadata.get("params") or result.params.to_dict(),
+                before=result.source_image,
+                after=result.image,
+                seconds=round(result.timings.total, 2),
+                parent=metadata.get("parent"),
+                sha256=file_sha256(png) if png else None,
+            ),
         }
-        yield ((result.source_image, result.image),
-               str(result.saved_png) if result.saved_png else None,
-               result.params.seed,
-               summarise_result(result, load_seconds),
-               entry)
+        yield (
+            (result.source_image, result.image),
+            str(result.saved_png) if result.saved_png else None,
+            result.params.seed,
+            summarise_result(result, load_seconds),
+            entry,
+        )
 
     # ------------------------------------------------------------------ rewrite
     def _rewriter(self):
         service = self.services.rewriter
         if service is None:
-            raise RequestError("rewrite", True, "false: no rewriter is configured (start the app with "
-                                                "--rewriter-url URL --rewriter-model NAME, or --rewriter local)")
+            raise RequestError(
+                "rewrite",
+                True,
+                "false: no rewriter is configured (start the app with "
+                "--rewriter-url URL --rewriter-model NAME, or --rewriter local)",
+            )
         return service
 
     @guarded("rewriting the instruction")
@@ -336,15 +376,21 @@ class Handlers:
             try:
                 result = service.rewrite(picture, text, cancel=job.token)
             except RewriteError as exc:
-                raise gr_error(f"Rewriting failed: {exc}. Your instruction is unchanged: “Edit with this” edits "
-                               "with it as written; Rewrite tries again.", title="Rewrite failed") from None
+                raise gr_error(
+                    f"Rewriting failed: {exc}. Your instruction is unchanged: “Edit with this” edits "
+                    "with it as written; Rewrite tries again.",
+                    title="Rewrite failed",
+                ) from None
         return service.prompt(result), result.to_dict()
 
     @staticmethod
     def rewrite_failed(instruction):
         """After a failed Rewrite: the box holds the instruction as written, so "Edit with this" uses it."""
-        return (instruction or "", None,
-                "Not rewritten (the message says why). The box holds your instruction as written.")
+        return (
+            instruction or "",
+            None,
+            "Not rewritten (the message says why). The box holds your instruction as written.",
+        )
 
     def rewrite_note(self, rewrite) -> str:
         """The line under the rewritten prompt: who rewrote it, and what to do next."""
@@ -352,8 +398,10 @@ class Handlers:
             record = RewriteResult.from_dict(_json_value(rewrite))
         except RequestError:
             return ""
-        return (f"Rewritten by {record.backend} · {record.model} in {record.seconds:.1f} s. "
-                "Change the text if you like, then press “Edit with this”.")
+        return (
+            f"Rewritten by {record.backend} · {record.model} in {record.seconds:.1f} s. "
+            "Change the text if you like, then press “Edit with this”."
+        )
 
     def show_rewrite(self, entry: dict | None):
         """After an edit: the prompt it used and the rewriter's answer, when the edit rewrote."""
@@ -406,11 +454,14 @@ class Handlers:
             logger.info("no region editor for this source: %s", exc)
             return gr.update(value=None, brush=brush(), eraser=eraser())
         background = source if isinstance(source, Image.Image) else str(source)
-        return gr.update(value={"background": background, "layers": [], "composite": background},
-                         brush=brush(size), eraser=eraser(size))
+        return gr.update(
+            value={"background": background, "layers": [], "composite": background},
+            brush=brush(size),
+            eraser=eraser(size),
+        )
 
     def edit_result(self, entry: dict | None):
-        """"Edit the result": the last result becomes the source (the instruction box keeps its text
+        """ "Edit the result": the last result becomes the source (the instruction box keeps its text
         for the next step). Only a result this server stored and still serves."""
         png = (entry or {}).get("png")
         if not png or png not in self.services.results or not Path(png).is_file():
@@ -434,8 +485,9 @@ class Handlers:
         if self.queue_info is None and demo is None:
             return None
         try:
-            return self.queue_info() if self.queue_info is not None else gradio_internals.queue_figures(
-                demo, DEVICE_GROUP)
+            return (
+                self.queue_info() if self.queue_info is not None else gradio_internals.queue_figures(demo, DEVICE_GROUP)
+            )
         except Exception:  # noqa: BLE001 - the queue figures are a best-effort extra
             logger.debug("queue figures unavailable", exc_info=True)
             return None
@@ -454,9 +506,13 @@ class Handlers:
                 rewriter = dataclasses.replace(rewriter, last_error="the last rewrite failed (see the server log)")
             status = status.replace(rewriter=rewriter)
         if self.services.public:  # model_paths are folder names already (`EnginePool.for_config(hide_paths=...)`)
-            status = status.replace(**{key: redact_paths(getattr(status, key))
-                                       for key in ("device_error", "last_error", "attention_note")
-                                       if getattr(status, key)})
+            status = status.replace(
+                **{
+                    key: redact_paths(getattr(status, key))
+                    for key in ("device_error", "last_error", "attention_note")
+                    if getattr(status, key)
+                }
+            )
             status = status.replace(progress=_redacted_progress(status.progress))
             speed = status.speed or {}
             if speed.get("compile_error"):  # a compiler's message may name its cache folder
@@ -503,8 +559,10 @@ class Handlers:
             return render_state(self.engine_status(), self.live_progress())
         except Exception as exc:  # noqa: BLE001 - a broken panel must not spam error toasts
             logger.warning("status line failed: %s", exc, exc_info=True)
-            return ('<div class="hui-status"><div class="hui-state hui-state-error">'
-                    f"status unavailable: {html.escape(str(exc))}</div></div>")
+            return (
+                '<div class="hui-status"><div class="hui-state hui-state-error">'
+                f"status unavailable: {html.escape(str(exc))}</div></div>"
+            )
 
     def run_started(self):
         """A run (edit, batch, comparison) was clicked: the panel's state line follows it closely
@@ -523,8 +581,12 @@ class Handlers:
     def run_finished(self):
         """A run ended (done, failed or stopped): the fast timer off, and the panel redrawn at once
         (no "editing 42/60" left over after the result); "Load model" goes once a run loaded it."""
-        return (gr.Timer(active=False), self.status_state(), self.status_panel(),
-                gr.update(visible=not self.engine.loaded))
+        return (
+            gr.Timer(active=False),
+            self.status_state(),
+            self.status_panel(),
+            gr.update(visible=not self.engine.loaded),
+        )
 
     def status_panel(self) -> str:
         """HTML for the system panel. Never raises: the timer calls it every 2 s."""
@@ -532,8 +594,10 @@ class Handlers:
             return render_status(self.engine_status(), with_state=False)
         except Exception as exc:  # noqa: BLE001 - a broken panel must not spam error toasts
             logger.warning("status panel failed: %s", exc, exc_info=True)
-            return ('<div class="hui-status"><div class="hui-state hui-state-error">'
-                    f"status unavailable: {html.escape(str(exc))}</div></div>")
+            return (
+                '<div class="hui-status"><div class="hui-state hui-state-error">'
+                f"status unavailable: {html.escape(str(exc))}</div></div>"
+            )
 
     # ------------------------------------------------------------------ attention
     def attention_choices(self) -> list[tuple[str, str]]:
@@ -563,12 +627,11 @@ class Handlers:
             return ""
         if not statuses:
             return ""
-        lines = "\n".join(f"- {html.escape(s.name)}: {html.escape(s.reason or 'not available here')}"
-                          for s in statuses)
+        lines = "\n".join(f"- {html.escape(s.name)}: {html.escape(s.reason or 'not available here')}" for s in statuses)
         return f"<details><summary>Not available here ({len(statuses)})</summary>\n\n{lines}\n</details>"
 
     def load_button_update(self):
-        """"Load model" shows only while there is a model to load."""
+        """ "Load model" shows only while there is a model to load."""
         return gr.update(visible=not self.engine.loaded)
 
     def visitor_card(self, request: gr.Request = None) -> str:
@@ -578,8 +641,11 @@ class Handlers:
             status = self.engine.status()
             queue = self._queue() or {}
             demo = self.services.demo
-            position = (gradio_internals.queue_position(demo, getattr(request, "session_hash", None), DEVICE_GROUP)
-                        if demo is not None else None)
+            position = (
+                gradio_internals.queue_position(demo, getattr(request, "session_hash", None), DEVICE_GROUP)
+                if demo is not None
+                else None
+            )
             return render_visitor_card(status, queue, position)
         except Exception as exc:  # noqa: BLE001 - a broken card must not spam error toasts
             logger.warning("visitor card failed: %s", exc, exc_info=True)
@@ -602,10 +668,18 @@ class Handlers:
             choices.append((current, current))
         kiosk = bool(getattr(self.services.config, "kiosk", False))
         card = self.visitor_card(request) if kiosk and not operator else ""
-        return (gr.update(choices=choices, value=current), self.status_state(), self.status_panel(),
-                self.resolution_choices(), controls, self.unavailable_attention(), self.load_button_update(),
-                gr.update(visible=operator), gr.update(visible=operator), gr.update(value=card,
-                                                                                    visible=kiosk and not operator))
+        return (
+            gr.update(choices=choices, value=current),
+            self.status_state(),
+            self.status_panel(),
+            self.resolution_choices(),
+            controls,
+            self.unavailable_attention(),
+            self.load_button_update(),
+            gr.update(visible=operator),
+            gr.update(visible=operator),
+            gr.update(value=card, visible=kiosk and not operator),
+        )
 
     def resolution_choices(self):
         """A dropdown update offering only working resolutions the model can take."""
@@ -649,8 +723,7 @@ class Handlers:
             logger.info("attention %r refused: %s", name, exc)
             gr.Warning(html.escape(str(exc), quote=False))
             resolved, where = self._attention_on(target)
-            note = (f"Refused: {html.escape(str(exc))}. "
-                    f"Still using <b>{html.escape(resolved)}</b>{where}.")
+            note = f"Refused: {html.escape(str(exc))}. Still using <b>{html.escape(resolved)}</b>{where}."
         except Exception as exc:  # noqa: BLE001
             logger.exception("switching attention to %r failed", name)
             resolved, _ = self._attention_on(target)
@@ -687,8 +760,7 @@ class Handlers:
         results = self.services.results
         history = added(stored, signed(made, lambda result: results.ticket(result, secret)) if made else None)
         # The result's buttons and seed show with a result (a stopped edit has none).
-        return (history, *self._history_view(history, secret), gr.Row(visible=True) if entry else gr.update(),
-                secret)
+        return (history, *self._history_view(history, secret), gr.Row(visible=True) if entry else gr.update(), secret)
 
     def refresh_history(self, stored: Any, secret: Any):
         """The History as this browser stored it (page load, tab opened): checked, then drawn.
@@ -714,7 +786,7 @@ class Handlers:
 
     @guarded("loading the settings")
     def apply_history(self, checked: list | None, index: Any):
-        """"Load settings": the picked result's settings fill the Edit form."""
+        """ "Load settings": the picked result's settings fill the Edit form."""
         entry, position = self._picked(checked, index)
         params = entry.params
         gr.Info(f"Loaded the settings of result {position + 1} (seed {params.seed}).")
@@ -722,12 +794,13 @@ class Handlers:
 
     @guarded("opening the result")
     def edit_again(self, checked: list | None, index: Any):
-        """"Edit again": the picked result becomes the source of the Edit tab, its instruction
+        """ "Edit again": the picked result becomes the source of the Edit tab, its instruction
         fills the box. Only a result this server stored for this browser and still serves."""
         entry, _ = self._picked(checked, index)
         if not entry.available:
-            raise gr.Error("That result is no longer on this server; “Load settings” still works.",
-                           print_exception=False)
+            raise gr.Error(
+                "That result is no longer on this server; “Load settings” still works.", print_exception=False
+            )
         return entry.png, entry.params.instruction, gr.Tabs(selected="edit")
 
     @guarded("reading the PNG")
@@ -745,8 +818,10 @@ class Handlers:
 MAX_REGION_LAYERS = 8  # the brush paints one; each is a full-size image to decode
 # An editor value that names its layers only by an id: the browser streamed them to the component
 # (it does when the editor has a .change or .input listener), where only gradio's preprocessing finds them.
-LAYERS_NOT_SENT = ("the painted layers as files (the region did not arrive: paint it again, or send a mask file "
-                   "or {background, layers, composite} with the layers as files)")
+LAYERS_NOT_SENT = (
+    "the painted layers as files (the region did not arrive: paint it again, or send a mask file "
+    "or {background, layers, composite} with the layers as files)"
+)
 
 
 def open_region(services: AppServices, mask) -> Any:

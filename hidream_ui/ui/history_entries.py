@@ -61,6 +61,7 @@ def browser_secret(value: Any) -> str:
     cleared, or a restart: gradio's BrowserState then reads nothing) or sent something else."""
     return value if isinstance(value, str) and _SECRET.fullmatch(value) else new_browser_secret()
 
+
 # The settings shown under each entry: (params key, label, format).
 READABLE_SETTINGS = (
     ("guidance_scale", "guidance", "{:g}"),
@@ -81,9 +82,17 @@ def thumbnail(image: Any, side: int = THUMB_SIDE) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def new_entry(*, result: str | None, name: str | None, params: Mapping[str, Any], before: Any, after: Any,
-              seconds: float | None = None, parent: Mapping[str, Any] | None = None,
-              sha256: str | None = None) -> dict:
+def new_entry(
+    *,
+    result: str | None,
+    name: str | None,
+    params: Mapping[str, Any],
+    before: Any,
+    after: Any,
+    seconds: float | None = None,
+    parent: Mapping[str, Any] | None = None,
+    sha256: str | None = None,
+) -> dict:
     """The History entry of a finished edit (JSON: it is stored in the browser), not yet signed
     (`signed` adds the ticket once the browser's secret is known). `result`: the result's opaque id
     (`ServedResults.result_id`), `name`: its file name, never its path. `parent`: the metadata's
@@ -91,10 +100,16 @@ def new_entry(*, result: str | None, name: str | None, params: Mapping[str, Any]
     PNG's own, so that an edit of this result (whose parent is this PNG) finds it: History draws the chain."""
     link = _sha(parent.get("sha256")) if isinstance(parent, Mapping) else None
     return {
-        "result": result, "ticket": None, "name": name,
-        "params": dict(params), "before": thumbnail(before), "after": thumbnail(after),
-        "seconds": seconds, "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "parent": {"sha256": link} if link else None, "sha256": sha256,
+        "result": result,
+        "ticket": None,
+        "name": name,
+        "params": dict(params),
+        "before": thumbnail(before),
+        "after": thumbnail(after),
+        "seconds": seconds,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "parent": {"sha256": link} if link else None,
+        "sha256": sha256,
     }
 
 
@@ -123,8 +138,9 @@ class CheckedEntry:
 
     def readable_settings(self) -> str:
         values = self.params.to_dict()
-        return " · ".join(f"{label} {fmt.format(values[key])}" for key, label, fmt in READABLE_SETTINGS
-                          if values.get(key) is not None)
+        return " · ".join(
+            f"{label} {fmt.format(values[key])}" for key, label, fmt in READABLE_SETTINGS if values.get(key) is not None
+        )
 
 
 def _thumb(value: Any) -> str | None:
@@ -143,8 +159,10 @@ def _params(value: Any) -> EditParams | None:
     if not isinstance(value, Mapping):
         return None
     read = {key: value[key] for key in _PARAM_KEYS if key in value}
-    if any(not isinstance(item, _SCALARS) or (isinstance(item, str) and len(item) > MAX_PROMPT_CHARS)
-           for item in read.values()):
+    if any(
+        not isinstance(item, _SCALARS) or (isinstance(item, str) and len(item) > MAX_PROMPT_CHARS)
+        for item in read.values()
+    ):
         return None
     try:
         return EditParams.from_dict(read)
@@ -174,17 +192,26 @@ def check_entries(entries: Any, opened: Opener) -> list[CheckedEntry]:
         name = entry.get("name") if isinstance(entry.get("name"), str) else ""
         moment = entry.get("time") if isinstance(entry.get("time"), str) else ""
         parent = entry.get("parent") if isinstance(entry.get("parent"), Mapping) else {}
-        checked.append(CheckedEntry(params=params, png=png, available=png is not None,
-                                    before=_thumb(entry.get("before")), after=_thumb(entry.get("after")),
-                                    time=moment[:19], name=name[:120], sha256=_sha(entry.get("sha256")),
-                                    parent_sha256=_sha(parent.get("sha256"))))
+        checked.append(
+            CheckedEntry(
+                params=params,
+                png=png,
+                available=png is not None,
+                before=_thumb(entry.get("before")),
+                after=_thumb(entry.get("after")),
+                time=moment[:19],
+                name=name[:120],
+                sha256=_sha(entry.get("sha256")),
+                parent_sha256=_sha(parent.get("sha256")),
+            )
+        )
     return checked
 
 
 def added(entries: Any, entry: Mapping[str, Any] | None) -> list:
     """The browser's list with `entry` first (newest first), at most MAX_ENTRIES."""
     kept = [e for e in _first(entries) if isinstance(e, Mapping)]
-    return ([dict(entry)] if entry else []) + kept[:MAX_ENTRIES - (1 if entry else 0)]
+    return ([dict(entry)] if entry else []) + kept[: MAX_ENTRIES - (1 if entry else 0)]
 
 
 @dataclass(frozen=True)
@@ -207,8 +234,11 @@ def chains(entries: list[CheckedEntry]) -> dict[int, ChainLink]:
     for index, entry in enumerate(entries):
         if entry.sha256 is not None:
             by_sha.setdefault(entry.sha256, index)
-    parent = {index: by_sha.get(entry.parent_sha256) for index, entry in enumerate(entries)
-              if entry.parent_sha256 is not None and by_sha.get(entry.parent_sha256) not in (None, index)}
+    parent = {
+        index: by_sha.get(entry.parent_sha256)
+        for index, entry in enumerate(entries)
+        if entry.parent_sha256 is not None and by_sha.get(entry.parent_sha256) not in (None, index)
+    }
 
     def ancestry(index: int) -> list[int]:  # index, its parent, its parent's parent, ... (no loops)
         line, seen = [index], {index}
@@ -249,13 +279,14 @@ def _img(src: str | None, alt: str) -> str:
 def render_entries(entries: list[CheckedEntry]) -> str:
     """HTML cards, newest first: number, before → after, instruction, readable settings."""
     if not entries:
-        return ('<div class="hui-history"><p class="hui-h-empty">No results yet in this browser. '
-                "Your edits appear here, and stay after a reload.</p></div>")
+        return (
+            '<div class="hui-history"><p class="hui-h-empty">No results yet in this browser. '
+            "Your edits appear here, and stay after a reload.</p></div>"
+        )
     cards = []
     links = chains(entries)
     for number, entry in enumerate(entries, start=1):
-        gone = "" if entry.available else ('<div class="hui-h-gone">no longer on this server: '
-                                           "settings only</div>")
+        gone = "" if entry.available else ('<div class="hui-h-gone">no longer on this server: settings only</div>')
         chain = _chain_text(links.get(number - 1), entries)
         cards.append(
             f'<div class="hui-h-card" data-entry="{number}">'
@@ -263,7 +294,8 @@ def render_entries(entries: list[CheckedEntry]) -> str:
             f'<div class="hui-h-pair">{_img(entry.before, "before")}<span>→</span>{_img(entry.after, "after")}</div>'
             f'<div class="hui-h-text"><div class="hui-h-instruction">{html.escape(entry.params.instruction)}</div>'
             f'{chain}<div class="hui-h-settings">{html.escape(entry.readable_settings())}</div>'
-            f'<div class="hui-h-time">{html.escape(entry.time)}</div>{gone}</div></div>')
+            f'<div class="hui-h-time">{html.escape(entry.time)}</div>{gone}</div></div>'
+        )
     return '<div class="hui-history">' + "".join(cards) + "</div>"
 
 
@@ -296,6 +328,21 @@ HISTORY_CSS = """
 """
 
 
-__all__ = ["ChainLink", "CheckedEntry", "HISTORY_CSS", "MAX_ENTRIES", "Opener", "READABLE_SETTINGS", "added",
-           "browser_secret", "chains", "check_entries", "new_browser_secret", "new_entry", "picker_choices",
-           "render_entries", "signed", "thumbnail"]
+__all__ = [
+    "ChainLink",
+    "CheckedEntry",
+    "HISTORY_CSS",
+    "MAX_ENTRIES",
+    "Opener",
+    "READABLE_SETTINGS",
+    "added",
+    "browser_secret",
+    "chains",
+    "check_entries",
+    "new_browser_secret",
+    "new_entry",
+    "picker_choices",
+    "render_entries",
+    "signed",
+    "thumbnail",
+]

@@ -49,65 +49,115 @@ class HistoryTabHandles:
 def build_history_tab() -> HistoryTabHandles:
     """Adds the History tab (call inside `gr.Tabs()`)."""
     with gr.Tab("History", id="history") as tab:
-        gr.Markdown("Your results in this browser, newest first: they stay after a reload, and nobody else "
-                    "sees them. Pick one to load its settings or to edit it again.")
+        gr.Markdown(
+            "Your results in this browser, newest first: they stay after a reload, and nobody else "
+            "sees them. Pick one to load its settings or to edit it again."
+        )
         with gr.Row(equal_height=True, elem_id="hui-history-actions"):
-            picker = gr.Dropdown(label="Result", choices=[], value=None, interactive=True, scale=3, min_width=220,
-                                 elem_id="hui-history-picker")
+            picker = gr.Dropdown(
+                label="Result",
+                choices=[],
+                value=None,
+                interactive=True,
+                scale=3,
+                min_width=220,
+                elem_id="hui-history-picker",
+            )
             apply_button = gr.Button("Load settings", scale=1, min_width=120, elem_id="hui-history-load")
-            edit_again_button = gr.Button("Edit again", variant="primary", scale=1, min_width=120,
-                                          elem_id="hui-history-edit")
+            edit_again_button = gr.Button(
+                "Edit again", variant="primary", scale=1, min_width=120, elem_id="hui-history-edit"
+            )
         cards = gr.HTML(render_entries([]), css_template=HISTORY_CSS, elem_id="hui-history")
         with gr.Row():
-            settings_file = gr.File(label="…or read the settings of a PNG saved by this app",
-                                    file_types=[".png"], type="filepath", height=120, elem_id="hui-settings-file")
-            clear_button = gr.Button("Forget this browser's history", size="sm", variant="secondary",
-                                     elem_id="hui-history-clear")
+            settings_file = gr.File(
+                label="…or read the settings of a PNG saved by this app",
+                file_types=[".png"],
+                type="filepath",
+                height=120,
+                elem_id="hui-settings-file",
+            )
+            clear_button = gr.Button(
+                "Forget this browser's history", size="sm", variant="secondary", elem_id="hui-history-clear"
+            )
         # Rendered by build_demo outside the tabs: a tab's content mounts only once it is opened,
         # and the storage must be written even if the History tab never was.
         stored = gr.BrowserState([], storage_key=STORAGE_KEY, render=False)
         secret = gr.BrowserState("", storage_key=SECRET_KEY, render=False)
         checked = gr.State([])
-    return HistoryTabHandles(tab=tab, stored=stored, secret=secret, checked=checked, cards=cards, picker=picker,
-                             apply_button=apply_button, edit_again_button=edit_again_button,
-                             clear_button=clear_button, settings_file=settings_file)
+    return HistoryTabHandles(
+        tab=tab,
+        stored=stored,
+        secret=secret,
+        checked=checked,
+        cards=cards,
+        picker=picker,
+        apply_button=apply_button,
+        edit_again_button=edit_again_button,
+        clear_button=clear_button,
+        settings_file=settings_file,
+    )
 
 
-def wire_history_tab(history: HistoryTabHandles, edit: EditTabHandles, tabs: gr.Tabs, handlers: Handlers,
-                     demo: gr.Blocks) -> None:
+def wire_history_tab(
+    history: HistoryTabHandles, edit: EditTabHandles, tabs: gr.Tabs, handlers: Handlers, demo: gr.Blocks
+) -> None:
     private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
     view = [history.checked, history.cards, history.picker]
     # On page load (the browser's storage arrives with it) and whenever the tab opens (retention
     # may have deleted a result since). The browser sends its whole stored list, which it can
     # rewrite to any length under --max-body-kb: queued on a small lane of its own, with the
     # admission limits of every lane (cli/app.py), never beside the queue; it looks at 30 entries.
-    lane = {"concurrency_id": HISTORY_GROUP, "concurrency_limit": HISTORY_CONCURRENCY, "show_progress": "hidden",
-            "api_visibility": "private"}
+    lane = {
+        "concurrency_id": HISTORY_GROUP,
+        "concurrency_limit": HISTORY_CONCURRENCY,
+        "show_progress": "hidden",
+        "api_visibility": "private",
+    }
     refresh = ([history.stored, history.secret], [*view, history.secret])
     demo.load(handlers.refresh_history, *refresh, **lane)
     history.tab.select(handlers.refresh_history, *refresh, **lane)
     # The form round trip: the settings fill the Edit form's widgets in EDIT_FORM order.
-    history.apply_button.click(handlers.apply_history, [history.checked, history.picker], [*edit.inputs, tabs],
-                               queue=False, api_visibility="private")
-    history.edit_again_button.click(handlers.edit_again, [history.checked, history.picker],
-                                    [edit.image, edit.form["instruction"], tabs], queue=False,
-                                    api_visibility="private")
+    history.apply_button.click(
+        handlers.apply_history,
+        [history.checked, history.picker],
+        [*edit.inputs, tabs],
+        queue=False,
+        api_visibility="private",
+    )
+    history.edit_again_button.click(
+        handlers.edit_again,
+        [history.checked, history.picker],
+        [edit.image, edit.form["instruction"], tabs],
+        queue=False,
+        api_visibility="private",
+    )
     history.clear_button.click(handlers.clear_history, None, [history.stored, *view, history.secret], **private)
     # It decodes a client's file: queued on a small lane of its own, with the device lane's admission
     # limits (cli/app.py `admission`), never a way around the queue.
-    history.settings_file.upload(handlers.settings_from_file, [history.settings_file], [*edit.inputs, tabs],
-                                 concurrency_id=SETTINGS_FILE_GROUP, concurrency_limit=SETTINGS_FILE_CONCURRENCY,
-                                 show_progress="minimal", api_visibility="private", preprocess=False)
+    history.settings_file.upload(
+        handlers.settings_from_file,
+        [history.settings_file],
+        [*edit.inputs, tabs],
+        concurrency_id=SETTINGS_FILE_GROUP,
+        concurrency_limit=SETTINGS_FILE_CONCURRENCY,
+        show_progress="minimal",
+        api_visibility="private",
+        preprocess=False,
+    )
 
 
 def add_to_history(history: HistoryTabHandles, edit: EditTabHandles, handlers: Handlers):
     """What a finished edit does to the History tab: `event.success(...)` for an Edit tab event."""
 
     def chain(event):
-        return event.success(handlers.add_history, [history.stored, history.secret, edit.last_entry],
-                             [history.stored, history.checked, history.cards, history.picker, edit.result_details,
-                              history.secret],
-                             queue=False, show_progress="hidden", api_visibility="private")
+        return event.success(
+            handlers.add_history,
+            [history.stored, history.secret, edit.last_entry],
+            [history.stored, history.checked, history.cards, history.picker, edit.result_details, history.secret],
+            queue=False,
+            show_progress="hidden",
+            api_visibility="private",
+        )
 
     return chain
 

@@ -61,6 +61,7 @@ TINY_BANNER = (
     "`HiDream-I1-Full/` and `HiDream-E1-1/` or `HiDream-E1-Full/`), or set `HIDREAM_MODEL_DIR`.</span>"
 )
 
+
 def trained_banner() -> str:
     """The banner of the trained offline model: what it is and the instructions it knows (from its world)."""
     from hidream_ui.model.tiny import world
@@ -84,8 +85,10 @@ def _held_out_line() -> str:
     if measured is None:
         return ""
     success, cases = measured
-    return (f"{round(100 * success)} % of {cases} held-out edits come out as asked; the rest are near misses or "
-            "blurred guesses. ")
+    return (
+        f"{round(100 * success)} % of {cases} held-out edits come out as asked; the rest are near misses or "
+        "blurred guesses. "
+    )
 
 
 def offline_banner(config: AppConfig) -> str | None:
@@ -181,8 +184,9 @@ def default_extra_tabs() -> list[TabBuilder]:
     return builders
 
 
-def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
-               services: AppServices | None = None) -> gr.Blocks:
+def build_demo(
+    engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None, services: AppServices | None = None
+) -> gr.Blocks:
     """The whole UI for `engine`. Builds widgets only: no model load, no torch import.
 
     `extra_tabs` are tab builders placed between Edit and History (default: Batch and Compare).
@@ -193,8 +197,10 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
     extra_tabs = default_extra_tabs() if extra_tabs is None else list(extra_tabs)
     services = services or AppServices.for_config(config, engine=engine, demo=new_blocks(config))
     if services.demo is None:
-        raise ValueError("build_demo: the services hold no Blocks; build them with "
-                         "AppServices.for_config(config, demo=new_blocks(config), ...)")
+        raise ValueError(
+            "build_demo: the services hold no Blocks; build them with "
+            "AppServices.for_config(config, demo=new_blocks(config), ...)"
+        )
     handlers = Handlers(engine, services=services)
     lane = engine.size  # device jobs at once: one per engine (--devices)
 
@@ -220,10 +226,22 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
             panel.watch_run(button, event)
         wire_history_tab(history, edit, tabs, handlers, demo)
         private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
-        demo.load(handlers.page_load, None, [panel.attention, panel.status_state, panel.status_panel,
-                                             edit.form["working_resolution"], panel.engine_controls,
-                                             panel.attention_unavailable, panel.load_button, *panel.operator_view,
-                                             panel.visitor_card], **private)
+        demo.load(
+            handlers.page_load,
+            None,
+            [
+                panel.attention,
+                panel.status_state,
+                panel.status_panel,
+                edit.form["working_resolution"],
+                panel.engine_controls,
+                panel.attention_unavailable,
+                panel.load_button,
+                *panel.operator_view,
+                panel.visitor_card,
+            ],
+            **private,
+        )
         for dropdown in (getattr(tab, "resolution_dropdown", None) for tab in extra):
             if dropdown is not None:
                 demo.load(handlers.resolution_choices, None, dropdown, **private)
@@ -232,6 +250,15 @@ def build_demo(engine: Engine, extra_tabs: Sequence[TabBuilder] | None = None,
     return demo
 
 
-__all__ = ["build_demo", "new_blocks", "default_extra_tabs", "launch_options", "load_examples", "TINY_BANNER",
-           "offline_banner",
-           "APP_CSS", "APP_JS", "ASSETS_DIR"]
+__all__ = [
+    "build_demo",
+    "new_blocks",
+    "default_extra_tabs",
+    "launch_options",
+    "load_examples",
+    "TINY_BANNER",
+    "offline_banner",
+    "APP_CSS",
+    "APP_JS",
+    "ASSETS_DIR",
+]

@@ -33,9 +33,11 @@ from hidream_ui.ui.common import gr_error, people_message
 logger = logging.getLogger(__name__)
 
 # What a `mask` value may be: the refusal of anything else says so.
-MASK_EXPECTED = ('a mask file as gradio sends one ({"path": the path an upload returned, "meta": {"_type": '
-                 '"gradio.FileData"}}), a painted region {"background", "layers", "composite"} with its layers as '
-                 'such files, or null (no mask)')
+MASK_EXPECTED = (
+    'a mask file as gradio sends one ({"path": the path an upload returned, "meta": {"_type": '
+    '"gradio.FileData"}}), a painted region {"background", "layers", "composite"} with its layers as '
+    "such files, or null (no mask)"
+)
 EDITOR_KEYS = frozenset(EditorData.model_fields)  # background, layers, composite, id
 
 # One colour, see-through so the picture stays visible under the paint (its alpha is what counts:
@@ -92,8 +94,9 @@ def brush_radius(size: tuple[int, int] | None) -> int:
 
 
 def brush(size: tuple[int, int] | None = None) -> gr.Brush:
-    return gr.Brush(colors=[BRUSH_COLOR], default_color=BRUSH_COLOR, color_mode="fixed",
-                    default_size=brush_radius(size))
+    return gr.Brush(
+        colors=[BRUSH_COLOR], default_color=BRUSH_COLOR, color_mode="fixed", default_size=brush_radius(size)
+    )
 
 
 def eraser(size: tuple[int, int] | None = None) -> gr.Eraser:
@@ -107,9 +110,21 @@ def build_region_editor(elem_id: str) -> gr.ImageEditor:
     an input and when it describes the API) is `RegionData`. Not a subclass: gradio writes a .pyi file
     beside the module of every Component subclass when the class is defined. Events that take it as an
     input run with ``preprocess=False`` (gradio's ImageEditor.preprocess expects its own model)."""
-    editor = gr.ImageEditor(label="Paint where the edit may change", show_label=False, sources=[], transforms=(),
-                            layers=False, brush=brush(), eraser=eraser(), type="filepath", image_mode="RGBA",
-                            format="png", height=360, buttons=[], elem_id=elem_id)
+    editor = gr.ImageEditor(
+        label="Paint where the edit may change",
+        show_label=False,
+        sources=[],
+        transforms=(),
+        layers=False,
+        brush=brush(),
+        eraser=eraser(),
+        type="filepath",
+        image_mode="RGBA",
+        format="png",
+        height=360,
+        buttons=[],
+        elem_id=elem_id,
+    )
     editor.data_model = RegionData
     return editor
 

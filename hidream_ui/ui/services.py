@@ -30,6 +30,7 @@ def is_public(config: AppConfig) -> bool:
     """No login (`--auth`, `--auth-file`): anyone who reaches the port is a stranger."""
     return config.auth is None and config.auth_file is None
 
+
 # Why a tab's Stop button cancelled a job (the default of `AppServices.cancel`): a stop the user
 # asked for in the browser ends neutrally ("Stopped after k of N steps"), not as an error.
 STOPPED_BY_USER = "stopped by its user"
@@ -61,9 +62,16 @@ class AppServices:
     cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
-    def for_config(cls, config: AppConfig, *, engine: Any = None, demo: Any = None,
-                   cache_folder: Path | None = None, trusted_roots: Iterable[str | Path] = (),
-                   janitor: Any = None) -> "AppServices":
+    def for_config(
+        cls,
+        config: AppConfig,
+        *,
+        engine: Any = None,
+        demo: Any = None,
+        cache_folder: Path | None = None,
+        trusted_roots: Iterable[str | Path] = (),
+        janitor: Any = None,
+    ) -> "AppServices":
         """The services of one UI. `engine` (when given) makes the rewriter `config` asks for; `demo`
         is the (still empty) gr.Blocks the UI will be built into: the upload gate and the liveness
         probe read it."""
@@ -77,11 +85,22 @@ class AppServices:
         results = ServedResults(fixed=[str(root) for root in examples])
         # A result sent to the browser comes back as gradio's cached copy ("Edit the result", "Edit again").
         storage = getattr(janitor, "storage", None)
-        gate = UploadGate(is_stored, roots=[*examples, *trusted_roots],
-                          result_of=lambda path: results.result_of(path, cache_folder),
-                          expired=storage.expired if storage is not None else None)
-        return cls(config=config, jobs=JobRegistry(), gate=gate, results=results, demo=demo,
-                   cache_folder=cache_folder, rewriter=rewriter, janitor=janitor)
+        gate = UploadGate(
+            is_stored,
+            roots=[*examples, *trusted_roots],
+            result_of=lambda path: results.result_of(path, cache_folder),
+            expired=storage.expired if storage is not None else None,
+        )
+        return cls(
+            config=config,
+            jobs=JobRegistry(),
+            gate=gate,
+            results=results,
+            demo=demo,
+            cache_folder=cache_folder,
+            rewriter=rewriter,
+            janitor=janitor,
+        )
 
     @property
     def public(self) -> bool:

@@ -47,8 +47,10 @@ def speed_info(record: dict | None = None) -> str:
         change = figures["success_change_points"]
         more = "more" if change > 0 else "less"
         success = "same success" if change == 0 else f"{abs(change):g} points {more} success"
-        text = (f"{preset}: transformer {figures['transformer_speedup']:.1f}x as fast, {success}, "
-                f"{figures['psnr_vs_exact_db']:.0f} dB from exact")
+        text = (
+            f"{preset}: transformer {figures['transformer_speedup']:.1f}x as fast, {success}, "
+            f"{figures['psnr_vs_exact_db']:.0f} dB from exact"
+        )
         parts.append(text + (" (misses its rule)" if figures["misses"] else ""))
     measured = f" (offline model, {cases} edits; docs/speed.md)" if cases else ""
     return " · ".join(parts) + measured + ". Check your own pictures in Compare, axis speed."
@@ -88,14 +90,26 @@ def build_speed_setting(engine: Engine, allowed: Callable[[Any, str], None] | No
     change it, see server/operator.py)."""
     handlers = SpeedSetting(engine, allowed)
     current = str(parse_cache(engine.config.cache))
-    dropdown = gr.Dropdown(label="Speed", choices=speed_choices(current), value=current, interactive=True,
-                           info=speed_info(),
-                           elem_id="hui-speed")
+    dropdown = gr.Dropdown(
+        label="Speed",
+        choices=speed_choices(current),
+        value=current,
+        interactive=True,
+        info=speed_info(),
+        elem_id="hui-speed",
+    )
     note = gr.Markdown(elem_id="hui-speed-note")
     # Queued (one way in: the app serves with api_open=False), on a lane of its own: it only changes
     # what the next edit will ask for, so it never waits behind edits.
-    dropdown.select(handlers.change_speed, [dropdown], [dropdown, note], concurrency_id=CONTROL_GROUP,
-                    concurrency_limit=1, show_progress="hidden", api_visibility="private")
+    dropdown.select(
+        handlers.change_speed,
+        [dropdown],
+        [dropdown, note],
+        concurrency_id=CONTROL_GROUP,
+        concurrency_limit=1,
+        show_progress="hidden",
+        api_visibility="private",
+    )
     gr.api(handlers.set_speed, api_name="set_speed", concurrency_id=CONTROL_GROUP, concurrency_limit=1)
     return dropdown
 

@@ -13,7 +13,8 @@ from hidream_ui.ui.devices_panel import DEVICES_CSS, render_device_rows
 # Status panel
 # ---------------------------------------------------------------------------------------------
 
-STATUS_CSS = """
+STATUS_CSS = (
+    """
 .hui-status { font-size: 0.9em; line-height: 1.45; }
 .hui-status .hui-kv { display: flex; justify-content: space-between; gap: 0.5em; }
 .hui-status .hui-kv span:first-child { opacity: 0.75; }
@@ -29,7 +30,9 @@ STATUS_CSS = """
 .hui-status .hui-bar-label { display: flex; justify-content: space-between; font-size: 0.85em; margin-top: 0.35em; }
 .hui-status .hui-note { font-size: 0.85em; opacity: 0.85; margin-top: 0.4em; }
 .hui-status h4 { margin: 0.7em 0 0.2em 0; font-size: 0.95em; }
-""" + DEVICES_CSS
+"""
+    + DEVICES_CSS
+)
 
 
 def _kv(key: str, value: str) -> str:
@@ -42,8 +45,10 @@ def _bar(label: str, used: float | int | None, total: float | int | None, text: 
     fraction = max(0.0, min(1.0, float(used) / float(total)))
     high = " hui-high" if fraction >= 0.9 else ""
     text = text or f"{format_bytes(used)} / {format_bytes(total)}"
-    return (f'<div class="hui-bar-label"><span>{html.escape(label)}</span><span>{html.escape(text)}</span></div>'
-            f'<div class="hui-bar{high}" title="{fraction:.0%}"><div style="width:{fraction * 100:.1f}%"></div></div>')
+    return (
+        f'<div class="hui-bar-label"><span>{html.escape(label)}</span><span>{html.escape(text)}</span></div>'
+        f'<div class="hui-bar{high}" title="{fraction:.0%}"><div style="width:{fraction * 100:.1f}%"></div></div>'
+    )
 
 
 def state_line(status: EngineStatus) -> tuple[str, str]:
@@ -72,8 +77,9 @@ def render_state(status: EngineStatus, live: list[str] | None = None) -> str:
         state, text = "editing", live[0] + (f" · and {len(live) - 1} more job(s)" if len(live) > 1 else "")
     else:
         state, text = state_line(status)
-    return (f'<div class="hui-status"><div class="hui-state hui-state-{html.escape(state)}">'
-            f'{html.escape(text)}</div></div>')
+    return (
+        f'<div class="hui-status"><div class="hui-state hui-state-{html.escape(state)}">{html.escape(text)}</div></div>'
+    )
 
 
 def render_status(status: EngineStatus, with_state: bool = True) -> str:
@@ -90,8 +96,11 @@ def render_status(status: EngineStatus, with_state: bool = True) -> str:
     parts.append(_kv("Computes in", status.dtype or "?"))
     source_text = status.model_source or "?"
     if status.model_source == "tiny":
-        source_text = ("tiny, trained on the shapes world" if status.tiny_profile == "trained" else
-                       f"tiny {status.tiny_profile or ''} (random weights)".replace("  ", " "))
+        source_text = (
+            "tiny, trained on the shapes world"
+            if status.tiny_profile == "trained"
+            else f"tiny {status.tiny_profile or ''} (random weights)".replace("  ", " ")
+        )
     parts.append(_kv("Model", f"{(status.variant or '?').upper()} · {source_text}"))
     parts.append(_kv("Attention", attention_line(status)))
     plan = status.memory_plan
@@ -105,9 +114,12 @@ def render_status(status: EngineStatus, with_state: bool = True) -> str:
     if rewriter is not None:
         parts.append(_kv("Rewriter", f"{rewriter.backend} · {rewriter.model}"))
         if rewriter.backend == "local":
-            head = ("known once the model is loaded" if rewriter.lm_head_bytes is None else
-                    f"{format_bytes(rewriter.lm_head_bytes)}, " + ("loaded" if rewriter.lm_head_loaded
-                                                                  else "loads on the first rewrite"))
+            head = (
+                "known once the model is loaded"
+                if rewriter.lm_head_bytes is None
+                else f"{format_bytes(rewriter.lm_head_bytes)}, "
+                + ("loaded" if rewriter.lm_head_loaded else "loads on the first rewrite")
+            )
             parts.append(_kv("LM head", head))
     memory = status.memory
     if memory is not None:
@@ -130,8 +142,13 @@ def render_status(status: EngineStatus, with_state: bool = True) -> str:
     parts.append(render_device_rows(status.devices))
     rewrite_error = status.rewriter.last_error if status.rewriter is not None else None
     compile_error = status.speed.get("compile_error") if status.speed is not None else None
-    for prefix, note in (("device: ", status.device_error), ("", status.attention_note), ("", compile_error),
-                         ("last error: ", status.last_error), ("last rewrite error: ", rewrite_error)):
+    for prefix, note in (
+        ("device: ", status.device_error),
+        ("", status.attention_note),
+        ("", compile_error),
+        ("last error: ", status.last_error),
+        ("last rewrite error: ", rewrite_error),
+    ):
         if note:
             parts.append(f'<div class="hui-note">{html.escape(prefix + str(note))}</div>')
     parts.append("</div>")
@@ -154,9 +171,15 @@ def speed_line(speed: dict) -> str:
     """The step cache of the next edits and whether the transformer is compiled, in plain words
     (the MoE implementation and the cache's spec are in /status)."""
     compiled = speed.get("compile") == "blocks"
-    compile_text = (f"compiled ({speed.get('compile_backend')})" if speed.get("compiled") else
-                    "compiling failed, runs uncompiled" if compiled and speed.get("compile_error") else
-                    "compiles on the first edit" if compiled else "not compiled")
+    compile_text = (
+        f"compiled ({speed.get('compile_backend')})"
+        if speed.get("compiled")
+        else "compiling failed, runs uncompiled"
+        if compiled and speed.get("compile_error")
+        else "compiles on the first edit"
+        if compiled
+        else "not compiled"
+    )
     cache = str(speed.get("cache_default"))
     return f"{CACHE_WORDS.get(cache, cache)} · {compile_text}"
 
@@ -188,9 +211,11 @@ def render_visitor_card(status: EngineStatus, queue: dict, position: int | None)
         place = "nothing of yours is waiting"
     else:
         place = "free: your edit starts at once"
-    parts = ['<div class="hui-status hui-card">',
-             _kv("Device", device),
-             _kv("Queue", f"{waiting} waiting · {running} running"),
-             _kv("You", place),
-             "</div>"]
+    parts = [
+        '<div class="hui-status hui-card">',
+        _kv("Device", device),
+        _kv("Queue", f"{waiting} waiting · {running} running"),
+        _kv("You", place),
+        "</div>",
+    ]
     return "".join(parts)

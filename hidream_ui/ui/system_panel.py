@@ -57,8 +57,12 @@ class SystemPanelHandles:
         # `.then` follows a success and a cancelled event, not an error (gradio 6): `.failure` too.
         for ended in (event.then, event.failure):
             ended(None, None, None, js=enable_js(button.elem_id), **private)
-            ended(self.handlers.run_finished, None,
-                  [self.fast_timer, self.status_state, self.status_panel, self.load_button], **private)
+            ended(
+                self.handlers.run_finished,
+                None,
+                [self.fast_timer, self.status_state, self.status_panel, self.load_button],
+                **private,
+            )
 
 
 def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemPanelHandles:
@@ -66,29 +70,51 @@ def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemP
     config = engine.config
     gr.Markdown("### System")
     with gr.Column(elem_id="hui-status-panel"):
-        status_state = gr.HTML(value='<div class="hui-status">connecting…</div>', css_template=STATUS_CSS,
-                               elem_id="hui-status-state")
+        status_state = gr.HTML(
+            value='<div class="hui-status">connecting…</div>', css_template=STATUS_CSS, elem_id="hui-status-state"
+        )
         visitor_card = gr.HTML(value="", css_template=STATUS_CSS, visible=config.kiosk, elem_id="hui-visitor-card")
-        status_panel = gr.HTML(value="", css_template=STATUS_CSS, visible=not config.kiosk,
-                               elem_id="hui-status-details")
+        status_panel = gr.HTML(
+            value="", css_template=STATUS_CSS, visible=not config.kiosk, elem_id="hui-status-details"
+        )
     # x: seconds relative to now (negative, so "now" sits at the right end), whole seconds on the
     # ticks ("d": no "-0.100000"); the series names are the legend's own, without a title.
-    telemetry_plot = gr.LinePlot(x="seconds", y="percent", color="series", y_lim=[0, 100], height=200,
-                                 x_title="time (s, 0 = now)", y_title="%", color_title=" ", x_axis_format="d",
-                                 label="Memory and utilisation", visible=not config.kiosk,
-                                 elem_id="hui-telemetry-plot")
+    telemetry_plot = gr.LinePlot(
+        x="seconds",
+        y="percent",
+        color="series",
+        y_lim=[0, 100],
+        height=200,
+        x_title="time (s, 0 = now)",
+        y_title="%",
+        color_title=" ",
+        x_axis_format="d",
+        label="Memory and utilisation",
+        visible=not config.kiosk,
+        elem_id="hui-telemetry-plot",
+    )
     # The engine-wide controls. With --kiosk they are the operator's: hidden in the page config,
     # shown by `page_load` to the operator's browser only (their events refuse everyone else anyway).
     with gr.Column(visible=not config.kiosk, elem_id="hui-engine-controls") as engine_controls:
-        attention_options = dict(label="Attention", choices=[(str(config.attention), str(config.attention))],
-                                 value=str(config.attention), interactive=True, elem_id="hui-attention")
+        attention_options = dict(
+            label="Attention",
+            choices=[(str(config.attention), str(config.attention))],
+            value=str(config.attention),
+            interactive=True,
+            elem_id="hui-attention",
+        )
         if lane > 1:  # a pool (--devices): the switch applies to every engine or to the one chosen
             with gr.Row(equal_height=True):
                 attention = gr.Dropdown(scale=3, **attention_options)
                 attention_engine = gr.Dropdown(
-                    label="Engine", choices=[("all engines", ALL_ENGINES)] + [
-                        (label, label) for label in engine.labels()],
-                    value=ALL_ENGINES, interactive=True, scale=1, min_width=90, elem_id="hui-attention-engine")
+                    label="Engine",
+                    choices=[("all engines", ALL_ENGINES)] + [(label, label) for label in engine.labels()],
+                    value=ALL_ENGINES,
+                    interactive=True,
+                    scale=1,
+                    min_width=90,
+                    elem_id="hui-attention-engine",
+                )
         else:
             attention = gr.Dropdown(**attention_options)
             attention_engine = gr.State(ALL_ENGINES)
@@ -98,30 +124,53 @@ def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemP
         load_button = gr.Button("Load model", size="sm", elem_id="hui-load-model")
         load_message = gr.Markdown(label="Model")
     fast_timer = gr.Timer(FAST_SECONDS, active=False)
-    panel = SystemPanelHandles(status_state=status_state, status_panel=status_panel, visitor_card=visitor_card,
-                               telemetry_plot=telemetry_plot, engine_controls=engine_controls, attention=attention,
-                               attention_engine=attention_engine, attention_note=attention_note,
-                               attention_unavailable=attention_unavailable, speed=speed, load_button=load_button,
-                               load_message=load_message, fast_timer=fast_timer, handlers=handlers)
+    panel = SystemPanelHandles(
+        status_state=status_state,
+        status_panel=status_panel,
+        visitor_card=visitor_card,
+        telemetry_plot=telemetry_plot,
+        engine_controls=engine_controls,
+        attention=attention,
+        attention_engine=attention_engine,
+        attention_note=attention_note,
+        attention_unavailable=attention_unavailable,
+        speed=speed,
+        load_button=load_button,
+        load_message=load_message,
+        fast_timer=fast_timer,
+        handlers=handlers,
+    )
     _wire(panel, handlers, lane, kiosk=config.kiosk)
     return panel
 
 
 def _wire(panel: SystemPanelHandles, handlers: Handlers, lane: int, kiosk: bool = False) -> None:
     private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
-    load_event = panel.load_button.click(handlers.load_model, None, panel.load_message, api_name="load_model",
-                                         concurrency_id=DEVICE_GROUP, concurrency_limit=lane,
-                                         show_progress_on=[panel.load_message])
+    load_event = panel.load_button.click(
+        handlers.load_model,
+        None,
+        panel.load_message,
+        api_name="load_model",
+        concurrency_id=DEVICE_GROUP,
+        concurrency_limit=lane,
+        show_progress_on=[panel.load_message],
+    )
     # "Load model" goes once the model is loaded (by it, or by the first edit: `run_finished`).
     load_event.then(handlers.load_button_update, None, panel.load_button, **private)
     # Attention: the dropdown's `.select` (user changes only, so setting its value from the server
     # does not trigger it again); the API endpoint is a plain typed function.
-    panel.attention.select(handlers.change_attention, [panel.attention, panel.attention_engine],
-                           [panel.attention, panel.attention_note, panel.status_panel],
-                           concurrency_id=DEVICE_GROUP, concurrency_limit=lane, api_visibility="private")
+    panel.attention.select(
+        handlers.change_attention,
+        [panel.attention, panel.attention_engine],
+        [panel.attention, panel.attention_note, panel.status_panel],
+        concurrency_id=DEVICE_GROUP,
+        concurrency_limit=lane,
+        api_visibility="private",
+    )
     if lane > 1:
-        panel.attention_engine.select(handlers.attention_target, [panel.attention_engine],
-                                      [panel.attention, panel.attention_note], **private)
+        panel.attention_engine.select(
+            handlers.attention_target, [panel.attention_engine], [panel.attention, panel.attention_note], **private
+        )
     gr.api(handlers.set_attention, api_name="set_attention", concurrency_id=DEVICE_GROUP, concurrency_limit=lane)
     # Status and cancel bypass the queue: they must answer while it is full (that is when people
     # need them), and the panel keeps moving while an edit runs.

@@ -70,8 +70,9 @@ def is_tiny_checkpoint(path: str | os.PathLike[str]) -> bool:
     return read_marker(path) is not None
 
 
-def build_tiny(out_dir: str | os.PathLike[str], profile: str = "tiny", seed: int = 0, *,
-               trained_weights: bool = True) -> Path:
+def build_tiny(
+    out_dir: str | os.PathLike[str], profile: str = "tiny", seed: int = 0, *, trained_weights: bool = True
+) -> Path:
     """Build the tiny checkpoint for ``profile``/``seed`` into ``out_dir`` and return ``out_dir``.
 
     The tree is written into a temporary sibling folder and renamed into place, so ``out_dir`` is either absent,
@@ -119,9 +120,7 @@ def tiny_path(profile: str = "tiny", seed: int = 0, cache_root: str | os.PathLik
     return root.absolute() / name
 
 
-def ensure_tiny(
-    profile: str = "tiny", seed: int = 0, cache_root: str | os.PathLike[str] | None = None
-) -> Path:
+def ensure_tiny(profile: str = "tiny", seed: int = 0, cache_root: str | os.PathLike[str] | None = None) -> Path:
     """Return the cached tiny build for ``profile``/``seed``, building it on first use.
 
     The build lives in ``<cache_root>/tiny-<profile>-seed<seed>-v<FORMAT_VERSION>``. Concurrent callers are safe:
@@ -202,9 +201,7 @@ def _resolve_profile(profile: str) -> TinyProfile:
     try:
         return PROFILES[profile]
     except KeyError:
-        raise ValueError(
-            f"unknown tiny profile {profile!r}; choose one of {', '.join(sorted(PROFILES))}"
-        ) from None
+        raise ValueError(f"unknown tiny profile {profile!r}; choose one of {', '.join(sorted(PROFILES))}") from None
 
 
 def _check_seed(seed: int) -> int:
@@ -227,9 +224,7 @@ def _refuse_unexpected_cache_entry(target: Path, expected: TinyMarker) -> None:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         found = read_marker(target)
         what = f"a tiny build with marker {found}" if found else "something that is not a tiny build"
-        raise FileExistsError(
-            f"cache entry {target} holds {what}, expected {expected}; delete it so it can be rebuilt"
-        )
+        raise FileExistsError(f"cache entry {target} holds {what}, expected {expected}; delete it so it can be rebuilt")
 
 
 def _build_in_staging(final_path: Path, spec: TinyProfile, seed: int, trained_weights: bool = True) -> Path:
@@ -277,8 +272,11 @@ def _build_tree(root: Path, spec: TinyProfile, seed: int, trained_weights: bool 
             "i1": I1_DIR,
             "e1_1": E11_DIR,
             "e1_full": f"{E1_FULL_DIR}/{E1_FULL_FILE}",
-            "single_file": ({kind: f"{SINGLE_FILE_DIR}/{name}" for kind, name in SINGLE_FILES.items()}
-                            if spec.name == "tiny" else None),
+            "single_file": (
+                {kind: f"{SINGLE_FILE_DIR}/{name}" for kind, name in SINGLE_FILES.items()}
+                if spec.name == "tiny"
+                else None
+            ),
         },
     }
     _write_json(root / MARKER_FILENAME, marker)

@@ -79,7 +79,7 @@ def _fill(module, dtype: "torch.dtype", device: str, seed: int, low: set[str], l
             fan_in = 1
             for size in shape[1:]:
                 fan_in *= size
-            value.normal_(0.0, fan_in ** -0.5, generator=generator)
+            value.normal_(0.0, fan_in**-0.5, generator=generator)
         if name in low:
             value = value.to(low_dtype)
         set_module_tensor_to_device(module, name, device, value=value, dtype=value.dtype)
@@ -88,8 +88,9 @@ def _fill(module, dtype: "torch.dtype", device: str, seed: int, low: set[str], l
             raise RuntimeError(f"{type(module).__name__}.{name}: buffer left on meta")
 
 
-def release_parts(llama_folder: Path, i1_folder: Path, dtype: "torch.dtype", *, fp8: bool, seed: int,
-                  placement: Mapping[str, str]) -> dict[str, Any]:
+def release_parts(
+    llama_folder: Path, i1_folder: Path, dtype: "torch.dtype", *, fp8: bool, seed: int, placement: Mapping[str, str]
+) -> dict[str, Any]:
     """The six models at the release's dimensions, keyed by pipeline component. `placement[component]`
     is where each is made ("cpu" or the device)."""
     import torch

@@ -273,8 +273,9 @@ def _write_clip(model_folder: Path, tokenizer_folder: Path, vocab: _Vocabularies
     )
 
 
-def _write_t5(model_folder: Path, tokenizer_folder: Path, vocab: _Vocabularies, seed: int,
-              max_length: int | None = None) -> None:
+def _write_t5(
+    model_folder: Path, tokenizer_folder: Path, vocab: _Vocabularies, seed: int, max_length: int | None = None
+) -> None:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import Unigram
     from transformers import T5Config, T5EncoderModel

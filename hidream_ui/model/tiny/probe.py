@@ -74,15 +74,24 @@ def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str]
         width = source.shape[-1]
         results["latents"] = latent_locality(held_out, source, target)
         for kind, found in results["latents"].items():
-            log(f"the VAE, {kind} ({found['cases']} cases): the latents change on {found['latents']:.1%} of the "
+            log(
+                f"the VAE, {kind} ({found['cases']} cases): the latents change on {found['latents']:.1%} of the "
                 f"latent pixels, the pixels on {found['pixels']:.1%}; the latents change more than one latent pixel "
                 f"away from every changed pixel on {found['far']:.1%}"
-                + ("" if found["still"] is None else
-                   f"; where no pixel changes, the latents change on {found['still']:.1%}"))
+                + (
+                    ""
+                    if found["still"] is None
+                    else f"; where no pixel changes, the latents change on {found['still']:.1%}"
+                )
+            )
         for s in levels:
             # One noise draw per case and level, the same for both stages.
-            noise = torch.cat([torch.randn(target[:1].shape, generator=torch.Generator().manual_seed(c.seed % 2**31))
-                               for c in held_out])
+            noise = torch.cat(
+                [
+                    torch.randn(target[:1].shape, generator=torch.Generator().manual_seed(c.seed % 2**31))
+                    for c in held_out
+                ]
+            )
             x_t = (1 - s) * target + s * noise
             timestep = torch.full((len(held_out),), 1000.0 * s)
             inputs = {"edit": torch.cat([x_t, source], dim=-1), "refine": x_t}
@@ -94,14 +103,18 @@ def one_call(weights: Path, cases: int, levels: list[float], log: Callable[[str]
                 summary = scoring.summarize(scores)
                 summary["shapes_kept"] = round(float(counts[0]) / max(1, int(counts[1])), 3)
                 results[stage][s] = summary
-                log(f"one call, {stage} stage, noise {s:g}: success {summary['success']}, colour_ok "
+                log(
+                    f"one call, {stage} stage, noise {s:g}: success {summary['success']}, colour_ok "
                     f"{summary['colour_ok']}, untouched PSNR {summary['untouched_psnr_median_db']} dB, untouched "
-                    f"shapes keep their colour {int(counts[0])}/{int(counts[1])}")
+                    f"shapes keep their colour {int(counts[0])}/{int(counts[1])}"
+                )
             found = _grounding(pipeline, held_out, source, noise, s)
             results["edit"][s].update(found)
-            log(f"one call, edit stage, noise {s:g}: the edit lands on the shape the instruction names for "
+            log(
+                f"one call, edit stage, noise {s:g}: the edit lands on the shape the instruction names for "
                 f"{found['grounded']:.0%} of {found['grounding_cases']} instructions (picking a shape at random: "
-                f"{found['grounding_chance']:.0%})")
+                f"{found['grounding_chance']:.0%})"
+            )
     return results
 
 
@@ -119,8 +132,9 @@ def latent_locality(held_out: list[world.Case], source, target, threshold: float
     for case, latents in zip(held_out, changed):
         pixels = world.moved_cells(case.source, case.target, rows, columns)
         near = np.pad(pixels, 1)
-        near = np.max([near[1 + dy:1 + dy + rows, 1 + dx:1 + dx + columns]
-                       for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=0)  # dilated by one latent pixel
+        near = np.max(
+            [near[1 + dy : 1 + dy + rows, 1 + dx : 1 + dx + columns] for dy in (-1, 0, 1) for dx in (-1, 0, 1)], axis=0
+        )  # dilated by one latent pixel
         row = sums.setdefault(case.edit.kind, [0, 0.0, 0.0, 0.0, []])
         row[0] += 1
         row[1] += float(latents.mean())
@@ -128,9 +142,16 @@ def latent_locality(held_out: list[world.Case], source, target, threshold: float
         row[3] += float((latents & ~near).mean())
         if (~pixels).any():
             row[4].append(float(latents[~pixels].mean()))
-    return {kind: {"cases": n, "latents": round(a / n, 3), "pixels": round(b / n, 3), "far": round(c / n, 3),
-                   "still": round(float(np.mean(still)), 3) if still else None}
-            for kind, (n, a, b, c, still) in sorted(sums.items())}
+    return {
+        kind: {
+            "cases": n,
+            "latents": round(a / n, 3),
+            "pixels": round(b / n, 3),
+            "far": round(c / n, 3),
+            "still": round(float(np.mean(still)), 3) if still else None,
+        }
+        for kind, (n, a, b, c, still) in sorted(sums.items())
+    }
 
 
 def _grounding(pipeline, held_out: list[world.Case], source, noise, s: float) -> dict:
@@ -152,20 +173,26 @@ def _grounding(pipeline, held_out: list[world.Case], source, noise, s: float) ->
         named = [shape for shape in case.scene.shapes if edit.kind == "remove" or shape.colour != edit.value]
         if edit.kind == "background" or len(named) < 2:
             continue
-        text = PromptEmbeds.cat([pipeline.encode_text(world.Edit(edit.kind, shape.kind, edit.value).instruction)
-                                 for shape in named])
-        x_t = ((1 - s) * source[index:index + 1] + s * noise[index:index + 1]).expand(len(named), -1, -1, -1)
-        hidden = torch.cat([x_t, source[index:index + 1].expand_as(x_t)], dim=-1)
+        text = PromptEmbeds.cat(
+            [pipeline.encode_text(world.Edit(edit.kind, shape.kind, edit.value).instruction) for shape in named]
+        )
+        x_t = ((1 - s) * source[index : index + 1] + s * noise[index : index + 1]).expand(len(named), -1, -1, -1)
+        hidden = torch.cat([x_t, source[index : index + 1].expand_as(x_t)], dim=-1)
         v = pipeline.predict(hidden, torch.full((len(named),), 1000.0 * s), text)[..., :width]
         estimates = x_t - s * v
         departure = (estimates - estimates.mean(0, keepdim=True)).pow(2).sum(1)  # (shapes, h, w) latent pixels
         rows, columns = departure.shape[-2:]
-        cells = [world.shape_mask(shape).reshape(rows, world.SIZE // rows, columns, world.SIZE // columns)
-                 .any(axis=(1, 3)) for shape in named]
+        cells = [
+            world.shape_mask(shape).reshape(rows, world.SIZE // rows, columns, world.SIZE // columns).any(axis=(1, 3))
+            for shape in named
+        ]
         for k in range(len(named)):
             energy = [float(departure[k][torch.from_numpy(cell)].sum()) for cell in cells]
             hits += int(np.argmax(energy)) == k
             total += 1
             chance += 1 / len(named)
-    return {"grounded": round(hits / max(1, total), 3), "grounding_cases": total,
-            "grounding_chance": round(chance / max(1, total), 3)}
+    return {
+        "grounded": round(hits / max(1, total), 3),
+        "grounding_cases": total,
+        "grounding_chance": round(chance / max(1, total), 3),
+    }

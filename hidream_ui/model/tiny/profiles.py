@@ -176,8 +176,24 @@ PROFILES: Mapping[str, TinyProfile] = MappingProxyType(
             vae_norm_num_groups=2,
             text_tokens=16,
             # world.WORDS (not imported: profiles stay free of the world); tests/test_tiny_trained.py checks it.
-            extra_words=("make", "the", "remove", "background", "circle", "square", "triangle", "red", "green",
-                         "blue", "yellow", "purple", "orange", "white", "black", "gray"),
+            extra_words=(
+                "make",
+                "the",
+                "remove",
+                "background",
+                "circle",
+                "square",
+                "triangle",
+                "red",
+                "green",
+                "blue",
+                "yellow",
+                "purple",
+                "orange",
+                "white",
+                "black",
+                "gray",
+            ),
             weights_asset="tiny_trained",
         ),
         # HiDream's real block count at a small width: what step caching's speed-up depends on (bench speed).
@@ -216,39 +232,99 @@ class TinyMarker:
 
 FULL_PROFILE_NAME = "full"
 
-RELEASE_CONFIGS: Mapping[str, Mapping[str, Any]] = MappingProxyType({
-    "transformer": MappingProxyType({
-        "patch_size": 2, "in_channels": 16, "out_channels": 16, "num_layers": 16, "num_single_layers": 32,
-        "attention_head_dim": 128, "num_attention_heads": 20, "caption_channels": [4096, 4096],
-        "text_emb_dim": 2048, "num_routed_experts": 4, "num_activated_experts": 2, "axes_dims_rope": [64, 32, 32],
-        "max_resolution": [128, 128], "llama_layers": [*range(32), *([31] * 16)], "force_inference_output": False,
-    }),
-    # LlamaModel (no LM head, see model/loading.py) of Llama-3.1-8B-Instruct.
-    "llama": MappingProxyType({
-        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
-        "rope_theta": 500000.0, "tie_word_embeddings": False,
-    }),
-    # T5-XXL encoder (text_encoder_3, T5EncoderModel).
-    "t5": MappingProxyType({
-        "d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24, "vocab_size": 32128,
-        "feed_forward_proj": "gated-gelu", "relative_attention_num_buckets": 32,
-        "relative_attention_max_distance": 128, "is_encoder_decoder": True,
-    }),
-    # Long-context CLIP-L / CLIP-G (CLIPTextModelWithProjection, 248 positions).
-    "clip_l": MappingProxyType({
-        "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12,
-        "projection_dim": 768, "vocab_size": 49408, "max_position_embeddings": 248, "hidden_act": "quick_gelu",
-    }),
-    "clip_g": MappingProxyType({
-        "hidden_size": 1280, "intermediate_size": 5120, "num_hidden_layers": 32, "num_attention_heads": 20,
-        "projection_dim": 1280, "vocab_size": 49408, "max_position_embeddings": 248, "hidden_act": "gelu",
-    }),
-    # The FLUX-style 16-channel VAE (AutoencoderKL).
-    "vae": MappingProxyType({
-        "in_channels": 3, "out_channels": 3, "latent_channels": 16, "block_out_channels": [128, 256, 512, 512],
-        "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
-        "layers_per_block": 2, "norm_num_groups": 32, "scaling_factor": 0.3611, "shift_factor": 0.1159,
-        "use_quant_conv": False, "use_post_quant_conv": False, "sample_size": 1024,
-    }),
-})
+RELEASE_CONFIGS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "transformer": MappingProxyType(
+            {
+                "patch_size": 2,
+                "in_channels": 16,
+                "out_channels": 16,
+                "num_layers": 16,
+                "num_single_layers": 32,
+                "attention_head_dim": 128,
+                "num_attention_heads": 20,
+                "caption_channels": [4096, 4096],
+                "text_emb_dim": 2048,
+                "num_routed_experts": 4,
+                "num_activated_experts": 2,
+                "axes_dims_rope": [64, 32, 32],
+                "max_resolution": [128, 128],
+                "llama_layers": [*range(32), *([31] * 16)],
+                "force_inference_output": False,
+            }
+        ),
+        # LlamaModel (no LM head, see model/loading.py) of Llama-3.1-8B-Instruct.
+        "llama": MappingProxyType(
+            {
+                "hidden_size": 4096,
+                "intermediate_size": 14336,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "vocab_size": 128256,
+                "max_position_embeddings": 131072,
+                "rms_norm_eps": 1e-05,
+                "rope_theta": 500000.0,
+                "tie_word_embeddings": False,
+            }
+        ),
+        # T5-XXL encoder (text_encoder_3, T5EncoderModel).
+        "t5": MappingProxyType(
+            {
+                "d_model": 4096,
+                "d_ff": 10240,
+                "d_kv": 64,
+                "num_heads": 64,
+                "num_layers": 24,
+                "vocab_size": 32128,
+                "feed_forward_proj": "gated-gelu",
+                "relative_attention_num_buckets": 32,
+                "relative_attention_max_distance": 128,
+                "is_encoder_decoder": True,
+            }
+        ),
+        # Long-context CLIP-L / CLIP-G (CLIPTextModelWithProjection, 248 positions).
+        "clip_l": MappingProxyType(
+            {
+                "hidden_size": 768,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "projection_dim": 768,
+                "vocab_size": 49408,
+                "max_position_embeddings": 248,
+                "hidden_act": "quick_gelu",
+            }
+        ),
+        "clip_g": MappingProxyType(
+            {
+                "hidden_size": 1280,
+                "intermediate_size": 5120,
+                "num_hidden_layers": 32,
+                "num_attention_heads": 20,
+                "projection_dim": 1280,
+                "vocab_size": 49408,
+                "max_position_embeddings": 248,
+                "hidden_act": "gelu",
+            }
+        ),
+        # The FLUX-style 16-channel VAE (AutoencoderKL).
+        "vae": MappingProxyType(
+            {
+                "in_channels": 3,
+                "out_channels": 3,
+                "latent_channels": 16,
+                "block_out_channels": [128, 256, 512, 512],
+                "down_block_types": ["DownEncoderBlock2D"] * 4,
+                "up_block_types": ["UpDecoderBlock2D"] * 4,
+                "layers_per_block": 2,
+                "norm_num_groups": 32,
+                "scaling_factor": 0.3611,
+                "shift_factor": 0.1159,
+                "use_quant_conv": False,
+                "use_post_quant_conv": False,
+                "sample_size": 1024,
+            }
+        ),
+    }
+)

@@ -34,8 +34,11 @@ def write(report: Mapping[str, Any], command: str, folder: Path | None = None) -
     folder = folder or default_folder()
     if report.get("profile") != "trained":
         raise ValueError(f"the record is of the shipped trained weights; this run measured {report.get('profile')!r}")
-    record = {COMMAND_KEY: command, DIGEST_KEY: trained.asset_digest(folder),
-              **{k: v for k, v in report.items() if k != "per_case"}}
+    record = {
+        COMMAND_KEY: command,
+        DIGEST_KEY: trained.asset_digest(folder),
+        **{k: v for k, v in report.items() if k != "per_case"},
+    }
     path = folder / RECORD_FILE
     path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return path
@@ -73,11 +76,17 @@ def preset_figures(preset: str, record: Mapping[str, Any] | None = None) -> dict
         return None
     name, row = found
     exact = record["configurations"]["exact"]["success_rate"]
-    return {"value": value, "configuration": name, "cases": row["cases"],
-            "transformer_speedup": row["transformer_speedup_vs_exact"], "success_rate": row["success_rate"],
-            "exact_success_rate": exact, "success_change_points": round(100 * (row["success_rate"] - exact), 1),
-            "psnr_vs_exact_db": row["fidelity_vs_exact"]["psnr_db"]["median"],
-            "misses": rule_misses(preset, row, exact)}
+    return {
+        "value": value,
+        "configuration": name,
+        "cases": row["cases"],
+        "transformer_speedup": row["transformer_speedup_vs_exact"],
+        "success_rate": row["success_rate"],
+        "exact_success_rate": exact,
+        "success_change_points": round(100 * (row["success_rate"] - exact), 1),
+        "psnr_vs_exact_db": row["fidelity_vs_exact"]["psnr_db"]["median"],
+        "misses": rule_misses(preset, row, exact),
+    }
 
 
 def preset_words(preset: str, record: Mapping[str, Any] | None = None) -> str | None:
@@ -86,12 +95,17 @@ def preset_words(preset: str, record: Mapping[str, Any] | None = None) -> str | 
     if figures is None:
         return None
     change = figures["success_change_points"]
-    success = "the same success as exact" if change == 0 else \
-        f"{abs(change):g} points {'more' if change > 0 else 'fewer'} edits right than exact"
-    words = (f"`{preset}` = `{figures['value']}`: transformer {figures['transformer_speedup']:.2f}x as fast as exact, "
-             f"{success} ({100 * figures['success_rate']:.1f} % against {100 * figures['exact_success_rate']:.1f} %), "
-             f"pictures {figures['psnr_vs_exact_db']:.1f} dB PSNR from exact's (median, "
-             f"{figures['cases']} offline-model edits)")
+    success = (
+        "the same success as exact"
+        if change == 0
+        else f"{abs(change):g} points {'more' if change > 0 else 'fewer'} edits right than exact"
+    )
+    words = (
+        f"`{preset}` = `{figures['value']}`: transformer {figures['transformer_speedup']:.2f}x as fast as exact, "
+        f"{success} ({100 * figures['success_rate']:.1f} % against {100 * figures['exact_success_rate']:.1f} %), "
+        f"pictures {figures['psnr_vs_exact_db']:.1f} dB PSNR from exact's (median, "
+        f"{figures['cases']} offline-model edits)"
+    )
     if figures["misses"]:
         words += f"; misses its rule: {'; '.join(figures['misses'])}"
     return words

@@ -127,8 +127,20 @@ class TrainReport:
 
 # TrainSettings fields with a train-tiny flag of their own (--refine-batch ...): the recorded command names
 # those that differ from the defaults.
-CLI_KNOBS = ("batch", "refine_batch", "lr", "warmup", "edit_noise_min", "ground_steps", "ground_weight",
-             "ground_flow", "background_share", "vae_locality", "self_drift", "refine_self_drift")
+CLI_KNOBS = (
+    "batch",
+    "refine_batch",
+    "lr",
+    "warmup",
+    "edit_noise_min",
+    "ground_steps",
+    "ground_weight",
+    "ground_flow",
+    "background_share",
+    "vae_locality",
+    "self_drift",
+    "refine_self_drift",
+)
 
 
 def _sigma(u):
@@ -154,8 +166,13 @@ class _Seeds:
         return int(self.rng.integers(0, world.HELD_OUT_SEED_START))
 
 
-def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print,
-          vae_from: Path | None = None, init_from: Path | None = None) -> TrainReport:
+def train(
+    out: Path,
+    settings: TrainSettings,
+    log: Callable[[str], None] = print,
+    vae_from: Path | None = None,
+    init_from: Path | None = None,
+) -> TrainReport:
     """Train the VAE (or take it from `vae_from`), then the transformer, and write the asset folder `out`.
     `init_from`: fine-tune instead: the transformer starts from that run's weights, and its VAE and text
     encoders are taken too (the transformer only knows their latents and embeddings)."""
@@ -193,23 +210,26 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
             shift, scale = _latent_stats(vae, seeds, torch)
         log(f"train-tiny: VAE latents shift {shift:.4f} scale {scale:.4f}")
 
-        text_parts = {k: v for k, v in trained.part_tensors(base).items()
-                      if k.split("/")[0] not in ("vae", "transformer")}
+        text_parts = {
+            k: v for k, v in trained.part_tensors(base).items() if k.split("/")[0] not in ("vae", "transformer")
+        }
 
         def save(ema, loss: float, step: int) -> dict:
             tensors = dict(text_parts)
             tensors.update({f"vae/{k}": v for k, v in vae.state_dict().items()})
             tensors.update({f"transformer/{k}": v for k, v in ema.state_dict().items()})
-            meta = _meta(settings, shift, scale, vae_loss, loss, time.perf_counter() - started, step, vae_from,
-                         init_from)
+            meta = _meta(
+                settings, shift, scale, vae_loss, loss, time.perf_counter() - started, step, vae_from, init_from
+            )
             trained.write_asset(out, tensors, meta)
             return meta
 
         init = _transformer_tensors(Path(init_from)) if init_from is not None else None
         if init is not None:
             log(f"train-tiny: transformer from {init_from} (fine-tune)")
-        transformer, ema, loss = _train_transformer(spec, vae, shift, scale, embeds, len(prompts), settings,
-                                                    seeds, prompts, log, save, init)
+        transformer, ema, loss = _train_transformer(
+            spec, vae, shift, scale, embeds, len(prompts), settings, seeds, prompts, log, save, init
+        )
         meta = save(ema, loss, settings.steps)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -219,8 +239,17 @@ def train(out: Path, settings: TrainSettings, log: Callable[[str], None] = print
     return TrainReport(out=out, seconds=seconds, vae_loss=vae_loss, loss=loss, meta=meta)
 
 
-def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, loss: float, seconds: float,
-          step: int, vae_from: Path | None = None, init_from: Path | None = None) -> dict:
+def _meta(
+    settings: TrainSettings,
+    shift: float,
+    scale: float,
+    vae_loss: float,
+    loss: float,
+    seconds: float,
+    step: int,
+    vae_from: Path | None = None,
+    init_from: Path | None = None,
+) -> dict:
     import torch
 
     if init_from is not None:
@@ -230,12 +259,17 @@ def _meta(settings: TrainSettings, shift: float, scale: float, vae_loss: float, 
     else:
         start = f"--vae-steps {settings.vae_steps}"
     defaults = TrainSettings()
-    knobs = "".join(f" --{name.replace('_', '-')} {getattr(settings, name)}" for name in CLI_KNOBS
-                    if getattr(settings, name) != getattr(defaults, name))
+    knobs = "".join(
+        f" --{name.replace('_', '-')} {getattr(settings, name)}"
+        for name in CLI_KNOBS
+        if getattr(settings, name) != getattr(defaults, name)
+    )
     if settings.word_encoders:
         knobs += " --word-encoders"
-    command = (f"python -m hidream_ui train-tiny OUT --steps {settings.steps} {start}{knobs} --seed {settings.seed} "
-               f"--threads {settings.threads}")
+    command = (
+        f"python -m hidream_ui train-tiny OUT --steps {settings.steps} {start}{knobs} --seed {settings.seed} "
+        f"--threads {settings.threads}"
+    )
 
     meta = {
         "profile": PROFILE,
@@ -289,9 +323,14 @@ def _load_pipeline(root: Path, transformer=None):
     tokenizer_4 = AutoTokenizer.from_pretrained(root / LLAMA_DIR, local_files_only=True)
     text_encoder_4 = LlamaModel.from_pretrained(root / LLAMA_DIR, dtype=torch.float32, local_files_only=True)
     extra = {"transformer": transformer} if transformer is not None else {}
-    pipeline = HiDreamEditPipeline.from_pretrained(root / I1_DIR, tokenizer_4=tokenizer_4,
-                                                   text_encoder_4=text_encoder_4, dtype=torch.float32,
-                                                   local_files_only=True, **extra)
+    pipeline = HiDreamEditPipeline.from_pretrained(
+        root / I1_DIR,
+        tokenizer_4=tokenizer_4,
+        text_encoder_4=text_encoder_4,
+        dtype=torch.float32,
+        local_files_only=True,
+        **extra,
+    )
     pipeline.compute_device = "cpu"
     pipeline.set_progress_bar_config(disable=True)
     return pipeline
@@ -305,8 +344,9 @@ def _prompt_embeddings(base: Path, texts: list[str]):
 
     from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 
-    transformer = HiDreamImageTransformer2DModel.from_pretrained(base / E11_DIR, subfolder="transformer",
-                                                                 dtype=torch.float32, local_files_only=True)
+    transformer = HiDreamImageTransformer2DModel.from_pretrained(
+        base / E11_DIR, subfolder="transformer", dtype=torch.float32, local_files_only=True
+    )
     pipeline = _load_pipeline(base, transformer)
     with torch.no_grad():
         return PromptEmbeds.cat([pipeline.encode_text(t) for t in texts])
@@ -352,8 +392,10 @@ def _train_vae(base: Path, settings: TrainSettings, seeds: _Seeds, log):
         if step % settings.log_every == 0 or step == settings.vae_steps - 1:
             psnr = 10 * math.log10(4.0 / max(float(torch.nn.functional.mse_loss(y.detach(), x)), 1e-12))
             still_change = "" if locality is None else f" still-cell change {float(locality):.4f}"
-            log(f"vae step {step + 1}/{settings.vae_steps} loss {loss_value:.5f} psnr {psnr:.1f} dB{still_change} "
-                f"({time.perf_counter() - started:.0f} s)")
+            log(
+                f"vae step {step + 1}/{settings.vae_steps} loss {loss_value:.5f} psnr {psnr:.1f} dB{still_change} "
+                f"({time.perf_counter() - started:.0f} s)"
+            )
     return vae.eval().requires_grad_(False), loss_value
 
 
@@ -363,8 +405,9 @@ def still_cells(images: list, grid: tuple[int, int]) -> np.ndarray:
     pixel differs between the two."""
     rows, columns = grid
     pairs = len(images) // 2
-    return np.array([~world.moved_cells(images[2 * k], images[2 * k + 1], rows, columns) for k in range(pairs)],
-                    dtype=bool).reshape(pairs, rows, columns)
+    return np.array(
+        [~world.moved_cells(images[2 * k], images[2 * k + 1], rows, columns) for k in range(pairs)], dtype=bool
+    ).reshape(pairs, rows, columns)
 
 
 def locality_loss(z, still):
@@ -372,7 +415,7 @@ def locality_loss(z, still):
     `still` marks (still_cells), in units of the batch's latent variance (so the encoder cannot escape it by
     shrinking its latents); 0 where no cell is still."""
     pairs = still.shape[0]
-    change = (z[0:2 * pairs:2] - z[1:2 * pairs:2]).pow(2).mean(dim=1) / z.detach().var().clamp_min(1e-8)
+    change = (z[0 : 2 * pairs : 2] - z[1 : 2 * pairs : 2]).pow(2).mean(dim=1) / z.detach().var().clamp_min(1e-8)
     mask = still.to(change.dtype)
     return (change * mask).sum() / mask.sum().clamp_min(1.0)
 
@@ -384,7 +427,7 @@ def _transformer_tensors(source: Path) -> dict:
     trained.read_meta(source)  # a clear error when `source` is not a run's folder
     tensors = load_file(str(source / trained.WEIGHTS_FILE))
     prefix = "transformer/"
-    return {k[len(prefix):]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v.float() for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def _load_vae(base: Path, source: Path):
@@ -395,10 +438,14 @@ def _load_vae(base: Path, source: Path):
     meta = trained.read_meta(source)
     vae = AutoencoderKL.from_config(dict(AutoencoderKL.load_config(base / I1_DIR / "vae"))).float()
     tensors = load_file(str(source / trained.WEIGHTS_FILE))
-    vae.load_state_dict({k[len("vae/"):]: v.float() for k, v in tensors.items() if k.startswith("vae/")})
+    vae.load_state_dict({k[len("vae/") :]: v.float() for k, v in tensors.items() if k.startswith("vae/")})
     stats = meta["vae"]
-    return (vae.eval().requires_grad_(False), float(meta.get("final_vae_loss", float("nan"))),
-            float(stats["shift_factor"]), float(stats["scaling_factor"]))
+    return (
+        vae.eval().requires_grad_(False),
+        float(meta.get("final_vae_loss", float("nan"))),
+        float(stats["shift_factor"]),
+        float(stats["scaling_factor"]),
+    )
 
 
 def _latent_stats(vae, seeds: _Seeds, torch) -> tuple[float, float]:
@@ -421,8 +468,16 @@ class _Pool:
     target tokens' labels (`shape_tokens`), which `sample` returns fourth. With `background_share`: that share of
     the cases drawn are background edits, the rest recolours and removes."""
 
-    def __init__(self, size: int, encode, seeds: _Seeds, prompt_ids: dict[str, int], torch, tokens: int = 0,
-                 background_share: float | None = None):
+    def __init__(
+        self,
+        size: int,
+        encode,
+        seeds: _Seeds,
+        prompt_ids: dict[str, int],
+        torch,
+        tokens: int = 0,
+        background_share: float | None = None,
+    ):
         self.encode, self.seeds, self.prompt_ids, self.torch, self.tokens = encode, seeds, prompt_ids, torch, tokens
         # Its own stream, drawn only when asked: without a share the seeds (hence the default run) are unchanged.
         self.kind_rng = np.random.default_rng(seeds.next()) if background_share is not None else None
@@ -430,7 +485,7 @@ class _Pool:
         cases = [self._draw() for _ in range(size)]
         sources, targets = [], []
         for start in range(0, size, 32):  # encoded in chunks: one image at a time is slow, all at once is big
-            chunk = cases[start:start + 32]
+            chunk = cases[start : start + 32]
             sources.append(encode(pixels([c.source for c in chunk], torch)))
             targets.append(encode(pixels([c.target for c in chunk], torch)))
         self.source, self.target = torch.cat(sources), torch.cat(targets)
@@ -515,7 +570,7 @@ class _Grounding:
         """(B, rows * cols, D) of a block's output: the image tokens come first, row-major over the
         [target | source] input, the first `cols` of each row being the target's."""
         b = hidden.shape[0]
-        hidden = hidden[:, :self.rows * 2 * self.cols].reshape(b, self.rows, 2 * self.cols, -1)[:, :, :self.cols]
+        hidden = hidden[:, : self.rows * 2 * self.cols].reshape(b, self.rows, 2 * self.cols, -1)[:, :, : self.cols]
         return hidden.reshape(b, self.rows * self.cols, -1)
 
     def logits(self):
@@ -533,8 +588,9 @@ class _Grounding:
         loss = 0.5 * ((bce * named * scored).sum(1) / positives + (bce * (1 - named) * scored).sum(1) / negatives)
         with torch.no_grad():
             hit = (logits > 0).float()
-            accuracy = 0.5 * ((hit * named * scored).sum(1) / positives
-                              + ((1 - hit) * (1 - named) * scored).sum(1) / negatives)
+            accuracy = 0.5 * (
+                (hit * named * scored).sum(1) / positives + ((1 - hit) * (1 - named) * scored).sum(1) / negatives
+            )
         return loss.mean(), float(accuracy.mean())
 
 
@@ -603,7 +659,7 @@ def copy_head_init(model, spec) -> None:
             # RoPE rotates a pair at position p by p * omega; q . R(omega * (d - offset)) q peaks at d = offset.
             angle = -omega * offset
             rotation = torch.tensor([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
-            query[dim:dim + 2], key[dim:dim + 2] = q, rotation @ q
+            query[dim : dim + 2], key[dim : dim + 2] = q, rotation @ q
     with torch.no_grad():
         for linear, bias in ((attention.to_q, query), (attention.to_k, key)):
             linear.weight[:heads].zero_()
@@ -614,7 +670,7 @@ def copy_head_init(model, spec) -> None:
             norm.weight[:heads] = COPY_GAIN
         # adaLN chunks: shift, scale, gate of the image attention first; the gate's bias opens it.
         dim = block.adaLN_modulation[-1].out_features // 12
-        block.adaLN_modulation[-1].bias[2 * dim:3 * dim] = 1.0
+        block.adaLN_modulation[-1].bias[2 * dim : 3 * dim] = 1.0
 
 
 def training_mode(model) -> None:
@@ -650,9 +706,14 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
     parameters = [*model.parameters(), *(grounding.head.parameters() if grounding else ())]
 
     def forward(hidden, sigma, prompt_ids):
-        return model(hidden_states=hidden, timesteps=sigma * 1000, encoder_hidden_states_t5=embeds.t5[prompt_ids],
-                     encoder_hidden_states_llama3=embeds.llama[:, prompt_ids], pooled_embeds=embeds.pooled[prompt_ids],
-                     return_dict=False)[0]
+        return model(
+            hidden_states=hidden,
+            timesteps=sigma * 1000,
+            encoder_hidden_states_t5=embeds.t5[prompt_ids],
+            encoder_hidden_states_llama3=embeds.llama[:, prompt_ids],
+            pooled_embeds=embeds.pooled[prompt_ids],
+            return_dict=False,
+        )[0]
 
     def rand(n):
         return torch.rand(n, generator=generator)
@@ -682,8 +743,10 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
             optimizer.step()
             if step % settings.log_every == 0 or step == settings.ground_steps - 1:
                 elapsed = time.perf_counter() - started
-                log(f"grounding step {step + 1}/{settings.ground_steps} loss {float(loss.detach()):.4f} balanced "
-                    f"accuracy {np.mean(accuracies[-settings.log_every:]):.3f} ({elapsed:.0f} s)")
+                log(
+                    f"grounding step {step + 1}/{settings.ground_steps} loss {float(loss.detach()):.4f} balanced "
+                    f"accuracy {np.mean(accuracies[-settings.log_every :]):.3f} ({elapsed:.0f} s)"
+                )
 
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.AdamW(parameters, lr=settings.lr, weight_decay=0.0, betas=(0.9, 0.99))
@@ -732,8 +795,9 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
             sigma = _sigma(rand(settings.refine_batch) * _unshift(REFINE_MAX_SIGMA))
             noise = torch.randn(target.shape, generator=generator)
             s = sigma.view(-1, 1, 1, 1)
-            prompt = torch.where(rand(settings.refine_batch) < settings.text_drop,
-                                 torch.full_like(prompt, negative), prompt)
+            prompt = torch.where(
+                rand(settings.refine_batch) < settings.text_drop, torch.full_like(prompt, negative), prompt
+            )
             if settings.refine_self_drift:
                 # Refine self drift (TrainSettings.refine_self_drift): the content pulled in is the edit stage's
                 # estimate of this edit from a higher noise level, which is what the refine stage goes on from.
@@ -767,10 +831,13 @@ def _train_transformer(spec, vae, shift, scale, embeds, n_prompts, settings, see
         running = loss_value if running is None else 0.98 * running + 0.02 * loss_value
         if step % settings.log_every == 0 or step == settings.steps - 1:
             elapsed = time.perf_counter() - started
-            grounded = (f" grounding balanced accuracy {np.mean(accuracies[-settings.log_every:]):.3f}"
-                        if accuracies else "")
-            log(f"step {step + 1}/{settings.steps} loss {loss_value:.4f} (avg {running:.4f}){grounded} "
-                f"lr {optimizer.param_groups[0]['lr']:.2e} ({elapsed:.0f} s, {elapsed / (step + 1):.2f} s/step)")
+            grounded = (
+                f" grounding balanced accuracy {np.mean(accuracies[-settings.log_every :]):.3f}" if accuracies else ""
+            )
+            log(
+                f"step {step + 1}/{settings.steps} loss {loss_value:.4f} (avg {running:.4f}){grounded} "
+                f"lr {optimizer.param_groups[0]['lr']:.2e} ({elapsed:.0f} s, {elapsed / (step + 1):.2f} s/step)"
+            )
         if settings.checkpoint_every and (step + 1) % settings.checkpoint_every == 0 and step + 1 < settings.steps:
             save(ema, running, step + 1)
             log(f"train-tiny: checkpoint after {step + 1} steps")
@@ -835,9 +902,19 @@ def _set_lr(optimizer, peak: float, step: int, total: int, warmup: int) -> None:
 # ------------------------------------------------------------------------------------------------ decoder
 
 
-def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: float = 5e-4, batch: int = 8,
-                     log: Callable[[str], None] = print, log_every: int = 50, own: int = 0,
-                     own_share: float = DECODER_OWN_SHARE, round_trip_cases: int = ROUND_TRIP_CASES) -> dict:
+def finetune_decoder(
+    source: Path,
+    out: Path,
+    steps: int,
+    seed: int = 0,
+    lr: float = 5e-4,
+    batch: int = 8,
+    log: Callable[[str], None] = print,
+    log_every: int = 50,
+    own: int = 0,
+    own_share: float = DECODER_OWN_SHARE,
+    round_trip_cases: int = ROUND_TRIP_CASES,
+) -> dict:
     """More training for the VAE's decoder alone, on the weights in `source` (an asset folder); written to
     `out` with every other tensor as it was. The encoder, hence every latent the transformer learned, is
     untouched, so this runs after (or beside) the transformer phase and only sharpens the decoded pixels.
@@ -868,7 +945,7 @@ def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: flo
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     vae = AutoencoderKL.from_config(config).float()
-    vae.load_state_dict({k[len("vae/"):]: v.float() for k, v in tensors.items() if k.startswith("vae/")})
+    vae.load_state_dict({k[len("vae/") :]: v.float() for k, v in tensors.items() if k.startswith("vae/")})
     vae.requires_grad_(False)
     own_latents = own_targets = None
     if own:
@@ -892,7 +969,7 @@ def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: flo
         while len(images) < batch - per_batch:
             case = world.make_case(seeds.next())
             images += [case.source, case.target]
-        x = pixels(images[:batch - per_batch], torch)
+        x = pixels(images[: batch - per_batch], torch)
         with torch.no_grad():
             z = vae.encode(x).latent_dist.mode()
         noisy = z + 0.05 * z.std() * torch.randn(z.shape, generator=generator)
@@ -906,19 +983,33 @@ def finetune_decoder(source: Path, out: Path, steps: int, seed: int = 0, lr: flo
         optimizer.step()
         loss_value = float(loss.detach())
         if step % log_every == 0 or step == steps - 1:
-            log(f"decoder step {step + 1}/{steps} loss {loss_value:.5f} psnr "
-                f"{10 * math.log10(4.0 / max(loss_value, 1e-12)):.1f} dB ({time.perf_counter() - started:.0f} s)")
+            log(
+                f"decoder step {step + 1}/{steps} loss {loss_value:.5f} psnr "
+                f"{10 * math.log10(4.0 / max(loss_value, 1e-12)):.1f} dB ({time.perf_counter() - started:.0f} s)"
+            )
     seconds = time.perf_counter() - started
     kept = round_trip(vae, [world.make_case(seeds.next()) for _ in range(round_trip_cases)], torch)
-    log(f"decoder: round trip of {kept['cases']} fresh training targets: success {kept['success']:.3f}, "
-        f"untouched PSNR median {kept['untouched_psnr_median_db']} dB")
+    log(
+        f"decoder: round trip of {kept['cases']} fresh training targets: success {kept['success']:.3f}, "
+        f"untouched PSNR median {kept['untouched_psnr_median_db']} dB"
+    )
     if kept["success"] < 1:
         log(f"decoder: warning: {kept['failed']} of {kept['cases']} true targets no longer decode to a success")
     tensors.update({f"vae/{k}": v for k, v in vae.state_dict().items()})
     own_meta = {"own_edits": own, "own_kept": len(own_latents), "own_share": own_share} if own else {}
-    meta = {**meta, "decoder_finetune": {"from": meta.get("command"), "steps": steps, "seed": seed, "lr": lr,
-                                         **own_meta, "final_loss": round(loss_value, 6),
-                                         "seconds": round(seconds, 1), "round_trip": kept}}
+    meta = {
+        **meta,
+        "decoder_finetune": {
+            "from": meta.get("command"),
+            "steps": steps,
+            "seed": seed,
+            "lr": lr,
+            **own_meta,
+            "final_loss": round(loss_value, 6),
+            "seconds": round(seconds, 1),
+            "round_trip": kept,
+        },
+    }
     trained.write_asset(out, tensors, meta)
     return meta
 
@@ -930,15 +1021,19 @@ def round_trip(vae, cases: list, torch) -> dict:
     scores = []
     with torch.no_grad():
         for i in range(0, len(cases), 16):
-            chunk = cases[i:i + 16]
+            chunk = cases[i : i + 16]
             z = vae.encode(pixels([c.target for c in chunk], torch)).latent_dist.mode()
             images = to_images(vae.decode(z).sample)
             scores += [world.score(c, image) for c, image in zip(chunk, images)]
     success = [s["success"] for s in scores]
-    return {"cases": len(scores), "success": round(float(np.mean(success)), 4) if scores else 1.0,
-            "failed": len(scores) - sum(success),
-            "untouched_psnr_median_db": round(float(np.median([s["untouched_psnr_db"] for s in scores])), 2)
-            if scores else None}
+    return {
+        "cases": len(scores),
+        "success": round(float(np.mean(success)), 4) if scores else 1.0,
+        "failed": len(scores) - sum(success),
+        "untouched_psnr_median_db": round(float(np.median([s["untouched_psnr_db"] for s in scores])), 2)
+        if scores
+        else None,
+    }
 
 
 def _own_latents(weights: Path, vae, count: int, seeds: _Seeds, log: Callable[[str], None]):
@@ -954,8 +1049,12 @@ def _own_latents(weights: Path, vae, count: int, seeds: _Seeds, log: Callable[[s
         scale, shift = pipeline.vae.config.scaling_factor, pipeline.vae.config.shift_factor
         for i in range(count):
             case = world.make_case(seeds.next())
-            z = pipeline(Image.fromarray(case.source), case.instruction, output_type="latent",
-                         generator=torch.Generator().manual_seed(case.seed % (2**31))).images
+            z = pipeline(
+                Image.fromarray(case.source),
+                case.instruction,
+                output_type="latent",
+                generator=torch.Generator().manual_seed(case.seed % (2**31)),
+            ).images
             z = z.float() / scale + shift
             with torch.no_grad():
                 image = to_images(vae.decode(z).sample)[0]
@@ -973,8 +1072,7 @@ def _own_latents(weights: Path, vae, count: int, seeds: _Seeds, log: Callable[[s
 # ------------------------------------------------------------------------------------------------ evaluation
 
 
-def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, grid: Path | None = None,
-             **call) -> dict:
+def evaluate(weights: Path, cases: int, log: Callable[[str], None] = print, grid: Path | None = None, **call) -> dict:
     """Held-out success through the real loader and pipeline: `weights` (an asset folder) laid over a fresh
     build, loaded by `load_model` (fp32 on the CPU), one edit per case with the default E1.1 settings at the
     world's 128 x 128 (the model's `auto` working size), scored by world.score. With `grid`, the first
@@ -1008,8 +1106,9 @@ def write_grid(shots: list[tuple], path: Path) -> None:
     Image.fromarray(np.concatenate(rows, axis=0)).save(path)
 
 
-def oracle(weights: Path, cases: int, at_steps: list[int], log: Callable[[str], None] = print,
-           **call) -> dict[int, dict]:
+def oracle(
+    weights: Path, cases: int, at_steps: list[int], log: Callable[[str], None] = print, **call
+) -> dict[int, dict]:
     """Where sampling loses the edit: for each step index k, every held-out edit runs with its latents put,
     after step k, exactly on the true target's noised point (``(1 - s) x0 + s e`` at the next noise level
     s); the model samples on from there as usual. k = -1 puts nothing. The sampler is first order (UniPC of
@@ -1019,9 +1118,12 @@ def oracle(weights: Path, cases: int, at_steps: list[int], log: Callable[[str], 
 
     with eval_pipeline(weights) as pipeline:
         pipeline.scheduler = UniPCMultistepScheduler.from_config(
-            pipeline.scheduler.config, solver_order=1, disable_corrector=list(range(1000)))
-        return {k: _score(pipeline, cases, lambda line, k=k: log(f"oracle after step {k}: {line}"), call, k)
-                for k in at_steps}
+            pipeline.scheduler.config, solver_order=1, disable_corrector=list(range(1000))
+        )
+        return {
+            k: _score(pipeline, cases, lambda line, k=k: log(f"oracle after step {k}: {line}"), call, k)
+            for k in at_steps
+        }
 
 
 def calibrate_magcache(weights: Path, cases: int, log: Callable[[str], None] = print) -> dict:
@@ -1037,20 +1139,34 @@ def calibrate_magcache(weights: Path, cases: int, log: Callable[[str], None] = p
     steps, strength = defaults.num_inference_steps, defaults.refine_strength
 
     def edit(case):
-        return lambda: pipeline(Image.fromarray(case.source), case.instruction, num_inference_steps=steps,
-                                refine_strength=strength, generator=torch.Generator().manual_seed(case.seed))
+        return lambda: pipeline(
+            Image.fromarray(case.source),
+            case.instruction,
+            num_inference_steps=steps,
+            refine_strength=strength,
+            generator=torch.Generator().manual_seed(case.seed),
+        )
 
     with eval_pipeline(weights) as pipeline:
         started = time.perf_counter()
-        ratios = mag_calibrate.calibrate(pipeline, (edit(world.make_case(seed)) for seed in range(cases)), steps,
-                                         strength)
-    log(f"MagCache calibration ({cases} edits, {time.perf_counter() - started:.0f} s): edit "
-        f"{[round(v, 3) for v in ratios.edit]}, refine {[round(v, 3) for v in ratios.refine]}")
+        ratios = mag_calibrate.calibrate(
+            pipeline, (edit(world.make_case(seed)) for seed in range(cases)), steps, strength
+        )
+    log(
+        f"MagCache calibration ({cases} edits, {time.perf_counter() - started:.0f} s): edit "
+        f"{[round(v, 3) for v in ratios.edit]}, refine {[round(v, 3) for v in ratios.refine]}"
+    )
     return ratios.to_json()
 
 
-def _score(pipeline, cases: int, log: Callable[[str], None], call: dict, oracle_step: int | None = None,
-           shots: list | None = None) -> dict:
+def _score(
+    pipeline,
+    cases: int,
+    log: Callable[[str], None],
+    call: dict,
+    oracle_step: int | None = None,
+    shots: list | None = None,
+) -> dict:
     import torch
     from PIL import Image
 
@@ -1060,8 +1176,13 @@ def _score(pipeline, cases: int, log: Callable[[str], None], call: dict, oracle_
         extra = {}
         if oracle_step is not None:
             extra["callback_on_step_end"] = _oracle_callback(pipeline, case, oracle_step, torch)
-        image = pipeline(Image.fromarray(case.source), case.instruction,
-                         generator=torch.Generator().manual_seed(case.seed % (2**31)), **call, **extra).images[0]
+        image = pipeline(
+            Image.fromarray(case.source),
+            case.instruction,
+            generator=torch.Generator().manual_seed(case.seed % (2**31)),
+            **call,
+            **extra,
+        ).images[0]
         scores.append(world.score(case, image))
         if shots is not None and len(shots) < GRID_ROWS:
             shots.append((case, image, scores[-1]))
@@ -1104,79 +1225,173 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the data, init and noise (0)")
     parser.add_argument("--pool", type=int, default=defaults.pool, help=f"latent pairs kept ({defaults.pool})")
     parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads (1: deterministic)")
-    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                        help="also write OUT every K transformer steps (default 0: only at the end)")
-    parser.add_argument("--decoder-from", type=Path, metavar="DIR",
-                        help="instead of training: fine-tune the VAE decoder of the weights in DIR for "
-                        "--decoder-steps and write OUT (the encoder, hence the transformer's latents, unchanged)")
-    parser.add_argument("--vae-from", type=Path, metavar="DIR",
-                        help="take the VAE (and its latent shift and scale) from the weights in DIR instead of "
-                        "training one (--vae-steps is then ignored)")
-    parser.add_argument("--init-from", type=Path, metavar="DIR",
-                        help="fine-tune: start the transformer from the weights in DIR and keep DIR's VAE and "
-                        "text encoders")
-    parser.add_argument("--batch", type=int, default=defaults.batch,
-                        help=f"edit-stage samples per step ({defaults.batch})")
-    parser.add_argument("--refine-batch", type=int, default=defaults.refine_batch,
-                        help=f"refine-stage samples per step ({defaults.refine_batch}; 0: none)")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also write OUT every K transformer steps (default 0: only at the end)",
+    )
+    parser.add_argument(
+        "--decoder-from",
+        type=Path,
+        metavar="DIR",
+        help="instead of training: fine-tune the VAE decoder of the weights in DIR for "
+        "--decoder-steps and write OUT (the encoder, hence the transformer's latents, unchanged)",
+    )
+    parser.add_argument(
+        "--vae-from",
+        type=Path,
+        metavar="DIR",
+        help="take the VAE (and its latent shift and scale) from the weights in DIR instead of "
+        "training one (--vae-steps is then ignored)",
+    )
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        metavar="DIR",
+        help="fine-tune: start the transformer from the weights in DIR and keep DIR's VAE and text encoders",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=defaults.batch, help=f"edit-stage samples per step ({defaults.batch})"
+    )
+    parser.add_argument(
+        "--refine-batch",
+        type=int,
+        default=defaults.refine_batch,
+        help=f"refine-stage samples per step ({defaults.refine_batch}; 0: none)",
+    )
     parser.add_argument("--lr", type=float, default=defaults.lr, help=f"peak learning rate ({defaults.lr:g})")
-    parser.add_argument("--warmup", type=int, default=defaults.warmup,
-                        help=f"learning-rate warm-up steps ({defaults.warmup})")
-    parser.add_argument("--edit-noise-min", type=float, default=defaults.edit_noise_min, metavar="S",
-                        help="draw every edit-stage noise level in [S, 1] (default 0: the whole range; e.g. 0.8 "
-                        "trains where only the copy heads can bring the source's colours)")
-    parser.add_argument("--word-encoders", action="store_true",
-                        help="set the text encoders to the bag-of-words design of words.py (the world's words "
-                        "distinct; frozen) instead of the build's random or DIR's (--init-from) encoders")
-    parser.add_argument("--ground-steps", type=int, default=defaults.ground_steps, metavar="N",
-                        help="first train a training-only head to find the named shape's tokens for N steps "
-                        "(default 0: none; docs/model-weights.md, \"Which shape?\")")
-    parser.add_argument("--ground-weight", type=float, default=defaults.ground_weight, metavar="W",
-                        help="keep that head's loss beside the flow loss with weight W (default 0: not kept)")
-    parser.add_argument("--ground-flow", type=float, default=defaults.ground_flow, metavar="W",
-                        help="add the flow loss of those cases (recolours and removes among several shapes, noise "
-                        "0.9-1) with weight W (default 0: not added)")
-    parser.add_argument("--background-share", type=float, metavar="P",
-                        help="draw this share of the flow loss's training cases as background edits, the rest "
-                        "recolours and removes (default: the world's mix, a third)")
-    parser.add_argument("--self-drift", type=float, default=defaults.self_drift, metavar="P",
-                        help="on this share of the edit samples, pull the noisy input towards the model's own "
-                        "estimate from pure noise instead of another case (default 0: none)")
-    parser.add_argument("--refine-self-drift", type=float, default=defaults.refine_self_drift, metavar="P",
-                        help="on this share of the refine samples with the instruction, pull the noisy input "
-                        "towards the edit stage's own estimate from a higher noise level (default 0: none)")
-    parser.add_argument("--vae-locality", type=float, default=defaults.vae_locality, metavar="W",
-                        help="weight of the VAE's locality loss: the latent change, source to target, on cells "
-                        "where no pixel changes (default 0: reconstruction only)")
+    parser.add_argument(
+        "--warmup", type=int, default=defaults.warmup, help=f"learning-rate warm-up steps ({defaults.warmup})"
+    )
+    parser.add_argument(
+        "--edit-noise-min",
+        type=float,
+        default=defaults.edit_noise_min,
+        metavar="S",
+        help="draw every edit-stage noise level in [S, 1] (default 0: the whole range; e.g. 0.8 "
+        "trains where only the copy heads can bring the source's colours)",
+    )
+    parser.add_argument(
+        "--word-encoders",
+        action="store_true",
+        help="set the text encoders to the bag-of-words design of words.py (the world's words "
+        "distinct; frozen) instead of the build's random or DIR's (--init-from) encoders",
+    )
+    parser.add_argument(
+        "--ground-steps",
+        type=int,
+        default=defaults.ground_steps,
+        metavar="N",
+        help="first train a training-only head to find the named shape's tokens for N steps "
+        '(default 0: none; docs/model-weights.md, "Which shape?")',
+    )
+    parser.add_argument(
+        "--ground-weight",
+        type=float,
+        default=defaults.ground_weight,
+        metavar="W",
+        help="keep that head's loss beside the flow loss with weight W (default 0: not kept)",
+    )
+    parser.add_argument(
+        "--ground-flow",
+        type=float,
+        default=defaults.ground_flow,
+        metavar="W",
+        help="add the flow loss of those cases (recolours and removes among several shapes, noise "
+        "0.9-1) with weight W (default 0: not added)",
+    )
+    parser.add_argument(
+        "--background-share",
+        type=float,
+        metavar="P",
+        help="draw this share of the flow loss's training cases as background edits, the rest "
+        "recolours and removes (default: the world's mix, a third)",
+    )
+    parser.add_argument(
+        "--self-drift",
+        type=float,
+        default=defaults.self_drift,
+        metavar="P",
+        help="on this share of the edit samples, pull the noisy input towards the model's own "
+        "estimate from pure noise instead of another case (default 0: none)",
+    )
+    parser.add_argument(
+        "--refine-self-drift",
+        type=float,
+        default=defaults.refine_self_drift,
+        metavar="P",
+        help="on this share of the refine samples with the instruction, pull the noisy input "
+        "towards the edit stage's own estimate from a higher noise level (default 0: none)",
+    )
+    parser.add_argument(
+        "--vae-locality",
+        type=float,
+        default=defaults.vae_locality,
+        metavar="W",
+        help="weight of the VAE's locality loss: the latent change, source to target, on cells "
+        "where no pixel changes (default 0: reconstruction only)",
+    )
     parser.add_argument("--decoder-steps", type=int, default=1000, help="steps of --decoder-from (1000)")
     parser.add_argument("--decoder-lr", type=float, default=5e-4, help="peak learning rate of --decoder-from (5e-4)")
-    parser.add_argument("--decoder-own", type=int, default=0, metavar="N",
-                        help="with --decoder-from: first sample N training edits with DIR's pipeline and train the "
-                        "decoder on their final latents too (--decoder-own-share of each batch; default 0: none)")
-    parser.add_argument("--decoder-own-share", type=float, metavar="S",
-                        help="with --decoder-own: the share of each decoder batch taken from those latents, the rest "
-                        f"reconstructions of fresh training cases ({DECODER_OWN_SHARE}: more broke the VAE's "
-                        "round trip)")
-    parser.add_argument("--eval", type=int, default=0, metavar="N",
-                        help="then score N held-out cases through the loader and pipeline and record the figures "
-                        "in OUT/trained.json (what the app's banner quotes; default 0: none)")
-    parser.add_argument("--eval-only", action="store_true",
-                        help="do not train: score the weights already in OUT (needs --eval N)")
-    parser.add_argument("--grid", type=Path, metavar="PNG",
-                        help=f"with --eval: also draw the first {GRID_ROWS} held-out cases into PNG (source | "
-                        "target | result, a strip green where the edit succeeded, red where it failed)")
-    parser.add_argument("--calibrate-magcache", type=int, default=0, metavar="N",
-                        help="then measure MagCache's ratios of the weights in OUT on N training-range edits and "
-                        "record them in OUT/trained.json (what `--cache magcache:T` uses; docs/speed.md)")
-    parser.add_argument("--oracle", metavar="K[,K...]",
-                        help="with --eval-only: instead of scoring, show where sampling loses the edits: put "
-                        "each edit on its true target's noised point after step K, sample on (first-order "
-                        "sampler), score; -1 puts nothing (docs/model-weights.md)")
-    parser.add_argument("--one-call", metavar="S[,S...]",
-                        help="with --eval-only --eval N: instead of scoring edits, noise each held-out edit's "
-                        "true target to level S, call the transformer once per stage without guidance and score "
-                        "its clean estimate, with the untouched shapes that keep their colour and whether the edit "
-                        "lands on the shape the instruction names (docs/model-weights.md, \"Which shape?\")")
+    parser.add_argument(
+        "--decoder-own",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --decoder-from: first sample N training edits with DIR's pipeline and train the "
+        "decoder on their final latents too (--decoder-own-share of each batch; default 0: none)",
+    )
+    parser.add_argument(
+        "--decoder-own-share",
+        type=float,
+        metavar="S",
+        help="with --decoder-own: the share of each decoder batch taken from those latents, the rest "
+        f"reconstructions of fresh training cases ({DECODER_OWN_SHARE}: more broke the VAE's "
+        "round trip)",
+    )
+    parser.add_argument(
+        "--eval",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then score N held-out cases through the loader and pipeline and record the figures "
+        "in OUT/trained.json (what the app's banner quotes; default 0: none)",
+    )
+    parser.add_argument(
+        "--eval-only", action="store_true", help="do not train: score the weights already in OUT (needs --eval N)"
+    )
+    parser.add_argument(
+        "--grid",
+        type=Path,
+        metavar="PNG",
+        help=f"with --eval: also draw the first {GRID_ROWS} held-out cases into PNG (source | "
+        "target | result, a strip green where the edit succeeded, red where it failed)",
+    )
+    parser.add_argument(
+        "--calibrate-magcache",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then measure MagCache's ratios of the weights in OUT on N training-range edits and "
+        "record them in OUT/trained.json (what `--cache magcache:T` uses; docs/speed.md)",
+    )
+    parser.add_argument(
+        "--oracle",
+        metavar="K[,K...]",
+        help="with --eval-only: instead of scoring, show where sampling loses the edits: put "
+        "each edit on its true target's noised point after step K, sample on (first-order "
+        "sampler), score; -1 puts nothing (docs/model-weights.md)",
+    )
+    parser.add_argument(
+        "--one-call",
+        metavar="S[,S...]",
+        help="with --eval-only --eval N: instead of scoring edits, noise each held-out edit's "
+        "true target to level S, call the transformer once per stage without guidance and score "
+        "its clean estimate, with the untouched shapes that keep their colour and whether the edit "
+        'lands on the shape the instruction names (docs/model-weights.md, "Which shape?")',
+    )
     args = parser.parse_args(argv)
     for name in ("steps", "vae_steps", "pool", "threads", "batch", "refine_batch", "warmup"):
         if getattr(args, name) < (0 if name in ("steps", "vae_steps", "refine_batch", "warmup") else 1):
@@ -1189,8 +1404,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.vae_locality < 0:
         parser.error(f"--vae-locality must be >= 0, got {args.vae_locality}")
     if args.vae_locality and any(getattr(args, n) is not None for n in ("init_from", "vae_from", "decoder_from")):
-        parser.error("--vae-locality weighs a loss of the VAE's training: not with --init-from, --vae-from or "
-                     "--decoder-from (they take an earlier run's encoder as it is)")
+        parser.error(
+            "--vae-locality weighs a loss of the VAE's training: not with --init-from, --vae-from or "
+            "--decoder-from (they take an earlier run's encoder as it is)"
+        )
     if args.background_share is not None and not (0 <= args.background_share <= 1):
         parser.error(f"--background-share must be in [0, 1], got {args.background_share}")
     for flag, lr in (("--lr", args.lr), ("--decoder-lr", args.decoder_lr)):
@@ -1204,8 +1421,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--decoder-own-share must be in (0, 1], got {args.decoder_own_share}")
     if args.decoder_own and args.decoder_from is None:
         parser.error("--decoder-own samples edits with the weights of --decoder-from DIR: give --decoder-from")
-    starts = [f"--{name.replace('_', '-')}" for name in ("init_from", "vae_from", "decoder_from")
-              if getattr(args, name) is not None]
+    starts = [
+        f"--{name.replace('_', '-')}"
+        for name in ("init_from", "vae_from", "decoder_from")
+        if getattr(args, name) is not None
+    ]
     if len(starts) > 1:
         parser.error(f"{' and '.join(starts)} exclude each other")
     if args.init_from is not None and not (args.init_from / trained.META_FILE).is_file():
@@ -1230,30 +1450,57 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--grid draws what --eval N scores: give --eval N (and not --oracle or --one-call)")
     if args.grid is not None and args.grid.suffix.lower() != ".png":
         parser.error(f"--grid writes a PNG: give a path ending in .png, got {args.grid}")
-    settings = TrainSettings(steps=args.steps, vae_steps=args.vae_steps, seed=args.seed, pool=args.pool,
-                             threads=args.threads, batch=args.batch, refine_batch=args.refine_batch, lr=args.lr,
-                             warmup=args.warmup, edit_noise_min=args.edit_noise_min,
-                             word_encoders=args.word_encoders, ground_steps=max(0, args.ground_steps),
-                             ground_weight=max(0.0, args.ground_weight), ground_flow=max(0.0, args.ground_flow),
-                             background_share=args.background_share, vae_locality=args.vae_locality,
-                             self_drift=args.self_drift, refine_self_drift=args.refine_self_drift,
-                             checkpoint_every=max(0, args.checkpoint_every),
-                             log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)))
+    settings = TrainSettings(
+        steps=args.steps,
+        vae_steps=args.vae_steps,
+        seed=args.seed,
+        pool=args.pool,
+        threads=args.threads,
+        batch=args.batch,
+        refine_batch=args.refine_batch,
+        lr=args.lr,
+        warmup=args.warmup,
+        edit_noise_min=args.edit_noise_min,
+        word_encoders=args.word_encoders,
+        ground_steps=max(0, args.ground_steps),
+        ground_weight=max(0.0, args.ground_weight),
+        ground_flow=max(0.0, args.ground_flow),
+        background_share=args.background_share,
+        vae_locality=args.vae_locality,
+        self_drift=args.self_drift,
+        refine_self_drift=args.refine_self_drift,
+        checkpoint_every=max(0, args.checkpoint_every),
+        log_every=max(1, min(defaults.log_every, args.steps // 20 or 1)),
+    )
     if args.eval_only:
         pass  # score (or --oracle) the weights already in OUT, below
     elif args.decoder_from is not None:
         torch_threads(args.threads)
-        finetune_decoder(args.decoder_from, args.out, args.decoder_steps, seed=args.seed, lr=args.decoder_lr,
-                         own=args.decoder_own,
-                         own_share=DECODER_OWN_SHARE if args.decoder_own_share is None else args.decoder_own_share,
-                         log=lambda line: print(line, flush=True))
+        finetune_decoder(
+            args.decoder_from,
+            args.out,
+            args.decoder_steps,
+            seed=args.seed,
+            lr=args.decoder_lr,
+            own=args.decoder_own,
+            own_share=DECODER_OWN_SHARE if args.decoder_own_share is None else args.decoder_own_share,
+            log=lambda line: print(line, flush=True),
+        )
     else:
-        train(args.out, settings, log=lambda line: print(line, flush=True), vae_from=args.vae_from,
-              init_from=args.init_from)
+        train(
+            args.out,
+            settings,
+            log=lambda line: print(line, flush=True),
+            vae_from=args.vae_from,
+            init_from=args.init_from,
+        )
     if args.calibrate_magcache:
         ratios = calibrate_magcache(args.out, args.calibrate_magcache, log=lambda line: print(line, flush=True))
-        trained.record_mag_ratios(args.out, ratios, f"python -m hidream_ui train-tiny OUT --eval-only "
-                                  f"--calibrate-magcache {args.calibrate_magcache}")
+        trained.record_mag_ratios(
+            args.out,
+            ratios,
+            f"python -m hidream_ui train-tiny OUT --eval-only --calibrate-magcache {args.calibrate_magcache}",
+        )
     if oracle_steps is not None:
         oracle(args.out, args.eval, oracle_steps, log=lambda line: print(line, flush=True))
     elif levels is not None:

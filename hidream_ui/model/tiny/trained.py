@@ -113,14 +113,19 @@ def overlay(root: Path, folder: Path) -> None:
     lora = root / E1_FULL_DIR / E1_FULL_FILE
     if lora.is_file():
         stored = load_file(str(lora))
-        new = {key: (torch.zeros_like(value) if ".lora_B." in key else value) if "lora_" in key
-               else _take(tensors, "transformer", key, value, lora) for key, value in stored.items()}
+        new = {
+            key: (torch.zeros_like(value) if ".lora_B." in key else value)
+            if "lora_" in key
+            else _take(tensors, "transformer", key, value, lora)
+            for key, value in stored.items()
+        }
         save_file(new, str(lora), metadata={"format": "pt"})
         os.chmod(lora, _default_file_mode(lora.parent))
     vae_config = root / I1_DIR / "vae" / "config.json"
     config = json.loads(vae_config.read_text(encoding="utf-8"))
-    config.update({"scaling_factor": float(meta["vae"]["scaling_factor"]),
-                   "shift_factor": float(meta["vae"]["shift_factor"])})
+    config.update(
+        {"scaling_factor": float(meta["vae"]["scaling_factor"]), "shift_factor": float(meta["vae"]["shift_factor"])}
+    )
     _write_json(vae_config, config)
     if meta.get(MAG_RATIOS_KEY):
         from hidream_ui.pipeline.speed import mag_ratios
@@ -143,7 +148,7 @@ def replace_parts(root: Path, tensors: Mapping[str, "torch.Tensor"], parts: Iter
         for path in sorted(target.glob("*.safetensors")):
             stored = load_file(str(path))
             prefix = "model.diffusion_model." if path.name.endswith("comfyui_bf16.safetensors") else ""
-            new = {key: _take(tensors, part, key[len(prefix):], value, path) for key, value in stored.items()}
+            new = {key: _take(tensors, part, key[len(prefix) :], value, path) for key, value in stored.items()}
             save_file(new, str(path), metadata={"format": "pt"})
             os.chmod(path, mode)
 
@@ -152,8 +157,10 @@ def _take(tensors: Mapping[str, "torch.Tensor"], part: str, key: str, like: "tor
     name = f"{part}/{key}"
     value = tensors.get(name)
     if value is None:
-        raise KeyError(f"trained weights have no {name!r} (needed by {path}): the asset and the profile disagree; "
-                       "retrain with `python -m hidream_ui train-tiny`")
+        raise KeyError(
+            f"trained weights have no {name!r} (needed by {path}): the asset and the profile disagree; "
+            "retrain with `python -m hidream_ui train-tiny`"
+        )
     if tuple(value.shape) != tuple(like.shape):
         raise ValueError(f"trained weight {name!r} has shape {tuple(value.shape)}, {path} needs {tuple(like.shape)}")
     return value.to(like.dtype).contiguous()
@@ -179,7 +186,10 @@ def write_asset(folder: Path, tensors: Mapping[str, "torch.Tensor"], meta: Mappi
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({key: tensors[key].detach().to("cpu", torch.bfloat16).contiguous() for key in sorted(tensors)},
-              str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_file(
+        {key: tensors[key].detach().to("cpu", torch.bfloat16).contiguous() for key in sorted(tensors)},
+        str(folder / WEIGHTS_FILE),
+        metadata={"format": "pt"},
+    )
     os.chmod(folder / WEIGHTS_FILE, _default_file_mode(folder))  # safetensors leaves 0o600
     _write_json(folder / META_FILE, dict(meta))

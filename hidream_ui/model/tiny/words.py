@@ -43,8 +43,12 @@ DIRECTION_SEED = 0
 # holds what tells instructions apart.
 FILLERS = ("make", "the")
 # How each part numbers its layers in its keys.
-_LAYER_KEYS = {"clip_l": r"text_model\.encoder\.layers\.(\d+)\.", "clip_g": r"text_model\.encoder\.layers\.(\d+)\.",
-               "t5": r"encoder\.block\.(\d+)\.", "llama": r"model\.layers\.(\d+)\."}
+_LAYER_KEYS = {
+    "clip_l": r"text_model\.encoder\.layers\.(\d+)\.",
+    "clip_g": r"text_model\.encoder\.layers\.(\d+)\.",
+    "t5": r"encoder\.block\.(\d+)\.",
+    "llama": r"model\.layers\.(\d+)\.",
+}
 
 
 def apply(root: Path, seed: int, prompts: Iterable[str]) -> None:
@@ -97,15 +101,18 @@ def word_token_ids(tokenizer, sentences: Iterable[str]) -> dict[str, set[int]]:
         words = sentence.split()
         tokens = tokenizer(sentence, add_special_tokens=False).input_ids
         if len(tokens) != len(words):
-            raise ValueError(f"{type(tokenizer).__name__} splits {sentence!r} into {len(tokens)} tokens, not one per "
-                             f"word ({len(words)})")
+            raise ValueError(
+                f"{type(tokenizer).__name__} splits {sentence!r} into {len(tokens)} tokens, not one per "
+                f"word ({len(words)})"
+            )
         for word, token in zip(words, tokens):
             ids.setdefault(word, set()).add(int(token))
     return ids
 
 
-def _embed(table: "torch.Tensor", ids: Mapping[str, set[int]], directions: Mapping[str, "torch.Tensor"],
-           scale: float = 1.0) -> None:
+def _embed(
+    table: "torch.Tensor", ids: Mapping[str, set[int]], directions: Mapping[str, "torch.Tensor"], scale: float = 1.0
+) -> None:
     """No token but a world word has a component in the word dims (the average then holds the instruction's
     words and nothing else); a word without a direction (a filler: "make", "the") embeds as zero."""
     table[:, :WORD_DIMS] = 0.0
@@ -126,7 +133,7 @@ def _average_into_context(v: "torch.Tensor", o: "torch.Tensor", scale: float = 1
     o.zero_()
     eye = torch.eye(WORD_DIMS)
     v[:WORD_DIMS, :WORD_DIMS] = eye
-    o[WORD_DIMS:2 * WORD_DIMS, :WORD_DIMS] = scale * CONTEXT_GAIN * eye
+    o[WORD_DIMS : 2 * WORD_DIMS, :WORD_DIMS] = scale * CONTEXT_GAIN * eye
 
 
 def _ones(tensors, key) -> None:
@@ -138,8 +145,11 @@ def _zero(tensors, *keys) -> None:
         tensors[key].zero_()
 
 
-def distinct_word_tensors(tensors: Mapping[str, "torch.Tensor"], token_ids: Mapping[str, Mapping[str, set[int]]],
-                          directions: Mapping[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+def distinct_word_tensors(
+    tensors: Mapping[str, "torch.Tensor"],
+    token_ids: Mapping[str, Mapping[str, set[int]]],
+    directions: Mapping[str, "torch.Tensor"],
+) -> dict[str, "torch.Tensor"]:
     """A copy of the text parts of `tensors` (keyed "<part>/<key>" as in weights.safetensors) with the bag-of-
     words design above. `token_ids[part]`: word -> its token ids in that part's tokenizer; a word without a direction
     (FILLERS) embeds as zero."""
@@ -153,9 +163,15 @@ def distinct_word_tensors(tensors: Mapping[str, "torch.Tensor"], token_ids: Mapp
         _zero(out, p + "embeddings.position_embedding.weight")
         for layer in range(layer_count(out, part)):
             q = f"{p}encoder.layers.{layer}."
-            _zero(out, *(q + f"self_attn.{n}_proj.{w}" for n in ("q", "k") for w in ("weight", "bias")),
-                  q + "self_attn.v_proj.bias", q + "self_attn.out_proj.bias", q + "mlp.fc2.weight", q + "mlp.fc2.bias",
-                  q + "layer_norm1.bias")
+            _zero(
+                out,
+                *(q + f"self_attn.{n}_proj.{w}" for n in ("q", "k") for w in ("weight", "bias")),
+                q + "self_attn.v_proj.bias",
+                q + "self_attn.out_proj.bias",
+                q + "mlp.fc2.weight",
+                q + "mlp.fc2.bias",
+                q + "layer_norm1.bias",
+            )
             _ones(out, q + "layer_norm1.weight")
             if layer == 0:
                 _average_into_context(out[q + "self_attn.v_proj.weight"], out[q + "self_attn.out_proj.weight"])
@@ -166,7 +182,7 @@ def distinct_word_tensors(tensors: Mapping[str, "torch.Tensor"], token_ids: Mapp
         # The pooled output reads the end token's context dims: the average of the instruction's words.
         projection = out[f"{part}/text_projection.weight"]
         projection.zero_()
-        projection[:, WORD_DIMS:2 * WORD_DIMS] = torch.eye(projection.shape[0], WORD_DIMS)
+        projection[:, WORD_DIMS : 2 * WORD_DIMS] = torch.eye(projection.shape[0], WORD_DIMS)
     t5 = "t5/encoder."
     _embed(out["t5/shared.weight"], token_ids["t5"], directions)
     for layer in range(layer_count(out, "t5")):
@@ -192,4 +208,3 @@ def distinct_word_tensors(tensors: Mapping[str, "torch.Tensor"], token_ids: Mapp
             _zero(out, q + "self_attn.o_proj.weight")
     _ones(out, llama + "norm.weight")
     return out
-

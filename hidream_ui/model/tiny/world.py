@@ -150,10 +150,7 @@ def erode(mask: np.ndarray, radius: int = MARGIN_PX) -> np.ndarray:
 
 def _boxes_apart(a: Shape, b: Shape) -> bool:
     return (
-        a.x + a.size + GAP <= b.x
-        or b.x + b.size + GAP <= a.x
-        or a.y + a.size + GAP <= b.y
-        or b.y + b.size + GAP <= a.y
+        a.x + a.size + GAP <= b.x or b.x + b.size + GAP <= a.x or a.y + a.size + GAP <= b.y or b.y + b.size + GAP <= a.y
     )
 
 

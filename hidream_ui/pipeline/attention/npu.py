@@ -44,8 +44,13 @@ class NpuFusionProcessor(HiDreamStrategyProcessor):
     strategy_name = "npu_fusion"
 
     def __init__(
-        self, fusion_fn: Callable | None = None, input_layout: str = "BSND", pse_layout: str = "BN1S",
-        rms_norm_fn: Callable | None = None, rotary_mul_fn: Callable | None = None, fused_ops: bool | None = None,
+        self,
+        fusion_fn: Callable | None = None,
+        input_layout: str = "BSND",
+        pse_layout: str = "BN1S",
+        rms_norm_fn: Callable | None = None,
+        rotary_mul_fn: Callable | None = None,
+        fused_ops: bool | None = None,
     ):
         super().__init__()
         self.rms_norm_fn = rms_norm_fn
@@ -54,7 +59,8 @@ class NpuFusionProcessor(HiDreamStrategyProcessor):
             import importlib.util
 
             fused_ops = (rms_norm_fn is not None and rotary_mul_fn is not None) or (
-                importlib.util.find_spec("torch_npu") is not None)
+                importlib.util.find_spec("torch_npu") is not None
+            )
         self.fused_ops = fused_ops
         self._rope_tables = _IdentityCache(_rope_tables)
         if input_layout not in ("BSND", "BNSD"):

@@ -120,7 +120,7 @@ class _HeadHook(_StateHook):
         kwargs = _as_kwargs(args, kwargs)
         img, enc = self.fn_ref.original_forward(**kwargs)
         state.stats.blocks_run += 1
-        initial = enc[:, :enc.shape[1] - state.llama_len]
+        initial = enc[:, : enc.shape[1] - state.llama_len]
         state.head_state = torch.cat([img, initial], dim=1)
         if state.spec.kind == "first-block":
             residual = img - kwargs["hidden_states"]
@@ -129,7 +129,8 @@ class _HeadHook(_StateHook):
                 state.compute = True
             else:
                 change = (residual - previous).abs().flatten(1).mean(1) / previous.abs().flatten(1).mean(1).clamp_min(
-                    torch.finfo(previous.dtype).tiny)
+                    torch.finfo(previous.dtype).tiny
+                )
                 state.compute = bool(change.max() >= state.spec.threshold)  # the one host read of this mode
             if state.compute:
                 state.head_residual = residual
@@ -190,8 +191,10 @@ def _as_kwargs(args: tuple, kwargs: dict) -> dict:
 def _blocks(transformer):
     doubles, singles = list(transformer.double_stream_blocks), list(transformer.single_stream_blocks)
     if not doubles or not singles:
-        raise ValueError("step caching needs at least one double-stream and one single-stream block "
-                         f"(this transformer has {len(doubles)} and {len(singles)})")
+        raise ValueError(
+            "step caching needs at least one double-stream and one single-stream block "
+            f"(this transformer has {len(doubles)} and {len(singles)})"
+        )
     return doubles, singles
 
 
@@ -220,8 +223,9 @@ def remove_step_cache(transformer) -> None:
         _library_module(state.spec).uninstall(transformer, state)
         return
     doubles, singles = _blocks(transformer)
-    for module, name in [(transformer, _ROOT), (doubles[0], _HEAD), (singles[-1], _TAIL)] + \
-            [(m, _MIDDLE) for m in doubles[1:] + singles[:-1]]:
+    for module, name in [(transformer, _ROOT), (doubles[0], _HEAD), (singles[-1], _TAIL)] + [
+        (m, _MIDDLE) for m in doubles[1:] + singles[:-1]
+    ]:
         module._diffusers_hook.remove_hook(name, recurse=False)
 
 
@@ -239,8 +243,7 @@ def apply_step_cache(transformer, spec: CacheSpec | str) -> CacheSpec:
         return spec
     doubles, singles = _blocks(transformer)
     state = StepCacheState(spec)
-    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(
-        _RootHook(state), _ROOT)
+    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(_RootHook(state), _ROOT)
     HookRegistry.check_if_exists_or_initialize(doubles[0]).register_hook(_HeadHook(state), _HEAD)
     for module in doubles[1:]:
         HookRegistry.check_if_exists_or_initialize(module).register_hook(_MiddleHook(state, double=True), _MIDDLE)
@@ -255,8 +258,7 @@ def step_cache_spec(transformer) -> CacheSpec:
     return state.spec if state is not None else CacheSpec()
 
 
-def reset_step_cache(transformer, *, stats: bool = False, calls: int | None = None,
-                     stage: str | None = None) -> None:
+def reset_step_cache(transformer, *, stats: bool = False, calls: int | None = None, stage: str | None = None) -> None:
     """Drops the cached tensors (refine switch, new edit); with `stats` also zeroes the counters;
     `calls`: how many transformer calls the stage that starts makes and `stage` which one ("edit",
     "refine"): MagCache takes that stage's ratios and spreads them over the calls. A no-op without a cache."""

@@ -24,20 +24,29 @@ class CacheStats:
         return self.blocks_skipped / total if total else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"calls": self.calls, "full_calls": self.full_calls, "blocks_run": self.blocks_run,
-                "blocks_skipped": self.blocks_skipped, "skipped_fraction": round(self.skipped_fraction, 4)}
+        return {
+            "calls": self.calls,
+            "full_calls": self.full_calls,
+            "blocks_run": self.blocks_run,
+            "blocks_skipped": self.blocks_skipped,
+            "skipped_fraction": round(self.skipped_fraction, 4),
+        }
 
 
 def call_signature(kwargs: dict) -> tuple:
     """What a cached tensor depends on besides the step: batch, token count, dtype, which text embeddings."""
+
     def key(t):
         return None if t is None else (tuple(t.shape), t.dtype, t.device, t.data_ptr())
 
     hidden = kwargs.get("hidden_states")
-    return (None if hidden is None else (tuple(hidden.shape), hidden.dtype),
-            key(kwargs.get("encoder_hidden_states_t5")), key(kwargs.get("encoder_hidden_states_llama3")),
-            key(kwargs.get("pooled_embeds")),
-            None if kwargs.get("hidden_states_masks") is None else tuple(kwargs["hidden_states_masks"].shape))
+    return (
+        None if hidden is None else (tuple(hidden.shape), hidden.dtype),
+        key(kwargs.get("encoder_hidden_states_t5")),
+        key(kwargs.get("encoder_hidden_states_llama3")),
+        key(kwargs.get("pooled_embeds")),
+        None if kwargs.get("hidden_states_masks") is None else tuple(kwargs["hidden_states_masks"].shape),
+    )
 
 
 def begin_call(state: Any, args: tuple, kwargs: dict, *, reset_on_first: bool = True) -> None:

@@ -75,17 +75,24 @@ class _CurrentStderr:
 
 def _refusal(transformer) -> str | None:
     modules = [("the transformer", transformer)] + [
-        (f"block {i}", m) for i, m in enumerate(list(transformer.double_stream_blocks)
-                                                + list(transformer.single_stream_blocks))]
+        (f"block {i}", m)
+        for i, m in enumerate(list(transformer.double_stream_blocks) + list(transformer.single_stream_blocks))
+    ]
     for where, module in modules:
         registry = getattr(module, "_diffusers_hook", None)
         names = list(registry.hooks) if registry is not None else []
         if names:
-            reason = ("--compile blocks" if any("compile" in n for n in names) else
-                      "a memory plan that offloads the transformer" if any("offload" in n for n in names) else
-                      "diffusers hooks")
-            return (f"cache=dbcache cannot run with {reason}: cache-dit replaces the forward of {where}, which "
-                    f"would drop its hooks ({', '.join(names)}); use another --cache")
+            reason = (
+                "--compile blocks"
+                if any("compile" in n for n in names)
+                else "a memory plan that offloads the transformer"
+                if any("offload" in n for n in names)
+                else "diffusers hooks"
+            )
+            return (
+                f"cache=dbcache cannot run with {reason}: cache-dit replaces the forward of {where}, which "
+                f"would drop its hooks ({', '.join(names)}); use another --cache"
+            )
     return None
 
 
@@ -106,18 +113,26 @@ class CacheDitState:
 
     def configs(self):
         cd = self.cache_dit
-        return (cd.DBCacheConfig(residual_diff_threshold=self.spec.threshold, Fn_compute_blocks=FN_BLOCKS,
-                                 Bn_compute_blocks=BN_BLOCKS, max_warmup_steps=WARMUP_CALLS,
-                                 num_inference_steps=self.stage_calls, enable_separate_cfg=False),
-                cd.TaylorSeerCalibratorConfig(taylorseer_order=TAYLORSEER_ORDER))
+        return (
+            cd.DBCacheConfig(
+                residual_diff_threshold=self.spec.threshold,
+                Fn_compute_blocks=FN_BLOCKS,
+                Bn_compute_blocks=BN_BLOCKS,
+                max_warmup_steps=WARMUP_CALLS,
+                num_inference_steps=self.stage_calls,
+                enable_separate_cfg=False,
+            ),
+            cd.TaylorSeerCalibratorConfig(taylorseer_order=TAYLORSEER_ORDER),
+        )
 
     def reset(self, calls: int | None = None, stage: str | None = None) -> None:
         self.signature = None
         if calls is not None:
             self.stage_calls = max(1, calls)
         cache_config, calibrator_config = self.configs()
-        self.cache_dit.refresh_context(self.transformer, cache_config=cache_config,
-                                       calibrator_config=calibrator_config, verbose=False)
+        self.cache_dit.refresh_context(
+            self.transformer, cache_config=cache_config, calibrator_config=calibrator_config, verbose=False
+        )
 
 
 def _hook_classes():
@@ -162,10 +177,14 @@ def install(transformer, spec: CacheSpec) -> CacheDitState:
     for module in [transformer] + blocks + [b.block for b in blocks]:
         state.saved.append((module, {k: vars(module)[k] for k in _PATCHED if k in vars(module)}))
     cache_config, calibrator_config = state.configs()
-    adapter = BlockAdapter(transformer=transformer,
-                           blocks=[transformer.double_stream_blocks, transformer.single_stream_blocks],
-                           forward_pattern=[ForwardPattern.Pattern_0, ForwardPattern.Pattern_3],
-                           patch_functor=HiDreamPatchFunctor(), check_forward_pattern=True, check_num_outputs=True)
+    adapter = BlockAdapter(
+        transformer=transformer,
+        blocks=[transformer.double_stream_blocks, transformer.single_stream_blocks],
+        forward_pattern=[ForwardPattern.Pattern_0, ForwardPattern.Pattern_3],
+        patch_functor=HiDreamPatchFunctor(),
+        check_forward_pattern=True,
+        check_num_outputs=True,
+    )
     cache_dit.enable_cache(adapter, cache_config=cache_config, calibrator_config=calibrator_config)
     Root, Count = _hook_classes()
     # Registered after cache-dit's patch, so they wrap its forwards (and are removed before it is).

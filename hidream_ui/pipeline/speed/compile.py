@@ -46,8 +46,13 @@ class CompileState:
     warmup_seconds: float | None = None  # first call (trace + compile + run)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "backend": self.backend, "active": self.active, "error": self.error,
-                "warmup_seconds": self.warmup_seconds}
+        return {
+            "mode": self.mode,
+            "backend": self.backend,
+            "active": self.active,
+            "error": self.error,
+            "warmup_seconds": self.warmup_seconds,
+        }
 
 
 def compiler_backend(device_type: str, torchair: Any = None) -> tuple[Any, str]:
@@ -66,6 +71,7 @@ def is_compile_error(exc: BaseException) -> bool:
 
     try:
         from torch._inductor.exc import CppCompileError, InductorError
+
         inductor = (InductorError, CppCompileError)
     except ImportError:  # pragma: no cover - older torch
         inductor = ()

@@ -61,7 +61,8 @@ from hidream_ui.pipeline.speed.settings import CacheSpec
 LIBRARY_KINDS = ("fbcache", "taylorseer", "magcache")
 _PREFIX = "hidream_ui_library_cache_"
 _COUNT, _HEAD, _BLOCK, _TAIL, _TOKENS, _IMAGE_ONLY = (
-    _PREFIX + part for part in ("count", "head", "block", "tail", "tokens", "image_only"))
+    _PREFIX + part for part in ("count", "head", "block", "tail", "tokens", "image_only")
+)
 _CONTEXT = CacheContext("hidream_ui")  # one context: the branches are rows of one batch (module docstring)
 # MagCache's stage length when the caller does not say (direct transformer calls): the library's default.
 DEFAULT_STAGE_CALLS = 28
@@ -78,8 +79,9 @@ TAYLORSEER_EXTRAPOLATED = (r"^final_layer$",)
 def _metadata(block) -> TransformerBlockMetadata:
     double = isinstance(block.block, HiDreamImageTransformerBlock)
     # A double block returns (image, text + llama); a single block one tensor [image, text, llama].
-    meta = TransformerBlockMetadata(return_hidden_states_index=0,
-                                    return_encoder_hidden_states_index=1 if double else None)
+    meta = TransformerBlockMetadata(
+        return_hidden_states_index=0, return_encoder_hidden_states_index=1 if double else None
+    )
     meta._cls = HiDreamBlock  # positional arguments are looked up in HiDreamBlock.forward's signature
     return meta
 
@@ -123,8 +125,10 @@ class _FBCTail(_FBCBlock):
             return super().new_forward(module, *args, **kwargs)  # passes the input through
         output = self.fn_ref.original_forward(*args, **kwargs)
         head_image = state.head_block_output[0]
-        state.tail_block_residuals = (output[:, :head_image.shape[1]] - head_image,
-                                      torch.zeros((), dtype=output.dtype, device=output.device))
+        state.tail_block_residuals = (
+            output[:, : head_image.shape[1]] - head_image,
+            torch.zeros((), dtype=output.dtype, device=output.device),
+        )
         return output
 
 
@@ -193,8 +197,9 @@ class LibraryCacheState:
         return taken
 
 
-def _mag_config(spec: CacheSpec, calls: int, ratios: MagRatios | None = None, stage: str | None = None,
-                calibrating: bool = False) -> MagCacheConfig:
+def _mag_config(
+    spec: CacheSpec, calls: int, ratios: MagRatios | None = None, stage: str | None = None, calibrating: bool = False
+) -> MagCacheConfig:
     """MagCache needs per-step magnitude ratios of the model's residual; HiDream has none published.
     A checkpoint's own calibration (mag_ratios.py) gives one curve per stage; without one, the one set
     diffusers ships is Flux's (also a flow-matching MMDiT with a shifted schedule). MagCacheConfig
@@ -264,7 +269,7 @@ class _ImageOnly(ModelHook):
         self.state = state
 
     def post_forward(self, module, output):
-        return output[:, :self.state.image_tokens]
+        return output[:, : self.state.image_tokens]
 
 
 def _register(state: LibraryCacheState, module, hook: ModelHook, name: str) -> None:
@@ -276,8 +281,10 @@ def install(transformer, spec: CacheSpec) -> LibraryCacheState:
     """Installs the library cache `spec` (the caller removed any other cache first)."""
     doubles, singles = list(transformer.double_stream_blocks), list(transformer.single_stream_blocks)
     if not doubles or not singles:
-        raise ValueError(f"cache={spec} needs at least one double-stream and one single-stream block "
-                         f"(this transformer has {len(doubles)} and {len(singles)})")
+        raise ValueError(
+            f"cache={spec} needs at least one double-stream and one single-stream block "
+            f"(this transformer has {len(doubles)} and {len(singles)})"
+        )
     blocks = doubles + singles
     state = LibraryCacheState(spec, blocks=len(blocks), ratios=getattr(transformer, RATIOS_ATTRIBUTE, None))
     for block in blocks:  # first: innermost
@@ -303,19 +310,29 @@ def install(transformer, spec: CacheSpec) -> LibraryCacheState:
             state.mag_hooks.append(hook)
         _register(state, blocks[0], _ImageTokens(state), _TOKENS)  # last: outermost, runs on every call
     elif spec.kind == "taylorseer":
-        apply_taylorseer_cache(transformer, TaylorSeerCacheConfig(
-            cache_interval=spec.interval, disable_cache_before_step=TAYLORSEER_WARMUP, max_order=TAYLORSEER_ORDER,
-            taylor_factors_dtype=torch.float32, skip_predict_identifiers=list(TAYLORSEER_SKIPPED),
-            cache_identifiers=list(TAYLORSEER_EXTRAPOLATED)))
+        apply_taylorseer_cache(
+            transformer,
+            TaylorSeerCacheConfig(
+                cache_interval=spec.interval,
+                disable_cache_before_step=TAYLORSEER_WARMUP,
+                max_order=TAYLORSEER_ORDER,
+                taylor_factors_dtype=torch.float32,
+                skip_predict_identifiers=list(TAYLORSEER_SKIPPED),
+                cache_identifiers=list(TAYLORSEER_EXTRAPOLATED),
+            ),
+        )
         for module in transformer.modules():
-            hook = module._diffusers_hook.get_hook(_TAYLORSEER_CACHE_HOOK) if hasattr(module, "_diffusers_hook") \
-                else None
+            hook = (
+                module._diffusers_hook.get_hook(_TAYLORSEER_CACHE_HOOK) if hasattr(module, "_diffusers_hook") else None
+            )
             if hook is not None:
                 state.managers.append(hook.state_manager)
                 state.hooks.append((module, _TAYLORSEER_CACHE_HOOK))
         if len(state.hooks) != 2 * len(blocks) + 1:  # a count hook and a TaylorSeer hook per block, the final layer
-            raise RuntimeError(f"cache={spec}: TaylorSeer hooked {len(state.hooks) - len(blocks)} modules, expected "
-                               f"{len(blocks) + 1} (every block and final_layer): diffusers' HiDream changed")
+            raise RuntimeError(
+                f"cache={spec}: TaylorSeer hooked {len(state.hooks) - len(blocks)} modules, expected "
+                f"{len(blocks) + 1} (every block and final_layer): diffusers' HiDream changed"
+            )
     else:
         raise ValueError(f"cache={spec} is not one of diffusers' caches ({', '.join(LIBRARY_KINDS)})")
     _register(state, transformer, _Root(state), _ROOT)

@@ -35,8 +35,13 @@ def calibrate(pipeline, edits: Iterable[Callable[[], Any]], steps: int, refine_s
         remove_step_cache(transformer)
     if not curves["edit"] or not curves["refine"]:
         raise ValueError("MagCache calibration needs at least one edit with both stages (refine strength > 0)")
-    return MagRatios(edit=_mean(curves["edit"]), refine=_mean(curves["refine"]), steps=steps,
-                     refine_strength=refine_strength, cases=len(curves["edit"]))
+    return MagRatios(
+        edit=_mean(curves["edit"]),
+        refine=_mean(curves["refine"]),
+        steps=steps,
+        refine_strength=refine_strength,
+        cases=len(curves["edit"]),
+    )
 
 
 def _mean(curves: list[list[float]]) -> tuple[float, ...]:

@@ -43,22 +43,33 @@ class MagRatios:
         for stage in STAGES:
             curve = getattr(self, stage)
             if not curve or any(not (0 < value < 100) for value in curve):
-                raise ValueError(f"MagCache ratios for the {stage} stage must be a non-empty list of positive "
-                                 f"numbers below 100, got {list(curve)[:8]}")
+                raise ValueError(
+                    f"MagCache ratios for the {stage} stage must be a non-empty list of positive "
+                    f"numbers below 100, got {list(curve)[:8]}"
+                )
 
     def for_stage(self, stage: str | None) -> tuple[float, ...]:
         return self.refine if stage == "refine" else self.edit
 
     def to_json(self) -> dict[str, Any]:
-        return {"edit": [round(v, 5) for v in self.edit], "refine": [round(v, 5) for v in self.refine],
-                "steps": self.steps, "refine_strength": self.refine_strength, "cases": self.cases}
+        return {
+            "edit": [round(v, 5) for v in self.edit],
+            "refine": [round(v, 5) for v in self.refine],
+            "steps": self.steps,
+            "refine_strength": self.refine_strength,
+            "cases": self.cases,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = "ratios") -> MagRatios:
         try:
-            return cls(edit=tuple(float(v) for v in data["edit"]), refine=tuple(float(v) for v in data["refine"]),
-                       steps=int(data["steps"]), refine_strength=float(data["refine_strength"]),
-                       cases=int(data["cases"]))
+            return cls(
+                edit=tuple(float(v) for v in data["edit"]),
+                refine=tuple(float(v) for v in data["refine"]),
+                steps=int(data["steps"]),
+                refine_strength=float(data["refine_strength"]),
+                cases=int(data["cases"]),
+            )
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"{where}: not a MagCache calibration ({error})") from error
 

@@ -66,7 +66,7 @@ def sync_free_moe(module, x: "torch.Tensor") -> "torch.Tensor":
     for e, expert in enumerate(module.experts):
         out = expert(flat)
         routed = routed.to(out.dtype)
-        routed = routed + out * dense[:, e:e + 1].to(out.dtype)
+        routed = routed + out * dense[:, e : e + 1].to(out.dtype)
     return routed.view(*orig_shape) + module.shared_experts(x)
 
 
@@ -78,8 +78,13 @@ _STACKS_ATTR = "_hidream_ui_grouped_experts"
 def _plain_linear(linear) -> bool:
     import torch
 
-    return (type(linear) is torch.nn.Linear and linear.bias is None and getattr(linear, "_diffusers_hook", None) is None
-            and getattr(linear, "_hf_hook", None) is None and linear.weight.device.type != "meta")
+    return (
+        type(linear) is torch.nn.Linear
+        and linear.bias is None
+        and getattr(linear, "_diffusers_hook", None) is None
+        and getattr(linear, "_hf_hook", None) is None
+        and linear.weight.device.type != "meta"
+    )
 
 
 class GroupedExperts:

@@ -14,8 +14,10 @@ from hidream_ui.pipeline.speed.settings import CacheSpec, parse_cache
 # The rules for the Speed presets, applied to the cache and step configurations of one run (`presets` key):
 # `fast` = no visible loss, `faster` = a small loss; each the fastest transformer that keeps its rule. Issue 23
 # set the success and speed parts; issue 54 added fidelity: the median PSNR of the output against exact's.
-PRESET_RULES = {"fast": {"max_success_drop": 0.03, "min_transformer_speedup": 1.8, "min_psnr_vs_exact_db": 30.0},
-                "faster": {"max_success_drop": 0.10, "min_transformer_speedup": 2.5, "min_psnr_vs_exact_db": 25.0}}
+PRESET_RULES = {
+    "fast": {"max_success_drop": 0.03, "min_transformer_speedup": 1.8, "min_psnr_vs_exact_db": 30.0},
+    "faster": {"max_success_drop": 0.10, "min_transformer_speedup": 2.5, "min_psnr_vs_exact_db": 25.0},
+}
 # Issue 54's targets for the chosen presets (reported beside the rule's verdict, `presets.*.targets`).
 PRESET_TARGETS = {"fast": {"min_transformer_speedup": 2.0}, "faster": {"min_transformer_speedup": 3.0}}
 
@@ -53,8 +55,9 @@ def rule_misses(preset: str, row: Mapping[str, Any], exact_success: float, speed
     return misses
 
 
-def configuration_for(configurations: Mapping[str, Mapping[str, Any]], value: str
-                      ) -> tuple[str, Mapping[str, Any]] | None:
+def configuration_for(
+    configurations: Mapping[str, Mapping[str, Any]], value: str
+) -> tuple[str, Mapping[str, Any]] | None:
     """(name, row) of the cache or steps configuration (that did not fail) that `value` (a `--cache` value,
     presets included) runs; None when the report has none."""
     wanted = str(parse_cache(value))

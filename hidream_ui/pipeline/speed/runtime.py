@@ -36,8 +36,9 @@ class SpeedRuntime:
         """Everything as diffusers computes it (the bit-identical default)."""
         return self.moe_active == "diffusers" and self.compile == "none"
 
-    def at_load(self, transformer, device_type: str, warm_up: Callable[[], None] | None = None, *,
-                torchair: Any = None) -> None:
+    def at_load(
+        self, transformer, device_type: str, warm_up: Callable[[], None] | None = None, *, torchair: Any = None
+    ) -> None:
         """MoE mode, then `--compile blocks` with `warm_up()` (one forward) run while compiled."""
         from hidream_ui.pipeline.speed.moe import apply_moe  # lazy: torch and diffusers, only once a model loads
 
@@ -51,8 +52,11 @@ class SpeedRuntime:
         if self.compile_state.active and warm_up is not None:
             start = time.perf_counter()
             warm_up()  # the guard hook falls back to eager (and says why) if the compiler fails
-            logger.info("compiled blocks warmed up in %.1f s (%s)", time.perf_counter() - start,
-                        self.compile_state.error or self.compile_state.backend)
+            logger.info(
+                "compiled blocks warmed up in %.1f s (%s)",
+                time.perf_counter() - start,
+                self.compile_state.error or self.compile_state.backend,
+            )
         if self.compile_state.error:
             logger.warning(self.compile_state.error)
 
@@ -113,8 +117,13 @@ def warm_up_call(pipeline, text, working_size: tuple[int, int]) -> None:
     width, height = working_size
     scale = pipeline.vae_scale_factor
     device = torch.device(pipeline.compute_device or pipeline._execution_device)
-    hidden = torch.randn(3, transformer.config.in_channels, height // scale, 2 * width // scale,
-                         generator=torch.Generator().manual_seed(0)).to(device, transformer.dtype)
+    hidden = torch.randn(
+        3,
+        transformer.config.in_channels,
+        height // scale,
+        2 * width // scale,
+        generator=torch.Generator().manual_seed(0),
+    ).to(device, transformer.dtype)
     timestep = torch.full((3,), 999.0, device=device)
     with torch.no_grad():
         pipeline.predict(hidden, timestep, PromptEmbeds.cat([text] * 3))

@@ -26,19 +26,44 @@ MAX_STEPS_RANGE = (1, 200)
 # `interval`, `first-block`: our own hooks (pipeline/speed/cache.py); `fbcache`, `taylorseer`, `magcache`:
 # diffusers' hooks on HiDream's blocks (pipeline/speed/library.py); `dbcache`: cache-dit's DBCache with
 # its TaylorSeer calibrator (pipeline/speed/cachedit.py, the optional extra `cache-dit`).
-CACHE_KINDS = {"interval": "interval", "first-block": "threshold", "fbcache": "threshold",
-               "taylorseer": "interval", "magcache": "threshold", "dbcache": "threshold"}
+CACHE_KINDS = {
+    "interval": "interval",
+    "first-block": "threshold",
+    "fbcache": "threshold",
+    "taylorseer": "interval",
+    "magcache": "threshold",
+    "dbcache": "threshold",
+}
 # The step caches the benchmarks measure by default (`bench quality` on the trained model, `bench speed` on the
 # deep one; `--caches` replaces the list): ours, diffusers' hooks on HiDream's blocks, cache-dit's. One list, so
 # the quality and the speed of each configuration come from the same names.
-MEASURED_CACHES = ("interval:2", "interval:3", "interval:4", "first-block:0.05", "first-block:0.1", "first-block:0.2",
-                   "fbcache:0.05", "fbcache:0.1", "fbcache:0.2",
-                   "taylorseer:2", "taylorseer:3", "taylorseer:4", "taylorseer:5",
-                   "magcache:0.06", "magcache:0.12", "magcache:0.24", "dbcache:0.05", "dbcache:0.1", "dbcache:0.2")
-CACHE_GRAMMAR = (f"none, interval:K or taylorseer:N ({INTERVAL_RANGE[0]}..{INTERVAL_RANGE[1]}), "
-                 f"first-block:T, fbcache:T, magcache:T or dbcache:T (0 < T <= {THRESHOLD_RANGE[1]:g}), "
-                 f"any of them with @S for at most S steps (e.g. taylorseer:4@14), "
-                 f"or {', '.join(SPEED_PRESETS)}")
+MEASURED_CACHES = (
+    "interval:2",
+    "interval:3",
+    "interval:4",
+    "first-block:0.05",
+    "first-block:0.1",
+    "first-block:0.2",
+    "fbcache:0.05",
+    "fbcache:0.1",
+    "fbcache:0.2",
+    "taylorseer:2",
+    "taylorseer:3",
+    "taylorseer:4",
+    "taylorseer:5",
+    "magcache:0.06",
+    "magcache:0.12",
+    "magcache:0.24",
+    "dbcache:0.05",
+    "dbcache:0.1",
+    "dbcache:0.2",
+)
+CACHE_GRAMMAR = (
+    f"none, interval:K or taylorseer:N ({INTERVAL_RANGE[0]}..{INTERVAL_RANGE[1]}), "
+    f"first-block:T, fbcache:T, magcache:T or dbcache:T (0 < T <= {THRESHOLD_RANGE[1]:g}), "
+    f"any of them with @S for at most S steps (e.g. taylorseer:4@14), "
+    f"or {', '.join(SPEED_PRESETS)}"
+)
 
 
 @dataclass(frozen=True)
@@ -89,8 +114,10 @@ def parse_cache(text: object, name: str = "cache") -> CacheSpec:
         except ValueError:
             max_steps = 0
         if not MAX_STEPS_RANGE[0] <= max_steps <= MAX_STEPS_RANGE[1]:
-            raise ValueError(f"{name}={text!r} is not valid: @S takes a step count from {MAX_STEPS_RANGE[0]} to "
-                             f"{MAX_STEPS_RANGE[1]}; use {CACHE_GRAMMAR}")
+            raise ValueError(
+                f"{name}={text!r} is not valid: @S takes a step count from {MAX_STEPS_RANGE[0]} to "
+                f"{MAX_STEPS_RANGE[1]}; use {CACHE_GRAMMAR}"
+            )
     if raw == "none":
         return CacheSpec(max_steps=max_steps)
     kind, sep, value = raw.partition(":")
@@ -119,8 +146,7 @@ def cache_unavailable(spec: CacheSpec) -> str | None:
         import importlib.util
 
         if importlib.util.find_spec("cache_dit") is None:
-            return (f"cache={spec} needs the optional package cache-dit, which is not installed: "
-                    f"{CACHE_DIT_HINT}")
+            return f"cache={spec} needs the optional package cache-dit, which is not installed: {CACHE_DIT_HINT}"
     return None
 
 
@@ -144,8 +170,10 @@ def check_speed(moe: str, compile_mode: str, cache: str, transformer_offloaded: 
     if compile_mode not in COMPILE_CHOICES:
         raise SpeedSettingError(f"compile={compile_mode!r} is not one of: {', '.join(COMPILE_CHOICES)}")
     if compile_mode == "blocks" and moe == "diffusers":
-        raise SpeedSettingError("compile='blocks' needs moe 'sync-free' (or 'auto'): diffusers' MoE reads expert "
-                                "counts on the host in every block, which breaks the graph at every block")
+        raise SpeedSettingError(
+            "compile='blocks' needs moe 'sync-free' (or 'auto'): diffusers' MoE reads expert "
+            "counts on the host in every block, which breaks the graph at every block"
+        )
     try:
         spec = parse_cache(cache)
     except ValueError as exc:
@@ -156,8 +184,12 @@ def check_speed(moe: str, compile_mode: str, cache: str, transformer_offloaded: 
     # cache-dit replaces the forwards that carry these hooks (pipeline/speed/cachedit.py); an `auto`
     # plan that ends up offloading is refused at the first edit instead, with the same reason.
     if spec.kind == "dbcache" and compile_mode == "blocks":
-        raise SpeedSettingError(f"cache={spec} cannot run with compile='blocks': cache-dit replaces the "
-                                "transformer's forward, which would drop the compile guard hook")
+        raise SpeedSettingError(
+            f"cache={spec} cannot run with compile='blocks': cache-dit replaces the "
+            "transformer's forward, which would drop the compile guard hook"
+        )
     if spec.kind == "dbcache" and transformer_offloaded:
-        raise SpeedSettingError(f"cache={spec} cannot run with a memory plan that offloads the transformer: "
-                                "cache-dit replaces the blocks' forwards, which would drop the offloading hooks")
+        raise SpeedSettingError(
+            f"cache={spec} cannot run with a memory plan that offloads the transformer: "
+            "cache-dit replaces the blocks' forwards, which would drop the offloading hooks"
+        )

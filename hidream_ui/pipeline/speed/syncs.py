@@ -20,11 +20,19 @@ from torch.overrides import TorchFunctionMode
 
 # Methods / functions that read device data on the host.
 _READS = {
-    torch.Tensor.cpu: "cpu", torch.Tensor.item: "item", torch.Tensor.tolist: "tolist",
-    torch.Tensor.__bool__: "bool", torch.Tensor.__int__: "int", torch.Tensor.__float__: "float",
+    torch.Tensor.cpu: "cpu",
+    torch.Tensor.item: "item",
+    torch.Tensor.tolist: "tolist",
+    torch.Tensor.__bool__: "bool",
+    torch.Tensor.__int__: "int",
+    torch.Tensor.__float__: "float",
     torch.Tensor.__index__: "index",
-    torch.Tensor.nonzero: "nonzero", torch.nonzero: "nonzero", torch.Tensor.masked_select: "masked_select",
-    torch.masked_select: "masked_select", torch.unique: "unique", torch.Tensor.unique: "unique",
+    torch.Tensor.nonzero: "nonzero",
+    torch.nonzero: "nonzero",
+    torch.Tensor.masked_select: "masked_select",
+    torch.masked_select: "masked_select",
+    torch.unique: "unique",
+    torch.Tensor.unique: "unique",
 }
 
 
@@ -60,18 +68,18 @@ class HostSyncCounter(TorchFunctionMode):
 def _to_host(args, kwargs) -> bool:
     target = kwargs.get("device", args[1] if len(args) > 1 else None)
     # Only a real transfer: `x.to(y.device)` is a no-op when both are on the same device.
-    return (isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu"
-            and args[0].device.type != "cpu")
+    return (
+        isinstance(target, (str, torch.device)) and torch.device(target).type == "cpu" and args[0].device.type != "cpu"
+    )
 
 
 def _sync_index(args) -> str | None:
-    """"bool_index" (data-dependent shape) or "tensor_slice" (a slice bound read on the host)."""
+    """ "bool_index" (data-dependent shape) or "tensor_slice" (a slice bound read on the host)."""
     index = args[1] if len(args) > 1 else None
     items = index if isinstance(index, tuple) else (index,)
     if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items):
         return "bool_index"
-    if any(isinstance(i, slice) and any(isinstance(b, torch.Tensor) for b in (i.start, i.stop, i.step))
-           for i in items):
+    if any(isinstance(i, slice) and any(isinstance(b, torch.Tensor) for b in (i.start, i.stop, i.step)) for i in items):
         return "tensor_slice"
     return None
 

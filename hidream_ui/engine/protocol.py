@@ -8,6 +8,7 @@ implementation: the UI never asks which kind it holds.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -22,11 +23,58 @@ if TYPE_CHECKING:  # pragma: no cover
 T = TypeVar("T")
 
 
+# One name per capability an executor may lack; the UI shows a control only when its executor has it.
+CAPABILITY_NAMES = ("compare", "attention", "speed", "local_rewriter", "previews", "batch")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an executor can do, declared up front so the UI shows only what works (nothing is refused
+    only after a click). `missing` says, for each capability it lacks, why, in words a visitor reads
+    in the System panel (e.g. "Compare needs one engine held for several edits; Ray replicas are
+    independent")."""
+
+    compare: bool = True  # the Compare tab: several edits on one held worker, switching attention
+    attention: bool = True  # switching the attention implementation at runtime
+    speed: bool = True  # switching the step cache / speed preset at runtime
+    local_rewriter: bool = True  # the rewriter may run a local VLM on the app's device
+    previews: bool = True  # live previews while an edit runs
+    batch: bool = True  # the Batch tab
+    missing: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in self.missing:
+            if name not in CAPABILITY_NAMES:
+                raise ValueError(f"capability {name!r}: expected one of {', '.join(CAPABILITY_NAMES)}")
+            if getattr(self, name):
+                raise ValueError(f"capability {name!r} is declared present and missing at once")
+        for name in CAPABILITY_NAMES:
+            if not getattr(self, name) and not self.missing.get(name):
+                raise ValueError(f"capability {name!r} is missing without a reason for the System panel")
+
+    @classmethod
+    def without(cls, **reasons: str) -> "Capabilities":
+        """All capabilities but the named ones, each with its reason: `Capabilities.without(compare="...")`."""
+        return cls(**{name: False for name in reasons}, missing=dict(reasons))
+
+    def has(self, name: str) -> bool:
+        if name not in CAPABILITY_NAMES:
+            raise ValueError(f"capability {name!r}: expected one of {', '.join(CAPABILITY_NAMES)}")
+        return bool(getattr(self, name))
+
+
+ALL_CAPABILITIES = Capabilities()
+
+
 # Not runtime_checkable: isinstance() would read `model`, which raises while nothing is loaded.
 class Engine(Protocol):
     """Edits on the app's device(s). Jobs take a cancel token; results come back saved unless asked not to."""
 
     config: "AppConfig"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this executor can do (the UI hides what it cannot, and the System panel says why)."""
 
     @property
     def size(self) -> int:
@@ -94,4 +142,4 @@ class Engine(Protocol):
     def status(self) -> "EngineStatus": ...
 
 
-__all__ = ["Engine"]
+__all__ = ["ALL_CAPABILITIES", "CAPABILITY_NAMES", "Capabilities", "Engine"]

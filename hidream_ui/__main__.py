@@ -33,7 +33,7 @@ COMMANDS = {
         "build the offline random-weight HiDream checkpoint in the upstream layout",
     ),
     "train-tiny": (
-        "hidream_ui.model.tiny.train",
+        "hidream_ui.lab.train.cli",
         "train the `trained` tiny model on the synthetic shapes world (CPU) and write its weights",
     ),
 }

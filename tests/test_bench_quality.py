@@ -9,8 +9,9 @@ import statistics
 import numpy as np
 import pytest
 
-from hidream_ui.bench import quality
-from hidream_ui.model.tiny import world
+from hidream_ui.bench import quality, quality_configs, quality_report
+from hidream_ui.lab import world
+from hidream_ui.pipeline.speed.preset_rules import speed_value
 from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 
 CASES = 2
@@ -117,8 +118,8 @@ def test_steps_axis_runs_fewer_steps_against_exact_at_its_own(report):
     assert alone["max_abs_diff_vs_exact"] > 0 and alone["transformer_speedup_vs_exact"] > 1.0
     per_case = report["per_case"][0]["configurations"]
     assert per_case["steps:2"]["fidelity_vs_exact"]["psnr_db"] < quality.PSNR_CAP_DB
-    assert quality.speed_value(crossed["settings"]) == "interval:2@2"
-    assert quality.speed_value(alone["settings"]) == "none@2"
+    assert speed_value(crossed["settings"]) == "interval:2@2"
+    assert speed_value(alone["settings"]) == "none@2"
 
 
 def test_fidelity_figures_follow_from_the_per_case_outputs(report):
@@ -176,7 +177,7 @@ def test_scores_are_the_world_rule_on_the_real_edit(report, tiny_cache, tmp_path
 
 
 def test_table_names_every_configuration(report):
-    table = quality.format_table(report)
+    table = quality_report.format_table(report)
     for name in report["configurations"]:
         assert name in table
     assert "random weights" in table
@@ -186,7 +187,7 @@ def test_every_mode_is_listed_on_cpu(tiny_cache):
     from hidream_ui.device.detect import resolve_device, resolve_dtype
 
     device = resolve_device("cpu")
-    configs, unavailable = quality.all_configurations(device, resolve_dtype("auto", device), "tiny")
+    configs, unavailable = quality_configs.all_configurations(device, resolve_dtype("auto", device), "tiny")
     names = [c.name for c in configs]
     assert names[0] == "exact"
     for name in (
@@ -206,22 +207,22 @@ def test_every_mode_is_listed_on_cpu(tiny_cache):
         assert name in names
     assert "memory:full" not in names  # that is exact's own plan
     assert any(c.name == "attention:flash_attn" for c in unavailable)  # CUDA only: reported, not run
-    chosen, why = quality.select(configs, ["cache", "attention:flash_attn"], unavailable)
+    chosen, why = quality_configs.select(configs, ["cache", "attention:flash_attn"], unavailable)
     missing = {c.name for c in unavailable}
-    assert [c.name for c in chosen] == ["exact", *(m for m in quality.CACHE_MODES if m not in missing)]
+    assert [c.name for c in chosen] == ["exact", *(m for m in quality_configs.CACHE_MODES if m not in missing)]
     for kind in ("interval", "first-block", "fbcache", "taylorseer", "magcache", "dbcache"):  # ours and the field's
-        assert any(m.startswith(kind + ":") for m in quality.CACHE_MODES), kind
+        assert any(m.startswith(kind + ":") for m in quality_configs.CACHE_MODES), kind
     assert list(why) == ["attention:flash_attn"]
     with pytest.raises(ValueError, match="'warp:9'"):
-        quality.select(configs, ["warp:9"], unavailable)
+        quality_configs.select(configs, ["warp:9"], unavailable)
 
 
 def test_a_cache_whose_library_is_absent_is_listed_with_its_hint(tiny_cache, monkeypatch):
     from hidream_ui.device.detect import resolve_device, resolve_dtype
 
-    monkeypatch.setattr(quality, "cache_unavailable", lambda spec: "pip it" if spec.kind == "dbcache" else None)
+    monkeypatch.setattr(quality_configs, "cache_unavailable", lambda spec: "pip it" if spec.kind == "dbcache" else None)
     device = resolve_device("cpu")
-    configs, unavailable = quality.all_configurations(
+    configs, unavailable = quality_configs.all_configurations(
         device, resolve_dtype("auto", device), "tiny", ["interval:2", "dbcache:0.1"]
     )
     assert "interval:2" in [c.name for c in configs] and "dbcache:0.1" not in [c.name for c in configs]
@@ -241,7 +242,9 @@ def _row(
 
 
 def test_presets_are_the_fastest_caches_that_keep_each_rule(monkeypatch):
-    monkeypatch.setattr(quality, "SPEED_PRESETS", {"exact": "none", "fast": "interval:2", "faster": "interval:3@14"})
+    monkeypatch.setattr(
+        quality_report, "SPEED_PRESETS", {"exact": "none", "fast": "interval:2", "faster": "interval:3@14"}
+    )
     report = {
         "configurations": {
             "exact": _row("exact", 0.90, 1.0),
@@ -255,7 +258,7 @@ def test_presets_are_the_fastest_caches_that_keep_each_rule(monkeypatch):
             "fbcache:0.1": {"group": "cache", "error": "edit failed"},
         }
     }
-    chosen = quality.presets(report)
+    chosen = quality_report.presets(report)
     fast, faster = chosen["fast"], chosen["faster"]
     assert fast["qualifying"] == ["taylorseer:2", "interval:2"] and fast["best"] == "taylorseer:2"
     assert fast["meets_rule"] and fast["best_transformer_speedup"] == 2.2 and fast["best_psnr_vs_exact_db"] == 40.0
@@ -269,10 +272,10 @@ def test_presets_are_the_fastest_caches_that_keep_each_rule(monkeypatch):
     assert faster["current"] == "interval:3@14" and faster["current_keeps_rule"] is True
     # The rule's fidelity part decides: 24 dB is not within `faster`'s 25.
     report["configurations"]["steps:10"] = _row("steps", 0.83, 2.8, psnr=24.0, steps=10)
-    assert quality.presets(report)["faster"]["qualifying"] == ["interval:3@14"]
+    assert quality_report.presets(report)["faster"]["qualifying"] == ["interval:3@14"]
     # Nothing fast enough: the best trade-off within the quality part of the rule, marked as missing it.
     report["configurations"]["interval:3@14"] = _row("cache", 0.85, 2.4, cache="interval:3", steps=14)
-    slow = quality.presets(report)["faster"]
+    slow = quality_report.presets(report)["faster"]
     assert slow["qualifying"] == [] and slow["best"] == "interval:3@14" and slow["meets_rule"] is False
     assert slow["current_keeps_rule"] is False and slow["current_misses"] == ["transformer 2.40x (at least 2.5x)"]
     assert set(slow) >= {
@@ -286,9 +289,9 @@ def test_presets_are_the_fastest_caches_that_keep_each_rule(monkeypatch):
 
 def test_cache_list_takes_any_cache_value():
     fast = SPEED_PRESETS["fast"]
-    assert quality.cache_specs(["fast", fast, "none", "first-block:0.30"]) == [fast, "first-block:0.3"]
+    assert quality_configs.cache_specs(["fast", fast, "none", "first-block:0.30"]) == [fast, "first-block:0.3"]
     with pytest.raises(ValueError, match="'warp:9'"):
-        quality.cache_specs(["warp:9"])
+        quality_configs.cache_specs(["warp:9"])
 
 
 def test_edit_settings_come_from_the_defaults_and_params():
@@ -337,4 +340,4 @@ def test_a_configuration_that_fails_is_reported_and_the_others_go_on(tiny_cache,
     assert rows["memory:encoders-cpu"]["error"] == "load failed: no room for the encoders (test)"
     assert "success_rate" not in rows["memory:encoders-cpu"]
     assert rows["attention:sdpa"]["identical_to_exact_cases"] == 1 and report["model_loads"] == 1
-    assert "no room for the encoders (test)" in quality.format_table(report)
+    assert "no room for the encoders (test)" in quality_report.format_table(report)

@@ -60,7 +60,7 @@ def test_a_read_only_cache_means_no_examples_not_a_crash(tmp_path):
 
 @pytest.fixture
 def trained_services(monkeypatch, tmp_path):
-    monkeypatch.setenv("HIDREAM_UI_CACHE", str(tmp_path))
+    monkeypatch.setenv("HIDREAM_MODEL_CACHE", str(tmp_path))
     from hidream_ui.ui.services import AppServices
 
     return AppServices.for_config(AppConfig(tiny_profile="trained"))
@@ -98,7 +98,7 @@ def test_held_out_figures_round_trip_through_trained_json(tmp_path):
 
 
 def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsys):
-    from hidream_ui.model.tiny import train
+    from hidream_ui.lab.train.cli import main
 
     for argv, says in (
         ([str(tmp_path), "--eval-only"], "--eval-only needs --eval N"),
@@ -135,7 +135,7 @@ def test_train_tiny_eval_only_needs_a_count_and_existing_weights(tmp_path, capsy
         ([str(tmp_path / "nothing"), "--eval-only", "--eval", "4"], "no trained weights in"),
     ):
         with pytest.raises(SystemExit):
-            train.main(argv)
+            main(argv)
         assert says in capsys.readouterr().err, argv
 
 
@@ -145,57 +145,62 @@ def test_edit_noise_min_squeezes_the_edit_noise_levels_and_is_recorded():
     recorded command names it when it is not the default."""
     import torch
 
-    from hidream_ui.model.tiny import train
+    from hidream_ui.lab.train.run import run_meta
+    from hidream_ui.lab.train.schedule import edit_sigmas
+    from hidream_ui.lab.train.settings import TrainSettings
 
     def draws(settings):
         generator = torch.Generator().manual_seed(0)
-        return train._edit_sigmas(settings, lambda n: torch.rand(n, generator=generator))
+        return edit_sigmas(settings, lambda n: torch.rand(n, generator=generator))
 
-    plain = train.TrainSettings(batch=4096)
-    raised = train.TrainSettings(batch=4096, edit_noise_min=0.8)
+    plain = TrainSettings(batch=4096)
+    raised = TrainSettings(batch=4096, edit_noise_min=0.8)
     low, high = draws(plain), draws(raised)
     assert float(low.min()) < 0.1 and float(high.min()) >= 0.8 and float(high.max()) <= 1.0
     assert torch.allclose(high, 0.8 + 0.2 * low)
-    assert torch.equal(low, draws(train.TrainSettings(batch=4096, edit_noise_min=0.0)))
-    assert "--edit-noise-min" not in train._meta(plain, 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
-    meta = train._meta(raised, 0.0, 1.0, 0.0, 0.0, 0.0, 0)
+    assert torch.equal(low, draws(TrainSettings(batch=4096, edit_noise_min=0.0)))
+    assert "--edit-noise-min" not in run_meta(plain, 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
+    meta = run_meta(raised, 0.0, 1.0, 0.0, 0.0, 0.0, 0)
     assert " --edit-noise-min 0.8 " in meta["command"] and meta["settings"]["edit_noise_min"] == 0.8
 
 
 def test_the_vae_locality_loss_charges_latent_change_only_where_no_pixel_changes():
-    """train.still_cells marks the latent cells of each source/target pair where no pixel differs, and
-    train.locality_loss charges the latent change there only, in units of the latent variance; the weight is
+    """vae.still_cells marks the latent cells of each source/target pair where no pixel differs, and
+    vae.locality_loss charges the latent change there only, in units of the latent variance; the weight is
     recorded in the command (the refusals: test_train_tiny_eval_only_needs_a_count_and_existing_weights)."""
     import torch
 
-    from hidream_ui.model.tiny import train
+    from hidream_ui.lab import world
+    from hidream_ui.lab.train.run import run_meta
+    from hidream_ui.lab.train.settings import TrainSettings
+    from hidream_ui.lab.train.vae import locality_loss, still_cells
 
     cases = [c for c in world.held_out_cases(12) if c.edit.kind in ("recolour", "background")][:2]
     images = [im for c in cases for im in (c.source, c.target)]
-    still = train.still_cells(images, (16, 16))
+    still = still_cells(images, (16, 16))
     assert still.shape == (2, 16, 16) and still.any(axis=(1, 2)).all() and not still.all(axis=(1, 2)).any()
     for case, cells in zip(cases, still):
         same = case.source == case.target
         for r, c in zip(*np.nonzero(cells)):  # a still cell: every pixel the same
             assert same[8 * r : 8 * r + 8, 8 * c : 8 * c + 8].all()
-    assert train.still_cells([cases[0].source] * 2, (16, 16)).all()
+    assert still_cells([cases[0].source] * 2, (16, 16)).all()
 
     z = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(0))
     z[1], z[3] = z[0], z[2]
     moved = torch.from_numpy(~still)
     only_moved = z.clone()
     only_moved[1] += 5 * moved[0]  # the target's latents change where pixels do: free
-    assert float(train.locality_loss(only_moved, torch.from_numpy(still))) == 0.0
+    assert float(locality_loss(only_moved, torch.from_numpy(still))) == 0.0
     on_still = z.clone()
     on_still[3] += torch.from_numpy(still[1]).float()  # change where no pixel does: charged
-    charged = float(train.locality_loss(on_still, torch.from_numpy(still)))
+    charged = float(locality_loss(on_still, torch.from_numpy(still)))
     assert charged > 0
     # Scale-free: shrinking every latent does not escape the charge.
-    assert abs(float(train.locality_loss(on_still * 0.01, torch.from_numpy(still))) - charged) < 1e-4 * charged
+    assert abs(float(locality_loss(on_still * 0.01, torch.from_numpy(still))) - charged) < 1e-4 * charged
 
-    meta = train._meta(train.TrainSettings(vae_locality=0.3), 0.0, 1.0, 0.0, 0.0, 0.0, 0)
+    meta = run_meta(TrainSettings(vae_locality=0.3), 0.0, 1.0, 0.0, 0.0, 0.0, 0)
     assert " --vae-locality 0.3 " in meta["command"] and meta["settings"]["vae_locality"] == 0.3
-    assert "--vae-locality" not in train._meta(train.TrainSettings(), 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
+    assert "--vae-locality" not in run_meta(TrainSettings(), 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
 
 
 def test_background_share_sets_the_share_of_background_edits_in_the_pool_and_is_recorded():
@@ -203,21 +208,24 @@ def test_background_share_sets_the_share_of_background_edits_in_the_pool_and_is_
     world's mix from the very same seeds as before (the shipped weights' command still reproduces them)."""
     import torch
 
-    from hidream_ui.model.tiny import train, world
+    from hidream_ui.lab import world
+    from hidream_ui.lab.train.data import CasePool, Seeds, world_prompts
+    from hidream_ui.lab.train.run import run_meta
+    from hidream_ui.lab.train.settings import TrainSettings
 
-    prompt_ids = {p: i for i, p in enumerate(train.world_prompts())}
+    prompt_ids = {p: i for i, p in enumerate(world_prompts())}
     background_ids = {i for p, i in prompt_ids.items() if p.startswith("make the background")}
 
     def pool(share, size=240):
-        return train._Pool(
-            size, lambda images: images[:, :1, ::32, ::32], train._Seeds(0), prompt_ids, torch, background_share=share
+        return CasePool(
+            size, lambda images: images[:, :1, ::32, ::32], Seeds(0), prompt_ids, torch, background_share=share
         )
 
     def share_of(p):
         return sum(int(i) in background_ids for i in p.prompt) / len(p.prompt)
 
     plain = pool(None)
-    seeds = train._Seeds(0)
+    seeds = Seeds(0)
     assert plain.prompt.tolist() == [prompt_ids[world.make_case(seeds.next()).instruction] for _ in range(240)]
     assert 0.2 < share_of(plain) < 0.45
     assert share_of(pool(1.0)) == 1.0 and share_of(pool(0.0)) == 0.0
@@ -225,6 +233,6 @@ def test_background_share_sets_the_share_of_background_edits_in_the_pool_and_is_
     weighted = pool(1.0, size=8)
     weighted.refresh(8)  # fresh cases keep the share
     assert share_of(weighted) == 1.0
-    meta = train._meta(train.TrainSettings(background_share=0.6), 0.0, 1.0, 0.0, 0.0, 0.0, 0)
+    meta = run_meta(TrainSettings(background_share=0.6), 0.0, 1.0, 0.0, 0.0, 0.0, 0)
     assert " --background-share 0.6 " in meta["command"] and meta["settings"]["background_share"] == 0.6
-    assert "--background-share" not in train._meta(train.TrainSettings(), 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
+    assert "--background-share" not in run_meta(TrainSettings(), 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from hidream_ui.model.tiny import world
+from hidream_ui.lab import world
 
 FLOOR_CASES = 24
 MIN_SUCCESSES = 18
@@ -90,10 +90,15 @@ def trained(tiny_cache, tmp_path_factory):
     return _pool("trained", tmp_path_factory.mktemp("floor"))
 
 
+def _pipeline(pool):
+    """The loaded pipeline of a pool of one (the engine hands out the model only to work it runs)."""
+    return pool.run_exclusive("test", lambda model: model.pipeline)
+
+
 @pytest.fixture
 def pristine(trained):
     """The trained transformer's weights put back after a test that breaks them in place."""
-    transformer = trained.model.pipeline.transformer
+    transformer = _pipeline(trained).transformer
     saved = {k: v.clone() for k, v in transformer.state_dict().items()}
     yield trained
     transformer.load_state_dict(saved)
@@ -153,7 +158,7 @@ def _noise(transformer):
 
 @pytest.mark.parametrize("breaks", [_deaf, _noise], ids=["instruction-deaf", "noise"])
 def test_the_floor_fails_on_a_broken_transformer(pristine, breaks):
-    breaks(pristine.model.pipeline.transformer)
+    breaks(_pipeline(pristine).transformer)
     assert not run_floor(pristine).holds
 
 
@@ -179,6 +184,6 @@ def test_the_floor_fails_when_the_vae_loses_its_latent_scale(pristine, monkeypat
     diffusers' defaults for a config that lacks them are scale 1, shift 0)."""
     from diffusers.configuration_utils import FrozenDict
 
-    vae = pristine.model.pipeline.vae
+    vae = _pipeline(pristine).vae
     monkeypatch.setattr(vae, "_internal_dict", FrozenDict({**vae.config, "scaling_factor": 1.0, "shift_factor": 0.0}))
     assert not run_floor(pristine).holds

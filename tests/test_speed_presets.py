@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hidream_ui.bench import quality
+from hidream_ui.bench import quality, quality_report
+from hidream_ui.lab import world
 from hidream_ui.model.tiny import quality_record, trained
 from hidream_ui.pipeline.speed.preset_rules import PRESET_RULES, rule_misses, speed_value
 from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
@@ -36,7 +37,7 @@ def test_the_record_is_a_full_run_on_the_shipped_weights(record):
         f"the weights changed since the record was made: {_command()}"
     )
     assert record["profile"] == "trained" and record["random_weights"] is False
-    assert record["cases"] >= quality.DEFAULT_CASES and record["seed_start"] == quality.world.HELD_OUT_SEED_START
+    assert record["cases"] >= quality.DEFAULT_CASES and record["seed_start"] == world.HELD_OUT_SEED_START
     assert record[quality_record.COMMAND_KEY].startswith("python -m hidream_ui bench quality ")
     assert "--record" in record[quality_record.COMMAND_KEY]
     assert record["configurations"]["exact"]["fidelity_vs_exact"]["psnr_db"]["median"] == quality.PSNR_CAP_DB
@@ -44,7 +45,7 @@ def test_the_record_is_a_full_run_on_the_shipped_weights(record):
 
 @pytest.mark.parametrize("preset", sorted(PRESET_RULES))
 def test_each_preset_is_what_its_rule_picks_on_the_record(record, preset):
-    chosen = quality.presets(record)[preset]  # today's rules on the recorded rows
+    chosen = quality_report.presets(record)[preset]  # today's rules on the recorded rows
     value = str(parse_cache(SPEED_PRESETS[preset]))
     assert chosen["best"] is not None, f"nothing in the record keeps {preset}'s quality rule"
     assert value == chosen["best_speed_value"], (
@@ -56,7 +57,7 @@ def test_each_preset_is_what_its_rule_picks_on_the_record(record, preset):
     assert (misses == []) == chosen["meets_rule"]
     # When nothing keeps the whole rule, the preset says so where people choose it.
     assert ("misses its rule" in speed_info(record)) == any(
-        not quality.presets(record)[p]["meets_rule"] for p in PRESET_RULES
+        not quality_report.presets(record)[p]["meets_rule"] for p in PRESET_RULES
     )
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from hidream_ui.lab import world
 from hidream_ui.model import layout
-from hidream_ui.model.tiny import trained, world
+from hidream_ui.model.tiny import trained
 from hidream_ui.model.tiny.build import build_tiny, ensure_tiny, read_marker, tiny_path
 from hidream_ui.model.tiny.profiles import PROFILES
 
@@ -69,7 +70,7 @@ def test_random_tiny_profile_keeps_its_vocabulary(tiny_dir):
 
 
 def _train(out: Path, *extra: str) -> None:
-    from hidream_ui.model.tiny.train import main
+    from hidream_ui.lab.train.cli import main
 
     assert main([str(out), "--steps", "2", "--vae-steps", "2", "--pool", "4", *extra]) == 0
 
@@ -97,7 +98,7 @@ def test_train_tiny_runs_is_deterministic_and_loads_through_the_pipeline(tmp_pat
     # Decoder fine-tuning changes the decoder only: the encoder (the transformer's latents) stays as it was.
     from safetensors.torch import load_file
 
-    from hidream_ui.model.tiny.train import main
+    from hidream_ui.lab.train.cli import main
 
     assert main([str(tmp_path / "d"), "--decoder-from", str(tmp_path / "a"), "--decoder-steps", "1"]) == 0
     before, after = (load_file(str(tmp_path / n / trained.WEIGHTS_FILE)) for n in "ad")
@@ -258,7 +259,7 @@ def test_the_copy_heads_start_out_looking_at_the_source_token_of_each_target_tok
     import torch
     from diffusers.models.transformers.transformer_hidream_image import apply_rope
 
-    from hidream_ui.model.tiny.train import copy_heads, make_transformer
+    from hidream_ui.lab.train.model import copy_heads, make_transformer
 
     spec = PROFILES["trained"]
     model = make_transformer(spec, 2)
@@ -295,8 +296,9 @@ def test_the_oracle_put_on_the_target_after_the_last_step_returns_the_target():
     target, to the hundredth of a dB; with nothing put (-1) it is the model's."""
     import torch
 
-    from hidream_ui.model.tiny.scoring import eval_pipeline
-    from hidream_ui.model.tiny.train import oracle, round_trip
+    from hidream_ui.lab.scoring import eval_pipeline
+    from hidream_ui.lab.train.decoder import round_trip
+    from hidream_ui.lab.train.evaluate import oracle
 
     results = oracle(ASSET, 3, [3, -1], log=lambda line: None, num_inference_steps=4)
     with eval_pipeline(ASSET) as pipeline:
@@ -315,7 +317,8 @@ def test_eval_grid_draws_source_target_and_result_with_the_verdict(tmp_path, cap
     import numpy as np
     from PIL import Image
 
-    from hidream_ui.model.tiny.train import GRID_STRIP, main
+    from hidream_ui.lab.train.cli import main
+    from hidream_ui.lab.train.evaluate import GRID_STRIP
 
     out = tmp_path / "w"
     shutil.copytree(ASSET, out)
@@ -345,12 +348,12 @@ def test_eval_grid_draws_source_target_and_result_with_the_verdict(tmp_path, cap
 
 
 def test_self_drift_pulls_the_input_towards_the_models_own_estimate():
-    """train.own_estimate is the clean estimate of one call at noise 1 on [pure noise | source] (x_1 + the
-    output, which is x0 - e); train.pulled_noise moves x_t's content towards it by pull x s, and a pull of 0
+    """loop.own_estimate is the clean estimate of one call at noise 1 on [pure noise | source] (x_1 + the
+    output, which is x0 - e); loop.pulled_noise moves x_t's content towards it by pull x s, and a pull of 0
     leaves the plain flow-matching point."""
     import torch
 
-    from hidream_ui.model.tiny import train
+    from hidream_ui.lab.train import loop
 
     source = torch.randn(3, 16, 4, 4)
     prompt = torch.tensor([0, 5, 7])
@@ -360,7 +363,7 @@ def test_self_drift_pulls_the_input_towards_the_models_own_estimate():
         seen.update(hidden=hidden, sigma=sigma, prompt=prompt_ids, grad=torch.is_grad_enabled())
         return torch.cat([torch.full_like(source, 0.25), torch.full_like(source, 9.0)], dim=-1)
 
-    estimate = train.own_estimate(forward, source, prompt, 4, torch.Generator().manual_seed(7))
+    estimate = loop.own_estimate(forward, source, prompt, 4, torch.Generator().manual_seed(7))
     pure = torch.randn(source.shape, generator=torch.Generator().manual_seed(7))
     assert torch.equal(seen["hidden"], torch.cat([pure, source], dim=-1)) and torch.equal(seen["prompt"], prompt)
     assert torch.equal(seen["sigma"], torch.ones(3)) and not seen["grad"]
@@ -368,7 +371,7 @@ def test_self_drift_pulls_the_input_towards_the_models_own_estimate():
 
     target, other, noise = torch.randn(3, 16, 4, 4), torch.randn(3, 16, 4, 4), torch.randn(3, 16, 4, 4)
     s = torch.tensor([0.9, 0.5, 0.2]).view(-1, 1, 1, 1)
-    pulled = train.pulled_noise(noise, target, other, torch.tensor([0.0, 1.0, 0.5]), s)
+    pulled = loop.pulled_noise(noise, target, other, torch.tensor([0.0, 1.0, 0.5]), s)
     x_t = (1 - s) * target + s * pulled
     content = (x_t - s * noise) / (1 - s)  # what the input shows, its own noise taken out
     assert torch.allclose(content[0], target[0], atol=1e-6)
@@ -379,13 +382,13 @@ def test_self_drift_pulls_the_input_towards_the_models_own_estimate():
 
 
 def test_estimate_from_is_one_call_without_gradient_by_either_stage():
-    """train.estimate_from: one call without gradient on the noisy latents at each sample's level, with the
+    """loop.estimate_from: one call without gradient on the noisy latents at each sample's level, with the
     source beside them for the edit stage and alone for the refine stage; the estimate is x + level * output
     (the output is x0 - e), the source half of the edit stage's output dropped. own_estimate is its call at
     level 1 on pure noise."""
     import torch
 
-    from hidream_ui.model.tiny import train
+    from hidream_ui.lab.train import loop
 
     x, source = torch.randn(3, 16, 4, 4), torch.randn(3, 16, 4, 4)
     prompt, level = torch.tensor([0, 5, 7]), torch.tensor([1.0, 0.6, 0.3])
@@ -396,15 +399,15 @@ def test_estimate_from_is_one_call_without_gradient_by_either_stage():
         return torch.cat([torch.full_like(x, 0.5), torch.full_like(x, 9.0)], dim=-1)[..., : hidden.shape[-1]]
 
     for given in (source, None):
-        estimate = train.estimate_from(forward, x, level, prompt, given)
+        estimate = loop.estimate_from(forward, x, level, prompt, given)
         call = seen[-1]
         assert torch.equal(call["hidden"], x if given is None else torch.cat([x, source], dim=-1))
         assert torch.equal(call["sigma"], level) and torch.equal(call["prompt"], prompt) and not call["grad"]
         assert torch.allclose(estimate, x + level.view(-1, 1, 1, 1) * 0.5)
     pure = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
     assert torch.equal(
-        train.own_estimate(forward, source, prompt, 4, torch.Generator().manual_seed(3)),
-        train.estimate_from(forward, pure, torch.ones(3), prompt, source),
+        loop.own_estimate(forward, source, prompt, 4, torch.Generator().manual_seed(3)),
+        loop.estimate_from(forward, pure, torch.ones(3), prompt, source),
     )
 
 
@@ -416,7 +419,7 @@ def test_decoder_own_trains_the_decoder_on_the_pipelines_own_latents(tmp_path, o
     import torch
     from safetensors.torch import load_file
 
-    from hidream_ui.model.tiny.train import DECODER_OWN_SHARE, finetune_decoder
+    from hidream_ui.lab.train.decoder import DECODER_OWN_SHARE, finetune_decoder
 
     plain = finetune_decoder(ASSET, tmp_path / "plain", 1, log=lambda line: None, round_trip_cases=2)
     lines = []
@@ -440,17 +443,18 @@ def test_decoder_own_trains_the_decoder_on_the_pipelines_own_latents(tmp_path, o
 def test_train_tiny_passes_the_decoder_flags_to_the_decoder_fine_tune(tmp_path, monkeypatch):
     """train-tiny --decoder-from DIR --decoder-own N [--decoder-own-share S]: the fine-tune gets N and S, and the
     default share when S is not given."""
-    from hidream_ui.model.tiny import train
+    from hidream_ui.lab.train import cli
+    from hidream_ui.lab.train.decoder import DECODER_OWN_SHARE
 
     calls = []
-    monkeypatch.setattr(train, "finetune_decoder", lambda *args, **kwargs: calls.append((args, kwargs)))
-    monkeypatch.setattr(train, "torch_threads", lambda threads: None)
+    monkeypatch.setattr(cli, "finetune_decoder", lambda *args, **kwargs: calls.append((args, kwargs)))
+    monkeypatch.setattr(cli, "torch_threads", lambda threads: None)
     base = [str(tmp_path / "out"), "--decoder-from", str(ASSET), "--decoder-own", "7", "--decoder-steps", "3"]
-    assert train.main(base + ["--decoder-own-share", "0.5"]) == 0
-    assert train.main(base) == 0
+    assert cli.main(base + ["--decoder-own-share", "0.5"]) == 0
+    assert cli.main(base) == 0
     (args, given), (_, default) = calls
     assert args[2] == 3 and given["own"] == 7 and given["own_share"] == 0.5
-    assert default["own"] == 7 and default["own_share"] == train.DECODER_OWN_SHARE
+    assert default["own"] == 7 and default["own_share"] == DECODER_OWN_SHARE
 
 
 def test_to_images_is_the_inverse_of_pixels_and_clips():
@@ -458,7 +462,7 @@ def test_to_images_is_the_inverse_of_pixels_and_clips():
     import numpy as np
     import torch
 
-    from hidream_ui.model.tiny.scoring import pixels, to_images
+    from hidream_ui.lab.scoring import pixels, to_images
 
     images = [world.make_case(seed).target for seed in range(3)]
     x = pixels(images, torch)
@@ -469,12 +473,12 @@ def test_to_images_is_the_inverse_of_pixels_and_clips():
 
 
 def test_round_trip_scores_the_decoded_true_targets_like_edits(one_thread):
-    """train.round_trip: the shipped VAE decodes the encoded true targets of training cases to a success every
+    """decoder.round_trip: the shipped VAE decodes the encoded true targets of training cases to a success every
     time; a decoder whose last convolution is zeroed (a grey canvas) fails them all, and says how many."""
     import torch
 
-    from hidream_ui.model.tiny.scoring import eval_pipeline
-    from hidream_ui.model.tiny.train import round_trip
+    from hidream_ui.lab.scoring import eval_pipeline
+    from hidream_ui.lab.train.decoder import round_trip
 
     cases = [world.make_case(seed) for seed in range(6)]
     with eval_pipeline(ASSET) as pipeline:
@@ -495,7 +499,7 @@ def test_kept_shapes_counts_the_untouched_shapes_that_keep_their_colour():
     keeps none of them; for a background edit every shape counts."""
     import numpy as np
 
-    from hidream_ui.model.tiny.probe import kept_shapes
+    from hidream_ui.lab.probe import kept_shapes
 
     cases = world.held_out_cases(12)
     for case in cases:
@@ -518,9 +522,10 @@ def test_one_call_near_zero_noise_gives_the_target_back(capsys):
     the earlier decoder)."""
     import torch
 
-    from hidream_ui.model.tiny.probe import one_call
-    from hidream_ui.model.tiny.scoring import eval_pipeline
-    from hidream_ui.model.tiny.train import main, round_trip
+    from hidream_ui.lab.probe import one_call
+    from hidream_ui.lab.scoring import eval_pipeline
+    from hidream_ui.lab.train.cli import main
+    from hidream_ui.lab.train.decoder import round_trip
 
     lines = []
     results = one_call(ASSET, 4, [1.0, 0.6, 0.02], log=lines.append)
@@ -590,7 +595,7 @@ def test_latent_locality_tells_a_local_encoder_from_one_that_sees_the_whole_imag
     edits change latents far from any changed pixel. A background edit changes the pixels of nearly every cell."""
     import torch
 
-    from hidream_ui.model.tiny.probe import latent_locality
+    from hidream_ui.lab.probe import latent_locality
 
     cases = world.held_out_cases(24)
     source = torch.cat([_Editor.latents(c.source) for c in cases])
@@ -618,7 +623,7 @@ def test_grounding_counts_edits_that_land_on_the_shape_the_instruction_names():
     one that edits the next shape instead on none; both against the same chance."""
     import torch
 
-    from hidream_ui.model.tiny.probe import _grounding
+    from hidream_ui.lab.probe import _grounding
 
     case = next(c for c in world.held_out_cases(64) if c.edit.kind == "remove" and len(c.scene.shapes) == 3)
     source = _Editor.latents(case.source)
@@ -636,8 +641,9 @@ def test_word_encoders_make_the_shape_words_distinct_and_keep_every_tensor(tmp_p
 
     import torch
 
-    from hidream_ui.model.tiny import words
-    from hidream_ui.model.tiny.train import _prompt_embeddings, world_prompts
+    from hidream_ui.lab import words
+    from hidream_ui.lab.train.data import world_prompts
+    from hidream_ui.lab.train.run import prompt_embeddings
 
     root = tmp_path / "model"
     shutil.copytree(random_trained, root)
@@ -659,7 +665,7 @@ def test_word_encoders_make_the_shape_words_distinct_and_keep_every_tensor(tmp_p
     assert set(prompts) <= set(world_prompts())
 
     def cosines(root):
-        e = _prompt_embeddings(root, prompts)
+        e = prompt_embeddings(root, prompts)
 
         def cos(a, b):
             return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
@@ -690,7 +696,7 @@ def test_word_encoders_make_the_shape_words_distinct_and_keep_every_tensor(tmp_p
 def test_word_directions_are_orthonormal_and_refuse_too_many_words():
     import torch
 
-    from hidream_ui.model.tiny import words
+    from hidream_ui.lab import words
 
     directions = words.word_directions([f"w{i}" for i in range(words.WORD_DIMS)], seed=3)
     basis = torch.stack(list(directions.values()))
@@ -705,7 +711,7 @@ def _case_with(shapes, edit):
 
 
 def test_shape_tokens_mark_the_named_shape_among_the_shapes_and_asks_which_shape_picks_those_cases():
-    from hidream_ui.model.tiny.train import asks_which_shape, shape_tokens
+    from hidream_ui.lab.train.data import asks_which_shape, shape_tokens
 
     circle = world.Shape("circle", "red", x=0, y=0, size=32)  # tokens (0, 0), (0, 1), (1, 0), (1, 1)
     square = world.Shape("square", "blue", x=64, y=80, size=32)  # tokens (5, 4), (5, 5), (6, 4), (6, 5)
@@ -722,11 +728,11 @@ def test_shape_tokens_mark_the_named_shape_among_the_shapes_and_asks_which_shape
 def test_the_grounding_head_reads_the_target_half_of_the_hooked_block_in_token_order():
     import torch
 
-    from hidream_ui.model.tiny.train import _Grounding, make_transformer
+    from hidream_ui.lab.train.model import GroundingHead, make_transformer
 
     spec = PROFILES["trained"]
     model = make_transformer(spec, 0)
-    grounding = _Grounding(model, spec, 1, torch)
+    grounding = GroundingHead(model, spec, 1, torch)
     rows, cols = grounding.rows, grounding.cols
     # Token t of the [target | source] input at (row t // (2 cols), column t % (2 cols)); two text tokens after.
     hidden = torch.arange(rows * 2 * cols + 2, dtype=torch.float32).view(1, -1, 1).repeat(2, 1, 3)
@@ -747,7 +753,7 @@ def test_the_grounding_head_reads_the_target_half_of_the_hooked_block_in_token_o
     _, accuracy = grounding.loss(torch.tensor([[5.0, -5.0, -5.0, 5.0, 5.0]]), labels)
     assert accuracy == pytest.approx(0.5 * (1 + 2 / 3))
     with pytest.raises(ValueError, match="ground_block 9"):
-        _Grounding(model, spec, 9, torch)
+        GroundingHead(model, spec, 9, torch)
 
 
 def test_train_tiny_with_word_encoders_and_grounding_runs_and_records_its_command(tmp_path, one_thread, capsys):

@@ -1,9 +1,11 @@
-"""The synthetic world of issue 22 (hidream_ui/model/tiny/world.py): exact generation and the success metric."""
+"""The synthetic world of issue 22: exact generation (the runtime's scenes, hidream_ui/model/tiny/world.py) and the
+success metric (the lab's, hidream_ui/lab/world.py)."""
 
 import numpy as np
 import pytest
 
-from hidream_ui.model.tiny import world
+from hidream_ui.lab import world
+from hidream_ui.model.tiny import world as scenes
 
 
 def test_same_seed_same_case_and_different_seeds_differ():
@@ -26,7 +28,7 @@ def test_scenes_follow_the_spec():
             assert s.x >= 0 and s.y >= 0 and s.x + s.size <= 128 and s.y + s.size <= 128
         for i, a in enumerate(scene.shapes):
             for b in scene.shapes[i + 1 :]:
-                assert world._boxes_apart(a, b)
+                assert scenes._boxes_apart(a, b)
         if edit.kind == "recolour":
             old = next(s.colour for s in scene.shapes if s.kind == edit.target)
             assert edit.value != old
@@ -60,3 +62,13 @@ def test_bad_inputs_name_the_value():
         world.make_case(-1)
     with pytest.raises(ValueError, match=r"\(128, 128\)"):
         world.score(world.make_case(0), np.zeros((128, 128)))
+
+
+def test_the_lab_draws_the_runtimes_scenes_and_the_runtime_carries_no_ground_truth():
+    """One world: the lab's cases are the runtime's `make_case` (the app's examples, training and `bench quality`
+    see the same scene for a seed); what judges an edit lives in the lab only."""
+    assert world.make_case is scenes.make_case and world.example_cases is scenes.example_cases
+    assert world.held_out_cases(2)[1].scene == scenes.make_case(scenes.HELD_OUT_SEED_START + 1).scene
+    for name in ("score", "untouched_mask", "held_out_cases", "FLOOR_SEED_START", "erode", "psnr"):
+        assert not hasattr(scenes, name), name
+    assert scenes.HELD_OUT_SEED_START < world.FLOOR_SEED_START < scenes.EXAMPLE_SEED_START

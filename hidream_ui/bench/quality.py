@@ -1,7 +1,7 @@
 """`python -m hidream_ui bench quality [--cases N] [--json] [--tiny-profile P] [--only NAMES] ...`.
 
 What each speed and memory mode costs in quality, on edits whose right answer is known: N fresh cases
-of the synthetic world (model/tiny/world.py, seeds from `HELD_OUT_SEED_START` on, never used in
+of the synthetic world (lab/world.py, seeds from `HELD_OUT_SEED_START` on, never used in
 training), each edited under every configuration and scored by the world's rule (the named region got
 the named colour, the untouched region kept >= 22 dB PSNR against the source), and compared with exact's
 output for the same case (PSNR and SSIM, bench/fidelity.py). Configurations: `exact` (the default exact
@@ -19,13 +19,15 @@ own load (one each).
 On the random `tiny` profile every success rate is ~0 (the model was never trained): the figures are
 computed all the same, which is what the tests check. The JSON keys are documented in
 docs/benchmarks.md ("bench quality"): they are a contract.
+
+The configurations are bench/quality_configs.py's, the targets, presets and table bench/quality_report.py's; this
+module runs the edits and sums them up.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -39,202 +41,33 @@ from PIL import Image  # already loaded by the edit schema (edits.py)
 
 from hidream_ui.bench import set_threads
 from hidream_ui.bench.fidelity import PSNR_CAP_DB, compare, spread
+from hidream_ui.bench.quality_configs import (
+    CACHE_MODES,
+    EXACT,
+    GROUPS,
+    TRAINED_PROFILE,
+    Configuration,
+    all_configurations,
+    cache_specs,
+    default_profile,
+    profile_choices,
+    select,
+    step_counts,
+)
+from hidream_ui.bench.quality_report import format_table, presets, targets
 from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
-from hidream_ui.config import TINY_PROFILES, AppConfig
+from hidream_ui.config import AppConfig
 from hidream_ui.device.detect import resolve_device, resolve_dtype
 from hidream_ui.edits import EditParams, EditRequest
 from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.pool import EnginePool
-from hidream_ui.model.planner import plan_for
-from hidream_ui.model.plans import PLANS
-from hidream_ui.model.tiny import world
-from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
-from hidream_ui.pipeline.speed.preset_rules import (
-    PRESET_GROUPS,
-    PRESET_RULES,
-    PRESET_TARGETS,
-    configuration_for,
-    psnr_median,
-    rule_misses,
-    speed_value,
-)
-from hidream_ui.pipeline.speed.settings import (
-    MAX_STEPS_RANGE,
-    MEASURED_CACHES,
-    SPEED_PRESETS,
-    cache_unavailable,
-    parse_cache,
-)
+from hidream_ui.lab import world
 
-# The trained offline model (issue 22) when this checkout has it, else the random one.
-TRAINED_PROFILE = "trained"
-FIRST_BLOCK_THRESHOLDS = (0.05, 0.1, 0.2)
-# The step caches measured by default (`--caches` replaces the list with any `--cache` values).
-CACHE_MODES = MEASURED_CACHES
 DEFAULT_CASES = 96
-# Issue 22's "done when" for the trained model, reported beside the figures (a benchmark asserts nothing).
-TARGETS = {"cases_min": 96, "exact_success_rate_min": 0.85, "untouched_psnr_median_min_db": 28.0}
-GROUPS = ("exact", "cache", "steps", "weights", "memory", "attention", "padding")
+
 # The world's scenes are drawn with the held-out start; warm-up edits use a seed below it (a training
 # seed: never scored), so the first, slower edit of each configuration is not one of the measured ones.
 WARM_UP_SEED = world.HELD_OUT_SEED_START - 1
-
-
-def default_profile() -> str:
-    return TRAINED_PROFILE if TRAINED_PROFILE in TINY_PROFILES else "tiny"
-
-
-def profile_choices() -> list[str]:
-    # `full` is the release's size with random weights: hours per case on a CPU and nothing to learn.
-    return [p for p in TINY_PROFILES if p != FULL_PROFILE_NAME]
-
-
-@dataclass(frozen=True)
-class Configuration:
-    """One way to run an edit. `memory` / `weights` decide the engine (a load each); `cache`, `attention`
-    and `collapse_padding` switch per edit on a loaded engine."""
-
-    name: str
-    group: str  # one of GROUPS
-    exact_mode: bool  # must give exact's success verdict on every case (no approximation involved)
-    cache: str = "none"
-    attention: str | None = None  # None: the strategy the engine picked at load (auto), as exact uses
-    memory: str = "full"
-    weights: str = "bf16"
-    collapse_padding: bool = True
-    steps: int | None = None  # None: the run's step count (exact's); a step count of `--steps-grid` otherwise
-
-    @property
-    def engine_key(self) -> tuple[str, str]:
-        return (self.memory, self.weights)
-
-    def settings(self) -> dict[str, Any]:
-        return {
-            "cache": self.cache,
-            "attention": self.attention or "auto",
-            "memory": self.memory,
-            "weights": self.weights,
-            "collapse_padding": self.collapse_padding,
-            "steps": self.steps,
-        }
-
-
-EXACT = Configuration("exact", "exact", True)
-
-
-def cache_specs(values: Iterable[str]) -> list[str]:
-    """Canonical `--cache` spellings of `values` (presets resolved, `none` dropped: that is exact), in order,
-    once each. Raises ValueError naming a value that is not a step cache."""
-    specs: list[str] = []
-    for value in values:
-        spec = str(parse_cache(value.strip(), "--caches"))
-        if spec != "none" and spec not in specs:
-            specs.append(spec)
-    return specs
-
-
-def steps_name(cache: str, steps: int) -> str:
-    """The name of a step-count configuration: `steps:N` alone, `CACHE@N` crossed with a step cache."""
-    return f"steps:{steps}" if cache == "none" else f"{cache}@{steps}"
-
-
-def step_counts(values: Iterable[str | int], name: str = "--steps-grid") -> list[int]:
-    """The step counts of `values`, in order, once each. Raises ValueError naming a value that is not a
-    step count (MAX_STEPS_RANGE)."""
-    low, high = MAX_STEPS_RANGE
-    counts: list[int] = []
-    for value in values:
-        text = str(value).strip()
-        try:
-            n = int(text)
-        except ValueError:
-            n = 0
-        if not low <= n <= high:
-            raise ValueError(f"{name}: {text!r} is not a step count (an integer from {low} to {high})")
-        if n not in counts:
-            counts.append(n)
-    return counts
-
-
-def all_configurations(
-    device,
-    dtype,
-    profile: str,
-    caches: Iterable[str] = CACHE_MODES,
-    steps_grid: Iterable[int] = (),
-    cross: Iterable[str] = (),
-    steps: int | None = None,
-) -> tuple[list[Configuration], dict[Configuration, str]]:
-    """Every configuration this device can run, exact first; and {configuration: reason} for those it cannot.
-    `steps_grid`: step counts measured beside exact's `steps` (`steps:N`); `cross`: step caches also run at
-    each of them (`CACHE@N`)."""
-    from hidream_ui.pipeline.attention.registry import AUTO, list_strategies
-
-    configs = [EXACT]
-    unavailable: dict[Configuration, str] = {}
-    exact_steps = steps or EditParams.defaults_for("e1.1").num_inference_steps
-    grid = [n for n in step_counts(steps_grid) if n != exact_steps]
-    crossed = cache_specs(cross)
-    for spec in cache_specs(caches):  # an optional library that is not installed: listed with its hint
-        config, missing = Configuration(spec, "cache", False, cache=spec), cache_unavailable(parse_cache(spec))
-        if missing:
-            unavailable[config] = missing
-        else:
-            configs.append(config)
-    for n in grid:  # fewer (or more) steps alone, then each crossed cache at that count
-        configs.append(Configuration(steps_name("none", n), "steps", False, steps=n))
-        for spec in crossed:
-            config = Configuration(steps_name(spec, n), "cache", False, cache=spec, steps=n)
-            missing = cache_unavailable(parse_cache(spec))
-            if missing:
-                unavailable[config] = missing
-            else:
-                configs.append(config)
-    rows = plan_for(AppConfig(tiny_profile=profile, device=device.torch_device), device, dtype).rows
-    notes = {(r.plan, r.weights): r.note for r in rows}
-    candidates = [Configuration("fp8", "weights", False, weights="fp8")]
-    candidates += [Configuration(f"memory:{plan}", "memory", True, memory=plan) for plan in PLANS if plan != "full"]
-    for config in candidates:
-        note = notes.get(config.engine_key, "the planner does not list it")
-        if note:
-            unavailable[config] = note
-        else:
-            configs.append(config)
-    # Every available strategy, the one `auto` resolves to included: run again, it is exact-against-exact.
-    for status in list_strategies(device, dtype):
-        if status.name == AUTO:
-            continue
-        config = Configuration(f"attention:{status.name}", "attention", True, attention=status.name)
-        if status.available:
-            configs.append(config)
-        else:
-            unavailable[config] = status.reason
-    configs.append(Configuration("padded", "padding", True, collapse_padding=False))
-    return configs, unavailable
-
-
-def select(
-    configs: list[Configuration], only: Iterable[str] | None, unavailable: dict[Configuration, str] | None = None
-) -> tuple[list[Configuration], dict[str, str]]:
-    """The configurations named (by name or group) in `only`, exact always (every figure is against
-    it); and {name: reason} of the unavailable ones it names. Raises ValueError naming an unknown word."""
-    unavailable = unavailable or {}
-    words = [w.strip() for w in only or () if w.strip()]
-    known = {c.name for c in (*configs, *unavailable)} | set(GROUPS)
-    unknown = [w for w in words if w not in known]
-    if unknown:
-        raise ValueError(
-            f"--only: unknown configuration(s) {', '.join(map(repr, unknown))}; "
-            f"choose from: {', '.join(GROUPS)}, {', '.join(c.name for c in configs)}"
-        )
-
-    def chosen(c: Configuration) -> bool:
-        return not words or c.name in words or c.group in words
-
-    return (
-        [c for c in configs if c is EXACT or chosen(c)],
-        {c.name: why for c, why in unavailable.items() if chosen(c)},
-    )
 
 
 @dataclass
@@ -287,7 +120,7 @@ class _Engine:
         self.pool.load()
         self.load_seconds = time.perf_counter() - t0
         self.attention = self.pool.attention_of()  # what `auto` resolved to at load
-        self.clock = _TransformerClock(self.pool.model.pipeline.transformer)
+        self.clock = self.pool.run_exclusive("timing", lambda model: _TransformerClock(model.pipeline.transformer))
 
     def edit(self, image, params: EditParams, attention: str):
         """One edit with `attention`: (result, seconds without text encoding, transformer seconds)."""
@@ -526,7 +359,7 @@ def run(
                     progress(
                         index + 1, len(held_out), f"seed {case.seed} {case.edit.kind}: exact {'ok' if ok else 'failed'}"
                     )
-            geometry = exact_engine.pool.model.geometry
+            geometry = exact_engine.pool.model_facts().geometry
             plan = exact_engine.pool.working_plan((world.SIZE, world.SIZE), base["working_resolution"])
             width, height = plan.working_size
         finally:
@@ -567,136 +400,6 @@ def run(
     if per_case:
         report["per_case"] = per_case_rows
     return report
-
-
-def targets(report: dict) -> dict:
-    """Issue 22's targets with what this run missed of them (`missed` empty: all met)."""
-    exact = report["configurations"]["exact"]
-    missed = []
-    if report["cases"] < TARGETS["cases_min"]:
-        missed.append(f"{report['cases']} cases < {TARGETS['cases_min']}")
-    if exact["success_rate"] < TARGETS["exact_success_rate_min"]:
-        missed.append(f"exact success {exact['success_rate']:.1%} < {TARGETS['exact_success_rate_min']:.0%}")
-    if exact["untouched_psnr_median_db"] < TARGETS["untouched_psnr_median_min_db"]:
-        missed.append(
-            f"untouched PSNR median {exact['untouched_psnr_median_db']} dB < "
-            f"{TARGETS['untouched_psnr_median_min_db']:g} dB"
-        )
-    if not report["exact_modes_equal_exact"]:
-        missed.append("an exact mode disagreed with exact on some case")
-    return {**TARGETS, "met": not missed, "missed": missed}
-
-
-def presets(report: dict) -> dict:
-    """For each Speed preset: its rule, what the app uses now (`current`) and whether it keeps the rule in this
-    run (`current_keeps_rule`, `current_misses`), the cache and step configurations that keep it (`qualifying`,
-    fastest first) and `best`: the fastest of them, or, when none is fast enough, the fastest that keeps the
-    quality parts of the rule (`meets_rule` false: the best trade-off reached); `targets`: issue 54's speed
-    targets, and whether `best` reaches them."""
-    configurations = report["configurations"]
-    exact = configurations["exact"]["success_rate"]
-    candidates = [(name, r) for name, r in configurations.items() if r["group"] in PRESET_GROUPS and "error" not in r]
-    result = {}
-    for preset, rule in PRESET_RULES.items():
-        kept = [(name, r) for name, r in candidates if not rule_misses(preset, r, exact, speed=False)]
-        kept.sort(key=lambda item: item[1]["transformer_speedup_vs_exact"] or 0.0, reverse=True)
-        qualifying = [name for name, r in kept if not rule_misses(preset, r, exact)]
-        best = qualifying[0] if qualifying else (kept[0][0] if kept else None)
-        best_row = configurations[best] if best else {}
-        current = str(parse_cache(SPEED_PRESETS[preset]))
-        found = configuration_for(configurations, current)
-        current_misses = rule_misses(preset, found[1], exact) if found else None
-        target = PRESET_TARGETS[preset]["min_transformer_speedup"]
-        result[preset] = {
-            **rule,
-            "current": current,
-            "qualifying": qualifying,
-            "best": best,
-            "meets_rule": bool(qualifying),
-            "best_speed_value": speed_value(best_row["settings"]) if best else None,
-            "best_success_rate": best_row.get("success_rate"),
-            "best_transformer_speedup": best_row.get("transformer_speedup_vs_exact"),
-            "best_psnr_vs_exact_db": psnr_median(best_row) if best else None,
-            "current_keeps_rule": None if current_misses is None else not current_misses,
-            "current_misses": current_misses,
-            "targets": {
-                "min_transformer_speedup": target,
-                "met": bool(
-                    best and (best_row.get("transformer_speedup_vs_exact") or 0.0) >= target and best in qualifying
-                ),
-            },
-        }
-    return result
-
-
-def _pct(value: float | None) -> str:
-    return "—" if value is None else f"{100 * value:.0f}%"
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
-
-
-def format_table(report: dict) -> str:
-    weights = "random weights: success is expected near 0" if report["random_weights"] else "trained weights"
-    edit = report["edit"]
-    lines = [
-        f"bench quality · profile {report['profile']} ({weights}) · {report['device']} {report['dtype']} · "
-        f"{report['cases']} held-out cases {report['cases_by_kind']} · {edit['num_inference_steps']} steps · "
-        f"working size {report['working_size'][0]}x{report['working_size'][1]} · {report['model_loads']} loads",
-        f"{'configuration':24s} {'success':>7s} {'recol':>6s} {'remove':>6s} {'bkgd':>6s} {'PSNR':>6s} "
-        f"{'s/edit':>7s} {'speedup':>7s} {'tf s':>7s} {'tf spd':>7s} {'skip':>5s} {'=exact':>7s} {'max diff':>8s} "
-        f"{'PSNR>ex':>7s} {'p5':>5s} {'SSIM>ex':>7s}",
-    ]
-    for name, r in report["configurations"].items():
-        if "error" in r:
-            lines.append(f"{name:24s} {r['error']}")
-            continue
-        k, fid = r["success_by_kind"], r["fidelity_vs_exact"]
-        mark = "" if not r["exact_mode"] or r["equal_to_exact_cases"] == r["cases"] else " !"
-        lines.append(
-            f"{name:24s} {_pct(r['success_rate']):>7s} {_pct(k['recolour']):>6s} {_pct(k['remove']):>6s} "
-            f"{_pct(k['background']):>6s} {r['untouched_psnr_median_db']:6.1f} {r['seconds_per_edit']:7.3f} "
-            f"{_num(r['speedup_vs_exact'], '.2f'):>6s}x {r['transformer_seconds_per_edit']:7.3f} "
-            f"{_num(r['transformer_speedup_vs_exact'], '.2f'):>6s}x {_pct(r['skipped_fraction']):>5s} "
-            f"{r['equal_to_exact_cases']:>3d}/{r['cases']:<3d} {r['max_abs_diff_vs_exact']:8d} "
-            f"{_num(fid['psnr_db']['median'], '7.1f')} {_num(fid['psnr_db']['p5'], '5.1f')} "
-            f"{_num(fid['ssim']['median'], '7.4f')}{mark}"
-        )
-    for name, reason in report["unavailable"].items():
-        lines.append(f"{name:24s} not run here: {reason}")
-    if "padded" in report["configurations"] and report["image_tokens"] >= report["max_seq"]:
-        lines.append(
-            f"padded: this working size fills the model's {report['max_seq']} tokens, so there is no "
-            "padding to collapse: equal to exact by construction here"
-        )
-    for preset, choice in report.get("presets", {}).items():
-        rule = (
-            f"success within {choice['max_success_drop']:.0%} of exact, PSNR to exact >= "
-            f"{choice['min_psnr_vs_exact_db']:g} dB, transformer >= {choice['min_transformer_speedup']:g}x"
-        )
-        now = choice["current"]
-        if choice["current_keeps_rule"] is not None:
-            kept = choice["current_keeps_rule"]
-            now += " (keeps it)" if kept else f" (misses: {'; '.join(choice['current_misses'])})"
-        if choice["best"] is None:
-            lines.append(f"preset {preset} ({rule}): nothing here keeps the quality; now {now}")
-            continue
-        verdict = "meets the rule" if choice["meets_rule"] else "best trade-off, misses the speed-up"
-        lines.append(
-            f"preset {preset} ({rule}): best {choice['best']} ({verdict}: "
-            f"{_pct(choice['best_success_rate'])}, {_num(choice['best_transformer_speedup'], '.2f')}x, "
-            f"{_num(choice['best_psnr_vs_exact_db'], '.1f')} dB); now {now}"
-        )
-    goal = report["targets"]
-    lines.append("issue 22 targets: " + ("met" if goal["met"] else "missed: " + "; ".join(goal["missed"])))
-    lines.append(
-        "PSNR: median untouched-region PSNR in dB (capped at 100); tf: transformer time; =exact: cases with "
-        "exact's success verdict; max diff: largest pixel difference from exact's output (0..255); "
-        "PSNR>ex / p5 / SSIM>ex: median and 5th-percentile PSNR (dB), median SSIM of the output against "
-        "exact's; '!': an exact mode that disagreed with exact"
-    )
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

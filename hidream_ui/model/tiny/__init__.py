@@ -1,5 +1,7 @@
 """The offline tiny checkpoint: `build` (make-tiny, the cache), `profiles`, `parts` (one writer per
-upstream folder), `weights`, `tokenizers`, `files`.
+upstream folder), `weights`, `tokenizers`, `files`; for the trained profile `trained` (the shipped weights'
+format), `quality_record` (their `bench quality` record) and `world` (the scenes it knows, for the app's
+examples). How those weights were trained (`train-tiny`, probes, scoring) is the lab's: hidream_ui/lab/.
 
 Offline builder of random-weight HiDream checkpoints in the upstream folder layout.
 

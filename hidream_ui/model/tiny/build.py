@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+from hidream_ui.env_names import model_cache_variable
 from hidream_ui.model.fp8 import read_tensors, weight_files
 from hidream_ui.model.layout import E1_FULL_DIR, E1_FULL_FILE, E11_DIR, I1_DIR, LLAMA_DIR
 from hidream_ui.model.tiny import trained
@@ -27,7 +28,6 @@ from hidream_ui.model.tiny.parts import (
     _write_vae,
 )
 from hidream_ui.model.tiny.profiles import (
-    CACHE_ENV_VAR,
     COMFYUI_PREFIX,
     FORMAT_VERSION,
     MARKER_FILENAME,
@@ -43,8 +43,9 @@ logger = logging.getLogger(__name__)
 
 
 def default_cache_root() -> Path:
-    """Where ``ensure_tiny`` keeps its builds: ``$HIDREAM_UI_CACHE`` if set, else ``~/.cache/hidream_ui``."""
-    configured = os.environ.get(CACHE_ENV_VAR)
+    """Where ``ensure_tiny`` keeps its builds: ``$HIDREAM_MODEL_CACHE`` (or its deprecated old name
+    ``$HIDREAM_UI_CACHE``) if set, else ``~/.cache/hidream_ui``."""
+    configured = model_cache_variable()
     if configured:
         return Path(configured).expanduser()
     return Path.home() / ".cache" / "hidream_ui"

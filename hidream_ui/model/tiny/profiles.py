@@ -25,7 +25,8 @@ E1_FULL_PLAIN_KEYS: tuple[str, ...] = (
     "t_embedder.timestep_embedder.linear_1.bias",
 )
 
-CACHE_ENV_VAR = "HIDREAM_UI_CACHE"
+# Where the offline model is built (env_names.py: its deprecated old name HIDREAM_UI_CACHE still works).
+CACHE_ENV_VAR = "HIDREAM_MODEL_CACHE"
 
 
 @dataclass(frozen=True)
@@ -154,9 +155,9 @@ PROFILES: Mapping[str, TinyProfile] = MappingProxyType(
             num_layers=2,
             num_single_layers=2,
             # 96 dims: each token's stream carries its noisy latent patch and the source patch the copy heads
-            # bring (train.copy_heads); with 16 latent channels (2 x 2 x 16 = 64 numbers a patch) 64 dims could
-            # not hold both. Wider would not fit the 8 MB budget with four MoE blocks: from 97 dims on, the
-            # experts' hidden size rounds up to 512.
+            # bring (copy_heads, lab/train/model.py); with 16 latent channels (2 x 2 x 16 = 64 numbers a patch)
+            # 64 dims could not hold both. Wider would not fit the 8 MB budget with four MoE blocks: from 97 dims
+            # on, the experts' hidden size rounds up to 512.
             num_attention_heads=3,
             attention_head_dim=32,
             # More rotary dims per image axis than the release's 1:2:2 split: with theta 10000 an 8-dim axis has
@@ -167,7 +168,7 @@ PROFILES: Mapping[str, TinyProfile] = MappingProxyType(
             llama_layers=(0, 1, 2, 3),
             transformer_shards=1,
             # 4, not the release's 16: a patch of 2 x 2 x 4 = 16 numbers leaves the 96-dim stream room for the
-            # source patch and the instruction. Measured (docs/model-weights.md, "Fewer latent channels"): the
+            # source patch and the instruction. Measured (docs/lab-notebook.md, "Fewer latent channels"): the
             # VAE still reconstructs the world better (36 against 32 dB), and the training chain of the 16-channel
             # weights, one fine-tune longer, edits 90 % of the benchmark's held-out cases against 57 %.
             latent_channels=4,

@@ -71,7 +71,7 @@ HELD_OUT_KEY = "held_out"
 
 
 def record_held_out(folder: Path, summary: Mapping[str, Any], command: str) -> None:
-    """Writes an evaluation's summary (train.evaluate) into the folder's trained.json, with its command."""
+    """Writes an evaluation's summary (`train-tiny --eval N`) into the folder's trained.json, with its command."""
     meta = read_meta(folder)
     meta[HELD_OUT_KEY] = {**summary, "command": command}
     _write_json(folder / META_FILE, meta)

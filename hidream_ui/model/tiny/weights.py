@@ -132,28 +132,28 @@ def _write_weights(
         _write_json(folder / index_name, {"metadata": {"total_size": total_size}, "weight_map": weight_map})
 
 
-def _write_hf_weights(folder: Path, model: torch.nn.Module, seed: int, stream: str, n_shards: int) -> None:
+def _write_random_weights(
+    folder: Path, model: torch.nn.Module, seed: int, stream: str, n_shards: int, stem: str
+) -> None:
+    """`model`'s parameters as seeded random tensors, in files named `<stem>.safetensors` (sharded:
+    `<stem>-0000K-of-0000N.safetensors` and `<stem>.safetensors.index.json`)."""
     _write_weights(
         folder,
         specs=_checkpoint_specs(model),
         make=lambda spec: _random_tensor(seed, stream, spec),
-        single_name="model.safetensors",
-        shard_prefix="model",
-        index_name="model.safetensors.index.json",
+        single_name=f"{stem}.safetensors",
+        shard_prefix=stem,
+        index_name=f"{stem}.safetensors.index.json",
         n_shards=n_shards,
     )
+
+
+def _write_hf_weights(folder: Path, model: torch.nn.Module, seed: int, stream: str, n_shards: int) -> None:
+    _write_random_weights(folder, model, seed, stream, n_shards, stem="model")  # transformers' file names
 
 
 def _write_diffusers_weights(folder: Path, model: torch.nn.Module, seed: int, stream: str, n_shards: int) -> None:
-    _write_weights(
-        folder,
-        specs=_checkpoint_specs(model),
-        make=lambda spec: _random_tensor(seed, stream, spec),
-        single_name="diffusion_pytorch_model.safetensors",
-        shard_prefix="diffusion_pytorch_model",
-        index_name="diffusion_pytorch_model.safetensors.index.json",
-        n_shards=n_shards,
-    )
+    _write_random_weights(folder, model, seed, stream, n_shards, stem="diffusion_pytorch_model")  # diffusers'
 
 
 def _on_meta(factory: Callable[[], torch.nn.Module]) -> torch.nn.Module:

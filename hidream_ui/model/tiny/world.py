@@ -1,4 +1,5 @@
-"""The synthetic world of issue 22: seeded scenes, the three instruction templates, and the success metric.
+"""The synthetic world of issue 22, as the offline model's users meet it: seeded scenes, the three
+instructions, and the app's example cases.
 
 Exact so that anyone can generate fresh cases: a 128x128 RGB canvas with one solid background colour and
 1 to 3 shapes of different kinds, each in one of six colours, bounding box 24-40 px, at least 4 px apart and
@@ -6,12 +7,15 @@ fully inside the canvas. An edit is one of ``make the {shape} {colour}``, ``remo
 ``make the background {background}``. ``make_case(seed)`` draws a scene and an edit from that seed alone,
 so training (seeds below ``HELD_OUT_SEED_START``) and evaluation (seeds from it upward) never share a case.
 
+The runtime needs only this much (the trained model's banner names its words, the Edit tab shows
+`example_cases`). What training and evaluation need besides, the held-out cases and the success metric, is
+research code: hidream_ui/lab/world.py, which builds on this module.
+
 Only numpy is imported here; images are ``uint8`` arrays of shape (128, 128, 3).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,16 +33,10 @@ COLOURS = {
 SHAPES = ("circle", "square", "triangle")
 EDIT_KINDS = ("recolour", "remove", "background")
 MIN_BOX, MAX_BOX, GAP = 24, 40, 4
-# Erosion/dilation radius of the success metric and the PSNR an untouched region must keep.
-MARGIN_PX = 3
-UNTOUCHED_MIN_PSNR_DB = 22.0
 # Training draws seeds below this; `bench quality` draws from here upward, so no held-out case was seen.
 HELD_OUT_SEED_START = 1_000_000_000
 # The app's offline examples start here: held out from training, and past any `bench quality --cases N`.
 EXAMPLE_SEED_START = HELD_OUT_SEED_START + 500_000_000
-# The quality floor test's cases (tests/test_quality_floor.py) start here: held out from training, past any
-# `bench quality --cases N` and before the examples, so the floor is set on cases no choice was made on.
-FLOOR_SEED_START = HELD_OUT_SEED_START + 250_000_000
 # Every word an instruction can contain (the trained tokenizers must know each of them).
 WORDS = ("make", "the", "remove", "background", *SHAPES, *COLOURS, *BACKGROUNDS)
 
@@ -126,28 +124,6 @@ def render(scene: Scene) -> np.ndarray:
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
-def _disk_shift(mask: np.ndarray, radius: int, grow: bool) -> np.ndarray:
-    """Dilate (grow) or erode a boolean mask with a disk of ``radius`` px; outside the canvas counts as
-    not-in-mask for dilation and as in-mask for erosion (so shapes touching no border erode only inward)."""
-    out = mask.copy()
-    padded = np.pad(mask, radius, constant_values=not grow)
-    for dy in range(-radius, radius + 1):
-        for dx in range(-radius, radius + 1):
-            if dy * dy + dx * dx > radius * radius:
-                continue
-            window = padded[radius + dy : radius + dy + SIZE, radius + dx : radius + dx + SIZE]
-            out = (out | window) if grow else (out & window)
-    return out
-
-
-def dilate(mask: np.ndarray, radius: int = MARGIN_PX) -> np.ndarray:
-    return _disk_shift(mask, radius, grow=True)
-
-
-def erode(mask: np.ndarray, radius: int = MARGIN_PX) -> np.ndarray:
-    return _disk_shift(mask, radius, grow=False)
-
-
 def _boxes_apart(a: Shape, b: Shape) -> bool:
     return (
         a.x + a.size + GAP <= b.x or b.x + b.size + GAP <= a.x or a.y + a.size + GAP <= b.y or b.y + b.size + GAP <= a.y
@@ -209,11 +185,6 @@ def make_case(seed: int) -> Case:
     return Case(seed, scene, edit, render(scene), render(apply_edit(scene, edit)))
 
 
-def held_out_cases(n: int, start: int = HELD_OUT_SEED_START) -> list[Case]:
-    """``n`` evaluation cases from the held-out seed range."""
-    return [make_case(start + i) for i in range(n)]
-
-
 def example_cases(per_kind: int = 2, start: int = EXAMPLE_SEED_START) -> list[Case]:
     """The first ``per_kind`` cases of each edit kind from ``start`` on (the app's offline examples): every
     kind shown, none picked by how well a model does on it."""
@@ -225,88 +196,3 @@ def example_cases(per_kind: int = 2, start: int = EXAMPLE_SEED_START) -> list[Ca
             chosen[case.edit.kind].append(case)
         seed += 1
     return [case for kind in EDIT_KINDS for case in chosen[kind]]
-
-
-def moved_cells(source: np.ndarray, target: np.ndarray, rows: int, columns: int) -> np.ndarray:
-    """(rows, columns) bool: the cells of a rows x columns grid over the canvas (a latent pixel's share of the
-    image) in which some pixel differs between `source` and `target`."""
-    moved = (np.asarray(source) != np.asarray(target)).any(axis=-1)
-    return moved.reshape(rows, SIZE // rows, columns, SIZE // columns).any(axis=(1, 3))
-
-
-def psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
-    """PSNR in dB over the masked pixels (inf when identical or the mask is empty)."""
-    if not mask.any():
-        return math.inf
-    diff = a.astype(np.float64)[mask] - b.astype(np.float64)[mask]
-    mse = float(np.mean(diff * diff))
-    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
-
-
-def nearest(rgb: np.ndarray, palette: dict[str, tuple[int, int, int]]) -> str:
-    """The name of the palette colour nearest `rgb` (the metric's verdict on a region's mean colour)."""
-    return min(palette, key=lambda k: float(np.sum((rgb - np.asarray(palette[k], np.float64)) ** 2)))
-
-
-def as_canvas(image) -> np.ndarray:
-    """Accept a uint8 array or a PIL image; other sizes are resized to the canvas (bilinear)."""
-    arr = np.asarray(image)
-    if arr.ndim != 3 or arr.shape[2] < 3:
-        raise ValueError(f"expected an RGB image, got an array of shape {arr.shape}")
-    arr = arr[..., :3]
-    if arr.shape[:2] != (SIZE, SIZE):
-        from PIL import Image
-
-        arr = np.asarray(Image.fromarray(arr.astype(np.uint8)).resize((SIZE, SIZE), Image.BILINEAR))
-    return arr.astype(np.uint8)
-
-
-def untouched_mask(case: Case) -> np.ndarray:
-    """(SIZE, SIZE) bool: the pixels the edit must leave as they were. A background edit: the shape interiors
-    (eroded, so anti-aliased rims that blend with the old background do not count); a shape edit: everything
-    outside the dilated target shape."""
-    masks = {s.kind: shape_mask(s) for s in case.scene.shapes}
-    if case.edit.kind == "background":
-        untouched = np.zeros((SIZE, SIZE), bool)
-        for m in masks.values():
-            untouched |= erode(m)
-        return untouched
-    return ~dilate(masks[case.edit.target])
-
-
-def score(case: Case, output) -> dict:
-    """Success of one edit by the issue's rule: the named region has the named colour (nearest in the
-    palette) and the untouched region keeps at least UNTOUCHED_MIN_PSNR_DB of PSNR against the source."""
-    out = as_canvas(output)
-    src = case.source
-    edit, scene = case.edit, case.scene
-    masks = {s.kind: shape_mask(s) for s in scene.shapes}
-    if edit.kind == "background":
-        any_shape = np.zeros((SIZE, SIZE), bool)
-        for m in masks.values():
-            any_shape |= m
-        region = ~dilate(any_shape)
-        got = nearest(out[region].astype(np.float64).mean(axis=0), BACKGROUNDS)
-        colour_ok = got == edit.value
-    else:
-        target = masks[edit.target]
-        inner = erode(target)
-        if not inner.any():  # a shape too thin to erode (never at 24 px, but keep the metric defined)
-            inner = target
-        mean = out[inner].astype(np.float64).mean(axis=0)
-        if edit.kind == "recolour":
-            got = nearest(mean, COLOURS)
-            colour_ok = got == edit.value
-        else:
-            got = nearest(mean, {**COLOURS, **BACKGROUNDS})
-            colour_ok = got == scene.background
-    p = psnr(out, src, untouched_mask(case))
-    return {
-        "seed": case.seed,
-        "kind": edit.kind,
-        "instruction": edit.instruction,
-        "got": got,
-        "colour_ok": bool(colour_ok),
-        "untouched_psnr_db": p,
-        "success": bool(colour_ok and p >= UNTOUCHED_MIN_PSNR_DB),
-    }

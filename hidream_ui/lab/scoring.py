@@ -1,6 +1,7 @@
 """Scoring trained tiny weights on held-out cases: the pipeline they load into, the pixels it is fed, the summary.
 
-Shared by `train-tiny`'s evaluation (train.py) and its one-call probe (probe.py), so neither imports the other.
+Shared by `train-tiny`'s training and evaluation (lab/train/) and its one-call probe (lab/probe.py), so neither
+imports the other.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hidream_ui.model.tiny import trained, world
+from hidream_ui.lab import world
+from hidream_ui.model.tiny import trained
 
 PROFILE = "trained"
 

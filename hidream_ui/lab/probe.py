@@ -11,8 +11,9 @@ This takes the sampler, the guidance and the model's own trajectory out of the p
 nothing of the target, yet the source and the instruction fix it, so a model that had learned the edit would get
 it in one call. Besides the edit's verdicts it counts the **untouched shapes that keep their colour** (every shape
 the instruction does not name; for a background edit, every shape): at high noise their colour can come only
-from the source, through the copy heads (train.copy_heads). And it asks whether the model knows which shape a
-word names (`_grounding`): the answer on every weight trained so far is no (docs/model-weights.md, "Which shape?").
+from the source, through the copy heads (lab/train/model.py, copy_heads). And it asks whether the model knows
+which shape a word names (`_grounding`): the answer on every weight trained so far is no (docs/lab-notebook.md,
+"Which shape?").
 Once per run it also says how local the VAE's latents are (`latent_locality`): where the target's latents differ
 from the source's, against where its pixels do, which is what the edit stage has to predict.
 """
@@ -24,12 +25,12 @@ from typing import Callable
 
 import numpy as np
 
-from hidream_ui.model.tiny import scoring, world
+from hidream_ui.lab import scoring, world
 
 STAGES = ("edit", "refine")
 # A latent pixel counts as changed when the mean over channels of |target - source| is above this. The latents are
 # the scaled ones the transformer sees (about unit variance), so 0.15 is a change the model has to make, not
-# rounding. The shares depend on it; docs/model-weights.md ("Which shape?") gives them at 0.05 and 0.3 too.
+# rounding. The shares depend on it; docs/lab-notebook.md ("Which shape?") gives them at 0.05 and 0.3 too.
 LATENT_CHANGE = 0.15
 
 

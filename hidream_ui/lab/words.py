@@ -2,7 +2,7 @@
 
 Why: the trained model must tell which shape an instruction names, and the random tiny encoders blur the
 shape words (Llama's hidden states of "make the circle red" and "make the square red" have a cosine of 0.98;
-docs/model-weights.md, "Which shape?"). A head learning which tokens the word names reaches 0.90 balanced
+docs/lab-notebook.md, "Which shape?"). A head learning which tokens the word names reaches 0.90 balanced
 accuracy in 1500 steps under these encoders, 0.72 under the random ones (measured there). Trained together
 with the transformer, the encoders make the words *less* distinct, so they are set once and stay frozen.
 

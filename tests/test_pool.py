@@ -395,15 +395,15 @@ def test_a_failed_background_load_is_reported_and_its_engine_gets_no_jobs(tmp_pa
 
 
 def test_an_app_without_login_shows_no_server_paths_in_the_device_rows(tmp_path):
-    from hidream_ui.ui.handlers import Handlers
     from hidream_ui.ui.services import AppServices
+    from hidream_ui.ui.system_handlers import SystemHandlers
 
     npu = FakeNPUBackend(count=2)
     config = AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path)
     pool = EnginePool.for_config(config, backends={"npu": npu, "cpu": CPUBackend()})
     pool.engines[0]._last_error = "the configured model is incomplete: /srv/models/HiDream-E1-1/transformer missing"
     pool.slots[1].load_error = "loading the model failed: /srv/models/Llama-3.1-8B-Instruct/config.json unreadable"
-    handlers = Handlers(pool, services=AppServices.for_config(config))
+    handlers = SystemHandlers(pool, services=AppServices.for_config(config))
     assert handlers.services.public
     status = handlers.status()
     assert "/srv/models" not in json.dumps(status, default=str) and "/srv/models" not in handlers.status_panel()
@@ -574,13 +574,13 @@ def test_the_live_plot_reads_cached_telemetry_only(tmp_path, monkeypatch):
 
     from hidream_ui.device.telemetry import TelemetryPoint
     from hidream_ui.engine.pool import shared_sampler
-    from hidream_ui.ui.handlers import Handlers
     from hidream_ui.ui.services import AppServices
+    from hidream_ui.ui.system_handlers import SystemHandlers
 
     npu = FakeNPUBackend(count=2)
     config = AppConfig(devices=("npu:0", "npu:1"), dtype="fp32", output_dir=tmp_path)
     pool = EnginePool.for_config(config, backends={"npu": npu, "cpu": CPUBackend()})
-    handlers = Handlers(pool, services=AppServices.for_config(config))
+    handlers = SystemHandlers(pool, services=AppServices.for_config(config))
     sampler = shared_sampler()
     with sampler._lock:
         sampler._history.append(TelemetryPoint(time.time(), "npu:1", 75.0, 40.0))
@@ -640,11 +640,11 @@ def test_a_one_engine_switch_waits_for_that_engine_only(tmp_path):
 
 
 def test_the_panel_switches_the_chosen_engine_and_shows_each_engines_attention(tmp_path):
-    from hidream_ui.ui.handlers import Handlers
     from hidream_ui.ui.layout import build_demo
+    from hidream_ui.ui.system_handlers import SystemHandlers
 
     pool = cpu_pool(tmp_path)
-    handlers = Handlers(pool)
+    handlers = SystemHandlers(pool)
     update, note, panel = handlers.change_attention("math", "cpu#1")
     assert update["value"] == "math" and "active on cpu#1" in note
     assert [engine.attention_request for engine in pool.engines] == ["math", "sdpa"]

@@ -28,7 +28,7 @@ STEPS_LONG = 60  # an edit long enough to be stopped (or killed) in the middle
 @pytest.fixture(scope="module")
 def ray_cluster(tiny_cache):
     """A local cluster on 127.0.0.1 (the variables before `ray` is first imported; the replicas
-    inherit HIDREAM_UI_CACHE, set by `tiny_cache`, from this process)."""
+    inherit HIDREAM_MODEL_CACHE, set by `tiny_cache`, from this process)."""
     prepare_environment("local")
     import ray
 
@@ -300,6 +300,26 @@ def test_a_batch_runs_over_the_replicas(ray_engine):
     assert all(item.result.saved_png.is_file() and item.result.info.engine.startswith("ray:") for item in items)
 
 
+def test_a_region_edit_on_a_replica_keeps_the_source_outside_the_mask_and_saves_the_mask(ray_engine):
+    """docs/cluster.md: masks work on Ray as locally (the mask travels with the request; the app saves it)."""
+    import dataclasses
+
+    from hidream_ui.edits import EditRequest, validated_mask
+
+    source = random_picture(7, (128, 96))
+    mask = Image.new("L", source.size, 0)
+    mask.paste(255, (0, 0, 64, 96))  # the left half is edited
+    params = dataclasses.replace(edit_params(seed=7, steps=2), mask=validated_mask(mask, "left.png")).validated()
+    result = ray_engine.edit(EditRequest(image=source, params=params, source_name="7.png"))
+    metadata = json.loads(result.saved_json.read_text())
+    assert metadata["engine"].startswith("ray:")
+    mask_file = result.saved_png.parent / metadata["mask"]["file"]
+    assert mask_file.is_file() and pixels(mask_file).shape[:2] == (96, 128)
+    edited, original = pixels(result.saved_png), pixels(source)
+    assert np.array_equal(edited[:, 100:], original[:, 100:])  # beyond the feather: the source's own pixels
+    assert not np.array_equal(edited[:, :32], original[:, :32])  # inside: edited
+
+
 def test_ray_engine_has_every_member_of_the_engine_protocol():
     import inspect
 
@@ -316,7 +336,7 @@ def test_ray_engine_has_every_member_of_the_engine_protocol():
 
 def test_environment_and_placement_rules():
     from hidream_ui.engine.ray_env import LOOPBACK_ENV, default_replicas, is_loopback, placement
-    from hidream_ui.engine.ray_serve import parse_replicas
+    from hidream_ui.engine.ray_serve import RayEngine
 
     environ: dict[str, str] = {}
     prepare_environment("10.0.0.5:6379", environ)  # an operator's cluster: only the statistics are off
@@ -329,22 +349,22 @@ def test_environment_and_placement_rules():
     assert placement(AppConfig(), {"NPU": 8}).options == {"resources": {"NPU": 1}}
     assert placement(AppConfig(devices=("npu:0", "npu:1")), {}).device == "npu"
     assert default_replicas("cuda", {"GPU": 8.0}) == 8 and default_replicas("cpu", {"CPU": 64}) == 1
-    assert parse_replicas("3") == (3, None) and parse_replicas("1-4") == (1, 4)
-    for bad in ("0", "4-1", "x"):
-        with pytest.raises(Exception, match="--replicas"):
-            parse_replicas(bad)
+    # The engine takes its address and replica bounds from the config table (tests/test_config.py reads them)
+    engine = RayEngine(AppConfig(device="cpu", ray="auto", replicas="1-4"))  # nothing connects before load()
+    assert (engine.address, engine.min_replicas, engine.max_replicas) == ("auto", 1, 4)
+    assert (RayEngine(AppConfig(ray="auto"), replicas=2).min_replicas, engine.size) == (2, 4)
 
 
 def test_the_app_flag_picks_the_engine_and_says_how_to_install_ray(monkeypatch):
     import sys
 
     from hidream_ui.cli.app import build_parser, ray_engine
-    from hidream_ui.config import ConfigError
+    from hidream_ui.config import ConfigError, from_namespace
 
-    ns = build_parser().parse_args([])
-    assert ray_engine(ns, AppConfig(), environ={}) is None  # no --ray, no HIDREAM_RAY_ADDRESS: the local pool
+    parse = build_parser().parse_args
+    assert ray_engine(from_namespace(parse([]), {})) is None  # no --ray, no HIDREAM_RAY_ADDRESS: the local pool
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` then raises ImportError
     with pytest.raises(ConfigError, match=r"pip install 'hidream_ui\[ray\]'"):
-        ray_engine(ns, AppConfig(), environ={"HIDREAM_RAY_ADDRESS": "auto"})
-    with pytest.raises(ConfigError, match="--replicas"):
-        ray_engine(build_parser().parse_args(["--ray", "auto", "--replicas", "0"]), AppConfig(), environ={})
+        ray_engine(from_namespace(parse([]), {"HIDREAM_RAY_ADDRESS": "auto"}))
+    with pytest.raises(ConfigError, match="--replicas='0'"):  # refused by the config table, before Ray
+        from_namespace(parse(["--ray", "auto", "--replicas", "0"]), {})

@@ -276,7 +276,7 @@ def test_local_rewriter_end_to_end_on_the_tiny_model(local_app, monkeypatch, tin
 
     def greedy(self, llama_model, head, prompt, stop, cancel):
         runs.append(len(real_greedy(self, llama_model, head, prompt, stop, cancel)))
-        return self.engine.model.pipeline.tokenizer_4.encode(answer, add_special_tokens=False)
+        return self.engine.primary.model.pipeline.tokenizer_4.encode(answer, add_special_tokens=False)
 
     monkeypatch.setattr(LocalRewriter, "_greedy", greedy)
     prompt, details = client.predict(

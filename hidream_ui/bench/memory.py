@@ -24,7 +24,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from hidream_ui.bench.attention import _PeakMeter
+from hidream_ui.bench.attention_measure import PeakMeter
 from hidream_ui.config import AppConfig
 from hidream_ui.device.detect import resolve_device, resolve_dtype
 from hidream_ui.model.layout import PROMPT_TOKENS
@@ -50,7 +50,7 @@ _EDIT_CHILD = textwrap.dedent("""
     engine = EnginePool.for_config(config)
     t0 = time.perf_counter(); engine.load(); load_s = time.perf_counter() - t0
     load_peak = rss.peak
-    pipe = engine.model.pipeline
+    pipe = engine.run_exclusive("bench", lambda model: model.pipeline)
     captured = {}
     step = pipe.scheduler.step
     def recording(*a, **k):
@@ -69,7 +69,7 @@ _EDIT_CHILD = textwrap.dedent("""
                      "text_encode": result.timings.text_encode, "device_peak": result.peak_memory_bytes})
     peak = rss.stop()
     torch.save(captured["latents"], latents_path)
-    print(json.dumps({"plan": engine.model.plan.to_dict(), "load_seconds": load_s, "baseline_rss": rss.baseline,
+    print(json.dumps({"plan": engine.model_facts().plan.to_dict(), "load_seconds": load_s, "baseline_rss": rss.baseline,
                       "load_peak_rss": load_peak, "peak_rss": peak, "runs": runs,
                       "working_size": list(result.working_size)}))
 """)
@@ -128,7 +128,7 @@ def calibrate(sides=(256, 384)) -> dict:
         collapsed_tokens,  # lazy: torch and diffusers, loaded only when this benchmark runs
     )
 
-    meter = _PeakMeter("cpu")
+    meter = PeakMeter("cpu")
     torch.manual_seed(0)
     transformer = HiDreamImageTransformer2DModel(**tiny_profiles.PROFILES["bench"].transformer_config()).eval()
     apply(transformer, "sdpa", "cpu", torch.float32)

@@ -32,34 +32,38 @@ from pathlib import Path
 from hidream_ui.bench import free_port
 from hidream_ui.cli.app import launch
 from hidream_ui.config import AppConfig
-from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.pool import EnginePool, host_cores
 
 INSTRUCTION = "Replace the red apple with a green pear"
 
 
-class TimedEngine(EditEngine):
-    """An EditEngine that records when each edit ran (start/end around the engine call, in the
-    computing thread), for the report only."""
+def time_edits(pool: EnginePool, records: list[dict]) -> None:
+    """Records when each edit ran on each of the pool's workers (start/end around the worker's edit, in
+    the computing thread, so waiting for a free worker is not counted), for the report only. The
+    pool's workers are wrapped where they stand: the benchmark names no worker class."""
+    for worker in pool.engines:
+        label = worker.pool_label or worker.config.device
 
-    records: list[dict]
-    clock = threading.Lock()
+        def timed(request, on_step=None, *, _edit=worker.edit, _label=label, **options):
+            start = time.perf_counter()
+            try:
+                return _edit(request, on_step, **options)
+            finally:
+                with _RECORDS_LOCK:
+                    records.append(
+                        {
+                            "engine": _label,
+                            "seed": request.params.seed,
+                            "start": start,
+                            "end": time.perf_counter(),
+                            "thread": threading.current_thread().name,
+                        }
+                    )
 
-    def edit(self, request, on_step=None, *, save=True, cancel=None, on_preview=None):
-        start = time.perf_counter()
-        try:
-            return super().edit(request, on_step, save=save, cancel=cancel, on_preview=on_preview)
-        finally:
-            with TimedEngine.clock:
-                self.records.append(
-                    {
-                        "engine": self.pool_label or self.config.device,
-                        "seed": request.params.seed,
-                        "start": start,
-                        "end": time.perf_counter(),
-                        "thread": threading.current_thread().name,
-                    }
-                )
+        worker.edit = timed
+
+
+_RECORDS_LOCK = threading.Lock()
 
 
 def _overlap(records: list[dict]) -> tuple[float, int]:
@@ -80,8 +84,7 @@ def _run_app(label: str, config, engine, jobs: int, steps: int, picture: Path, d
     from PIL import Image
 
     records: list[dict] = []
-    for each in engine.engines:
-        each.records = records
+    time_edits(engine, records)
     demo = client = None
     try:
         t0 = time.perf_counter()
@@ -159,10 +162,10 @@ def run(profile: str = "tiny", jobs: int = 8, steps: int = 4) -> dict:
     try:
         base = dict(tiny_profile=profile, max_queue=max(16, jobs), max_jobs_per_client=jobs, retention=0)
         single_config = AppConfig(device="cpu", output_dir=tmp / "single", port=free_port(), **base)
-        single_pool = EnginePool.for_config(single_config, hide_paths=True, engine_factory=TimedEngine)
+        single_pool = EnginePool.for_config(single_config, hide_paths=True)
         single = _run_app("device cpu", single_config, single_pool, jobs, steps, picture, tmp)
         pool_config = AppConfig(devices=("cpu", "cpu"), output_dir=tmp / "pool", port=free_port(), **base)
-        pool = EnginePool.for_config(pool_config, hide_paths=True, engine_factory=TimedEngine)
+        pool = EnginePool.for_config(pool_config, hide_paths=True)
         threads = [slot.threads for slot in pool.slots]
         spread = _run_app("devices cpu,cpu", pool_config, pool, jobs, steps, picture, tmp)
     finally:

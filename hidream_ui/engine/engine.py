@@ -1,9 +1,16 @@
-"""EditEngine: the one object that owns the model and the device.
+"""EditEngine, the worker: one device and one loaded model.
 
-Everything that touches the device (load, edit, batch, attention switch) runs under one lock:
+The worker loads the model, executes one request (or one batch chunk) into unsaved results with step
+and preview callbacks and the job's cancel token, runs a function against the model (`run_exclusive`:
+the local rewriter's Llama), and reports its status. Executors place jobs on workers and save what
+they return: in process (`engine/pool.py`, one worker per device) and on Ray (`engine/ray_serve.py`,
+one worker per replica); nothing outside engine/ holds a worker (tests/test_engine_interface.py).
+
+Everything that touches the device (load, edit, batch chunk, attention switch) runs under one lock:
 the model is not re-entrant, and `torch.nn.attention.sdpa_kernel` (used by some attention
 strategies) is process-global. `status()` never takes that lock, so the UI can poll it while an
-edit runs.
+edit runs. Attention switching (`worker_attention.py`), sizes (`worker_sizes.py`), the status report
+(`worker_status.py`) and the prompt cache (`prompt_cache.py`) live in modules of their own.
 """
 
 from __future__ import annotations
@@ -12,14 +19,17 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from hidream_ui.config import AppConfig
-from hidream_ui.edits import WORKING_SIDE_MIN, EditRequest, EditResult, RunInfo, Timings
+from hidream_ui.edits import EditRequest, EditResult, Timings
 from hidream_ui.engine.errors import EditCancelled, EngineError, OutOfMemory
 from hidream_ui.engine.jobs import CancelToken, Preview, PreviewFn, StepFn, StepInfo
-from hidream_ui.engine.status import EngineStatus, Progress, PromptCacheStats, WeightSwapStats
+from hidream_ui.engine.prompt_cache import PromptCache
+from hidream_ui.engine.status import Progress
+from hidream_ui.engine.worker_attention import AttentionSwitching
+from hidream_ui.engine.worker_sizes import OFFERED_SIDES, WorkingSizes, working_sides
+from hidream_ui.engine.worker_status import StatusReporting
 from hidream_ui.model.layout import PROMPT_TOKENS
 from hidream_ui.model.loading import ProgressFn
 from hidream_ui.results import ResultStore
@@ -27,7 +37,6 @@ from hidream_ui.results import ResultStore
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.backends import DeviceInfo
     from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
-    from hidream_ui.geometry import WorkingPlan
     from hidream_ui.model.loading import LoadedModel
     from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 
@@ -35,51 +44,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-# Numeric working sides the UI offers, where the model can take them (see `working_sides`).
-OFFERED_SIDES = (512, 768, 1024)
+class EditEngine(AttentionSwitching, WorkingSizes, StatusReporting):
+    """The worker (see the module's docstring)."""
 
-
-def working_sides(geometry) -> list[int]:
-    """The offered numeric sides that a model of `geometry` can run: at least the requests'
-    minimum side, and within its token budget. A side N works at N x N (E1-Full) or at an N x N
-    area (E1.1), and the edit input is H x 2W latents: 2 (N / multiple)^2 tokens at most."""
-    return [
-        side
-        for side in OFFERED_SIDES
-        if side >= WORKING_SIDE_MIN and 2 * (side // geometry.multiple) ** 2 <= geometry.max_seq
-    ]
-
-
-class PromptCache:
-    """Bounded LRU of text -> embeddings. Text encoders (Llama 8B among them) dominate an edit's
-    fixed cost; users re-run the same instruction with other seeds or settings all the time."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._items: OrderedDict[tuple, "PromptEmbeds"] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: tuple, compute: Callable[[], "PromptEmbeds"]) -> "PromptEmbeds":
-        if key in self._items:
-            self._items.move_to_end(key)
-            self.hits += 1
-            return self._items[key]
-        self.misses += 1
-        value = compute()
-        self._items[key] = value
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-        return value
-
-    def clear(self) -> None:
-        self._items.clear()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class EditEngine:
     def __init__(self, config: AppConfig, backends=None, *, hide_paths: bool = False):
         self.config = config
         self._backends = backends
@@ -212,20 +179,6 @@ class EditEngine:
             logger.info("model loaded: %s", model.sources.to_dict())
             return model
 
-    def _apply_attention_at_load(self) -> None:
-        from hidream_ui.pipeline.attention.processor import AttentionUnavailable
-        from hidream_ui.pipeline.attention.registry import apply
-
-        transformer = self._model.pipeline.transformer
-        try:
-            self._attention = apply(transformer, self._attention_request, self.device, self.dtype)
-            self._attention_note = None
-        except (AttentionUnavailable, ValueError) as exc:
-            # The app must come up: use the best available strategy and say why in the status panel.
-            self._attention = apply(transformer, "auto", self.device, self.dtype)
-            self._attention_note = f"attention {self._attention_request!r} not used: {exc}; using {self._attention}"
-            logger.warning(self._attention_note)
-
     def _apply_speed_at_load(self) -> None:
         """The MoE mode and `--compile blocks` (its warm-up shows as the state "compiling")."""
         from hidream_ui.edits import DEFAULT_NEGATIVE
@@ -264,17 +217,6 @@ class EditEngine:
         """The fitted latent -> RGB map (None until an edit asked for previews, or with --preview-every 0)."""
         return self._previewer
 
-    # ------------------------------------------------------------------ attention
-    @property
-    def attention_request(self) -> str:
-        """The strategy name as asked for (e.g. "auto"), as opposed to what it resolved to."""
-        return self._attention_request
-
-    def attention_choices(self) -> list:
-        from hidream_ui.pipeline.attention.registry import list_strategies
-
-        return list_strategies(self.device, self.dtype)
-
     def set_speed(self, name: str) -> str:
         """Sets the step cache of the next edits whose settings say "default" (the UI's Speed setting:
         exact, fast, faster, or a `--cache` spec); returns the canonical spec. Raises EngineError
@@ -290,51 +232,6 @@ class EditEngine:
             raise EngineError(reason)
         self._speed.cache = str(spec)
         return self._speed.cache
-
-    def set_attention(self, name: str) -> str:
-        """Switches the attention strategy of the loaded transformer (or the one to use at load).
-
-        Raises EngineError with the reason when `name` is unknown or unavailable; the current
-        strategy then stays active.
-        """
-        from hidream_ui.pipeline.attention.processor import AttentionUnavailable
-        from hidream_ui.pipeline.attention.registry import apply, get_strategy, resolve
-
-        if name is not None and not isinstance(name, str):
-            raise EngineError(f"attention must be a strategy name (text), got {type(name).__name__} {name!r:.40}")
-        name = (name or "").strip().lower()
-        with self._lock:  # never in the middle of an edit
-            try:
-                get_strategy(name)
-                if self._model is None:
-                    resolved = resolve(name, self.device, self.dtype).name
-                else:
-                    resolved = apply(self._model.pipeline.transformer, name, self.device, self.dtype)
-            except AttentionUnavailable as exc:
-                raise EngineError(f"attention {name!r} is not available: {exc.reason}") from exc
-            except ValueError as exc:
-                raise EngineError(str(exc)) from exc
-            self._attention_request = name
-            self._attention = resolved
-            self._attention_note = None
-            return resolved
-
-    def attention_state(self) -> tuple[str, str | None, str | None]:
-        """(requested name, the strategy it resolved to, the note on a fallback): what
-        `restore_attention` puts back after a temporary switch (Compare's attention axis)."""
-        return self._attention_request, self._attention, self._attention_note
-
-    def restore_attention(self, state: tuple[str, str | None, str | None]) -> None:
-        """Puts back an `attention_state()`. Applies the strategy that was *running*, not the one
-        asked for: a request that fell back at load (say flash_attn on a CPU) cannot be applied
-        again, and re-asking it would leave the comparison's last strategy in place for everyone."""
-        from hidream_ui.pipeline.attention.registry import apply
-
-        request, resolved, note = state
-        with self._lock:
-            if self._model is not None and resolved is not None:
-                apply(self._model.pipeline.transformer, resolved, self.device, self.dtype)
-            self._attention_request, self._attention, self._attention_note = request, resolved, note
 
     # ------------------------------------------------------------------ edit
     def encode(self, text: str) -> "PromptEmbeds":
@@ -583,78 +480,6 @@ class EditEngine:
             self._free()
             raise OutOfMemory(f"out of memory on {model.device.torch_device} while {state}; memory was freed")
 
-    def working_plan(self, source_size: tuple[int, int], working_resolution) -> "WorkingPlan":
-        """The working-size plan for a source of `source_size` on the loaded model.
-
-        Raises EngineError, before any work, when the size needs more tokens than the model's
-        budget (the edit input is H x 2W latents; more than max_seq cannot be padded or collapsed).
-        """
-        from hidream_ui.geometry import working_plan
-
-        model = self.model
-        geometry = model.geometry
-        plan = working_plan(
-            source_size,
-            variant=model.sources.variant,
-            image_size=geometry.image_size,
-            working_resolution=working_resolution,
-            fixed_size=(geometry.e1_full_side, geometry.e1_full_side),
-        )
-        width, height = plan.working_size
-        tokens = (height // geometry.multiple) * (2 * width // geometry.multiple)
-        if tokens > geometry.max_seq:
-            sides = working_sides(geometry)
-            hint = (
-                f"choose 'auto', 'draft' or a side of at most {sides[-1]}"
-                if sides
-                else f"this model works at most at {geometry.image_size} px, below the smallest numeric side "
-                f"({WORKING_SIDE_MIN}): choose 'auto' or 'draft'"
-            )
-            raise EngineError(
-                f"working size {width}x{height} needs {tokens} tokens, more than this model's {geometry.max_seq}: "
-                f"{hint}"
-            )
-        return plan
-
-    def working_resolution_choices(self) -> list[str]:
-        """The working resolutions this model can take ("auto", "draft" and the numeric sides that
-        fit): from the loaded model, else from the checkpoint's config files (no weights read).
-        Only "auto" and "draft" while the geometry cannot be known yet (tiny model not built)."""
-        geometry = self._model.geometry if self._model is not None else self._geometry_from_configs()
-        return ["auto", "draft", *(str(side) for side in (working_sides(geometry) if geometry else ()))]
-
-    def _geometry_from_configs(self):
-        from hidream_ui.model.geometry import read_geometry
-        from hidream_ui.model.sources import ModelError, resolve_sources
-
-        try:
-            return read_geometry(resolve_sources(self.config, build_tiny=False))
-        except (ModelError, OSError, ValueError, KeyError) as exc:
-            logger.debug("geometry unknown before load: %s", exc)
-            return None
-
-    # ------------------------------------------------------------------ batch
-    def auto_batch_size(self, working_size: tuple[int, int]) -> int:
-        """Items per transformer call that fit in free device memory (1..8).
-
-        Estimate per item: three guidance copies of the collapsed token sequence, times the
-        hidden width, times ~24 live activations per token in a block (q/k/v/out, MoE experts,
-        norms), in the model dtype. Deliberately rough and conservative; `batch_size` overrides.
-        """
-        from hidream_ui.device.memory import snapshot
-
-        model = self.model
-        config = model.pipeline.transformer.config
-        unit = model.geometry.multiple
-        tokens = 2 * (working_size[0] // unit) * (working_size[1] // unit) + 4 * PROMPT_TOKENS
-        inner = config.num_attention_heads * config.attention_head_dim
-        element = 2 if str(model.dtype) in ("torch.bfloat16", "torch.float16") else 4
-        per_item = 3 * tokens * inner * element * 24
-        free = snapshot(model.device, backends=self._backends).free
-        if not free:
-            return 1
-        return max(1, min(8, int(free * 0.8 // per_item)))
-
     def run_batch(
         self,
         batch: "BatchRequest | BatchPlan",
@@ -688,87 +513,6 @@ class EditEngine:
 
         return functools.partial(open_image, max_pixels=self.config.max_pixels)
 
-    # ------------------------------------------------------------------ status
-    def _info(self) -> RunInfo:
-        import diffusers
-        import torch
-        import transformers
-
-        from hidream_ui import __version__
-        from hidream_ui.device.backends import dtype_name
-
-        model = self._model
-        sources = model.sources if model else None
-        return RunInfo(
-            variant=self.config.variant,
-            model_source=self.model_source,
-            model_paths=sources.to_dict(names_only=self.hide_paths) if sources else None,
-            device=self.device.torch_device,
-            device_name=self.device.name,
-            dtype=dtype_name(self.dtype),
-            attention=self._attention,
-            refiner=self.config.refiner,
-            engine=self.pool_label,
-            memory_plan=model.plan.to_dict() if model is not None and model.plan is not None else None,
-            versions={
-                "hidream_ui": __version__,
-                "torch": torch.__version__,
-                "diffusers": diffusers.__version__,
-                "transformers": transformers.__version__,
-            },
-        )
-
-    def status(self) -> EngineStatus:
-        """A snapshot for the status panel and `/status`. Cheap: no lock, no device sync."""
-        from hidream_ui.device.backends import dtype_name
-        from hidream_ui.device.memory import snapshot
-
-        model = self._model
-        status = EngineStatus(
-            state=self._state,
-            progress=self._progress,
-            loaded=model is not None,
-            variant=self.config.variant,
-            model_source=self.model_source,
-            tiny_profile=self.config.tiny_profile if self.config.uses_tiny_model else None,
-            attention=self._attention or self._attention_request,
-            attention_note=self._attention_note,
-            refiner=self.config.refiner,
-            text_encoders=self.config.text_encoders,
-            prompt_cache=PromptCacheStats(entries=len(self._cache), hits=self._cache.hits, misses=self._cache.misses),
-            counters=dict(self.counters),
-            last_error=self._last_error,
-            speed=self._speed.status(),
-        )
-        try:
-            device = self.device
-            status = status.replace(
-                device=device.torch_device,
-                device_type=device.type,
-                device_name=device.name,
-                dtype=dtype_name(self.dtype) if self._dtype is not None else self.config.dtype,
-                memory=snapshot(device, backends=self._backends),
-            )
-        except EngineError as exc:
-            status = status.replace(device_error=str(exc))
-        if model is not None:
-            swap = model.swap
-            status = status.replace(
-                model_paths=model.sources.to_dict(names_only=self.hide_paths),
-                load_seconds=round(model.load_seconds, 3),
-                memory_plan=model.plan,
-                weight_swap=None
-                if swap is None
-                else WeightSwapStats(
-                    tensors=len(swap.inactive),
-                    bytes=swap.nbytes,
-                    on_device=swap.on_device,
-                    swaps=swap.swaps,
-                    bytes_copied=swap.bytes_copied,
-                ),
-            )
-        return status
-
     # ------------------------------------------------------------------ memory
     def _is_oom(self, exc: BaseException) -> bool:
         from hidream_ui.device.runtime import is_oom_error
@@ -784,4 +528,17 @@ class EditEngine:
             logger.exception("freeing memory after an out-of-memory error failed")
 
 
-__all__ = ["EditEngine", "EngineError", "EditCancelled", "OutOfMemory", "StepInfo", "PromptCache"]
+# The vLLM-style name for what this class is; `EditEngine` stays the public name (tests and benches use it).
+Worker = EditEngine
+
+__all__ = [
+    "OFFERED_SIDES",
+    "EditCancelled",
+    "EditEngine",
+    "EngineError",
+    "OutOfMemory",
+    "PromptCache",
+    "StepInfo",
+    "Worker",
+    "working_sides",
+]

@@ -1,15 +1,8 @@
-"""The engine's errors: every one carries a message written for users (shown as is)."""
+"""The engine's errors, under the path most modules import them from (their home is
+`hidream_ui/errors.py`, below the engine and the result store)."""
 
 from __future__ import annotations
 
+from hidream_ui.errors import EditCancelled, EngineError, OutOfMemory
 
-class EngineError(RuntimeError):
-    """A user-facing failure: the message is shown as is; the engine stays usable."""
-
-
-class EditCancelled(EngineError):
-    """The edit was stopped through its CancelToken; finished work is kept."""
-
-
-class OutOfMemory(EngineError):
-    """The device ran out of memory; memory was freed and the engine stays usable."""
+__all__ = ["EditCancelled", "EngineError", "OutOfMemory"]

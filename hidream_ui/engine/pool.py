@@ -1,5 +1,6 @@
-"""EnginePool: what the app, the CLI and the benchmarks hold: one EditEngine per device (`--devices`),
-or a pool of one (`--device`). Its surface is the `Engine` protocol (engine/protocol.py).
+"""EnginePool: the in-process executor: one worker (EditEngine) per device (`--devices`), or a pool of
+one (`--device`). Its surface is the `Engine` interface (engine/protocol.py); it can do everything
+that interface declares (`capabilities`: all of them).
 
 Why a pool of whole engines rather than one engine fanning out: each engine owns its model, its
 lock and its device, exactly as a single-device app does, so everything that holds for one engine
@@ -29,18 +30,18 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.engine import EditEngine
 from hidream_ui.engine.errors import EditCancelled, EngineError
-from hidream_ui.engine.status import DeviceRow, EngineStatus
+from hidream_ui.engine.protocol import ALL_CAPABILITIES, Capabilities, Engine
+from hidream_ui.engine.status import DeviceRow, EngineStatus, ModelFacts
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.device.telemetry import TelemetrySampler
-    from hidream_ui.edits import EditRequest, EditResult
-    from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
-    from hidream_ui.engine.jobs import CancelToken, PreviewFn, StepFn
+    from hidream_ui.engine.batch import BatchPlan, BatchResult
+    from hidream_ui.engine.jobs import CancelToken
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +149,8 @@ def engine_labels(devices: Sequence[str]) -> list[str]:
     return labels
 
 
-class EnginePool:
-    """Several engines behind the surface of one (`edit`, `run_batch`, `load`, `status`, ...)."""
+class EnginePool(Engine):
+    """Several workers behind the surface of one (`edit`, `run_batch`, `load`, `status`, ...)."""
 
     def __init__(
         self,
@@ -188,7 +189,6 @@ class EnginePool:
         cores: int | None = None,
         hide_paths: bool = False,
         limit: int | None = None,
-        engine_factory: type[EditEngine] = EditEngine,
     ) -> "EnginePool":
         """One engine per device of `config.devices` (or one engine on `config.device`). `all` is
         resolved here (it needs the device survey); named devices resolve lazily, as `--device` does.
@@ -197,8 +197,8 @@ class EnginePool:
         first that many devices (one CLI edit does not load every card)."""
         from hidream_ui.device.pool_spec import ALL, expand_devices
 
-        def factory(cfg: AppConfig) -> EditEngine:  # `engine_factory`: EditEngine or a subclass (a benchmark's)
-            return engine_factory(cfg, backends=backends, hide_paths=hide_paths)
+        def factory(cfg: AppConfig) -> EditEngine:
+            return EditEngine(cfg, backends=backends, hide_paths=hide_paths)
 
         if not config.devices:
             return cls(config, [factory(config)])
@@ -292,9 +292,10 @@ class EnginePool:
                 self._cond.notify_all()
 
     @contextmanager
-    def pinned(self, cancel: "CancelToken | None" = None) -> Iterator[EditEngine]:
-        """One idle engine held for a whole job of several edits (a comparison switches attention
-        between its cells: on its own engine only, and nobody else's job runs there meanwhile)."""
+    def _pinned(self, cancel: "CancelToken | None" = None) -> Iterator[EditEngine]:
+        """One idle worker held for a whole job of several edits (a comparison switches attention
+        between its cells: on its own worker only, and nobody else's job runs there meanwhile).
+        Inside engine/ only (engine/compare.py): the interface never hands out a worker."""
         with self.acquire(cancel) as slot:
             self.start_loading(skip=slot)
             yield slot.engine
@@ -331,43 +332,37 @@ class EnginePool:
                 slot.load_error = f"loading the model failed: {exc}"
                 self._cond.notify_all()
 
-    # ------------------------------------------------------------------ Engine protocol members
+    # ------------------------------------------------------------------ Engine interface members
+    @property
+    def capabilities(self) -> Capabilities:
+        """Everything: each worker is in this process, so a job can hold one, switch its attention or
+        run the local rewriter on its device."""
+        return ALL_CAPABILITIES
+
     @property
     def loaded(self) -> bool:
         return any(engine.loaded for engine in self.engines)
 
-    def load(self, on_progress=None):
+    def load(self, on_progress=None) -> None:
         """Loads the first engine here (with progress: the caller does not wait without a word for a
         background thread), then starts the others' loads in the background; engines whose
         background load failed try again."""
         slot = self.slots[0]
         try:
             with self._threads(slot):
-                return slot.engine.load(on_progress=on_progress)
+                slot.engine.load(on_progress=on_progress)
         finally:
             retry = [other for other in self.slots[1:] if other.failed]
             self.start_loading(skip=slot)
             if retry:
                 self._load_in_background(retry)
 
-    def edit(
-        self,
-        request: "EditRequest",
-        on_step: "StepFn | None" = None,
-        *,
-        save: bool = True,
-        cancel: "CancelToken | None" = None,
-        on_preview: "PreviewFn | None" = None,
-    ) -> "EditResult":
-        """One edit on an idle engine, saved once that engine is free for the next job (live previews
-        to `on_preview`, see EditEngine.edit)."""
-        from hidream_ui.engine.jobs import CancelToken
-
-        token = cancel or CancelToken()
+    def _execute(self, request, on_step, token, on_preview):
+        """One edit on an idle worker, unsaved: `Engine.edit` saves it once that worker is free for
+        the next job (live previews to `on_preview`, see EditEngine.edit)."""
         with self.acquire(token) as slot:
-            self.start_loading(skip=slot)  # the others load beside this job; this engine loads in it
-            result = slot.engine.edit(request, on_step, save=False, cancel=token, on_preview=on_preview)
-        return slot.engine.results.save([result], token)[0] if save else result
+            self.start_loading(skip=slot)  # the others load beside this job; this worker loads in it
+            return slot.engine.edit(request, on_step, save=False, cancel=token, on_preview=on_preview)
 
     def run_exclusive(self, state: str, work, *, cancel: "CancelToken | None" = None):
         """Device work that is not an edit (the local rewriter), on an idle engine."""
@@ -375,21 +370,9 @@ class EnginePool:
             self.start_loading(skip=slot)
             return slot.engine.run_exclusive(state, work, cancel=cancel)
 
-    def run_batch(
-        self,
-        batch: "BatchRequest | BatchPlan",
-        on_item: Callable | None = None,
-        on_step: "StepFn | None" = None,
-        *,
-        cancel: "CancelToken | None" = None,
-    ) -> "BatchResult":
-        """A batch over the pool: item i goes to share i mod N, each share runs on an idle engine
+    def _run_plan(self, plan: "BatchPlan", on_item, on_step, token: "CancelToken") -> "BatchResult":
+        """A batch over the pool: item i goes to share i mod N, each share runs on an idle worker
         (batching within the share); items keep their planned order in the result."""
-        from hidream_ui.engine import batch as batches
-        from hidream_ui.engine.jobs import CancelToken
-
-        plan = batches.as_plan(batch, self.open_image, self.config)
-        token = cancel or CancelToken()
         pending = [item for item in plan.items if item.status == "pending"]
         shares = [pending[i :: self.size] for i in range(self.size)]
         shares = [share for share in shares if share]
@@ -499,14 +482,12 @@ class EnginePool:
         return total
 
     # Facts that are the same on every engine (same model, same configuration): the primary's.
-    @property
-    def model(self):
-        """A loaded engine's model (every engine loads the same one); the first engine's otherwise,
-        which raises EngineError while nothing is loaded."""
+    def model_facts(self) -> ModelFacts | None:
+        """A loaded worker's model facts (every worker loads the same model); None while none is loaded."""
         for engine in self.engines:
             if engine.loaded:
-                return engine.model
-        return self.primary.model
+                return engine.model_facts()
+        return None
 
     def auto_attention(self) -> str:
         """What "auto" attention resolves to on these devices ("?" when it cannot be told yet)."""
@@ -517,10 +498,6 @@ class EnginePool:
         except Exception as exc:  # noqa: BLE001 - only a label; the switch itself reports errors
             logger.debug("cannot resolve auto attention: %s", exc)
             return "?"
-
-    @property
-    def open_image(self):
-        return self.primary.open_image
 
     def attention_choices(self):
         return self.primary.attention_choices()

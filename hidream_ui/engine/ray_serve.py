@@ -1,30 +1,26 @@
-"""`RayEngine`: the app's engines as Ray Serve replicas, behind the same `Engine` protocol as the pool.
+"""`RayEngine`: the executor over Ray Serve replicas, behind the same `Engine` interface as the pool.
 
 `--ray ADDRESS` (env `HIDREAM_RAY_ADDRESS`) gives the app a RayEngine instead of an EnginePool; the
 UI, the queue, admission, kiosk, cancel and the runner hold it unchanged (engine/protocol.py).
 
-* Each replica (`EngineReplica`) owns one EditEngine on one device: `num_gpus=1` on CUDA, the `NPU`
-  resource on Ascend, CPUs on CPU (`ray_env.placement`); `--replicas N` of them, or `MIN-MAX` for
-  Serve's autoscaling. Each loads its model in its constructor, so Serve reports a replica ready
-  (and a restarted one back) only once it can edit.
+* Each replica (`EngineReplica`, engine/ray_replica.py) owns one worker on one device: `num_gpus=1`
+  on CUDA, the `NPU` resource on Ascend, CPUs on CPU (`ray_env.placement`); `--replicas N` of them,
+  or `MIN-MAX` for Serve's autoscaling.
 * `max_ongoing_requests=1`: Serve's router gives a job to a free replica and queues the rest (the
   app's own queue and admission stay in front of it; the device lane's concurrency is the replica count).
-* Progress: the replica's `edit` is a streaming method; every denoising step comes back as an
-  event, then the result (unsaved: the app saves it, as the pool does, so the replicas need no
-  shared storage and a cancelled job writes nothing).
+* Progress: every denoising step comes back from the replica as an event, then the unsaved result,
+  which the app saves (`Engine.edit`: the same save path as the pool, region masks included).
 * Cancel: the job's token is watched while the stream runs; once set, the Serve request is
   cancelled, which cancels the replica's generator, which sets the replica-side token: the edit
   stops after its current step.
 * A replica that dies mid-job: that job fails with a message naming the replica (the work is lost,
   not retried: it may have been what killed it); a job that could not start on a dead replica is
   sent once more (Serve routes it to a live one). Serve restarts the replica meanwhile.
-* `/status`: replicas report their row (node, device, state, progress, memory) to a small board
-  actor once a second and at every step; `status()` reads the board (never a replica, which may be
-  busy) and adds the cluster's totals.
+* `/status`: `status()` reads the replicas' board (never a replica, which may be busy) and adds the
+  cluster's totals.
 
-Not on Ray yet (EngineError saying so): switching attention at run time (set at start-up with
-`--attention`), the local rewriter (`--rewriter local`; `openai` works), Compare (it pins one engine
-for its cells).
+What it cannot do is declared in `RAY_CAPABILITIES` (the UI hides those controls and the System
+panel shows the reasons); a call that asks anyway gets an EngineError with the same reason.
 """
 
 from __future__ import annotations
@@ -36,227 +32,66 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.errors import EditCancelled, EngineError
-from hidream_ui.engine.ray_env import ADDRESS_ENV, connect, disconnect, placement
+from hidream_ui.engine.protocol import Capabilities, Engine
+from hidream_ui.engine.ray_env import connect, disconnect, placement
+from hidream_ui.engine.ray_replica import EngineReplica, ReplicaBoard, keep_replica_server_on_loopback
 from hidream_ui.engine.status import DeviceRow, EngineStatus, Progress, PromptCacheStats
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hidream_ui.edits import EditRequest, EditResult
-    from hidream_ui.engine.batch import BatchPlan, BatchRequest, BatchResult
-    from hidream_ui.engine.jobs import CancelToken, PreviewFn, StepFn
+    from hidream_ui.edits import EditResult
+    from hidream_ui.engine.batch import BatchPlan, BatchResult
+    from hidream_ui.engine.jobs import CancelToken
 
 logger = logging.getLogger(__name__)
 
 APP_PREFIX = "hidream"
-REPORT_INTERVAL = 1.0  # seconds between two status reports of an idle replica
 STALE_AFTER = 5.0  # a replica silent this long is shown as "unreachable" (dead, or being replaced)
 FORGET_AFTER = 30.0  # ... and dropped from /status after this long
 CANCEL_POLL = 0.05  # seconds between two looks at a running job's token
 HEALTH_CHECK_PERIOD = 2.0  # Serve pings each replica this often (a dead one is replaced sooner)
-UNSUPPORTED = "not available with --ray yet: {what} (see docs/cluster.md)"
+
+# What a Ray executor cannot do, each with the sentence the System panel shows (and an EngineError says).
+RAY_CAPABILITIES = Capabilities.without(
+    compare="Compare needs one worker held for several edits; Ray replicas serve one edit each",
+    attention="Attention is set at start-up with --ray (--attention); replicas cannot switch it while serving",
+    local_rewriter="The local rewriter runs the Llama on the app's own device; with --ray the model lives in "
+    "the replicas (use --rewriter-url)",
+    previews="Live previews do not cross the replica boundary yet; the progress bar still shows every step",
+)
 
 
-def parse_replicas(text: str | int | None) -> tuple[int, int | None]:
-    """`N` (fixed) or `MIN-MAX` (Serve autoscaling) -> (min or fixed, max or None)."""
-    if text is None:
-        return 0, None
-    value = str(text).strip()
-    try:
-        if "-" in value:
-            low, high = (int(part) for part in value.split("-", 1))
-            if 1 <= low <= high:
-                return low, high
-        elif int(value) >= 1:
-            return int(value), None
-    except ValueError:
-        pass
-    raise EngineError(f"--replicas: got {text!r}; expected a count such as 2, or autoscaling bounds such as 1-4")
-
-
-# ---------------------------------------------------------------------------------------------- board
-
-
-class ReplicaBoard:
-    """A Ray actor: the replicas' last status rows, by replica label (never waits on a replica)."""
-
-    def __init__(self) -> None:
-        self.rows: dict[str, tuple[float, DeviceRow, dict]] = {}
-
-    def report(self, label: str, row: DeviceRow, extra: dict) -> None:
-        self.rows[label] = (time.time(), row, extra)
-
-    def snapshot(self) -> dict[str, tuple[float, DeviceRow, dict]]:
-        return dict(self.rows)
-
-
-# ---------------------------------------------------------------------------------------------- replica
-
-
-def keep_replica_server_on_loopback(node_ip: str) -> bool:
-    """On a loopback-only cluster (`--ray local`, the tests), binds the replica's own gRPC server to
-    127.0.0.1. Ray Serve 2.60 starts an inter-deployment gRPC server in every replica on "[::]:0"
-    (every interface) whatever the node's address (`serve/_private/replica.py` `_on_initialized`),
-    which would open a port to the network from a cluster that is meant to stay on this machine.
-    Serve starts it after the replica's constructor, which calls this. An operator's cluster (a
-    non-loopback node) is left as Ray sets it up. Returns whether the bind was redirected."""
-    import ipaddress
-
-    try:
-        if not ipaddress.ip_address(node_ip).is_loopback:
-            return False
-        from ray.serve._private import replica as serve_replica
-    except (ValueError, ImportError):
-        return False
-    original = getattr(serve_replica, "add_port_to_grpc_server", None)
-    if original is None:  # another Ray version: the ss check in tests/test_ray.py says whether it matters
-        logger.warning("cannot keep the Serve replica's gRPC server on 127.0.0.1 with this Ray version")
-        return False
-    if getattr(original, "hidream_loopback", False):
-        return True
-
-    def bind(server, address):
-        return original(server, "127.0.0.1:0" if address == "[::]:0" else address)
-
-    bind.hidream_loopback = True
-    serve_replica.add_port_to_grpc_server = bind
-    return True
-
-
-class EngineReplica:
-    """One engine in a Ray Serve replica (wrapped by `serve.deployment` in `RayEngine.load`)."""
-
-    def __init__(self, config: AppConfig, hide_paths: bool, board: str, namespace: str | None):
-        import ray
-        from ray import serve
-
-        from hidream_ui.engine.engine import EditEngine
-
-        context = serve.get_replica_context()
-        self.node = ray.util.get_node_ip_address()
-        keep_replica_server_on_loopback(self.node)
-        self.label = f"ray:{context.replica_tag}"
-        self.engine = EditEngine(config, hide_paths=hide_paths)
-        self.engine.pool_label = self.label  # saved in every result's metadata (`engine`)
-        self.board = ray.get_actor(board, namespace=namespace)
-        self.jobs = 0
-        self.busy = False
-        self.last_job: dict[str, Any] = {}
-        self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix="hidream-replica"
-        )  # one computing thread: the device is bound to it
-        self._stop = threading.Event()
-        self.report()
-        self.engine.load()
-        self.report()
-        threading.Thread(target=self._report_loop, name="hidream-replica-report", daemon=True).start()
-
-    def _report_loop(self) -> None:
-        while not self._stop.wait(REPORT_INTERVAL):
-            self.report()
-
-    def row(self) -> DeviceRow:
-        from hidream_ui.engine.pool import device_row
-
-        row = device_row(self.engine, self.label, busy=self.busy, jobs=self.jobs)
-        return dataclasses.replace(row, node=self.node)
-
-    def report(self) -> None:
-        """Fire and forget: a slow board never slows an edit."""
-        try:
-            status = self.engine.status()
-            self.board.report.remote(
-                self.label,
-                self.row(),
-                {"counters": dict(status.counters), "attention": status.attention, "last_job": dict(self.last_job)},
-            )
-        except Exception:  # noqa: BLE001 - a missed report shows as a stale row, never as a failed edit
-            logger.debug("status report failed", exc_info=True)
-
-    async def edit(self, request: "EditRequest", speed: str | None = None):
-        """Streams ("step", StepInfo) per denoising step, then ("done", EditResult without its
-        source image: the caller has it). Cancelled by the caller (Serve cancels this generator):
-        the edit stops after its current step."""
-        from hidream_ui.edits import RequestError
-        from hidream_ui.engine.jobs import CancelToken
-
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-        token = CancelToken()
-        put = events.put_nowait
-
-        def on_step(info) -> None:
-            token.step = info.step
-            loop.call_soon_threadsafe(put, ("step", info))
-
-        def work() -> None:
-            try:
-                if speed is not None:
-                    self.engine.set_speed(speed)
-                result = self.engine.edit(request, on_step, save=False, cancel=token)
-                loop.call_soon_threadsafe(put, ("done", dataclasses.replace(result, source_image=None)))
-            except EditCancelled as exc:
-                # Where it really stopped (what the tests and the benchmark read from the board).
-                self.last_job.update(steps_run=token.step, stopped=str(exc))
-                loop.call_soon_threadsafe(put, ("error", exc))
-            except (EngineError, RequestError) as exc:  # user-facing, picklable: raised as is in the app
-                loop.call_soon_threadsafe(put, ("error", exc))
-            except Exception as exc:  # noqa: BLE001 - any other failure may not pickle: its text travels
-                logger.exception("edit failed on %s", self.label)
-                loop.call_soon_threadsafe(
-                    put, ("error", EngineError(f"the edit failed on replica {self.label}: {type(exc).__name__}: {exc}"))
-                )
-            finally:  # busy until the computing thread is done, even after the caller went away
-                self.busy = False
-                self.report()
-
-        self.jobs += 1
-        self.busy = True
-        self.last_job = {"started": time.time(), "steps": 0, "cancelled_at_step": None, "state": "running"}
-        self.report()
-        loop.run_in_executor(self._executor, work)
-        finished = False
-        try:
-            yield ("start", self.label)
-            while True:
-                kind, payload = await events.get()
-                if kind == "step":
-                    self.last_job["steps"] = payload.step
-                    self.report()
-                    yield ("step", payload)
-                    continue
-                finished = True
-                self.last_job["state"] = "done" if kind == "done" else f"error: {payload}"
-                yield (kind, payload)
-                return
-        finally:
-            if not finished:  # the caller cancelled (or went away): stop the edit after its step
-                self.last_job.update(state="cancelled", cancelled_at_step=token.step)
-                token.cancel("cancelled by the app")
+def unsupported(capability: str) -> EngineError:
+    """The EngineError for a call that needs a capability Ray lacks (its reason, and where to read more)."""
+    return EngineError(f"not available with --ray: {RAY_CAPABILITIES.missing[capability]} (see docs/cluster.md)")
 
 
 # ---------------------------------------------------------------------------------------------- engine
 
 
-class RayEngine:
-    """The `Engine` protocol over Ray Serve replicas (see the module's docstring)."""
+class RayEngine(Engine):
+    """The `Engine` interface over Ray Serve replicas (see the module's docstring)."""
 
     def __init__(
         self,
         config: AppConfig,
-        address: str,
+        address: str | None = None,
         replicas: str | int | None = None,
         *,
         hide_paths: bool = False,
         verbose: bool = False,
         name: str | None = None,
     ):
+        if replicas is not None:  # a caller's own count (the cluster bench) over --replicas
+            config = config.replace(replicas=str(replicas))
         self.config = config
-        self.address = address
-        self.min_replicas, self.max_replicas = parse_replicas(replicas)
+        self.address = address or config.ray
+        if self.address is None:
+            raise EngineError("RayEngine needs a cluster address: --ray ADDRESS (or HIDREAM_RAY_ADDRESS)")
+        self.min_replicas, self.max_replicas = config.replica_bounds
         self._hide_paths = hide_paths
         self._verbose = verbose
         self.app_name = name or f"{APP_PREFIX}-{uuid.uuid4().hex[:8]}"
@@ -274,6 +109,10 @@ class RayEngine:
 
     # ------------------------------------------------------------------ lifecycle
     @property
+    def capabilities(self) -> Capabilities:
+        return RAY_CAPABILITIES
+
+    @property
     def size(self) -> int:
         """Jobs at once: the replica count (the autoscaling maximum when it scales)."""
         return self.max_replicas or self._size
@@ -286,7 +125,7 @@ class RayEngine:
     def hide_paths(self) -> bool:
         return self._hide_paths
 
-    def load(self, on_progress: Callable[[float, str], None] | None = None):
+    def load(self, on_progress: Callable[[float, str], None] | None = None) -> None:
         """Connects, deploys the replicas and waits until Serve reports them running (each has
         loaded its model). Later calls return at once."""
         if self._handle is not None:
@@ -360,22 +199,10 @@ class RayEngine:
                     self._owned = False
 
     # ------------------------------------------------------------------ jobs
-    def edit(
-        self,
-        request: "EditRequest",
-        on_step: "StepFn | None" = None,
-        *,
-        save: bool = True,
-        cancel: "CancelToken | None" = None,
-        on_preview: "PreviewFn | None" = None,
-    ) -> "EditResult":
-        """One edit on a free replica; progress per step through `on_step`; saved here when `save`.
-        `on_preview` is accepted (the Engine protocol) but gets nothing yet: live previews do not
-        cross the replica boundary (a replica's events stream steps only)."""
-        from hidream_ui.engine.jobs import CancelToken
-        from hidream_ui.results import ResultStore
-
-        token = cancel or CancelToken()
+    def _execute(self, request, on_step, token, on_preview) -> "EditResult":
+        """One edit on a free replica, unsaved (`Engine.edit` saves it here, in the app); progress per
+        step through `on_step`. `on_preview` gets nothing: live previews do not cross the replica
+        boundary (a replica's events stream steps only; `capabilities.previews` is False)."""
         request = request.validated()
         if token.cancelled:
             raise EditCancelled(f"edit cancelled before it started: {token.reason or 'cancelled'}")
@@ -392,10 +219,7 @@ class RayEngine:
                 if started or attempt == 2 or token.cancelled:
                     raise EngineError(str(exc)) from None
                 logger.warning("retrying a job that could not start: %s", exc)
-        result = dataclasses.replace(result, source_image=request.image)
-        if not save:
-            return result
-        return ResultStore.at(self.config.output_dir, self.config.retention).save([result], token)[0]
+        return dataclasses.replace(result, source_image=request.image)
 
     def _stream(self, request, on_step, token, started: list[str]) -> "EditResult":
         import ray
@@ -440,22 +264,11 @@ class RayEngine:
         finally:
             done.set()
 
-    def run_batch(
-        self,
-        batch: "BatchRequest | BatchPlan",
-        on_item: Callable | None = None,
-        on_step: "StepFn | None" = None,
-        *,
-        cancel: "CancelToken | None" = None,
-    ) -> "BatchResult":
+    def _run_plan(self, plan: "BatchPlan", on_item, on_step, token: "CancelToken") -> "BatchResult":
         """A batch as one edit per item over the replicas (`size` at once), each saved here."""
         from hidream_ui.edits import EditRequest
-        from hidream_ui.engine import batch as batches
         from hidream_ui.engine.batch import BatchResult, item_params
-        from hidream_ui.engine.jobs import CancelToken
 
-        plan = batches.as_plan(batch, self.open_image, self.config)
-        token = cancel or CancelToken()
         started = time.perf_counter()
         lock = threading.Lock()
 
@@ -498,12 +311,8 @@ class RayEngine:
         )
 
     def run_exclusive(self, state: str, work: Callable, *, cancel: "CancelToken | None" = None):
-        raise EngineError(UNSUPPORTED.format(what=f"{state} on the app's model (the model lives in the replicas)"))
-
-    @contextmanager
-    def pinned(self, cancel: "CancelToken | None" = None) -> Iterator[Any]:
-        raise EngineError(UNSUPPORTED.format(what="Compare (it holds one engine for all its cells)"))
-        yield  # pragma: no cover - a generator for contextmanager
+        """Refused: the model lives in the replicas (the local rewriter is the one caller)."""
+        raise unsupported("local_rewriter")
 
     # ------------------------------------------------------------------ facts
     @property
@@ -514,23 +323,15 @@ class RayEngine:
                 total[key] = total.get(key, 0) + value
         return total
 
-    @property
-    def open_image(self) -> Callable:
-        import functools
-
-        from hidream_ui.imaging import open_image
-
-        return functools.partial(open_image, max_pixels=self.config.max_pixels)
-
-    @property
-    def model(self):
-        raise EngineError(UNSUPPORTED.format(what="the model object (it lives in the replicas)"))
+    def model_facts(self) -> None:
+        """None: the model lives in the replicas, not in this process."""
+        return None
 
     def labels(self) -> list[str]:
         return sorted(self._board_rows())
 
     def set_attention(self, name: str, engine: str | None = None) -> str:
-        raise EngineError(UNSUPPORTED.format(what="switching attention at run time; start with --attention"))
+        raise unsupported("attention")
 
     def attention_of(self, target: str | None = None) -> str:
         rows = self._board_rows()
@@ -538,7 +339,7 @@ class RayEngine:
         return (extra[2].get("attention") if extra else None) or self.config.attention
 
     def attention_choices(self) -> list:
-        raise EngineError(UNSUPPORTED.format(what="attention choices (set with --attention)"))
+        raise unsupported("attention")
 
     def auto_attention(self) -> str:
         return "?"
@@ -561,7 +362,10 @@ class RayEngine:
         return self._shadow
 
     def working_plan(self, source_size, working_resolution):
-        raise EngineError(UNSUPPORTED.format(what="working-size plans on the app's side"))
+        raise EngineError(
+            "not available with --ray: working-size plans need the loaded model, which lives in the replicas "
+            "(each replica checks its request's size itself)"
+        )
 
     def working_resolution_choices(self) -> list[str]:
         return self._shadow_engine().working_resolution_choices()
@@ -678,16 +482,10 @@ def _cancelled_errors() -> tuple[type[BaseException], ...]:
     return (RequestCancelledError, concurrent.futures.CancelledError)
 
 
-def address_from(flag: str | None, environ) -> str | None:
-    """`--ray`, else `HIDREAM_RAY_ADDRESS`, else None (the local pool)."""
-    return flag or (environ.get(ADDRESS_ENV, "").strip() or None)
-
-
 __all__ = [
+    "RAY_CAPABILITIES",
     "EngineReplica",
     "RayEngine",
     "ReplicaBoard",
-    "address_from",
     "keep_replica_server_on_loopback",
-    "parse_replicas",
 ]

@@ -7,12 +7,14 @@ typed event stream, `JobEvent(kind, payload)`:
     step     StepInfo           a denoising step finished (edit, batch, compare)
     preview  Preview            a live preview every K steps of an edit (--preview-every; never saved)
     rewrite  (done, count)      instructions rewritten so far (batch with rewriting)
-    item     BatchItem          a batch item finished, failed or was refused
+    item     BatchItem          a batch item finished, failed or was refused (`batch --manifest`:
+                                its ItemOutput, unsaved; the command saves it)
     cell     (CompareCell, EditResult)   a comparison cell finished
     done     the work's return value: the last event
 
 Two ways to run one:
-* `run_job`: in the calling thread, events to a callback (the CLI and callers without a UI).
+* `run_job`: in the calling thread, events to a callback (the `edit` command's steps to its bar;
+  `batch --manifest`, whose items are saved and recorded as their events arrive).
 * `stream_job`: in one thread of its own, events yielded as they happen (the Edit tab streams its
   live previews, the Batch and Compare tabs their partial results). A sync generator is advanced
   by whichever gradio worker thread is free, so the computing thread must be one of its own: on an

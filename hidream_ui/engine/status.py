@@ -1,8 +1,8 @@
 """`EngineStatus`: what the status panel shows and `/status` returns (as `to_dict()`), typed.
 
-Built by `EditEngine.status()` without the engine lock and without a device sync, so the panel
-can poll it every 2 s while an edit runs. The UI adds the queue figures and, for an app without
-login, hides absolute paths (`ui.handlers.Handlers.status`).
+Built by the worker's `status()` (engine/worker_status.py) without the engine lock and without a
+device sync, so the panel can poll it every 2 s while an edit runs. The UI adds the queue figures
+and, for an app without login, hides absolute paths (`ui.system_handlers.SystemHandlers.status`).
 """
 
 from __future__ import annotations
@@ -86,6 +86,20 @@ class DeviceRow:
 
 
 @dataclass(frozen=True)
+class ModelFacts:
+    """What callers outside engine/ may know about a loaded model, as plain data (never the model
+    or the worker): `Engine.model_facts()`. The local rewriter names its Llama and sizes its LM head
+    from it; benchmarks read the geometry and the memory plan."""
+
+    sources: Any  # model.sources.ModelSources: the folders (or hub ids) it was loaded from
+    geometry: Any  # model.geometry.Geometry: image size, token budget, latent multiple
+    dtype: str  # "bfloat16", "float32", ...
+    element_bytes: int  # bytes per weight element in that dtype
+    plan: MemoryPlan | None  # the memory plan it was placed with
+    llama_config: dict[str, Any]  # the Llama text encoder's config (vocab_size, hidden_size, ...)
+
+
+@dataclass(frozen=True)
 class EngineStatus:
     state: str  # "idle" | "loading" | "compiling" | "editing" | "rewriting"
     progress: Progress
@@ -134,6 +148,7 @@ class EngineStatus:
 __all__ = [
     "DeviceRow",
     "EngineStatus",
+    "ModelFacts",
     "Progress",
     "PromptCacheStats",
     "QueueFigures",

@@ -116,8 +116,8 @@ class LocalRewriter:
     @property
     def model(self) -> str:
         """The Llama folder's name (or hub id): what did the rewriting."""
-        model = self.engine.model if self.engine.loaded else None
-        source = model.sources.llama if model is not None else "Llama-3.1-8B-Instruct"
+        facts = self.engine.model_facts()  # plain data: the executor never hands out its model
+        source = facts.sources.llama if facts is not None else "Llama-3.1-8B-Instruct"
         return Path(source).name if Path(source).exists() else source
 
     @property
@@ -231,11 +231,10 @@ class LocalRewriter:
         """The head's cost once the model is loaded (from the Llama config; nothing is read), else None."""
         if self.cost is not None:
             return self.cost
-        if not self.engine.loaded:
+        facts = self.engine.model_facts()
+        if facts is None:
             return None
-        model = self.engine.model
-        llama = model.pipeline.text_encoder_4
-        return head_cost(llama.config, llama.dtype.itemsize)
+        return head_cost(facts.llama_config, facts.element_bytes)
 
     def status(self) -> dict[str, Any]:
         cost = self.planned_cost()

@@ -133,6 +133,7 @@ def save_result(
     retention: int | None = 500,
     stem: str | None = None,
     now: _dt.datetime | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> EditResult:
     """Save ``result`` as ``<stem>.png`` + ``<stem>.json`` in ``out_dir`` and apply retention.
 
@@ -140,6 +141,8 @@ def save_result(
     a taken name gets ``-1``, ``-2``, ... (files are created exclusively, never overwritten).
     ``retention`` keeps at most that many of our result PNGs in ``out_dir`` (``None``: no limit).
     ``now`` fixes the timestamp in the default stem (tests, batch runs that share one time).
+    ``extra``: entries added to the metadata after the result's own (the manifest batch's
+    ``manifest``); a key the result already has is refused (ValueError naming it).
     Returns a copy of ``result`` with ``saved_png`` and ``saved_json`` set.
     """
     if retention is not None and (isinstance(retention, bool) or not isinstance(retention, int) or retention < 1):
@@ -150,6 +153,10 @@ def save_result(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     metadata = result.metadata()
+    clash = sorted(set(extra or {}) & set(metadata))
+    if clash:
+        raise ValueError(f"extra metadata {', '.join(map(repr, clash))}: the result's own key(s); pick another name")
+    metadata.update(extra or {})
     png = encode_png(result.image, metadata)
     if stem is None:
         moment = now or _dt.datetime.now()
@@ -217,9 +224,11 @@ def prune(out_dir: str | os.PathLike, retention: int, *, keep: Path | None = Non
             masks.update(_mask_names(sidecar))
             sidecar.unlink(missing_ok=True)
     if masks:  # a mask goes with the last result that names it (several cells of a comparison share one)
-        for path in out_dir.iterdir():
-            if _NAME_RE.match(path.name) and path.is_file():
-                masks.difference_update(_mask_names(path.with_suffix(".json")))
+        # Every sidecar counts, not only those of timestamp-named results: a `batch --manifest`
+        # result (`<id>-<hash>.json`, never pruned) may name the same mask file.
+        for path in out_dir.glob("*.json"):
+            if path.is_file():
+                masks.difference_update(_mask_names(path))
         for name in masks:
             (out_dir / name).unlink(missing_ok=True)
     return deleted

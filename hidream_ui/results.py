@@ -16,6 +16,11 @@ instead of building it a second time. Two entries are defined here:
   digits (`outputs.save_result`), and History can follow the chain.
 * `mask`: a region edit's mask, saved beside the results as `mask-<16 hex of its sha256>.png` (one
   file per distinct mask: every cell of a masked comparison names the same file).
+
+Every result is saved here: the Edit tab, the Batch tab, Compare, `edit` and `batch --manifest`
+(locally and on Ray: the driver saves what the actors computed). This module sits below the
+engine: it takes the job's cancel token as anything with `cancelled` and `reason` (`CancelCheck`)
+and imports nothing from `hidream_ui.engine`.
 """
 
 from __future__ import annotations
@@ -25,12 +30,20 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Protocol
 
 from hidream_ui.edits import EditMask, EditResult, cap_name
-from hidream_ui.engine.errors import EditCancelled
-from hidream_ui.engine.jobs import CancelToken
+from hidream_ui.errors import EditCancelled
 from hidream_ui.outputs import save_result
+
+
+class CancelCheck(Protocol):
+    """What the store reads of a job's cancel token (`engine.jobs.CancelToken` is one)."""
+
+    @property
+    def cancelled(self) -> bool: ...
+
+    reason: str | None
 
 
 @dataclass(frozen=True)
@@ -44,12 +57,21 @@ class ResultStore:
     def at(cls, out_dir: str | os.PathLike, retention: int | None) -> "ResultStore":
         return cls(Path(out_dir), retention or None)
 
-    def save(self, results: list[EditResult], token: CancelToken) -> list[EditResult]:
+    def save(
+        self,
+        results: list[EditResult],
+        token: CancelCheck,
+        *,
+        stem: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[EditResult]:
         """Saves the results of one pipeline call unless its job was cancelled.
 
         Checked right before each save and after it (encoding a large PNG takes a while): a cancel
         that arrived meanwhile removes what this call wrote, so a cancelled edit (or batch chunk)
-        leaves no file behind and raises EditCancelled.
+        leaves no file behind and raises EditCancelled. `stem` names the files instead of the
+        timestamp (`batch --manifest`: `<id>-<settings hash>`); `extra` adds metadata entries
+        (its `manifest` entry); see `outputs.save_result`.
         """
         saved: list[EditResult] = []
         for result in results:
@@ -57,7 +79,7 @@ class ResultStore:
                 if result.params.mask is not None:
                     save_mask(result.params.mask, self.out_dir)
                 result = dataclasses.replace(result, parent=result.parent or parent_of(result))
-                saved.append(save_result(result, self.out_dir, retention=self.retention))
+                saved.append(save_result(result, self.out_dir, retention=self.retention, stem=stem, extra=extra))
             if token.cancelled:
                 for done in saved:
                     for path in (done.saved_png, done.saved_json):
@@ -104,4 +126,4 @@ def save_mask(mask: EditMask, out_dir: Path) -> Path:
     return path
 
 
-__all__ = ["ResultStore", "file_sha256", "parent_of", "save_mask"]
+__all__ = ["CancelCheck", "ResultStore", "file_sha256", "parent_of", "save_mask"]

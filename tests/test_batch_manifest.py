@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from pathlib import Path
 
@@ -11,8 +13,12 @@ from helpers import write_picture
 from PIL import Image
 
 from hidream_ui.cli import batch as batch_cli
-from hidream_ui.cli.batch_manifest import MASK_UNSUPPORTED, mask_supported, read_manifest
+from hidream_ui.cli.batch_manifest import read_manifest
 from hidream_ui.config import AppConfig
+from hidream_ui.edits import EditParams, EditRequest, validated_mask
+from hidream_ui.engine.pool import EnginePool
+from hidream_ui.imaging import open_image, open_mask
+from hidream_ui.results import file_sha256
 
 FAST = {"num_inference_steps": 2, "working_resolution": "draft"}
 
@@ -104,8 +110,10 @@ def test_rerun_skips_finished_items_and_a_changed_setting_runs_again(folder, tin
     third = run(write_manifest(folder, lines), out, capsys)
     assert third["done"] == 1 and third["skipped"] == 1
     assert len(list(out.glob("*.png"))) == 3
-    # A PNG half written by a killed run never counts as finished: only the renamed file does.
-    assert not list(out.glob(".*.partial"))
+    # Every result went through the one save path: its sidecar names the line it came from.
+    assert all(
+        json.loads(p.with_suffix(".json").read_text())["manifest"]["settings_hash"] in p.name for p in out.glob("*.png")
+    )
 
 
 def test_identical_settings_give_identical_pngs(folder, tiny_cache, capsys):
@@ -127,23 +135,56 @@ def test_random_seed_is_drawn_from_the_line_so_a_rerun_finds_it(folder):
     assert first.params.seed == second.params.seed != -1 and first.stem == second.stem
 
 
-def test_mask_is_checked_and_reported_until_edits_take_one(folder, tiny_cache, capsys):
-    write_picture(folder / "pics" / "m.png", seed=5)
-    manifest = write_manifest(
-        folder,
-        [
-            {"image": "pics/p0.png", "instruction": "x", "mask": "pics/m.png", **FAST},
-            {"image": "pics/p0.png", "instruction": "x", "mask": "pics/none.png"},
-        ],
-    )
+def left_half_mask(path: Path, like: Path) -> None:
+    with Image.open(like) as source:
+        mask = Image.new("L", source.size, 0)
+    mask.paste(255, (0, 0, mask.width // 2, mask.height))
+    mask.save(path)
+
+
+def test_a_masked_line_is_saved_as_the_edit_tab_saves_it(folder, tiny_cache, capsys):
+    """One save path (issue 53): the mask file the metadata names, `parent`, the sidecar's keys."""
+    source, mask_path = folder / "pics" / "p0.png", folder / "pics" / "m.png"
+    left_half_mask(mask_path, source)
+    line = {"image": "pics/p0.png", "instruction": "make it red", "mask": "pics/m.png", "seed": 5, **FAST}
+    manifest = write_manifest(folder, [line, {**line, "mask": "pics/none.png"}])
     summary = run(manifest, folder / "out", capsys)
     by_line = {row["line"]: row for row in rows(folder / "out")}
-    assert "mask: no file at" in by_line[2]["error"]
-    if not mask_supported():
-        assert by_line[1]["status"] == "error" and by_line[1]["error"] == MASK_UNSUPPORTED
-        assert summary["done"] == 0
-    else:
-        assert by_line[1]["status"] == "ok"
+    assert "mask: no file at" in by_line[2]["error"] and summary["done"] == 1
+    png = folder / "out" / by_line[1]["output"]
+    meta = json.loads(png.with_suffix(".json").read_text())
+
+    # What the Edit tab hands the engine for the same upload (ui/edit_handlers.py `EditHandlers.run`), saved by it.
+    config = AppConfig(device="cpu", output_dir=folder / "edit")
+    values = {key: value for key, value in line.items() if key not in ("image", "mask")}
+    params = EditParams.from_dict({**EditParams.defaults_for(config.variant).to_dict(), **values})
+    params = dataclasses.replace(params, mask=validated_mask(open_mask(mask_path), "m.png")).validated()
+    request = EditRequest(open_image(source), params, source_name="p0.png", source_sha256=file_sha256(source))
+    tab = EnginePool.for_config(config, limit=1).edit(request.validated())
+    reference = json.loads(tab.saved_json.read_text())
+
+    assert set(meta) - {"manifest"} == set(reference) and meta["manifest"]["line"] == 1
+    assert meta["params"] == reference["params"] and meta["mask"] == reference["mask"]
+    assert meta["parent"] == reference["parent"] == {"file": "p0.png", "sha256": file_sha256(source), "of": "file"}
+    mask_file = folder / "out" / meta["mask"]["file"]
+    assert mask_file.is_file() and hashlib.sha256(mask_file.read_bytes()).hexdigest() == meta["mask"]["sha256"]
+    assert mask_file.read_bytes() == (folder / "edit" / reference["mask"]["file"]).read_bytes()
+    assert json.loads(Image.open(png).info["hidream_ui"]) == meta  # the PNG carries the sidecar's metadata
+    assert np.array_equal(pixels(png), pixels(tab.saved_png))
+
+
+def test_a_half_saved_item_runs_again_under_its_own_name(folder, tiny_cache, capsys):
+    lines = [{"image": "pics/p0.png", "instruction": "make it red", **FAST}]
+    out = folder / "out"
+    assert run(write_manifest(folder, lines), out, capsys)["done"] == 1
+    (png,) = out.glob("*.png")
+    whole = pixels(png)
+    png.write_bytes(png.read_bytes()[:100])  # a run killed while it saved: a torn PNG, no sidecar
+    png.with_suffix(".json").unlink()
+    again = run(write_manifest(folder, lines), out, capsys)
+    assert again["done"] == 1 and again["skipped"] == 0
+    assert sorted(p.name for p in out.glob("*.png")) == [png.name] and np.array_equal(pixels(png), whole)
+    assert json.loads(png.with_suffix(".json").read_text())["manifest"]["line"] == 1
 
 
 def test_ray_flag_without_ray_says_how_to_install(folder, monkeypatch, capsys):

@@ -203,3 +203,27 @@ def test_write_sidecar(tmp_path):
     assert json.loads(path.read_text()) == {"x": 1}
     with pytest.raises(ValueError):
         write_sidecar(tmp_path / "nan.json", {"x": float("nan")})
+
+
+def test_extra_metadata_is_added_and_may_not_replace_the_results_own(tmp_path):
+    saved = save_result(_result(), tmp_path, stem="item-0123", extra={"manifest": {"line": 3}})
+    assert saved.saved_png.name == "item-0123.png"
+    assert json.loads(saved.saved_json.read_text())["manifest"] == {"line": 3} == saved.saved_metadata["manifest"]
+    assert read_metadata(saved.saved_png)["manifest"] == {"line": 3}
+    with pytest.raises(ValueError, match="'params'"):
+        save_result(_result(), tmp_path, stem="other", extra={"params": {}})
+    assert not (tmp_path / "other.png").exists()
+
+
+def test_retention_keeps_a_mask_that_a_manifest_result_still_names(tmp_path):
+    """Manifest outputs (`<id>-<hash>`) are never pruned, so the mask they name must stay."""
+    named = '{"format": "hidream_ui/1", "mask": {"file": "mask-0123456789abcdef.png"}}\n'
+    (tmp_path / "mask-0123456789abcdef.png").write_bytes(b"mask")
+    for i in range(2):
+        saved = save_result(_result(seed=i), tmp_path, retention=None, now=NOON + dt.timedelta(seconds=i))
+        if i == 0:
+            saved.saved_json.write_text(named)  # the oldest timestamped result names the mask
+    (tmp_path / "item-0123456789abcdef.json").write_text(named)  # and so does a manifest result
+    newest = save_result(_result(seed=9), tmp_path, retention=1, now=NOON + dt.timedelta(hours=1))
+    assert [name for name in _ours(tmp_path) if not name.startswith("mask-")] == [newest.saved_png.name]
+    assert (tmp_path / "mask-0123456789abcdef.png").is_file()

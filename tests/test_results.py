@@ -97,3 +97,28 @@ def test_a_cancel_during_saving_leaves_no_file(tmp_path, tiny_cache, monkeypatch
     with pytest.raises(EditCancelled, match="Stop pressed"):
         store.save([unsaved, unsaved], token)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_store_names_files_by_the_callers_stem_and_adds_its_entries(tmp_path, tiny_cache):
+    engine = EditEngine(AppConfig(device="cpu", output_dir=tmp_path / "unused"))
+    unsaved = engine.edit(EditRequest(image=random_picture(), params=edit_params(seed=8)), save=False)
+    store = results_module.ResultStore.at(tmp_path / "out", retention=3)
+    (saved,) = store.save([unsaved], CancelToken(), stem="line-1", extra={"manifest": {"line": 1}})
+    assert saved.saved_png == tmp_path / "out" / "line-1.png"
+    assert json.loads(saved.saved_json.read_text())["manifest"] == {"line": 1}
+    assert saved.saved_metadata["parent"]["of"] == "pixels"  # set by the store, as for every result
+
+
+def test_the_result_store_imports_nothing_from_the_engine():
+    """results.py sits below engine/ (issue 53): the cancel token is duck-typed, EditCancelled lives
+    in hidream_ui/errors.py; imports inside functions count too."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(results_module.__file__).read_text(encoding="utf-8"))
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert imported and not [name for name in imported if name.startswith("hidream_ui.engine")]
+    from hidream_ui.engine import errors, jobs
+
+    assert errors.EditCancelled is EditCancelled and jobs.CancelToken is CancelToken  # the old paths still work

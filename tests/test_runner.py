@@ -78,6 +78,18 @@ def test_the_ui_starts_no_threads_of_its_own():
             if isinstance(node, ast.Attribute) and node.attr == "Thread":
                 offenders.append(f"{path.name}:{node.lineno}")
     assert offenders == []
-    used = {name: (ui / name).read_text(encoding="utf-8") for name in ("handlers.py", "batch_tab.py", "compare_tab.py")}
-    # The Edit tab streams too (its live previews; issue 21).
-    assert all("stream_job(" in text for text in used.values())
+    streaming = {path.name for path in ui.glob("*.py") if "stream_job(" in path.read_text(encoding="utf-8")}
+    # The Edit tab streams too (its live previews; issue 21), from its handlers' module.
+    assert {"batch_tab.py", "compare_tab.py", "edit_handlers.py"} <= streaming
+
+
+def test_the_command_line_jobs_run_through_run_job():
+    """`edit` and `batch --manifest` (locally and on Ray) run as `run_job` jobs (issue 53: one runner)."""
+    cli = Path(hidream_ui.__file__).parent / "cli"
+    for name in ("edit.py", "batch.py"):
+        calls = [
+            node
+            for node in ast.walk(ast.parse((cli / name).read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run_job"
+        ]
+        assert calls, f"cli/{name} runs no job through engine/runner.run_job"

@@ -6,8 +6,11 @@ stem>-<settings hash>.png` with its metadata (in the PNG and a `.json` sidecar) 
 `DIR/results.jsonl` (one row per line of this run: input line, output file, seed, status, error,
 timings). A rerun skips every item whose output exists with the same settings hash and says how
 many. Locally the items run on the engine pool (`--device` / `--devices`); with `--ray` on Ray
-Data, an actor pool of engines (one per device). Prints a JSON summary on stdout, the progress bar
-on stderr; exit 0 when every line ran (or was skipped), 1 otherwise.
+Data, an actor pool of engines (one per device). Either way this process saves every result
+through `results.ResultStore`, as the Edit tab does (mask file, `parent`, sidecar; no retention: see `main`), and
+the batch is one job of `engine/runner.py` whose `item` events are the finished items. Prints a
+JSON summary on stdout, the progress bar on stderr; exit 0 when every line ran (or was skipped),
+1 otherwise.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from hidream_ui.cli.batch_manifest import ManifestItem
 from hidream_ui.cli.batch_work import ItemOutput
 from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
 from hidream_ui.config import AppConfig, ConfigError, add_model_arguments, from_namespace
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hidream_ui.engine.jobs import CancelToken
 
 RESULTS_FILE = "results.jsonl"
 
@@ -51,15 +57,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run_local(config: AppConfig, items: list[ManifestItem]) -> Iterator[tuple[ManifestItem, ItemOutput]]:
-    """The items on the local engine pool: one thread per engine, each item an edit of its own
-    (so results equal one-by-one edits, and equal the Ray path's)."""
+def run_local(config: AppConfig, items: list[ManifestItem], token: "CancelToken") -> Iterator[ItemOutput]:
+    """The items on the local engine pool, each an edit of its own (so results equal one-by-one
+    edits, and equal the Ray path's), yielded unsaved as they finish. One thread per engine keeps
+    every engine busy: the pool's own batch path (`run_batch`) shares one set of settings and
+    decodes every source up front, while a manifest line brings its own settings and mask."""
     from hidream_ui.cli.batch_work import ItemTask, run_item
-    from hidream_ui.engine.jobs import CancelToken
     from hidream_ui.engine.pool import EnginePool
 
     pool = EnginePool.for_config(config)
-    token = CancelToken()
     stop = threading.Event()
 
     def work(item: ManifestItem) -> ItemOutput:
@@ -68,20 +74,26 @@ def run_local(config: AppConfig, items: list[ManifestItem]) -> Iterator[tuple[Ma
         return run_item(pool, ItemTask.of(item), token)
 
     with ThreadPoolExecutor(max_workers=pool.size, thread_name_prefix="hidream-manifest") as executor:
-        futures = {executor.submit(work, item): item for item in items}
+        futures = [executor.submit(work, item) for item in items]
+        finished = False
         try:
             for future in as_completed(futures):
-                yield futures[future], future.result()
-        finally:  # Ctrl-C or a consumer that stops: the running edits stop after their step
-            stop.set()
-            token.cancel("the batch was interrupted")
+                yield future.result()
+            finished = True
+        finally:
+            if not finished:  # Ctrl-C or a consumer that stops: the running edits stop after their step
+                stop.set()
+                token.cancel("the batch was interrupted")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     quiet_libraries(args.verbose)
     from hidream_ui.cli.batch_manifest import read_manifest
-    from hidream_ui.cli.batch_work import ItemBar, output_done, result_row, write_output
+    from hidream_ui.cli.batch_work import ItemBar, clear_partial, output_done, result_row, save_item
+    from hidream_ui.engine.jobs import CancelToken
+    from hidream_ui.engine.runner import JobEvent, run_job
+    from hidream_ui.results import ResultStore
 
     try:
         config = from_namespace(args)
@@ -95,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(json.dumps({"ok": False, "error": f"--manifest: cannot read {args.manifest!r}: {exc.strerror or exc}"}))
         return 1
-    runner = None
+    token = CancelToken()
     if args.ray is not None:
         from hidream_ui.engine.ray_env import RayUnavailable, require_ray
 
@@ -106,11 +118,19 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         from hidream_ui.cli.batch_ray import run_ray
 
-        def runner(todo):
+        def execute(todo: list[ManifestItem]) -> Iterator[ItemOutput]:
             return run_ray(config, todo, args.ray, replicas=args.replicas)
+    else:
+
+        def execute(todo: list[ManifestItem]) -> Iterator[ItemOutput]:
+            return run_local(config, todo, token)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # The app's one save path. No retention: it only ever prunes timestamp-named results, so a manifest's
+    # `<id>-<hash>` outputs would never be pruned, and its scan of the folder after every save would make a
+    # dataset-sized run quadratic in its items.
+    store = ResultStore.at(out, None)
     for line in bad:
         print(f"{manifest}: line {line.line}: {line.error} (skipped)", file=sys.stderr)
     seen: set[str] = set()
@@ -122,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             duplicates.append(item)
         else:
             seen.add(item.stem)
+            clear_partial(out, item)
             todo.append(item)
     if skipped:
         print(
@@ -129,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     counts = {"done": 0, "errors": len(bad), "skipped": len(skipped) + len(duplicates)}
+    by_line = {item.line: item for item in todo}
     with open(out / RESULTS_FILE, "w", encoding="utf-8") as rows:
 
         def write_row(row: dict) -> None:
@@ -140,13 +162,22 @@ def main(argv: list[str] | None = None) -> int:
         for item in skipped:
             write_row(result_row(item, "skipped"))
         bar = ItemBar(len(todo))
+
+        def on_event(event: JobEvent) -> None:
+            if event.kind != "item":
+                return
+            item = by_line[event.payload.line]
+            output = save_item(store, item, event.payload, token)  # here, in the driver, for both paths
+            counts["done" if output.ok else "errors"] += 1
+            write_row(result_row(item, "ok" if output.ok else "error", output))
+            bar.advance(output.ok)
+
+        def work(emit) -> None:  # the batch is one job; each finished item one `item` event
+            for output in execute(todo) if todo else ():
+                emit("item", output)
+
         try:
-            for item, output in (runner or (lambda todo: run_local(config, todo)))(todo) if todo else ():
-                if output.ok:
-                    write_output(out, item, output)
-                counts["done" if output.ok else "errors"] += 1
-                write_row(result_row(item, "ok" if output.ok else "error", output))
-                bar.advance(output.ok)
+            run_job(work, on_event)
         finally:
             bar.close()
         for item in duplicates:  # after the run: their output is the first line's

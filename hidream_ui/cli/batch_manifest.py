@@ -33,7 +33,6 @@ KNOWN_KEYS = ("image", "instruction", "seed", "mask", *PASS_THROUGH, *SETTING_NA
 MAX_LINE_CHARS = 64 * 1024  # a manifest line is a few hundred characters; a megabyte line is a mistake
 HASH_CHARS = 16
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-MASK_UNSUPPORTED = "mask not supported yet"
 
 
 @dataclass(frozen=True)
@@ -62,20 +61,15 @@ class ManifestItem:
     line: int
     raw: dict[str, Any]  # the line as given (for results.jsonl)
     image: Path  # resolved
-    params: EditParams  # validated, seed concrete
+    params: EditParams  # validated, seed concrete (the mask is opened when the item runs)
     mask: Path | None
     settings_hash: str
     stem: str  # the output's file name without .png
+    source_sha256: str  # of the image file's bytes: the result's `parent`, as the Edit tab records it
 
     @property
     def output_name(self) -> str:
         return f"{self.stem}.png"
-
-
-def mask_supported() -> bool:
-    """Whether `EditParams` takes a mask yet (another change adds it; until then masked lines are
-    recorded as errors, not silently run without their mask)."""
-    return "mask" in getattr(EditParams, "__dataclass_fields__", {})
 
 
 def file_digest(path: Path, cache: dict[Path, str]) -> str:
@@ -165,6 +159,7 @@ def parse_line(line_no: int, text: str, folder: Path, config: "AppConfig", diges
         mask=mask,
         settings_hash=settings_hash,
         stem=f"{stem}-{settings_hash}",
+        source_sha256=source_digest,
     )
 
 
@@ -207,10 +202,8 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
 __all__ = [
     "BadLine",
     "KNOWN_KEYS",
-    "MASK_UNSUPPORTED",
     "ManifestItem",
     "file_digest",
-    "mask_supported",
     "model_identity",
     "parse_line",
     "read_manifest",

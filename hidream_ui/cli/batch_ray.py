@@ -1,9 +1,10 @@
 """`batch --manifest ... --ray ADDRESS`: the items on Ray Data, an actor pool of engines (one per device).
 
 Each actor builds one engine (a pool of one, on the device Ray gave it: `num_gpus=1`, the `NPU`
-resource, or CPUs) and runs `batch_work.run_item` on it, the same function as the local path; the
-source bytes travel with the item and the encoded PNG comes back, so workers need the model files
-but no storage shared with the driver, which writes every output. Rows stream back as they finish.
+resource, or CPUs) and runs `batch_work.run_item` on it, the same function as the local path. The
+source's and the mask's bytes travel with the item and the unsaved result comes back (by pickle),
+so workers need the model files but no storage shared with the driver, which saves every result
+through the result store (`batch_work.save_item`). Rows stream back as they finish.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ def run_ray(
     *,
     replicas: int | None = None,
     verbose: bool = False,
-) -> Iterator[tuple["ManifestItem", ItemOutput]]:
-    """Yields (item, output) as the actors finish them; disconnects from the cluster afterwards
-    when this call connected."""
+) -> Iterator[ItemOutput]:
+    """Yields each item's (unsaved) output as the actors finish them; disconnects from the cluster
+    afterwards when this call connected."""
     from hidream_ui.engine.ray_env import connect, default_replicas, disconnect, placement
 
     owned = connect(address, verbose=verbose)
@@ -63,8 +64,7 @@ def run_ray(
         where = placement(config, resources)
         size = replicas or default_replicas(where.kind, resources)
         actor_config = dataclasses.replace(config, devices=(), device=where.device)
-        by_line = {item.line: item for item in items}
-        rows = [{"task": pickle.dumps(ItemTask.of(item))} for item in items]
+        rows = [{"task": pickle.dumps(ItemTask.of(item, carry_bytes=True))} for item in items]
         # One block per item: Ray Data spreads blocks, not rows, over the actors.
         dataset = ray.data.from_items(rows, override_num_blocks=len(rows))
         results = dataset.map_batches(
@@ -75,8 +75,7 @@ def run_ray(
             **where.options,
         )
         for row in results.iter_rows():
-            output: ItemOutput = pickle.loads(row["output"])
-            yield by_line[output.line], output
+            yield pickle.loads(row["output"])
     finally:
         if owned:
             disconnect()

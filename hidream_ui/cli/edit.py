@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from hidream_ui.edits import EditRequest, RequestError, params_from_args, validated_mask
     from hidream_ui.engine.errors import EngineError
     from hidream_ui.engine.pool import EnginePool
+    from hidream_ui.engine.runner import JobEvent, run_job
     from hidream_ui.imaging import ImageError, open_image, open_mask
     from hidream_ui.results import file_sha256
 
@@ -56,9 +57,15 @@ def main(argv: list[str] | None = None) -> int:
             source_sha256=file_sha256(args.image),
         ).validated()
         # --devices / HIDREAM_DEVICES: one edit runs on the first device (the others are not loaded).
+        engine = EnginePool.for_config(config, limit=1)
         bar = StepBar("edit")  # stderr: stdout carries only the JSON summary
-        try:
-            result = EnginePool.for_config(config, limit=1).edit(request, bar.update)
+
+        def on_event(event: JobEvent) -> None:
+            if event.kind == "step":
+                bar.update(event.payload)
+
+        try:  # saved by the engine's result store (mask file, `parent`, sidecar), as the Edit tab's
+            result = run_job(lambda emit: engine.edit(request, lambda info: emit("step", info)), on_event)
         finally:
             bar.close()
     except (ConfigError, RequestError, ImageError, EngineError) as exc:

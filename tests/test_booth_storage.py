@@ -208,7 +208,8 @@ def test_the_storage_rule_in_the_docs_states_the_codes_figures():
 
     from hidream_ui.cli.app import JANITOR_INTERVAL
     from hidream_ui.config import AppConfig
-    from hidream_ui.server.files import EXPIRED, HEADROOM, LATEST_HOLD
+    from hidream_ui.server.storage_limits import HEADROOM, LATEST_HOLD
+    from hidream_ui.server.upload_gate import EXPIRED
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "security.md").read_text()
     # The storage bullet and the sessions bullet after it.
@@ -262,7 +263,7 @@ def test_the_gate_says_expired_only_for_a_file_that_aged_out():
     import pickle
 
     from hidream_ui.edits import RequestError
-    from hidream_ui.server.files import EXPIRED, NOT_UPLOADED, PictureExpired, UploadGate
+    from hidream_ui.server.upload_gate import EXPIRED, NOT_UPLOADED, PictureExpired, UploadGate
 
     gate = UploadGate(lambda path: False, expired=lambda path: path == "/cache/h1/old.png")
     with pytest.raises(PictureExpired) as expired:

@@ -22,7 +22,7 @@ from helpers import wait_for, write_picture
 from PIL import Image
 
 from hidream_ui.server import gradio_internals
-from hidream_ui.server.files import NOT_UPLOADED
+from hidream_ui.server.upload_gate import NOT_UPLOADED
 from hidream_ui.ui.layout import ASSETS_DIR
 
 EXAMPLE = ASSETS_DIR / "apple.png"

@@ -415,17 +415,18 @@ def test_with_auth_the_operator_logs_in_on_gradios_login_page(kiosk_with_auth):
 
 def test_kiosk_without_an_operator_lets_nobody_change_the_engine():
     from hidream_ui.engine.pool import EnginePool
-    from hidream_ui.ui.handlers import Handlers
+    from hidream_ui.ui.system_handlers import SystemHandlers
 
     class Visitor:
         username = None
 
-    handlers = Handlers(EnginePool.for_config(AppConfig(device="cpu", kiosk=True)))
+    handlers = SystemHandlers(EnginePool.for_config(AppConfig(device="cpu", kiosk=True)))
     with pytest.raises(Exception, match="without an operator") as refused:
         handlers.set_attention("math", request=Visitor())
     assert "only the operator controls" in str(refused.value)
     # Without --kiosk, today's behaviour: anyone may.
-    assert Handlers(EnginePool.for_config(AppConfig(device="cpu"))).set_attention("math", request=Visitor()) == "math"
+    anyone = SystemHandlers(EnginePool.for_config(AppConfig(device="cpu")))
+    assert anyone.set_attention("math", request=Visitor()) == "math"
 
 
 def test_the_operator_sign_in_degrades_to_nothing_on_an_unknown_app():
@@ -536,7 +537,9 @@ def test_status_redacts_the_model_path_of_a_load_in_progress(launch_app, tiny_di
             status = http.post("/gradio_api/run/status", json={"data": []}).json()["data"][0]
         assert status["state"] == "loading" and status["progress"]["message"]
         text = json.dumps(status)
-        assert str(Path(tiny_dir).parent) not in text and os.environ["HIDREAM_UI_CACHE"] not in text, status["progress"]
+        assert str(Path(tiny_dir).parent) not in text and os.environ["HIDREAM_MODEL_CACHE"] not in text, status[
+            "progress"
+        ]
         assert status["devices"][0]["progress"]["message"] == status["progress"]["message"]
     finally:
         release.set()
@@ -545,7 +548,7 @@ def test_status_redacts_the_model_path_of_a_load_in_progress(launch_app, tiny_di
 
 def test_the_load_progress_an_edit_streams_names_no_absolute_path(tiny_dir):
     """The edit's own progress bar shows the load's messages: without --auth, folder names only."""
-    from hidream_ui.ui.handlers import Handlers
+    from hidream_ui.ui.edit_handlers import EditHandlers
 
     folder = str(Path(tiny_dir) / "transformer")
 
@@ -557,10 +560,10 @@ def test_the_load_progress_an_edit_streams_names_no_absolute_path(tiny_dir):
             on_progress(0.5, f"loading the transformer from {folder}")
 
     shown: list[str] = []
-    Handlers(Loading())._load_with_progress(lambda fraction, desc: shown.append(desc))
+    EditHandlers(Loading()).load_with_progress(lambda fraction, desc: shown.append(desc))
     assert shown and "transformer" in shown[0] and folder not in shown[0], shown
-    private = Handlers(Loading(), services=AppServices.for_config(AppConfig(auth=("a", "b"))))
-    private._load_with_progress(lambda fraction, desc: shown.append(desc))
+    private = EditHandlers(Loading(), services=AppServices.for_config(AppConfig(auth=("a", "b"))))
+    private.load_with_progress(lambda fraction, desc: shown.append(desc))
     assert folder in shown[1]  # logged-in users see the path, as in /status
 
 

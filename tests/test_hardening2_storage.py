@@ -269,7 +269,7 @@ def test_a_megabyte_file_name_is_capped_before_it_reaches_the_metadata(app):
 
 def test_the_gate_and_the_metadata_cap_client_names(tmp_path):
     from hidream_ui.edits import MAX_NAME_CHARS, EditParams, EditResult, Timings
-    from hidream_ui.server.files import UploadGate
+    from hidream_ui.server.upload_gate import UploadGate
 
     picture = tmp_path / "p.png"
     Image.new("RGB", (8, 8)).save(picture)
@@ -331,14 +331,15 @@ def _small_info():
 
 
 def _storage(**limits):
-    from hidream_ui.server.files import ClientStorage, StorageLimits
+    from hidream_ui.server.client_storage import ClientStorage
+    from hidream_ui.server.storage_limits import StorageLimits
 
     values = dict(client_bytes=10_000, client_files=3, cache_bytes=100_000, cache_files=5, max_age=100.0, grace=5.0)
     return ClientStorage(StorageLimits(**{**values, **limits}), clock=lambda: 1000.0)
 
 
 def _entry(path, changed, size=10, spool=False):
-    from hidream_ui.server.files import CacheEntry
+    from hidream_ui.server.storage_limits import CacheEntry
 
     return CacheEntry(path, size, changed, changed, spool)
 
@@ -505,7 +506,7 @@ def test_a_refused_upload_does_not_delete_an_examples_cached_copy(tight):
     named apple.png land on the example's own cached copy. Refusing that upload must not delete it."""
     from hidream_ui.server import gradio_internals
 
-    copies = [p for p in gradio_internals._kept(tight["demo"]) if Path(p).name == "apple.png"]
+    copies = [p for p in gradio_internals.kept_files(tight["demo"]) if Path(p).name == "apple.png"]
     assert copies and all(Path(p).is_file() for p in copies)
     with client(tight, "127.0.1.1") as http:
         assert upload_one(http, "junk.png", b"\x89PNG-junk")[0] == 200
@@ -570,7 +571,7 @@ def test_uploads_in_flight_count_against_the_cache_cap(tight):
 
 def test_a_shared_login_does_not_share_one_quota():
     """`--auth booth:pw` with many visitors: each visitor (address) under the login has its own quota."""
-    from hidream_ui.server.files import ClientStorage
+    from hidream_ui.server.client_storage import ClientStorage
 
     first, second = ClientStorage.client_key("10.0.0.1", "booth"), ClientStorage.client_key("10.0.0.2", "booth")
     assert first != second and "booth" in first and "10.0.0.1" in first

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import httpx
 import pytest
 
-from hidream_ui.server.files import ServedResults
+from hidream_ui.server.served_results import ServedResults
 from hidream_ui.ui import history_entries
 
 EXAMPLE_ARGS = ["make it blue", "", 3.0, 1.5, 2, 0.3, True, "draft", 5, False, True, False]
@@ -125,7 +125,7 @@ def test_a_refresh_of_2000_entries_validates_30_and_costs_little(app, monkeypatc
     validated before the 30-entry cap applied (2.8 CPU-s per request outside the queue, measured
     there with the rest of the request). A body that large is now refused by the guard before it is
     parsed (test_booth_storage.py); 2,000 entries pass it, and the handler looks at 30."""
-    from hidream_ui.ui import handlers
+    from hidream_ui.ui import history_tab as handlers
 
     spent = []
     check = handlers.check_entries

@@ -12,8 +12,9 @@ from PIL import Image
 
 from hidream_ui.edits import EditParams, RequestError
 from hidream_ui.engine.jobs import CancelToken, JobRegistry
-from hidream_ui.server.files import NOT_UPLOADED, ServedResults, UploadGate
 from hidream_ui.server.guard import LoginThrottle
+from hidream_ui.server.served_results import ServedResults
+from hidream_ui.server.upload_gate import NOT_UPLOADED, UploadGate
 from hidream_ui.ui.services import redact_paths
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def test_an_unpaired_surrogate_is_a_clear_request_error(field):
 
 
 def test_history_keeps_the_settings_of_results_retention_deleted(tmp_path):
-    from hidream_ui.server.files import ServedResults
+    from hidream_ui.server.served_results import ServedResults
     from hidream_ui.ui.history_entries import check_entries, new_entry, render_entries, signed
 
     served = ServedResults()

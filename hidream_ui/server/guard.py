@@ -18,7 +18,7 @@ Four jobs, all things gradio's own routes cannot be asked to do:
 * **Body size.** Gradio's `max_file_size` bounds each file of an upload, not the request: the
   guard refuses upload requests over `max_upload_bytes` in all, and every other request body over
   `max_body_bytes` (HTTP 413), by their declared length or while they stream; and, with a
-  `files.ClientStorage`, an upload larger than a client's whole quota (413), of a client whose
+  `client_storage.ClientStorage`, an upload larger than a client's whole quota (413), of a client whose
   jobs in progress fill its quota (429), or into a cache filled by jobs in progress and uploads
   in flight (503). A client merely at its quota is never refused: its oldest files age out. A
   refused or broken-off upload leaves no file behind.
@@ -42,6 +42,7 @@ import anyio
 
 from hidream_ui.engine.jobs import JobRegistry
 from hidream_ui.server import gradio_internals
+from hidream_ui.server.gradio_seam import override
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,7 @@ class NewSessions:
             return 0.0
 
 
+@override("http_routes")  # gradio's routes, by path and body (gradio_seam)
 class BoothGuard:
     """ASGI middleware: `Middleware(BoothGuard, jobs=..., throttle=..., ...)` in FastAPI's list."""
 
@@ -167,7 +169,7 @@ class BoothGuard:
     ):
         self.app = app
         self.new_sessions = new_sessions  # per-address limit on new sessions (None: no limit)
-        self.storage = storage  # files.ClientStorage: per-client upload accounting (None: size limit only)
+        self.storage = storage  # client_storage.ClientStorage: per-client upload accounting (None: size limit only)
         self.jobs = jobs
         self.throttle = throttle
         self.require_login = require_login

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs
 
 from hidream_ui.config import AppConfig
 from hidream_ui.server import gradio_internals
+from hidream_ui.server.gradio_seam import override
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ def refusal(config: AppConfig, what: str) -> str:
     )
 
 
+@override("http_routes")  # gradio's routes, by path and body (gradio_seam)
 class OperatorLogin:
     """ASGI middleware: GET /operator (the form) and POST /operator/login (the check)."""
 

@@ -197,7 +197,7 @@ def test_missing_auth_file_exits_2(tmp_path, capsys):
 
 def test_history_settings_round_trip(client, app):
     from hidream_ui.ui.common import form_values
-    from hidream_ui.ui.handlers import Handlers
+    from hidream_ui.ui.history_tab import HistoryHandlers
 
     _, saved, seed_used, _ = edit(
         client, seed=99, randomize_seed=False, guidance_scale=4.5, instruction="Add a rainbow over the sea"
@@ -205,7 +205,7 @@ def test_history_settings_round_trip(client, app):
     # In-process, the PNG's folder is trusted the way the bundled examples are (the app's own event
     # opens only what gradio stored as an upload: see test_hardening2_queue).
     services = AppServices.for_config(app["config"], trusted_roots=[Path(saved).parent])
-    handlers = Handlers(app["engine"], services=services)
+    handlers = HistoryHandlers(app["engine"], services=services)
     *values, tabs = handlers.settings_from_file(saved)
     assert tuple(values) == form_values(load_settings(saved))
     assert values[0] == "Add a rainbow over the sea" and values[2] == 4.5 and values[8] == seed_used == 99
@@ -217,20 +217,20 @@ def test_settings_from_a_png_without_metadata_is_a_readable_error(tmp_path):
     import gradio as gr
 
     from hidream_ui.outputs import MetadataError
-    from hidream_ui.ui.handlers import Handlers
+    from hidream_ui.ui.history_tab import HistoryHandlers
 
     plain = tmp_path / "plain.png"
     Image.new("RGB", (32, 32), "white").save(plain)
     with pytest.raises(MetadataError) as expected:
         load_settings(plain)
     with pytest.raises(gr.Error) as got:
-        Handlers(
+        HistoryHandlers(
             engine=None, services=AppServices.for_config(AppConfig(), trusted_roots=[tmp_path])
         ).settings_from_file(str(plain))
     assert got.value.message == str(expected.value)
     # A path this app neither stored nor trusts is refused without being opened.
     with pytest.raises(gr.Error, match="uploaded to this app"):
-        Handlers(engine=None).settings_from_file(str(plain))
+        HistoryHandlers(engine=None).settings_from_file(str(plain))
 
 
 class _Request:
@@ -239,17 +239,19 @@ class _Request:
 
 
 def test_stop_only_cancels_the_callers_own_edit():
-    from hidream_ui.ui.handlers import Handlers
+    from hidream_ui.ui.edit_handlers import EditHandlers
+    from hidream_ui.ui.system_handlers import SystemHandlers
 
-    handlers = Handlers(engine=None)
-    jobs = handlers.services.jobs
-    handlers.stop(_Request("alice"))  # nothing running: nothing to do, no error
+    edit = EditHandlers(engine=None)
+    panel = SystemHandlers(engine=None, services=edit.services)  # one demo: one job registry
+    jobs = edit.services.jobs
+    edit.stop(_Request("alice"))  # nothing running: nothing to do, no error
     with jobs.start("edit", "alice") as alice, jobs.start("edit", "bob") as bob:
-        handlers.stop(_Request("bob"))  # bob's Stop stops bob's edit only
+        edit.stop(_Request("bob"))  # bob's Stop stops bob's edit only
         assert bob.token.cancelled and not alice.token.cancelled
-        assert handlers.cancel(_Request("mallory")) == "nothing of yours is running"
+        assert panel.cancel(_Request("mallory")) == "nothing of yours is running"
         assert not alice.token.cancelled
-        assert handlers.cancel(_Request("alice")) == "stopped 1 job(s)"
+        assert panel.cancel(_Request("alice")) == "stopped 1 job(s)"
         assert alice.token.cancelled and alice.token.reason == "cancelled through /cancel"
 
 

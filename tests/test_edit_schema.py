@@ -140,10 +140,10 @@ def _parameters(fn) -> list[str]:
 def test_the_handlers_take_the_forms_fields_in_their_order():
     from hidream_ui.ui.batch_tab import BatchTab
     from hidream_ui.ui.compare_tab import CompareTab
-    from hidream_ui.ui.handlers import Handlers
+    from hidream_ui.ui.edit_handlers import EditHandlers
 
-    assert _parameters(Handlers.edit) == ["image", *EDIT_FORM, "rewrite", "mask"]
-    assert _parameters(Handlers.edit_rewritten) == ["image", "rewritten", "rewrite", *EDIT_FORM[1:], "mask"]
+    assert _parameters(EditHandlers.edit) == ["image", *EDIT_FORM, "rewrite", "mask"]
+    assert _parameters(EditHandlers.edit_rewritten) == ["image", "rewritten", "rewrite", *EDIT_FORM[1:], "mask"]
     assert _parameters(BatchTab.run) == [
         "files",
         "instructions",

@@ -15,9 +15,10 @@ from PIL import Image
 
 from hidream_ui.edits import EDIT_FORM, EditParams, RequestError
 from hidream_ui.outputs import read_metadata
-from hidream_ui.ui.handlers import Handlers, open_region
+from hidream_ui.ui.edit_handlers import EditHandlers
 from hidream_ui.ui.history_entries import added, chains, check_entries, render_entries, signed
 from hidream_ui.ui.region_editor import brush_radius
+from hidream_ui.ui.region_input import open_region
 
 SIZE = (128, 96)  # width, height
 
@@ -29,7 +30,7 @@ def app(launch_app):
 
 @pytest.fixture(scope="module")
 def handlers(app):
-    return Handlers(app["engine"], services=app["demo"].hidream_services)
+    return EditHandlers(app["engine"], services=app["demo"].hidream_services)
 
 
 @pytest.fixture(scope="module")

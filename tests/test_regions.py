@@ -276,7 +276,7 @@ def test_the_preview_map_inverts_a_linear_vae():
 
 def test_an_image_editor_value_gives_its_painted_layers_as_the_mask(tmp_path):
     """The handlers take a brush (gr.ImageEditor's value, painted layers) as well as an uploaded file."""
-    from hidream_ui.ui.handlers import open_region
+    from hidream_ui.ui.region_input import open_region
 
     class Gate:  # the app's upload gate hands back the stored path (tests of the gate: test_hardening2_*)
         def path(self, value, field):

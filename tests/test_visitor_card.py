@@ -9,8 +9,8 @@ from gradio_client import Client, handle_file
 from helpers import wait_for
 
 from hidream_ui.server import gradio_internals
-from hidream_ui.ui.handlers import Handlers
 from hidream_ui.ui.layout import ASSETS_DIR
+from hidream_ui.ui.system_handlers import SystemHandlers
 
 SLOW = {"num_inference_steps": 200, "working_resolution": "draft"}
 
@@ -18,7 +18,7 @@ SLOW = {"num_inference_steps": 200, "working_resolution": "draft"}
 def test_a_waiting_visitor_sees_their_place_and_others_see_theirs(launch_app):
     app = launch_app("visitor_card", kiosk=True)
     demo = app["demo"]
-    handlers = Handlers(app["engine"], services=demo.hidream_services)
+    handlers = SystemHandlers(app["engine"], services=demo.hidream_services)
     first, second = Client(app["url"], verbose=False), Client(app["url"], verbose=False)
 
     def submit(client):

@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import gradio as gr
 
@@ -51,17 +51,19 @@ from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.engine.protocol import Engine
 from hidream_ui.engine.runner import stream_job
 from hidream_ui.ui.common import (
-    DEVICE_GROUP,
     SETTINGS_FILE_CONCURRENCY,
     SETTINGS_FILE_GROUP,
     USER_ERRORS,
-    disable_js,
+    RunTabHandles,
+    device_run,
+    disable_on_click,
     format_seconds,
     guarded,
     md,
     move_bar,
     people_message,
     settings_widgets,
+    stop_on_click,
 )
 from hidream_ui.ui.services import AppServices
 
@@ -391,24 +393,13 @@ class BatchTab:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class BatchHandles:
-    """What `build_batch_tab` made: its handlers and widgets."""
+@dataclass(frozen=True, kw_only=True)
+class BatchHandles(RunTabHandles):
+    """What `build_batch_tab` made: its handlers (a BatchTab), /batch_edit's inputs and its widgets."""
 
-    handlers: BatchTab
-    inputs: tuple[Any, ...]  # /batch_edit's inputs, in order
-    settings: Mapping[str, Any]  # the shared-settings widgets by field name (hidream_ui.edits.SHARED_FORM)
-    run_button: gr.Button
-    stop_button: gr.Button
     gallery: gr.Gallery
     report: gr.Markdown
     download: gr.DownloadButton
-    runs: tuple = ()  # (button, event) the page watches (system_panel.watch_run)
-
-    @property
-    def resolution_dropdown(self):
-        """Gets the model's working resolutions on page load."""
-        return self.settings["working_resolution"]
 
 
 def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | None = None) -> BatchHandles:
@@ -488,24 +479,15 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
             )
         # The order of /batch_edit's inputs (BatchTab.run's parameters).
         inputs = [files, instructions, mode, *settings.values(), seed, seed_policy, batch_size, rewrite]
-        run_button.click(
-            None,
-            None,
-            None,
-            js=disable_js(run_button.elem_id),
-            queue=False,
-            show_progress="hidden",
-            api_visibility="private",
-        )
-        run_event = run_button.click(
+        disable_on_click(run_button)
+        run_event = device_run(
+            run_button,
             handlers.run,
-            inputs=inputs,
-            outputs=[gallery, report, download],
+            inputs,
+            [gallery, report, download],
             api_name="batch_edit",
-            concurrency_id=DEVICE_GROUP,
-            concurrency_limit=engine.size,
-            preprocess=False,
-            show_progress_on=[gallery],
+            lane=engine.size,
+            progress_on=gallery,
         )
         # The uploads' thumbnails: it decodes a client's files, so it is queued on the small lane.
         files.change(
@@ -518,9 +500,7 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
             api_visibility="private",
             preprocess=False,
         )
-        # Stop never queues (it must get through while the batch holds the device group) and does
-        # not cancel the event: the run ends by itself after the current step and keeps its items.
-        stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
+        stop_on_click(stop_button, handlers.stop)  # the batch keeps the items it finished
     return BatchHandles(
         handlers=handlers,
         inputs=tuple(inputs),

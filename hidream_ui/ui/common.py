@@ -1,4 +1,5 @@
-"""Helpers every tab shares: error conversion (`guarded`), widget values <-> params, hints."""
+"""Helpers every tab shares: error conversion (`guarded`), widget values <-> params, hints, how a
+run button starts a device job (`device_run`, `RunTabHandles`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import html
 import inspect
 import logging
 import re
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import gradio as gr
 
@@ -115,7 +117,7 @@ def people_message(exc: Exception) -> str:
 
 def disable_js(elem_id: str) -> str:
     """Browser-side: the run's button is unavailable the moment it is clicked (the server's own
-    `interactive=False`, `Handlers.run_started`, can take a while to arrive on a busy machine, and a
+    `interactive=False`, `SystemHandlers.run_started`, can take a while to arrive on a busy machine, and a
     second click would queue a second run). Register it before the run's event: a click's
     listeners start in order."""
     return f"() => {{ const b = document.querySelector('#{elem_id}'); if (b) b.disabled = true; }}"
@@ -125,6 +127,70 @@ def enable_js(elem_id: str) -> str:
     """Browser-side: the run's button is back (after `disable_js`; the server's update alone would
     not undo a change it never made)."""
     return f"() => {{ const b = document.querySelector('#{elem_id}'); if (b) b.disabled = false; }}"
+
+
+# ---------------------------------------------------------------------------------------------
+# A tab's run: Edit, Batch and Compare start their device jobs the same way
+# ---------------------------------------------------------------------------------------------
+
+# The browser-only or control events: they never wait in the queue and are not part of the API.
+PRIVATE = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
+
+
+def disable_on_click(button: gr.Button) -> None:
+    """The run's button is unavailable the moment it is clicked (in the browser, `disable_js`). Call it
+    before the run's own `click`: a click's listeners start in order."""
+    button.click(None, None, None, js=disable_js(button.elem_id), **PRIVATE)
+
+
+def device_run(
+    button: gr.Button,
+    handler: Callable,
+    inputs: Sequence[Any],
+    outputs: Sequence[Any],
+    *,
+    api_name: str,
+    lane: int,
+    progress_on: Any,
+):
+    """`button` runs `handler` as the API's `api_name` on the device lane (`lane` jobs at once: one
+    per engine), its progress shown on `progress_on`. preprocess=False: the handler opens the uploads
+    itself and can say what is wrong with a damaged file (gradio's decode error is a developer
+    message). Returns the event, to chain on."""
+    return button.click(
+        handler,
+        inputs=list(inputs),
+        outputs=list(outputs),
+        api_name=api_name,
+        concurrency_id=DEVICE_GROUP,
+        concurrency_limit=lane,
+        preprocess=False,
+        show_progress_on=[progress_on],
+    )
+
+
+def stop_on_click(button: gr.Button, stop: Callable) -> None:
+    """The Stop button never queues (it must get through while the run holds the device lane) and
+    does not cancel the event: the run ends by itself after the current step and keeps what it made."""
+    button.click(stop, None, None, **PRIVATE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunTabHandles:
+    """What a tab with a Run and a Stop button hands the layout (Batch, Compare): its handlers, its API
+    inputs and the widgets the page watches. Each tab's handles add its outputs."""
+
+    handlers: Any  # the tab's handler object (BatchTab, CompareTab)
+    inputs: tuple[Any, ...]  # the run's API inputs, in order (its handler's parameters)
+    settings: Mapping[str, Any]  # the shared-settings widgets by field name (hidream_ui.edits.SHARED_FORM)
+    run_button: gr.Button
+    stop_button: gr.Button
+    runs: tuple = ()  # (button, event) the page watches (system_panel.watch_run)
+
+    @property
+    def resolution_dropdown(self):
+        """Gets the model's working resolutions on page load."""
+        return self.settings["working_resolution"]
 
 
 def stopped_message(step: int | None, total: int | None, what: str = "steps") -> str:
@@ -200,6 +266,17 @@ def guarded(what: str) -> Callable[[Callable], Callable]:
 seed_from_widgets = seed_from_form
 settings_from_widgets = settings_from_form
 params_from_widgets = params_from_form
+
+
+def resolution_choices(engine: Any):
+    """A dropdown update offering only the working resolutions the configured model can take (each
+    tab's dropdown gets it on page load; until then WORKING_RESOLUTIONS)."""
+    try:
+        choices = engine.working_resolution_choices()
+    except Exception as exc:  # noqa: BLE001 - the page must still open; the edit validates anyway
+        logger.warning("working resolutions unknown: %s", exc, exc_info=True)
+        choices = list(WORKING_RESOLUTIONS)
+    return gr.update(choices=choices)
 
 
 def widget(name: str, value: Any, *, hints: bool = True, **options: Any):

@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 import gradio as gr
 
@@ -27,14 +27,16 @@ from hidream_ui.engine.jobs import StepInfo
 from hidream_ui.engine.protocol import Engine
 from hidream_ui.engine.runner import stream_job
 from hidream_ui.ui.common import (
-    DEVICE_GROUP,
-    disable_js,
+    RunTabHandles,
+    device_run,
+    disable_on_click,
     format_seconds,
     guarded,
     move_bar,
     settings_widgets,
+    stop_on_click,
 )
-from hidream_ui.ui.handlers import open_region
+from hidream_ui.ui.region_input import open_region
 from hidream_ui.ui.services import AppServices
 
 logger = logging.getLogger(__name__)
@@ -231,25 +233,14 @@ def _cell_entries(cells: Any) -> list[tuple[Any, str]]:
     ]
 
 
-@dataclass(frozen=True)
-class CompareHandles:
-    """What `build_compare_tab` made: its handlers and widgets."""
+@dataclass(frozen=True, kw_only=True)
+class CompareHandles(RunTabHandles):
+    """What `build_compare_tab` made: its handlers (a CompareTab), /compare's inputs and its widgets."""
 
-    handlers: CompareTab
-    inputs: tuple[Any, ...]  # /compare's inputs, in order
-    settings: Mapping[str, Any]  # the shared-settings widgets by field name (hidream_ui.edits.SHARED_FORM)
-    run_button: gr.Button
-    stop_button: gr.Button
     grid: gr.Image
     cells: gr.Gallery
     report: gr.Markdown
     slider: gr.ImageSlider
-    runs: tuple = ()  # (button, event) the page watches (system_panel.watch_run)
-
-    @property
-    def resolution_dropdown(self):
-        """Gets the model's working resolutions on page load."""
-        return self.settings["working_resolution"]
 
 
 def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices | None = None) -> CompareHandles:
@@ -335,24 +326,15 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
         # The order of /compare's inputs (CompareTab.run's parameters).
         inputs = [image, instruction, axis_x, values_x, axis_y, values_y, *settings.values(), seed, mask]
         cell_files = gr.State([])  # (result file, caption) per cell: server-side, read by the slider pickers
-        run_button.click(
-            None,
-            None,
-            None,
-            js=disable_js(run_button.elem_id),
-            queue=False,
-            show_progress="hidden",
-            api_visibility="private",
-        )
-        event = run_button.click(
+        disable_on_click(run_button)
+        event = device_run(
+            run_button,
             handlers.run,
-            inputs=inputs,
-            outputs=[grid, cells, report, cell_files],
+            inputs,
+            [grid, cells, report, cell_files],
             api_name="compare",
-            concurrency_id=DEVICE_GROUP,
-            concurrency_limit=engine.size,
-            preprocess=False,
-            show_progress_on=[grid],
+            lane=engine.size,
+            progress_on=grid,
         )
         event.then(
             handlers.pickers,
@@ -371,7 +353,7 @@ def build_compare_tab(engine: Engine, config: AppConfig, services: AppServices |
                 show_progress="hidden",
                 api_visibility="private",
             )
-        stop_button.click(handlers.stop, None, None, queue=False, show_progress="hidden", api_visibility="private")
+        stop_on_click(stop_button, handlers.stop)
     return CompareHandles(
         handlers=handlers,
         inputs=tuple(inputs),

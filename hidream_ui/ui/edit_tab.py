@@ -2,7 +2,7 @@
 
 `build_edit_tab(...)` adds the tab to the Blocks being built and returns its `EditTabHandles`;
 `wire_edit_tab(...)` connects its events (``/edit``, ``/rewrite``, ``/edit_rewritten``, Stop) once
-the History tab exists (a finished edit is added to it). The handlers are `handlers.Handlers`.
+the History tab exists (a finished edit is added to it). The handlers are `edit_handlers.EditHandlers`.
 
 Imports gradio at the top: only the UI imports this module.
 """
@@ -25,13 +25,14 @@ from hidream_ui.ui.common import (
     REWRITER_GROUP,
     SETTINGS_FILE_CONCURRENCY,
     SETTINGS_FILE_GROUP,
-    disable_js,
+    device_run,
+    disable_on_click,
     example_instruction,
     instruction_placeholder,
     variant_hint,
     widget,
 )
-from hidream_ui.ui.handlers import Handlers
+from hidream_ui.ui.edit_handlers import EditHandlers
 from hidream_ui.ui.region_editor import build_region_editor
 from hidream_ui.ui.services import ASSETS_DIR
 from hidream_ui.ui.world_examples import world_examples
@@ -263,7 +264,7 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
     )
 
 
-def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -> list[tuple[gr.Button, Any]]:
+def wire_edit_tab(tab: EditTabHandles, handlers: EditHandlers, lane: int, on_edit) -> list[tuple[gr.Button, Any]]:
     """The tab's events. `lane`: device jobs at once (one per engine); `on_edit(event)` chains what a
     finished edit updates elsewhere (the History tab). Returns (button, event) for each run the
     page should watch (`system_panel.watch_run`: the button is unavailable while it runs)."""
@@ -274,20 +275,19 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     # of the click's listeners: the browser runs them in order, and the others wait for the server.
     for button in (tab.edit_button, tab.edit_rewritten_button):
         button.click(None, None, None, js=SHOW_RESULT_JS, **private)
-        button.click(None, None, None, js=disable_js(button.elem_id), **private)
+        disable_on_click(button)
     # The progress sits on the summary, right under the before/after slider, so the live previews
     # streamed into the slider stay visible while the edit runs (an overlay on the slider hid them).
     # preprocess=False: the handler opens the upload itself and can say what is wrong with a damaged
     # file (gradio's own decode error is a developer message).
-    edit_event = tab.edit_button.click(
+    edit_event = device_run(
+        tab.edit_button,
         handlers.edit,
-        inputs=[tab.image, *tab.inputs, tab.rewrite, tab.mask],
-        outputs=tab.outputs,
+        [tab.image, *tab.inputs, tab.rewrite, tab.mask],
+        tab.outputs,
         api_name="edit",
-        concurrency_id=DEVICE_GROUP,
-        concurrency_limit=lane,
-        preprocess=False,
-        show_progress_on=[tab.summary],
+        lane=lane,
+        progress_on=tab.summary,
     )
     on_edit(edit_event).then(handlers.show_rewrite, [tab.last_entry], rewrite_outputs, **private)
 
@@ -307,15 +307,14 @@ def wire_edit_tab(tab: EditTabHandles, handlers: Handlers, lane: int, on_edit) -
     )
     rewrite_event.success(handlers.rewrite_note, [tab.rewrite_details], [tab.rewrite_note], **private)
     rewrite_event.failure(handlers.rewrite_failed, [instruction], rewrite_outputs, **private)
-    edit_rewritten_event = tab.edit_rewritten_button.click(
+    edit_rewritten_event = device_run(
+        tab.edit_rewritten_button,
         handlers.edit_rewritten,
-        inputs=[tab.image, tab.rewritten, tab.rewrite_details, *tab.inputs[1:], tab.mask],
-        outputs=tab.outputs,
+        [tab.image, tab.rewritten, tab.rewrite_details, *tab.inputs[1:], tab.mask],
+        tab.outputs,
         api_name="edit_rewritten",
-        concurrency_id=DEVICE_GROUP,
-        concurrency_limit=lane,
-        preprocess=False,
-        show_progress_on=[tab.summary],
+        lane=lane,
+        progress_on=tab.summary,
     )
     on_edit(edit_rewritten_event)
     if tab.examples is not None:  # an example picked far down the page: back to the form it filled

@@ -13,20 +13,31 @@ while it still serves it); the checked list stays server-side in a gr.State and 
 `build_history_tab()` adds the tab and returns its `HistoryTabHandles`; `wire_history_tab(...)`
 connects it to the Edit tab (a finished edit is added; "Load settings" and a PNG's settings fill
 the Edit form, whose widgets are hidream_ui.edits.EDIT_FORM; "Edit again" puts the result in the
-source slot). The handlers are `handlers.Handlers`. Imports gradio at the top: only the UI imports it.
+source slot). Its handlers are `HistoryHandlers`, below. Imports gradio at the top: only the UI imports it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import gradio as gr
 
+from hidream_ui.outputs import load_settings
 from hidream_ui.server.lanes import HISTORY_CONCURRENCY, HISTORY_GROUP
-from hidream_ui.ui.common import SETTINGS_FILE_CONCURRENCY, SETTINGS_FILE_GROUP
+from hidream_ui.ui.common import SETTINGS_FILE_CONCURRENCY, SETTINGS_FILE_GROUP, form_values, guarded
 from hidream_ui.ui.edit_tab import EditTabHandles
-from hidream_ui.ui.handlers import Handlers
-from hidream_ui.ui.history_entries import HISTORY_CSS, render_entries
+from hidream_ui.ui.history_entries import (
+    HISTORY_CSS,
+    added,
+    browser_secret,
+    check_entries,
+    new_browser_secret,
+    picker_choices,
+    render_entries,
+    signed,
+)
+from hidream_ui.ui.services import TabHandlers
 
 STORAGE_KEY = "hidream-ui-history"  # the browser's localStorage key
 SECRET_KEY = "hidream-ui-history-secret"  # the browser's secret (history_entries.new_browser_secret)
@@ -98,8 +109,84 @@ def build_history_tab() -> HistoryTabHandles:
     )
 
 
+class HistoryHandlers(TabHandlers):
+    """The History tab's handlers. What comes back from the browser is checked
+    (history_entries.check_entries); the checked list is kept server-side for the session (a
+    gr.State) and the buttons act on it."""
+
+    def _history_view(self, stored: Any, secret: str):
+        results = self.services.results
+        checked = check_entries(stored, lambda result, ticket: results.stored(result, ticket, secret))
+        choices = picker_choices(checked)
+        picker = gr.update(choices=choices, value=choices[0][1] if choices else None)
+        return checked, render_entries(checked), picker
+
+    def add_history(self, stored: Any, secret: Any, entry: dict | None):
+        """A finished edit: its entry, signed for this browser, goes first in its History. Returns
+        (the browser's list, the checked list, the cards, the picker, the result's buttons row, the
+        browser's secret: made here if the page load did not make it)."""
+        secret = browser_secret(secret)
+        made = (entry or {}).get("history")
+        results = self.services.results
+        history = added(stored, signed(made, lambda result: results.ticket(result, secret)) if made else None)
+        # The result's buttons and seed show with a result (a stopped edit has none).
+        return (history, *self._history_view(history, secret), gr.Row(visible=True) if entry else gr.update(), secret)
+
+    def refresh_history(self, stored: Any, secret: Any):
+        """The History as this browser stored it (page load, tab opened): checked, then drawn.
+        Returns (the checked list, the cards, the picker, the browser's secret: made on its first visit)."""
+        secret = browser_secret(secret)
+        return (*self._history_view(stored, secret), secret)
+
+    def clear_history(self):
+        """Forgets this browser's History (the result files stay on the server until retention) and
+        gives it a new secret: a copy of the old entries opens nothing here any more."""
+        secret = new_browser_secret()
+        return [], *self._history_view([], secret), secret
+
+    @staticmethod
+    def _picked(checked: list | None, index: Any):
+        try:
+            position = int(index)
+        except (TypeError, ValueError):
+            position = -1
+        if not checked or not 0 <= position < len(checked):
+            raise gr.Error("Pick a result first.", print_exception=False)
+        return checked[position], position
+
+    @guarded("loading the settings")
+    def apply_history(self, checked: list | None, index: Any):
+        """ "Load settings": the picked result's settings fill the Edit form."""
+        entry, position = self._picked(checked, index)
+        params = entry.params
+        gr.Info(f"Loaded the settings of result {position + 1} (seed {params.seed}).")
+        return (*form_values(params), gr.Tabs(selected="edit"))
+
+    @guarded("opening the result")
+    def edit_again(self, checked: list | None, index: Any):
+        """ "Edit again": the picked result becomes the source of the Edit tab, its instruction
+        fills the box. Only a result this server stored for this browser and still serves."""
+        entry, _ = self._picked(checked, index)
+        if not entry.available:
+            raise gr.Error(
+                "That result is no longer on this server; “Load settings” still works.", print_exception=False
+            )
+        return entry.png, entry.params.instruction, gr.Tabs(selected="edit")
+
+    @guarded("reading the PNG")
+    def settings_from_file(self, file):
+        if not file:
+            raise gr.Error("Upload a PNG saved by this app.", print_exception=False)
+        # The event runs with preprocess=False: gr.File's preprocessing leaves an empty temp file in
+        # gradio's cache on every call. The gate opens only what this app stored (or its examples).
+        path, name = self.services.gate.path(file, "file")
+        params = load_settings(path)
+        gr.Info(f"Loaded the settings from {name or 'the PNG'} (seed {params.seed}).")
+        return (*form_values(params), gr.Tabs(selected="edit"))
+
+
 def wire_history_tab(
-    history: HistoryTabHandles, edit: EditTabHandles, tabs: gr.Tabs, handlers: Handlers, demo: gr.Blocks
+    history: HistoryTabHandles, edit: EditTabHandles, tabs: gr.Tabs, handlers: HistoryHandlers, demo: gr.Blocks
 ) -> None:
     private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
     view = [history.checked, history.cards, history.picker]
@@ -146,7 +233,7 @@ def wire_history_tab(
     )
 
 
-def add_to_history(history: HistoryTabHandles, edit: EditTabHandles, handlers: Handlers):
+def add_to_history(history: HistoryTabHandles, edit: EditTabHandles, handlers: HistoryHandlers):
     """What a finished edit does to the History tab: `event.success(...)` for an Edit tab event."""
 
     def chain(event):
@@ -162,4 +249,12 @@ def add_to_history(history: HistoryTabHandles, edit: EditTabHandles, handlers: H
     return chain
 
 
-__all__ = ["HistoryTabHandles", "SECRET_KEY", "STORAGE_KEY", "build_history_tab", "wire_history_tab", "add_to_history"]
+__all__ = [
+    "HistoryHandlers",
+    "HistoryTabHandles",
+    "SECRET_KEY",
+    "STORAGE_KEY",
+    "build_history_tab",
+    "wire_history_tab",
+    "add_to_history",
+]

@@ -1,4 +1,4 @@
-"""The Gradio layout: widgets and their wiring, nothing else (the work is in `handlers`).
+"""The Gradio layout: widgets and their wiring, nothing else (the work is in each tab's handlers).
 
 API names are part of the app's contract (README, tests, MCP):
 
@@ -16,10 +16,13 @@ API names are part of the app's contract (README, tests, MCP):
 * ``/edit_rewritten`` like ``/edit``, with the (edited) rewritten prompt and the ``/rewrite`` answer,
                       which the result's metadata records beside the prompt used
 
-Tabs, one module each: Edit (`edit_tab`), Batch (`batch_tab`), Compare (`compare_tab`), History
-(`history_tab`). The system panel (`system_panel`) sits outside the tabs so it is visible on all of
-them. Each module builds its widgets and returns typed handles; `build_demo` only places and
-connects them.
+Tabs, one module each: Edit (`edit_tab`, its handlers in `edit_handlers`), Batch (`batch_tab`),
+Compare (`compare_tab`), History (`history_tab`). The system panel (`system_panel`, its handlers in
+`system_handlers` and `speed_setting`) sits outside the tabs so it is visible on all of them. Each
+module builds its widgets and returns typed handles; `build_demo` only places and connects them.
+
+The page shows only what the running executor can do (`Engine.capabilities`): a tab it cannot serve
+(Compare, Batch) is not built, nor are its API names, and the system panel says why.
 
 Everything that touches the device (edit, load, attention switch) shares the concurrency group
 ``"device"``, as many at once as there are engines (one per ``--devices`` entry, else 1): an engine
@@ -43,11 +46,13 @@ from typing import Any, Callable, Sequence
 import gradio as gr
 
 from hidream_ui.config import AppConfig
-from hidream_ui.engine.protocol import Engine
+from hidream_ui.engine.protocol import Capabilities, Engine
+from hidream_ui.ui.common import resolution_choices
+from hidream_ui.ui.edit_handlers import EditHandlers
 from hidream_ui.ui.edit_tab import build_edit_tab, load_examples, wire_edit_tab
-from hidream_ui.ui.handlers import Handlers
-from hidream_ui.ui.history_tab import add_to_history, build_history_tab, wire_history_tab
+from hidream_ui.ui.history_tab import HistoryHandlers, add_to_history, build_history_tab, wire_history_tab
 from hidream_ui.ui.services import ASSETS_DIR, AppServices
+from hidream_ui.ui.system_handlers import SystemHandlers
 from hidream_ui.ui.system_panel import build_system_panel
 
 logger = logging.getLogger(__name__)
@@ -158,21 +163,26 @@ def new_blocks(config: AppConfig) -> gr.Blocks:
     return gr.Blocks(title="HiDream-E1 image editing", delete_cache=delete_cache)
 
 
-# Tabs built by their own modules: (module, builder). Each builder is called as
-# `builder(engine, config, services)` inside the `gr.Tabs()` context, adds one `gr.Tab` and returns
-# its handles (whose `resolution_dropdown` gets the model's working resolutions on load).
+# Tabs built by their own modules: (module, builder, the capability the executor needs for it). Each
+# builder is called as `builder(engine, config, services)` inside the `gr.Tabs()` context, adds one
+# `gr.Tab` and returns its handles (whose `resolution_dropdown` gets the model's working
+# resolutions on load).
 EXTRA_TABS = (
-    ("hidream_ui.ui.batch_tab", "build_batch_tab"),
-    ("hidream_ui.ui.compare_tab", "build_compare_tab"),
+    ("hidream_ui.ui.batch_tab", "build_batch_tab", "batch"),
+    ("hidream_ui.ui.compare_tab", "build_compare_tab", "compare"),
 )
 TabBuilder = Callable[[Engine, Any, AppServices], Any]
 
 
-def default_extra_tabs() -> list[TabBuilder]:
-    """The Batch and Compare tab builders. A tab module that is absent (a trimmed install) is
-    skipped with a log line; one that fails to import for any other reason is a bug and raises."""
+def default_extra_tabs(capabilities: Capabilities | None = None) -> list[TabBuilder]:
+    """The Batch and Compare tab builders, those the executor can serve (`capabilities`; None: all).
+    A tab module that is absent (a trimmed install) is skipped with a log line; one that fails to
+    import for any other reason is a bug and raises."""
     builders = []
-    for module_name, attribute in EXTRA_TABS:
+    for module_name, attribute, capability in EXTRA_TABS:
+        if capabilities is not None and not capabilities.has(capability):
+            logger.info("the %s tab is left out: %s", capability, capabilities.missing[capability])
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -189,19 +199,23 @@ def build_demo(
 ) -> gr.Blocks:
     """The whole UI for `engine`. Builds widgets only: no model load, no torch import.
 
-    `extra_tabs` are tab builders placed between Edit and History (default: Batch and Compare).
+    `extra_tabs` are tab builders placed between Edit and History (default: Batch and Compare, those
+    the executor can serve: `engine.capabilities`; the system panel says why one is left out).
     `services` (jobs, upload gate, served results, rewriter) are shared by every tab; given, they
     hold the Blocks to build into (`new_blocks`). `demo.hidream_services` holds them afterwards.
     """
     config = engine.config
-    extra_tabs = default_extra_tabs() if extra_tabs is None else list(extra_tabs)
+    capabilities = engine.capabilities
+    extra_tabs = default_extra_tabs(capabilities) if extra_tabs is None else list(extra_tabs)
     services = services or AppServices.for_config(config, engine=engine, demo=new_blocks(config))
     if services.demo is None:
         raise ValueError(
             "build_demo: the services hold no Blocks; build them with "
             "AppServices.for_config(config, demo=new_blocks(config), ...)"
         )
-    handlers = Handlers(engine, services=services)
+    edit_handlers = EditHandlers(engine, services)
+    history_handlers = HistoryHandlers(engine, services)
+    system_handlers = SystemHandlers(engine, services)
     lane = engine.size  # device jobs at once: one per engine (--devices)
 
     with services.demo as demo:
@@ -216,24 +230,23 @@ def build_demo(
                     extra = [build_tab(engine, config, services) for build_tab in extra_tabs]
                     history = build_history_tab()
             with gr.Column(scale=1, min_width=270, elem_id="hui-system"):
-                panel = build_system_panel(engine, handlers, lane)
+                panel = build_system_panel(engine, system_handlers, services, lane, capabilities)
         history.stored.render()  # outside the tabs (see build_history_tab)
         history.secret.render()
 
-        runs = wire_edit_tab(edit, handlers, lane, on_edit=add_to_history(history, edit, handlers))
+        runs = wire_edit_tab(edit, edit_handlers, lane, on_edit=add_to_history(history, edit, history_handlers))
         runs += [run for tab in extra for run in getattr(tab, "runs", ())]
         for button, event in runs:  # unavailable while it runs; the panel follows it
             panel.watch_run(button, event)
-        wire_history_tab(history, edit, tabs, handlers, demo)
+        wire_history_tab(history, edit, tabs, history_handlers, demo)
         private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
         demo.load(
-            handlers.page_load,
+            system_handlers.page_load,
             None,
             [
                 panel.attention,
                 panel.status_state,
                 panel.status_panel,
-                edit.form["working_resolution"],
                 panel.engine_controls,
                 panel.attention_unavailable,
                 panel.load_button,
@@ -242,9 +255,14 @@ def build_demo(
             ],
             **private,
         )
-        for dropdown in (getattr(tab, "resolution_dropdown", None) for tab in extra):
+
+        def working_resolutions():  # the resolutions the configured model can take (needs its config)
+            return resolution_choices(engine)
+
+        dropdowns = [edit.form["working_resolution"], *(getattr(tab, "resolution_dropdown", None) for tab in extra)]
+        for dropdown in dropdowns:
             if dropdown is not None:
-                demo.load(handlers.resolution_choices, None, dropdown, **private)
+                demo.load(working_resolutions, None, dropdown, **private)
 
     demo.hidream_services = services
     return demo

@@ -1,7 +1,7 @@
 """The region brush: a `gr.ImageEditor` over the source image where people paint what may change.
 
 Its value is the `mask` input of ``/edit`` and ``/edit_rewritten`` (their last input). The handlers
-read it with ``preprocess=False`` (`handlers.open_region`): the painted layers as files gradio
+read it with ``preprocess=False`` (`region_input.open_region`): the painted layers as files gradio
 stored for this app (transparent = keep, painted = may change). API clients keep sending a plain
 mask file (white = may change, black = keep) in the same place, so the component's data model
 takes either: gradio's own ImageEditor model would validate a plain file into an empty editor
@@ -10,8 +10,8 @@ value (pydantic drops the unknown keys) and the mask would be lost without a wor
 Two things keep the painted layers reaching the handler as files:
 * no ``.change`` / ``.input`` listener on the editor: with one, the browser streams its layers to
   the component's blob store and sends only an id, which only gradio's preprocessing resolves
-  (`handlers.open_region` refuses such a value with what to do rather than edit everywhere);
-* the background is the source image (set by `Handlers.region_background` whenever the source
+  (`region_input.open_region` refuses such a value with what to do rather than edit everywhere);
+* the background is the source image (set by `EditHandlers.region_background` whenever the source
   changes): the layers have the source's size, so the mask has its shape.
 
 Imports gradio at the top: only the UI imports this module.
@@ -104,7 +104,7 @@ def eraser(size: tuple[int, int] | None = None) -> gr.Eraser:
 
 
 def build_region_editor(elem_id: str) -> gr.ImageEditor:
-    """The editor, empty until a source image arrives (`Handlers.region_background` fills it).
+    """The editor, empty until a source image arrives (`EditHandlers.region_background` fills it).
 
     A plain gr.ImageEditor whose data model (an instance attribute, read by gradio when it validates
     an input and when it describes the API) is `RegionData`. Not a subclass: gradio writes a .pyi file

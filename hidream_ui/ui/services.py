@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from hidream_ui.config import AppConfig
+from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.jobs import Job, JobRegistry
+from hidream_ui.engine.protocol import Capabilities
 from hidream_ui.rewrite.service import RewriteService
 from hidream_ui.server import gradio_internals
 from hidream_ui.server.files import ServedResults, UploadGate
@@ -80,6 +83,11 @@ class AppServices:
             return demo is not None and gradio_internals.is_app_file(demo, path)
 
         rewriter = RewriteService.for_config(config, engine) if engine is not None else None
+        if rewriter is not None and rewriter.uses_device and not engine.capabilities.local_rewriter:
+            # The executor cannot run the local rewriter beside its work: no rewriter, and the System
+            # panel says why (the Edit tab hides "Rewrite instruction" without one).
+            logger.info("no local rewriter: %s", engine.capabilities.missing.get("local_rewriter"))
+            rewriter = None
         # The app's own example folders: the bundled photos, and the world scenes of the trained offline model.
         examples = [ASSETS_DIR, *([examples_folder()] if config.uses_trained_tiny_model else [])]
         results = ServedResults(fixed=[str(root) for root in examples])
@@ -132,4 +140,46 @@ class AppServices:
         self.cleanups.clear()
 
 
-__all__ = ["AppServices", "ASSETS_DIR", "STOPPED_BY_USER", "redact_paths"]
+def require_capability(engine: Any, name: str) -> None:
+    """Raises EngineError with the executor's own reason when it lacks capability `name`: the API
+    names of a hidden control (`/set_attention`, `/set_speed`) stay and answer with it."""
+    capabilities: Capabilities = engine.capabilities
+    if not capabilities.has(name):
+        raise EngineError(capabilities.missing[name])
+
+
+class TabHandlers:
+    """What a tab's handlers hold: the engine (the executor) and the services shared with the other
+    tabs (jobs and their cancel tokens, so one user's Stop only ever stops that user's work). Each
+    tab and the system panel subclass it with their own handlers."""
+
+    def __init__(self, engine: Any, services: AppServices | None = None):
+        self.engine = engine
+        self.services = services or AppServices.for_config(getattr(engine, "config", None) or AppConfig())
+
+    def load_with_progress(self, progress: Callable | None) -> float:
+        """Loads the model if needed (the first edit, a local rewrite, "Load model"), moving
+        `progress` (a gr.Progress) with the load's messages; returns the seconds this call waited."""
+        if self.engine.loaded:
+            return 0.0
+        started = time.perf_counter()
+
+        def on_progress(fraction: float, message: str) -> None:
+            if progress is not None:
+                # Load messages name model files; strangers (no --auth) see folder names, as in /status.
+                shown = redact_paths(message) if self.services.public else message
+                progress(fraction, desc=f"Loading model: {shown}")
+
+        self.engine.load(on_progress=on_progress)
+        return time.perf_counter() - started
+
+
+__all__ = [
+    "AppServices",
+    "ASSETS_DIR",
+    "STOPPED_BY_USER",
+    "TabHandlers",
+    "require_capability",
+    "is_public",
+    "redact_paths",
+]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import logging
-from typing import Any, Callable
 
 import gradio as gr
 
@@ -17,6 +16,8 @@ from hidream_ui.engine.errors import EngineError
 from hidream_ui.engine.protocol import Engine
 from hidream_ui.pipeline.speed.settings import SPEED_PRESETS, parse_cache
 from hidream_ui.ui.common import CONTROL_GROUP, guarded
+from hidream_ui.ui.operator_gate import operator_only
+from hidream_ui.ui.services import AppServices, TabHandlers, require_capability
 
 logger = logging.getLogger(__name__)
 
@@ -56,26 +57,19 @@ def speed_info(record: dict | None = None) -> str:
     return " · ".join(parts) + measured + ". Check your own pictures in Compare, axis speed."
 
 
-class SpeedSetting:
-    """The handlers of the Speed dropdown and `/set_speed`. `allowed(request, what)` raises when the
-    caller may not change engine-wide settings (--kiosk: only the operator may; see server/operator.py)."""
-
-    def __init__(self, engine: Engine, allowed: Callable[[Any, str], None] | None = None):
-        self.engine = engine
-        self.allowed = allowed
-
-    def _check(self, request) -> None:
-        if self.allowed is not None:
-            self.allowed(request, "the speed setting")
+class SpeedSetting(TabHandlers):
+    """The handlers of the Speed dropdown and `/set_speed`. With --kiosk only the operator may change
+    engine-wide settings (`@operator_only`; see server/operator.py)."""
 
     @guarded("setting the speed")
+    @operator_only("the speed setting")
     def set_speed(self, name: str, request: gr.Request = None) -> str:
         """Step cache of the next edits: exact | fast | faster | any --cache value (CACHE_GRAMMAR) -> the spec."""
-        self._check(request)
+        require_capability(self.engine, "speed")
         return self.engine.set_speed(name)
 
+    @operator_only("the speed setting")
     def change_speed(self, name: str, request: gr.Request = None):
-        self._check(request)
         try:
             spec = self.engine.set_speed(name)
             return gr.update(value=spec), f"Speed: <b>{html.escape(spec)}</b> for the next edits."
@@ -85,10 +79,11 @@ class SpeedSetting:
             return gr.update(value=self.engine.status().speed["cache_default"]), html.escape(str(exc))
 
 
-def build_speed_setting(engine: Engine, allowed: Callable[[Any, str], None] | None = None) -> gr.Dropdown:
+def build_speed_setting(engine: Engine, services: AppServices, visible: bool = True) -> gr.Dropdown:
     """The dropdown, its note and `/set_speed` (see `SpeedSetting`; with --kiosk only the operator may
-    change it, see server/operator.py)."""
-    handlers = SpeedSetting(engine, allowed)
+    change it, see server/operator.py). `visible=False`: the executor cannot switch the speed (the
+    System panel says why); `/set_speed` stays an API name and answers with the executor's reason."""
+    handlers = SpeedSetting(engine, services)
     current = str(parse_cache(engine.config.cache))
     dropdown = gr.Dropdown(
         label="Speed",
@@ -96,9 +91,10 @@ def build_speed_setting(engine: Engine, allowed: Callable[[Any, str], None] | No
         value=current,
         interactive=True,
         info=speed_info(),
+        visible=visible,
         elem_id="hui-speed",
     )
-    note = gr.Markdown(elem_id="hui-speed-note")
+    note = gr.Markdown(visible=visible, elem_id="hui-speed-note")
     # Queued (one way in: the app serves with api_open=False), on a lane of its own: it only changes
     # what the next edit will ask for, so it never waits behind edits.
     dropdown.select(

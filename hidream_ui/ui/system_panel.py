@@ -4,7 +4,11 @@ plot, and the engine-wide controls (attention, speed, load model).
 `build_system_panel(...)` builds and wires it and returns `SystemPanelHandles`. With ``--kiosk``
 the controls sit in one column that only the operator's page shows (server/operator.py). API:
 ``/set_attention``, ``/load_model``, ``/set_speed`` (ui/speed_setting.py); ``/status`` and
-``/cancel`` never wait in the queue. The handlers are `handlers.Handlers`.
+``/cancel`` never wait in the queue. The handlers are `system_handlers.SystemHandlers`.
+
+The panel shows only what the running executor can do (`Engine.capabilities`): a control it cannot
+serve (attention switching, the speed setting) is not shown, and the panel says why, as it does for
+a tab left out (Compare, Batch: ui/layout.py). Nothing is refused only after a click.
 """
 
 from __future__ import annotations
@@ -15,14 +19,38 @@ from typing import Any
 import gradio as gr
 
 from hidream_ui.engine.pool import ALL_ENGINES
-from hidream_ui.engine.protocol import Engine
-from hidream_ui.ui.common import DEVICE_GROUP, enable_js
-from hidream_ui.ui.handlers import Handlers
+from hidream_ui.engine.protocol import CAPABILITY_NAMES, Capabilities, Engine
+from hidream_ui.ui.common import DEVICE_GROUP, enable_js, md
+from hidream_ui.ui.services import AppServices
 from hidream_ui.ui.speed_setting import build_speed_setting
 from hidream_ui.ui.status_panel import STATUS_CSS
+from hidream_ui.ui.system_handlers import SystemHandlers
 
 STATUS_SECONDS = 2  # how often the panel and the plot refresh
 FAST_SECONDS = 0.5  # the state line while a run of this page goes
+
+# What each capability is called where the panel says it is missing.
+CAPABILITY_LABELS = {
+    "compare": "Compare tab",
+    "attention": "Attention switch",
+    "speed": "Speed setting",
+    "local_rewriter": "Local instruction rewriter",
+    "previews": "Live previews",
+    "batch": "Batch tab",
+}
+if set(CAPABILITY_LABELS) != set(CAPABILITY_NAMES):  # a new capability needs its words here
+    raise TypeError(
+        f"CAPABILITY_LABELS {sorted(CAPABILITY_LABELS)} are not the capabilities {sorted(CAPABILITY_NAMES)}"
+    )
+
+
+def missing_note(capabilities: Capabilities) -> str:
+    """Markdown: what this executor does not offer, each with its reason ("" when it offers all)."""
+    missing = [name for name in CAPABILITY_NAMES if not capabilities.has(name)]
+    if not missing:
+        return ""
+    lines = "\n".join(f"- **{CAPABILITY_LABELS[name]}**: {md(capabilities.missing[name])}" for name in missing)
+    return f"**Not available with this executor**\n\n{lines}"
 
 
 @dataclass(frozen=True)
@@ -32,6 +60,7 @@ class SystemPanelHandles:
     visitor_card: gr.HTML  # with --kiosk, what a visitor sees instead: device, queue, their place
     telemetry_plot: gr.LinePlot
     engine_controls: gr.Column  # shown per page (page_load): everyone, or with --kiosk the operator
+    capabilities: gr.Markdown  # what the executor does not offer, and why (hidden when it offers all)
     attention: gr.Dropdown
     attention_engine: Any  # a Dropdown with several engines, else a State holding "all"
     attention_note: gr.Markdown
@@ -65,8 +94,11 @@ class SystemPanelHandles:
             )
 
 
-def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemPanelHandles:
-    """Adds the panel (call inside the column it sits in) and wires its events."""
+def build_system_panel(
+    engine: Engine, handlers: SystemHandlers, services: AppServices, lane: int, capabilities: Capabilities
+) -> SystemPanelHandles:
+    """Adds the panel (call inside the column it sits in) and wires its events. `capabilities`: the
+    executor's; a control it cannot serve is not shown, and the panel says why."""
     config = engine.config
     gr.Markdown("### System")
     with gr.Column(elem_id="hui-status-panel"):
@@ -77,6 +109,9 @@ def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemP
         status_panel = gr.HTML(
             value="", css_template=STATUS_CSS, visible=not config.kiosk, elem_id="hui-status-details"
         )
+        # Beside the status, for visitors too: it explains a tab or a control they do not find.
+        note = missing_note(capabilities)
+        missing = gr.Markdown(note, visible=bool(note), elem_id="hui-capabilities", elem_classes=["hui-hint"])
     # x: seconds relative to now (negative, so "now" sits at the right end), whole seconds on the
     # ticks ("d": no "-0.100000"); the series names are the legend's own, without a title.
     telemetry_plot = gr.LinePlot(
@@ -96,31 +131,10 @@ def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemP
     # The engine-wide controls. With --kiosk they are the operator's: hidden in the page config,
     # shown by `page_load` to the operator's browser only (their events refuse everyone else anyway).
     with gr.Column(visible=not config.kiosk, elem_id="hui-engine-controls") as engine_controls:
-        attention_options = dict(
-            label="Attention",
-            choices=[(str(config.attention), str(config.attention))],
-            value=str(config.attention),
-            interactive=True,
-            elem_id="hui-attention",
+        attention, attention_engine, attention_unavailable, attention_note = _attention_controls(
+            engine, lane, visible=capabilities.attention
         )
-        if lane > 1:  # a pool (--devices): the switch applies to every engine or to the one chosen
-            with gr.Row(equal_height=True):
-                attention = gr.Dropdown(scale=3, **attention_options)
-                attention_engine = gr.Dropdown(
-                    label="Engine",
-                    choices=[("all engines", ALL_ENGINES)] + [(label, label) for label in engine.labels()],
-                    value=ALL_ENGINES,
-                    interactive=True,
-                    scale=1,
-                    min_width=90,
-                    elem_id="hui-attention-engine",
-                )
-        else:
-            attention = gr.Dropdown(**attention_options)
-            attention_engine = gr.State(ALL_ENGINES)
-        attention_unavailable = gr.Markdown(elem_id="hui-attention-unavailable")
-        attention_note = gr.Markdown(elem_id="hui-attention-note")
-        speed = build_speed_setting(engine, allowed=handlers.require_operator)  # also /set_speed
+        speed = build_speed_setting(engine, services, visible=capabilities.speed)  # also /set_speed
         load_button = gr.Button("Load model", size="sm", elem_id="hui-load-model")
         load_message = gr.Markdown(label="Model")
     fast_timer = gr.Timer(FAST_SECONDS, active=False)
@@ -130,6 +144,7 @@ def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemP
         visitor_card=visitor_card,
         telemetry_plot=telemetry_plot,
         engine_controls=engine_controls,
+        capabilities=missing,
         attention=attention,
         attention_engine=attention_engine,
         attention_note=attention_note,
@@ -144,7 +159,39 @@ def build_system_panel(engine: Engine, handlers: Handlers, lane: int) -> SystemP
     return panel
 
 
-def _wire(panel: SystemPanelHandles, handlers: Handlers, lane: int, kiosk: bool = False) -> None:
+def _attention_controls(engine: Engine, lane: int, visible: bool) -> tuple[Any, Any, gr.Markdown, gr.Markdown]:
+    """The attention dropdown (filled on page load), the Engine choice of a pool (a State holding
+    "all" for one engine), and their notes. `visible=False`: the executor cannot switch attention."""
+    config = engine.config
+    options = dict(
+        label="Attention",
+        choices=[(str(config.attention), str(config.attention))],
+        value=str(config.attention),
+        interactive=True,
+        visible=visible,
+        elem_id="hui-attention",
+    )
+    if lane > 1:  # a pool (--devices): the switch applies to every engine or to the one chosen
+        with gr.Row(equal_height=True, visible=visible):
+            attention = gr.Dropdown(scale=3, **options)
+            attention_engine = gr.Dropdown(
+                label="Engine",
+                choices=[("all engines", ALL_ENGINES)] + [(label, label) for label in engine.labels()],
+                value=ALL_ENGINES,
+                interactive=True,
+                scale=1,
+                min_width=90,
+                elem_id="hui-attention-engine",
+            )
+    else:
+        attention = gr.Dropdown(**options)
+        attention_engine = gr.State(ALL_ENGINES)
+    unavailable = gr.Markdown(visible=visible, elem_id="hui-attention-unavailable")
+    note = gr.Markdown(visible=visible, elem_id="hui-attention-note")
+    return attention, attention_engine, unavailable, note
+
+
+def _wire(panel: SystemPanelHandles, handlers: SystemHandlers, lane: int, kiosk: bool = False) -> None:
     private = {"queue": False, "show_progress": "hidden", "api_visibility": "private"}
     load_event = panel.load_button.click(
         handlers.load_model,
@@ -186,4 +233,4 @@ def _wire(panel: SystemPanelHandles, handlers: Handlers, lane: int, kiosk: bool 
     panel.fast_timer.tick(handlers.follow_run, None, [panel.status_state, panel.fast_timer], **private)
 
 
-__all__ = ["SystemPanelHandles", "build_system_panel", "STATUS_SECONDS", "FAST_SECONDS"]
+__all__ = ["SystemPanelHandles", "build_system_panel", "missing_note", "STATUS_SECONDS", "FAST_SECONDS"]

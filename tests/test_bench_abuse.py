@@ -13,7 +13,16 @@ import zlib
 import pytest
 from PIL import Image
 
-from hidream_ui.bench import KINDS, abuse_booth, abuse_client, abuse_files, abuse_probes
+from hidream_ui.bench import (
+    KINDS,
+    abuse_app,
+    abuse_booth,
+    abuse_client,
+    abuse_files,
+    abuse_history,
+    abuse_probes,
+    abuse_samplers,
+)
 from hidream_ui.bench import abuse as bench_abuse
 
 MIB = 1 << 20
@@ -239,7 +248,7 @@ def test_a_probe_shorter_than_one_status_round_trip_still_gets_its_figure():
     import threading
     import time
 
-    from hidream_ui.bench.abuse_client import StatusSampler
+    from hidream_ui.bench.abuse_samplers import StatusSampler
 
     sampler = StatusSampler.__new__(StatusSampler)  # no app: samples are fed by hand
     sampler.every, sampler._stop = 0.2, threading.Event()
@@ -280,14 +289,14 @@ def _cache(files_max=60, cap=60, mb_max=1.0, cap_mb=4000.0, samples=10):
 def test_cache_figures_count_samples_and_seconds_over_either_cap():
     mb = 1 << 20
     samples = [(0.0, 10, mb), (1.0, 61, mb), (1.5, 60, mb), (2.0, 59, 5 * mb), (4.0, 62, mb)]
-    figures = abuse_client.cache_figures(samples, max_files=60, max_bytes=4 * mb)
+    figures = abuse_samplers.cache_figures(samples, max_files=60, max_bytes=4 * mb)
     assert figures["cache_files_first"] == 10 and figures["cache_files_max"] == 62 and figures["cache_files_end"] == 62
     assert figures["cache_mb_max"] == 5.0 and figures["cache_max_mb"] == 4.0
     assert figures["cache_samples_over_cap"] == 3  # 61 files, 5 MB, 62 files (the last counts no time)
     assert figures["cache_seconds_over_cap"] == pytest.approx(0.5 + 2.0)
     assert figures["cache_longest_over_cap_s"] == pytest.approx(2.0)  # 59 files but 5 MB: over until 4.0
     assert not abuse_booth.within_caps(figures)
-    empty = abuse_client.cache_figures([], 60, 4 * mb)
+    empty = abuse_samplers.cache_figures([], 60, 4 * mb)
     assert empty["cache_samples"] == 0 and not abuse_booth.within_caps(empty)
     assert abuse_booth.within_caps(_cache()) and not abuse_booth.within_caps(_cache(files_max=61))
     assert not abuse_booth.within_caps(_cache(mb_max=4000.5))
@@ -322,7 +331,7 @@ def test_the_cache_sampler_samples_until_stopped():
         def cache_counts(self):
             return next(self.counts), 0
 
-    with abuse_client.CacheSampler(FakeApp(), max_files=3, max_bytes=1, every=0.01) as sampler:
+    with abuse_samplers.CacheSampler(FakeApp(), max_files=3, max_bytes=1, every=0.01) as sampler:
         import time
 
         time.sleep(0.1)
@@ -401,7 +410,7 @@ SESSION_FLOOD_GOOD = {
     ],
 )
 def test_the_session_flood_holds_when_the_honest_session_survives_a_flood_that_would_evict_it(change, held):
-    assert abuse_booth.session_flood_check({**SESSION_FLOOD_GOOD, **change}) is held
+    assert abuse_history.session_flood_check({**SESSION_FLOOD_GOOD, **change}) is held
 
 
 def test_edit_the_result_counts_only_when_it_returned_a_picture():
@@ -411,13 +420,13 @@ def test_edit_the_result_counts_only_when_it_returned_a_picture():
         "meta": {"_type": "gradio.FileData"},
     }
     ok = abuse_client.CallResult(True, 200, data=[picture, "The result is the source now"])
-    assert abuse_booth.edit_result_picture(ok)
-    assert abuse_booth.edit_result_picture(
+    assert abuse_history.edit_result_picture(ok)
+    assert abuse_history.edit_result_picture(
         abuse_client.CallResult(True, 200, data=[{"__type__": "update", "value": picture}, ""])
     )
     gone = abuse_client.CallResult(True, 200, data=[{"__type__": "update"}, {"__type__": "update"}])
-    assert not abuse_booth.edit_result_picture(gone)
-    assert not abuse_booth.edit_result_picture(abuse_client.CallResult(False, 404, "gone"))
+    assert not abuse_history.edit_result_picture(gone)
+    assert not abuse_history.edit_result_picture(abuse_client.CallResult(False, 404, "gone"))
 
 
 HISTORY_GOOD = {"single_request_cpu_s": 0.05, "flood_cpu_s_per_request": 0.08, "flood_answered": 40}
@@ -428,7 +437,7 @@ HISTORY_GOOD = {"single_request_cpu_s": 0.05, "flood_cpu_s_per_request": 0.08, "
     [
         ({}, True),
         ({"single_request_cpu_s": 2.8}, False),  # the issue's finding
-        ({"flood_cpu_s_per_request": abuse_booth.HISTORY_CPU_TARGET_S}, False),
+        ({"flood_cpu_s_per_request": abuse_history.HISTORY_CPU_TARGET_S}, False),
         ({"flood_cpu_s_per_request": None, "flood_answered": 0}, False),
         ({"adapted": HISTORY_GOOD}, True),
         ({"adapted": {**HISTORY_GOOD, "single_request_cpu_s": 0.7}}, False),  # cheap only while refused by count
@@ -436,15 +445,15 @@ HISTORY_GOOD = {"single_request_cpu_s": 0.05, "flood_cpu_s_per_request": 0.08, "
     ],
 )
 def test_history_cpu_holds_when_a_large_refresh_costs_the_server_little(change, held):
-    assert abuse_booth.history_cpu_check({**HISTORY_GOOD, **change}) is held
+    assert abuse_history.history_cpu_check({**HISTORY_GOOD, **change}) is held
 
 
 def test_the_history_payloads_have_the_issues_size_and_shape():
     dep = {"inputs": [1, 2]}
-    data = abuse_booth.history_data(dep, [{"params": {}}] * abuse_booth.HISTORY_ENTRIES)
+    data = abuse_history.history_data(dep, [{"params": {}}] * abuse_history.HISTORY_ENTRIES)
     encoded = json.dumps(data).encode()
     assert 850 * 1024 < len(encoded) < 870 * 1024 and data[1] == ""  # ~859 KB, under --max-body-kb 1024
-    adapted = abuse_booth.history_data(dep, abuse_booth.adapted_history())
+    adapted = abuse_history.history_data(dep, abuse_history.adapted_history())
     assert abs(len(json.dumps(adapted)) - len(encoded)) < 32 * 1024  # as many bytes...
     assert len(adapted[0]) * 2 < 5000  # ...in few objects (an entry and its params)
 
@@ -499,7 +508,7 @@ def test_the_child_launcher_caps_the_session_table_after_the_app_made_it_lean(mo
     try:
         assert app.command()[1:3] == ["-m", "hidream_ui.bench.abuse_child"]
         env = app._env()
-        assert env[abuse_client.SESSION_CAPACITY_ENV] == "7" and env[abuse_client.SESSION_LOG_ENV]
+        assert env[abuse_app.SESSION_CAPACITY_ENV] == "7" and env[abuse_app.SESSION_LOG_ENV]
         assert bench_abuse.AbuseApp([]).command()[1:4] == ["-m", "hidream_ui", "app"]
     finally:
         app.close()

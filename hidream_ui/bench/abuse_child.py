@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from hidream_ui.bench.abuse_client import SESSION_CAPACITY_ENV, SESSION_LOG_ENV
+from hidream_ui.bench.abuse_app import SESSION_CAPACITY_ENV, SESSION_LOG_ENV
 
 LOG_EVERY = 0.2
 
@@ -77,10 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     capacity = os.environ.get(SESSION_CAPACITY_ENV)
     if capacity:
         install(int(capacity), os.environ.get(SESSION_LOG_ENV))
-    from hidream_ui.__main__ import main as hidream_main
+    from hidream_ui.cli.app import main as app_main  # the app itself, as `python -m hidream_ui app` runs it
+    from hidream_ui.cli.commands import run_main
 
     with contextlib.suppress(KeyboardInterrupt):
-        return hidream_main(["app", *(sys.argv[1:] if argv is None else argv)])
+        return run_main(app_main, sys.argv[1:] if argv is None else argv)
     return 0
 
 

@@ -1,136 +1,51 @@
 """The probes of `bench abuse`: one function per finding of issue 19, each bounded in count and time.
 
-A probe gets a `ProbeContext` (the app, the honest client, `quick`, a deadline), sends its attack
-over raw HTTP, starts the honest client's edit while the attack is under way, and returns what it
-sent, its own check (what the finding needs to count as fixed) and its figures. The common
-figures (RSS, cache, /status, honest edit, files removed) are taken by `abuse.run_probe`.
+This module holds the queue, login and session probes (findings 1 and 6-9) and the list of all
+nine; the upload probes (2-5) are abuse_uploads.py. A probe gets a `ProbeContext` (the app, the
+honest client, `quick`, a deadline), sends its attack over raw HTTP, starts the honest client's
+edit while the attack is under way, and returns what it sent, its own check (what the finding
+needs to count as fixed) and its figures. The common figures (RSS, cache, /status, honest edit,
+files removed) are taken by `abuse.run_probe`.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from hidream_ui.bench import abuse_files
+from hidream_ui.bench.abuse_app import AbuseApp, client_address
 from hidream_ui.bench.abuse_client import (
     EDIT_INSTRUCTION,
-    AbuseApp,
     CallResult,
-    ProbeContext,
-    ProbeOutcome,
-    _apple,
     call_api,
-    client_address,
     edit_data,
     file_data,
     new_session,
     queue_call,
     run_direct,
-    upload,
 )
+from hidream_ui.bench.abuse_kit import (
+    BASE_ARGS,
+    ProbeContext,
+    ProbeOutcome,
+    ProbeSpec,
+    attacker_apple,
+    attacker_png,
+    fixed_args,
+    in_threads,
+    saved_with,
+    tally_answers,
+    upload_one,
+    wait_until,
+)
+from hidream_ui.bench.abuse_uploads import LONG_NAME_RETENTION, cache_evict, ico_decode, long_name, zip_bomb
 
-_MIB = 1 << 20
-BASE_ARGS = ["--max-queue", "16", "--max-jobs-per-client", "2"]
-# How soon after a cancel the server must stop working on a cancelled zip (issue 19: "bounded in time").
-ZIP_QUIET_TARGET_S = 10.0
 # What one fresh session may cost (issue 19: "a fresh session costs under 20 KB until it runs a job").
 SESSION_TARGET_KB = 20.0
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[\w.@+-]+/)+[\w.@+-]*")
-
-
-@dataclass(frozen=True)
-class ProbeSpec:
-    run: Callable[[ProbeContext], ProbeOutcome]
-    app_args: Callable[[bool], tuple[list[str], tuple[str, str] | None]]
-    # Without the flag the probe needs (for a flag today's app may not know): what to run instead.
-    fallback_args: Callable[[bool], tuple[list[str], tuple[str, str] | None]] | None = None
-    # Seconds its attack may take (quick -> seconds); None: the runner's default (90, 25 with --quick).
-    budget: Callable[[bool], float] | None = None
-    # Gradio's session table capped at this many sessions (abuse_child.py; quick -> cap); None: gradio's 10,000.
-    session_capacity: Callable[[bool], int] | None = None
-
-
-def attacker_png(tag: str = "", side: int = 96) -> bytes:
-    """A PNG of the attacker's own (distinct bytes, so it never shares the honest client's cached
-    copy, which Gradio names after the content)."""
-    return abuse_files.png_of_zeros(side, side, "RGB", text_before={"attacker": tag or uuid.uuid4().hex})
-
-
-def attacker_apple() -> bytes:
-    """The bundled apple with a text chunk of the attacker's: the honest client's pixels (so an edit
-    costs what a real one costs; a black image edits many times faster), distinct bytes."""
-    import io
-
-    from PIL import Image, PngImagePlugin
-
-    info = PngImagePlugin.PngInfo()
-    info.add_text("attacker", uuid.uuid4().hex)
-    with Image.open(_apple()) as image:
-        out = io.BytesIO()
-        image.save(out, format="PNG", pnginfo=info)
-    return out.getvalue()
-
-
-def _in_threads(count: int, work: Callable[[int], object], timeout: float) -> list:
-    results: list = [None] * count
-
-    def one(index: int) -> None:
-        try:
-            results[index] = work(index)
-        except Exception as exc:  # noqa: BLE001 - a call that blew up is an answer too
-            results[index] = CallResult(False, None, f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
-    return [r if r is not None else CallResult(False, None, f"no answer in {timeout:.0f} s") for r in results]
-
-
-def _upload_one(app: AbuseApp, name: str, data: bytes) -> str:
-    with app.http() as http:
-        code, paths = upload(http, [(name, data)])
-    if code != 200:
-        raise RuntimeError(f"upload of {name} refused: {code} {str(paths)[:200]}")
-    return paths[0]
-
-
-def _saved_with(app: AbuseApp, prefix: str) -> int:
-    """Results in --output-dir whose sidecar records an instruction starting with `prefix`."""
-    count = 0
-    for sidecar in app.output_dir.glob("*.json"):
-        try:
-            params = json.loads(sidecar.read_text(encoding="utf-8")).get("params") or {}
-        except (OSError, ValueError):
-            continue
-        if str(params.get("instruction", "")).startswith(prefix):
-            count += 1
-    return count
-
-
-def _answers(results: list[CallResult]) -> dict:
-    texts: dict[str, int] = {}
-    for r in results:
-        key = r.short()[:120]
-        texts[key] = texts.get(key, 0) + 1
-    return {"ran": sum(r.ran for r in results), "refused": sum(r.refused for r in results), "answers": texts}
-
-
-def _wait(condition: Callable[[], bool], timeout: float, every: float = 0.25) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(every)
-    return condition()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +58,7 @@ def run_bypass(ctx: ProbeContext) -> ProbeOutcome:
     steps = 2 if ctx.quick else 4
     # The most steps the app takes (200): ~5 s on an idle 2-core box, 5x the second its client waits.
     abandoned_steps, give_up_s = 200, 1.0
-    path = _upload_one(app, "mine.png", attacker_apple())
+    path = upload_one(app, "mine.png", attacker_apple())
     session = new_session("attacker")
     since = time.monotonic()
 
@@ -158,13 +73,13 @@ def run_bypass(ctx: ProbeContext) -> ProbeOutcome:
             )
 
     ctx.honest.start()
-    edits = _in_threads(parallel, direct_edit, ctx.left())
+    edits = in_threads(parallel, direct_edit, ctx.left())
     queue_seen = [s.get("queue") or {} for s in ctx.statuses.statuses(since)]
     with app.http() as http:
         attention = run_direct(http, "set_attention", ["math", "all"], session, timeout=min(60.0, ctx.left()))
         load = run_direct(http, "load_model", [], session, timeout=min(60.0, ctx.left()))
         # A client that gives up after a second: with no event id, no cancel can reach its job.
-        before = _saved_with(app, "abandoned run")
+        before = saved_with(app, "abandoned run")
         abandoned = run_direct(
             http, "edit", edit_data(file_data(path), "abandoned run", abandoned_steps), session, timeout=give_up_s
         )
@@ -172,14 +87,14 @@ def run_bypass(ctx: ProbeContext) -> ProbeOutcome:
     if not abandoned.ran:
         # Did the job go on without its client? Seen busy within a few seconds, then idle again,
         # then (a save follows the last step) a moment for the file.
-        abandoned_busy = _wait(lambda: _state(app) not in ("idle", None), min(5.0, ctx.left()), every=0.1)
+        abandoned_busy = wait_until(lambda: _state(app) not in ("idle", None), min(5.0, ctx.left()), every=0.1)
         if abandoned_busy:
-            _wait(lambda: _state(app) == "idle", ctx.left(), every=0.2)
-            _wait(lambda: _saved_with(app, "abandoned run") > before, min(3.0, ctx.left()))
-        abandoned_saved = _saved_with(app, "abandoned run") - before
-    saved = _saved_with(app, "run bypass")
+            wait_until(lambda: _state(app) == "idle", ctx.left(), every=0.2)
+            wait_until(lambda: saved_with(app, "abandoned run") > before, min(3.0, ctx.left()))
+        abandoned_saved = saved_with(app, "abandoned run") - before
+    saved = saved_with(app, "run bypass")
     figures = {
-        "run_edit": _answers(edits),
+        "run_edit": tally_answers(edits),
         "run_edit_saved": saved,
         "queue_max_waiting": max((q.get("waiting", 0) for q in queue_seen), default=None),
         "queue_max_running": max((q.get("running", 0) for q in queue_seen), default=None),
@@ -213,289 +128,6 @@ def _state(app: AbuseApp) -> str | None:
         return answer.json()["data"][0].get("state")
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. A zip bomb with wrong CRCs, listed twice, then cancelled
-# ---------------------------------------------------------------------------------------------
-
-
-def zip_bomb(ctx: ProbeContext) -> ProbeOutcome:
-    import psutil
-
-    app = ctx.app
-    # The issue's zip (256 x 64 MiB); --quick: 48 members, still enough to keep today's app busy for
-    # well over ZIP_QUIET_TARGET_S after the cancel (inflating runs at a few hundred MB/s here).
-    members, size = (48 if ctx.quick else 256), 64 * _MIB
-    bomb = abuse_files.zip_bomb(members, size)
-    sent = (
-        f"a {len(bomb) / _MIB:.1f} MB zip of {members} members x {size // _MIB} MiB deflated zeros with wrong "
-        f"CRC-32, listed twice in one /batch_edit through the queue; then /cancel and Gradio's cancel"
-    )
-    session = new_session("attacker")
-    with app.http() as http:
-        code, paths = upload(http, [("bomb.zip", bomb)])
-    if code != 200:
-        ctx.honest.start()
-        return ProbeOutcome(sent, True, f"the zip upload was refused ({code})", {"upload_status": code})
-    zip_file = file_data(paths[0], "bomb.zip")
-    data = [[zip_file, zip_file], EDIT_INSTRUCTION, "matrix", "", 3.0, 1.5, 2, 0.3, True, "draft", 1, "fixed", 0, False]
-    events: dict[str, float] = {}
-    batch: dict[str, CallResult] = {}
-
-    def on_event(message: dict) -> None:
-        events.setdefault(str(message.get("msg")), time.monotonic())
-        if message.get("event_id"):
-            events.setdefault("event_id:" + message["event_id"], 0.0)
-
-    def run_batch() -> None:
-        with app.http() as http:
-            batch["result"] = call_api(app, http, "batch_edit", data, session, timeout=ctx.left(), on_event=on_event)
-
-    fn_index, _ = app.dependency("batch_edit")
-    thread = threading.Thread(target=run_batch, daemon=True)
-    joined_at = time.monotonic()
-    thread.start()
-    ctx.honest.start()
-    _wait(lambda: "process_starts" in events or "result" in batch, min(20.0, ctx.left()), every=0.05)
-    time.sleep(1.0)  # let the expansion get going: the cancel must stop work already started
-    event_id = next((k.split(":", 1)[1] for k in events if k.startswith("event_id:")), None)
-    server = psutil.Process(app.process.pid)
-    cancel_at = time.monotonic()
-    cpu_at_cancel = app.cpu_seconds()
-    with app.http() as http:
-        cancelled = call_api(app, http, "cancel", [], session, timeout=30)
-        gradio_cancel = http.post(
-            "/gradio_api/cancel",
-            json={"session_hash": session, "fn_index": fn_index, "event_id": event_id or ""},
-            timeout=30,
-        )
-    # The device lane: a job that does nothing (no image: refused by the handler at once) joined now
-    # waits for whatever still holds the lane.
-    with app.http() as http:
-        lane = queue_call(
-            app, http, app.dependency("edit")[0], edit_data(None, "lane probe"), new_session("lane"), timeout=ctx.left()
-        )
-    lane_free_s = round(time.monotonic() - cancel_at, 2) if lane.status == 200 else None
-    ended_before_cancel = "result" in batch and batch["result"].ended_at <= cancel_at
-    # When did the server go quiet? CPU below a quarter of a core over a second.
-    server.cpu_percent(None)
-    quiet_at = None
-    while ctx.left() > 0:
-        if server.cpu_percent(1.0) < 25.0:
-            quiet_at = time.monotonic()
-            break
-    thread.join(timeout=max(0.0, ctx.left()))
-    result = batch.get("result")
-    quiet_s = round(quiet_at - 1.0 - cancel_at, 1) if quiet_at else None
-    figures = {
-        "zip_mb": round(len(bomb) / _MIB, 2),
-        "members": members,
-        "member_mib": size // _MIB,
-        "decompressed_if_all_read_gib": round(2 * members * size / 2**30, 1),
-        "batch_started_after_s": round(events["process_starts"] - joined_at, 2) if "process_starts" in events else None,
-        "cancel_answer": cancelled.data[0] if cancelled.ran and cancelled.data else cancelled.short(),
-        "gradio_cancel_status": gradio_cancel.status_code,
-        "batch_answer": result.short() if result else "no answer by the probe's deadline",
-        "batch_ended_before_cancel": ended_before_cancel,
-        "lane_free_after_cancel_s": lane_free_s,
-        "server_cpu_s_after_cancel": round(app.cpu_seconds() - cpu_at_cancel, 1),
-        "server_busy_after_cancel_s": quiet_s,
-    }
-    refused_early = result is not None and not result.ran and "process_starts" not in events
-    check = refused_early or (quiet_s is not None and quiet_s <= ZIP_QUIET_TARGET_S and lane_free_s is not None)
-    busy = quiet_s if quiet_s is not None else ">budget"
-    text = (
-        f"/cancel: {str(figures['cancel_answer'])[:50]!r}; server busy {busy} s "
-        f"after the cancel (target <= {ZIP_QUIET_TARGET_S:.0f} s); lane free after "
-        f"{lane_free_s if lane_free_s is not None else '-'} s"
-    )
-    return ProbeOutcome(sent, check, text, figures)
-
-
-# ---------------------------------------------------------------------------------------------
-# 3. ICO decoded inside Image.open; a text chunk after 25 MP of pixels
-# ---------------------------------------------------------------------------------------------
-
-
-def ico_decode(ctx: ProbeContext) -> ProbeOutcome:
-    from hidream_ui.outputs import METADATA_KEY  # lazy: numpy and PIL, not for `bench abuse --help`
-
-    app = ctx.app
-    side = 4000 if ctx.quick else 12000
-    ico_reads = 1 if ctx.quick else 4
-    text_side, text_reads = (2000, 4) if ctx.quick else (5000, 16)
-    ico = abuse_files.ico_with_png(abuse_files.png_of_zeros(side, side, "RGBA"))
-    late_text = abuse_files.png_of_zeros(
-        text_side, text_side, "RGB", text_after={METADATA_KEY: json.dumps({"format": "x", "params": {}})}
-    )
-    ico_path = _upload_one(app, "icon.png", ico)
-    text_path = _upload_one(app, "settings.png", late_text)
-    session = new_session("attacker")
-    ctx.honest.start()
-
-    def read_settings(path: str) -> Callable[[int], CallResult]:
-        def work(index: int) -> CallResult:
-            with app.http() as http:
-                return call_api(
-                    app,
-                    http,
-                    "settings_from_file",
-                    [file_data(path, "icon.png")],
-                    f"{session}-{index}",
-                    timeout=ctx.left(),
-                )
-
-        return work
-
-    icos = _in_threads(ico_reads, read_settings(ico_path), ctx.left())
-    with app.http() as http:
-        edit = call_api(app, http, "edit", edit_data(file_data(ico_path, "icon.png")), session, timeout=ctx.left())
-    texts = _in_threads(text_reads, read_settings(text_path), ctx.left())
-    figures = {
-        "ico_kb": round(len(ico) / 1024, 1),
-        "ico_embedded_png": f"{side}x{side} RGBA",
-        "settings_reads_of_ico": _answers(icos),
-        "edit_of_ico": edit.short(),
-        "late_text_png_kb": round(len(late_text) / 1024, 1),
-        "late_text_png": f"{text_side}x{text_side} RGB, tEXt after IDAT",
-        "parallel_reads_of_late_text_png": _answers(texts),
-    }
-    check = not edit.ran and all(not r.ran for r in icos)
-    text = (
-        f"ICO: settings reader {figures['settings_reads_of_ico']['refused']}/{ico_reads} refused, /edit "
-        f"{edit.short()[:60]}; late-text PNG x{text_reads}: "
-        f"{figures['parallel_reads_of_late_text_png']['ran']} read"
-    )
-    sent = (
-        f"a {figures['ico_kb']} KB .ico (directory 256x256, embeds a {side}x{side} PNG) uploaded as icon.png: "
-        f"{ico_reads} parallel settings-from-PNG reads + one /edit; {text_reads} parallel settings reads of a "
-        f"{figures['late_text_png_kb']} KB {text_side}x{text_side} PNG whose tEXt follows the pixels"
-    )
-    return ProbeOutcome(sent, check, text, figures)
-
-
-# ---------------------------------------------------------------------------------------------
-# 4. One client fills the shared cache; a refused upload leaves its spool behind
-# ---------------------------------------------------------------------------------------------
-
-
-def _tmp_files(app: AbuseApp) -> list[tuple[Path, int]]:
-    """(path, bytes) of the upload spools (`tmp*`) in the app's temporary folder."""
-    out = []
-    for path in app.gradio_tmp.rglob("tmp*"):
-        try:
-            if path.is_file():
-                out.append((path, path.stat().st_size))
-        except OSError:  # removed while we looked
-            continue
-    return out
-
-
-def cache_evict(ctx: ProbeContext) -> ProbeOutcome:
-    import httpx
-
-    app = ctx.app
-    max_upload_mb = 2 if ctx.quick else 50
-    many = 300
-    part_bytes = int(0.9 * max_upload_mb * _MIB)
-    with app.http(timeout=max(30.0, ctx.left())) as http:
-        files = [("files", (f"tiny{i}.png", attacker_png(f"{i}"), "image/png")) for i in range(many)]
-        flood = http.post("/gradio_api/upload", files=files)
-        boundary = uuid.uuid4().hex
-        body = abuse_files.multipart_stream(boundary, [(f"big{i}.png", part_bytes) for i in range(9)])
-        try:
-            oversized = http.post(
-                "/gradio_api/upload",
-                content=body,
-                headers={"content-type": f"multipart/form-data; boundary={boundary}"},
-            ).status_code
-        except httpx.HTTPError as exc:  # the server may cut the connection instead of answering
-            oversized = f"{type(exc).__name__}"
-    # The janitor runs every few seconds: give it the chance to evict the victim (the honest client).
-    victim = Path(ctx.honest.upload_path)
-    _wait(lambda: not victim.is_file(), min(7.0, ctx.left()))
-    evicted = not victim.is_file()
-    ctx.honest.start()  # the victim's re-edit of its earlier upload
-    ctx.honest.finish(ctx.deadline)
-    leftovers = _tmp_files(app)
-    figures = {
-        "flood_upload_status": flood.status_code,
-        "flood_files": many,
-        "oversized_upload": f"9 x {part_bytes / _MIB:.1f} MB, chunked",
-        "oversized_status": oversized,
-        "victim_upload_evicted": evicted,
-        "tmp_files_left": len(leftovers),
-        "tmp_mb_left": round(sum(size for _, size in leftovers) / _MIB, 1),
-    }
-    check = oversized == 413 and not leftovers and not evicted
-    text = (
-        f"{many} files in one upload: {flood.status_code}; oversized chunked upload: {oversized}; victim's upload "
-        f"{'evicted' if evicted else 'kept'}; {len(leftovers)} tmp files ({figures['tmp_mb_left']} MB) left"
-    )
-    sent = (
-        f"one POST /gradio_api/upload of {many} tiny distinct files (cache cap 200), then a chunked upload of "
-        f"9 x {part_bytes / _MIB:.1f} MB (--max-upload-mb {max_upload_mb}); the victim re-edits its earlier upload"
-    )
-    return ProbeOutcome(sent, check, text, figures)
-
-
-# ---------------------------------------------------------------------------------------------
-# 5. A long file name in the metadata escapes --retention
-# ---------------------------------------------------------------------------------------------
-
-LONG_NAME_RETENTION = 3
-
-
-def long_name(ctx: ProbeContext) -> ProbeOutcome:
-    app = ctx.app
-    # Pillow refuses a PNG once its text chunks pass 64 MiB (PngImagePlugin.MAX_TEXT_MEMORY): then the
-    # app no longer recognises the file as its own. The issue's 68 M characters pass it; --quick
-    # sends 2 M (the plumbing only: it cannot reproduce the finding).
-    length = 2 * _MIB if ctx.quick else 68_000_000
-    if ctx.quick:
-        ctx.notes.append(
-            "--quick: a 2 M-character name stays under Pillow's 64 MiB text limit; finding 5 needs the default run"
-        )
-    edits = LONG_NAME_RETENTION + 1
-    path = _upload_one(app, "mine.png", attacker_png())
-    session = new_session("attacker")
-    ctx.honest.start()
-    answers = []
-    with app.http(timeout=120) as http:
-        for index in range(edits):
-            if ctx.left() <= 0:
-                break
-            name = f"{index}" + "n" * (length - 5) + ".png"
-            answers.append(
-                call_api(
-                    app,
-                    http,
-                    "edit",
-                    edit_data(file_data(path, name), f"long name {index}"),
-                    session,
-                    timeout=ctx.left(),
-                )
-            )
-    ctx.honest.finish(ctx.deadline)  # its result counts towards --retention too
-    pngs = sorted(app.output_dir.glob("*.png"))
-    sizes = [p.stat().st_size for p in pngs]
-    figures = {
-        "name_chars": length,
-        "edits_sent": len(answers),
-        "edits": _answers(answers),
-        "retention": LONG_NAME_RETENTION,
-        "pngs_kept": len(pngs),
-        "largest_png_mb": round(max(sizes) / _MIB, 2) if sizes else None,
-        "output_mb": round(sum(sizes) / _MIB, 1),
-    }
-    check = len(pngs) <= LONG_NAME_RETENTION
-    text = (
-        f"{figures['edits']['ran']} of {len(answers)} edits with a {length / 1e6:.0f} M-character orig_name ran; "
-        f"{len(pngs)} PNGs kept with --retention {LONG_NAME_RETENTION} (largest {figures['largest_png_mb']} MB)"
-    )
-    sent = f"{edits} queued /edit calls whose FileData orig_name is {length / 1e6:.0f} M characters"
-    return ProbeOutcome(sent, check, text, figures)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -657,7 +289,7 @@ def sessions(ctx: ProbeContext) -> ProbeOutcome:
                         answers[key] = answers.get(key, 0) + 1
                         admitted[0] += ok
 
-        _in_threads(workers, worker, ctx.left())
+        in_threads(workers, worker, ctx.left())
         return admitted[0]
 
     ctx.honest.start()
@@ -768,7 +400,7 @@ def _paths_in(texts: list[str]) -> list[str]:
 def low(ctx: ProbeContext) -> ProbeOutcome:
     app = ctx.app
     session = new_session("attacker")
-    path = _upload_one(app, "mine.png", attacker_png())
+    path = upload_one(app, "mine.png", attacker_png())
     ctx.honest.start()
     empty_before = _empty_dirs(app.gradio_tmp)
     url_answers = []
@@ -824,7 +456,7 @@ def low(ctx: ProbeContext) -> ProbeOutcome:
     compare_ok = not compare.ran and "OverflowError" not in compare_text and "Traceback" not in compare_text
     status_ok = not status_paths
     figures = {
-        "url_filedata": _answers(url_answers),
+        "url_filedata": tally_answers(url_answers),
         "empty_dirs_left": len(new_empty),
         "compare_1e-320": compare.short(),
         "status_progress_messages_seen": len(load_messages),
@@ -851,10 +483,6 @@ def low(ctx: ProbeContext) -> ProbeOutcome:
 # ---------------------------------------------------------------------------------------------
 
 
-def _args(*extra: str) -> Callable[[bool], tuple[list[str], None]]:
-    return lambda quick: ([*BASE_ARGS, *extra], None)
-
-
 def _login_args(quick: bool) -> tuple[list[str], tuple[str, str]]:
     password = uuid.uuid4().hex[:16]
     # The probe spreads its guesses over X-Forwarded-For addresses, as clients behind a proxy would: the
@@ -874,18 +502,18 @@ def _login_args(quick: bool) -> tuple[list[str], tuple[str, str]]:
 
 
 PROBES: dict[str, ProbeSpec] = {
-    "run-bypass": ProbeSpec(run_bypass, _args()),
-    "zip-bomb": ProbeSpec(zip_bomb, _args()),
-    "ico-decode": ProbeSpec(ico_decode, _args()),
+    "run-bypass": ProbeSpec(run_bypass, fixed_args()),
+    "zip-bomb": ProbeSpec(zip_bomb, fixed_args()),
+    "ico-decode": ProbeSpec(ico_decode, fixed_args()),
     "cache-evict": ProbeSpec(
         cache_evict,
         lambda quick: ([*BASE_ARGS, "--cache-max-files", "200", "--max-upload-mb", "2" if quick else "50"], None),
     ),
-    "long-name": ProbeSpec(long_name, _args("--retention", str(LONG_NAME_RETENTION))),
+    "long-name": ProbeSpec(long_name, fixed_args("--retention", str(LONG_NAME_RETENTION))),
     "login-bypass": ProbeSpec(login_bypass, _login_args),
-    "sessions": ProbeSpec(sessions, _args()),
-    "engine-settings": ProbeSpec(engine_settings, _args("--kiosk"), fallback_args=_args()),
-    "low": ProbeSpec(low, _args()),
+    "sessions": ProbeSpec(sessions, fixed_args()),
+    "engine-settings": ProbeSpec(engine_settings, fixed_args("--kiosk"), fallback_args=fixed_args()),
+    "low": ProbeSpec(low, fixed_args()),
 }
 
-__all__ = ["PROBES", "ProbeSpec", "attacker_png", "ZIP_QUIET_TARGET_S", "SESSION_TARGET_KB"]
+__all__ = ["PROBES", "SESSION_TARGET_KB", "session_cost_kb", "sessions_check"]

@@ -176,6 +176,22 @@ def run(address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2
     return report
 
 
+def format_text(report: dict, jobs: int) -> str:
+    """The report in three lines: per-job overhead, throughput, replacing a killed replica."""
+    per_job, replaced = report["per_job_ms"], report["replace_killed_replica"]
+    return "\n".join(
+        [
+            f"per job ({report['steps']} steps, draft, tiny): local pool {per_job['local_pool']} ms, Ray replica "
+            f"{per_job['ray_one_replica']} ms, overhead {per_job['overhead']} ms",
+            f"throughput ({jobs} jobs): 1 replica {report['throughput_one_replica']['jobs_per_second']} jobs/s, "
+            f"2 replicas {report['throughput_two_replicas']['jobs_per_second']} jobs/s "
+            f"({report['throughput_ratio']}x; {report['host_cores']} host cores)",
+            f"killed replica replaced (loaded) after {replaced['new_replica_loaded_seconds']} s; next job ok after "
+            f"{replaced['next_job_ok_seconds']} s",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m hidream_ui bench cluster",
@@ -205,25 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     # Ray's driver prints its cluster's log lines on stdout: stdout is for the report alone.
     with contextlib.redirect_stdout(sys.stderr):
         report = run(args.ray, args.jobs, args.repeats, args.steps)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    per_job = report["per_job_ms"]
-    print(
-        f"per job ({args.steps} steps, draft, tiny): local pool {per_job['local_pool']} ms, Ray replica "
-        f"{per_job['ray_one_replica']} ms, overhead {per_job['overhead']} ms"
-    )
-    print(
-        f"throughput ({args.jobs} jobs): 1 replica {report['throughput_one_replica']['jobs_per_second']} jobs/s, "
-        f"2 replicas {report['throughput_two_replicas']['jobs_per_second']} jobs/s "
-        f"({report['throughput_ratio']}x; {report['host_cores']} host cores)"
-    )
-    replaced = report["replace_killed_replica"]
-    print(
-        f"killed replica replaced (loaded) after {replaced['new_replica_loaded_seconds']} s; next job ok after "
-        f"{replaced['next_job_ok_seconds']} s"
-    )
+    print(json.dumps(report, indent=2) if args.json else format_text(report, args.jobs))
     return 0
 
 
-__all__ = ["main", "run"]
+__all__ = ["format_text", "main", "run"]

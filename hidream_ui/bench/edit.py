@@ -172,6 +172,23 @@ def run(
     return report
 
 
+def format_text(report: dict) -> str:
+    """The report in three lines: the forward, the weight copies, the text-encoder calls."""
+    f, w, t = report["forward"], report["weight_copies_per_edit"], report["text_encoders"]
+    return "\n".join(
+        [
+            f"forward {f['edit_size']} edit, batch {f['batch']}: padded {f['padded_seconds']:.3f} s "
+            f"({f['padded_tokens']} tokens) vs collapsed {f['collapsed_seconds']:.3f} s ({f['collapsed_tokens']} "
+            f"tokens) = {f['speedup']}x, max |diff| {f['max_abs_diff']:.3g} (outputs up to {f['max_abs_output']:.3g})",
+            f"weight copies per edit: upstream-style {w['upstream_style']['bytes_copied'] / 2**20:.1f} MiB "
+            f"({w['upstream_style']['seconds']:.3f} s, changed nothing: "
+            f"{not w['upstream_style']['weights_changed_by_the_copies']}) vs ours {w['ours']['bytes_copied']} bytes",
+            f"text encoders: {t['text_encoder_calls']} calls for {t['edits']} edits with one instruction "
+            f"(upstream: {t['upstream_text_encoder_calls']})",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hidream_ui bench edit", description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="tiny", choices=("tiny", "bench"))
@@ -182,25 +199,5 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     report = run(args.profile, args.size, args.batch, args.repeats, args.edits)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    f = report["forward"]
-    print(
-        f"forward {f['edit_size']} edit, batch {f['batch']}: padded {f['padded_seconds']:.3f} s "
-        f"({f['padded_tokens']} tokens) vs collapsed {f['collapsed_seconds']:.3f} s ({f['collapsed_tokens']} tokens)"
-        f" = {f['speedup']}x, max |diff| {f['max_abs_diff']:.3g} (outputs up to {f['max_abs_output']:.3g})"
-    )
-    w = report["weight_copies_per_edit"]
-    print(
-        f"weight copies per edit: upstream-style {w['upstream_style']['bytes_copied'] / 2**20:.1f} MiB "
-        f"({w['upstream_style']['seconds']:.3f} s, changed nothing: "
-        f"{not w['upstream_style']['weights_changed_by_the_copies']})"
-        f" vs ours {w['ours']['bytes_copied']} bytes"
-    )
-    t = report["text_encoders"]
-    print(
-        f"text encoders: {t['text_encoder_calls']} calls for {t['edits']} edits with one instruction "
-        f"(upstream: {t['upstream_text_encoder_calls']})"
-    )
+    print(json.dumps(report, indent=2) if args.json else format_text(report))
     return 0

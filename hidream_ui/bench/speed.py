@@ -55,9 +55,8 @@ def _edit_inputs(model, size: int):
     """One edit step's transformer input: 3 guidance branches, noise beside the source latent."""
     import torch
 
-    from hidream_ui.pipeline.edit_pipeline import (
-        PromptEmbeds,  # lazy: torch and diffusers, loaded only when this benchmark runs
-    )
+    # lazy: torch and diffusers, loaded only when this benchmark runs
+    from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
 
     pipe = model.pipeline
     side = size // pipe.vae_scale_factor
@@ -85,14 +84,9 @@ def _relative(a, b) -> float:
 def _moe_section(model, size: int, repeats: int) -> dict:
     import torch
 
-    from hidream_ui.pipeline.speed.moe import (  # lazy: torch and diffusers, loaded only when this benchmark runs
-        apply_moe,
-        grouped_state,
-        moe_modules,
-    )
-    from hidream_ui.pipeline.speed.syncs import (
-        count_host_syncs,  # lazy: torch and diffusers, loaded only when this benchmark runs
-    )
+    # lazy: torch and diffusers, loaded only when this benchmark runs
+    from hidream_ui.pipeline.speed.moe import apply_moe, grouped_state, moe_modules
+    from hidream_ui.pipeline.speed.syncs import count_host_syncs
 
     pipe, transformer = model.pipeline, model.pipeline.transformer
     hidden, t, text = _edit_inputs(model, size)
@@ -141,14 +135,9 @@ def _moe_section(model, size: int, repeats: int) -> dict:
 def _compile_section(model, size: int, repeats: int) -> dict:
     import torch
 
-    from hidream_ui.pipeline.speed.compile import (  # lazy: torch and diffusers, loaded only when this benchmark runs
-        compile_blocks,
-        compiled_blocks,
-        uncompile_blocks,
-    )
-    from hidream_ui.pipeline.speed.moe import (
-        apply_moe,  # lazy: torch and diffusers, loaded only when this benchmark runs
-    )
+    # lazy: torch and diffusers, loaded only when this benchmark runs
+    from hidream_ui.pipeline.speed.compile import compile_blocks, compiled_blocks, uncompile_blocks
+    from hidream_ui.pipeline.speed.moe import apply_moe
 
     pipe, transformer = model.pipeline, model.pipeline.transformer
     hidden, t, text = _edit_inputs(model, size)
@@ -187,9 +176,8 @@ def _cache_section(model, steps: int, size: int, modes: tuple[str, ...] = CACHE_
     import torch
     from PIL import Image
 
-    from hidream_ui.pipeline.speed.cache import (
-        apply_step_cache,  # lazy: torch and diffusers, loaded only when this benchmark runs
-    )
+    # lazy: torch and diffusers, loaded only when this benchmark runs
+    from hidream_ui.pipeline.speed.cache import apply_step_cache
     from hidream_ui.pipeline.speed.settings import cache_unavailable, parse_cache
 
     pipe, transformer = model.pipeline, model.pipeline.transformer

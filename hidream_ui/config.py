@@ -2,8 +2,10 @@
 
 Precedence: an explicit flag wins over an environment variable, which wins over the default.
 Every bad value raises `ConfigError` naming the flag/variable, the value and what is allowed.
-Nothing here touches torch or the filesystem beyond `Path` arithmetic: building a config is
-free, so `--help` and the app's cold start stay fast.
+The table of flags and variables is hidream_ui/config_table.py (its names are re-exported here);
+a renamed variable's old name is read through hidream_ui/env_names.py. Nothing here touches torch
+or the filesystem beyond `Path` arithmetic: building a config is free, so `--help` and the app's
+cold start stay fast.
 """
 
 from __future__ import annotations
@@ -17,44 +19,40 @@ from pathlib import Path
 from typing import Mapping
 from urllib.parse import urlsplit
 
+from hidream_ui.config_table import (  # noqa: F401  re-exported: the table's names were this module's
+    _CLUSTER_OPTIONS,
+    _MODEL_OPTIONS,
+    _REWRITER_OPTIONS,
+    _SERVER_OPTIONS,
+    _SWITCHES,
+    COMPILE_CHOICES,
+    MEMORY_CHOICES,
+    MOE_CHOICES,
+    OFFLINE_DEFAULT_PROFILE,
+    PREVIEW_EVERY_DEFAULT,
+    PREVIEWS_MAX,
+    REFINERS,
+    REWRITER_TIMEOUT_RANGE,
+    REWRITERS,
+    SPEED_PRESETS,
+    TEXT_ENCODER_MODES,
+    TINY_PROFILES,
+    VALUE_OPTIONS,
+    WEIGHT_CHOICES,
+    add_cluster_arguments,
+    add_model_arguments,
+    add_rewriter_arguments,
+    add_server_arguments,
+)
 from hidream_ui.device.backends import DTYPE_SPECS, DeviceError
 from hidream_ui.device.detect import parse_device_spec
 from hidream_ui.device.pool_spec import PoolSpecError, check_devices, check_placement, split_devices, split_placement
-from hidream_ui.model.plans import (
-    MEMORY_CHOICES,
-    PLAN_SPECS,
-    WEIGHT_CHOICES,
-    MemoryOptionError,
-    validate_memory_options,
-)
-from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME, PROFILES
+from hidream_ui.env_names import RenamedVariableError, read_variable
+from hidream_ui.model.plans import PLAN_SPECS, MemoryOptionError, validate_memory_options
+from hidream_ui.model.tiny.profiles import PROFILES
 from hidream_ui.pipeline.attention.registry import strategy_names
-from hidream_ui.pipeline.speed.settings import (
-    COMPILE_CHOICES,
-    MOE_CHOICES,
-    SPEED_PRESETS,
-    SpeedSettingError,
-    check_speed,
-)
-
-VARIANTS = ("e1.1", "e1-full")
-TEXT_ENCODER_MODES = ("device", "cpu", "offload")
-REFINERS = ("e1", "i1")
-# The offline model's profiles: those model/tiny/profiles.py builds, and `full` (the release's
-# dimensions, random weights made in memory). Read from there: a second list once refused `deep`.
-TINY_PROFILES = (*PROFILES, FULL_PROFILE_NAME)
-# The offline model the app and the CLI open with no weights and no --tiny-profile: the one trained on the
-# shapes world (it edits as asked). AppConfig's own default stays the random `tiny`, the fast one that code
-# building configs directly (tests, benchmarks) gets.
-OFFLINE_DEFAULT_PROFILE = "trained"
-# Instruction rewriting (README "Instruction rewriting"). "auto": openai when a URL is given, else off.
-REWRITERS = ("auto", "off", "local", "openai")
-REWRITER_TIMEOUT_RANGE = (0.5, 600.0)
-# A live preview every 4 steps: 7 pictures in a 28-step edit; each costs a few per cent of one step.
-PREVIEW_EVERY_DEFAULT = 4
-# At most this many previews per edit (a long edit spaces them out): each one the browser gets is a file
-# in Gradio's cache, counted against --cache-max-files and the client's quota like any result copy.
-PREVIEWS_MAX = 8
+from hidream_ui.pipeline.speed.settings import SpeedSettingError, check_speed
+from hidream_ui.variants import DEFAULT_VARIANT, VARIANTS
 
 
 class ConfigError(ValueError):
@@ -68,7 +66,7 @@ class AppConfig:
     llama: str | None = None
     i1: str | None = None
     e1: str | None = None
-    variant: str = "e1.1"
+    variant: str = DEFAULT_VARIANT
     tiny_profile: str = "tiny"
     tiny_seed: int = 0
     # Compute placement.
@@ -143,6 +141,10 @@ class AppConfig:
     moe: str = "auto"
     compile: str = "none"
     cache: str = "none"
+    # Ray (docs/cluster.md): the cluster's address (`auto`, `local`, HOST:PORT); None: the local pool.
+    ray: str | None = None
+    # Replicas with --ray: "N" or "MIN-MAX" (autoscaling), as `replica_bounds` reads it; None: one per device.
+    replicas: str | None = None
 
     @property
     def uses_tiny_model(self) -> bool:
@@ -161,327 +163,90 @@ class AppConfig:
             return "openai" if self.rewriter_url else "off"
         return self.rewriter
 
+    @property
+    def replica_bounds(self) -> tuple[int, int | None]:
+        """`replicas` as (fixed count or minimum, maximum or None); (0, None): not set."""
+        return parse_replicas("replicas", self.replicas)
+
     def replace(self, **changes) -> "AppConfig":
         return validate(dataclasses.replace(self, **changes))
 
 
-# (flag, env vars, dest, help). One table so flags and variables cannot drift apart.
-_MODEL_OPTIONS = [
-    (
-        "--model-dir",
-        ("HIDREAM_MODEL_DIR",),
-        "model_dir",
-        "folder holding Llama-3.1-8B-Instruct/, HiDream-I1-Full/, HiDream-E1-1/ and/or HiDream-E1-Full/",
-    ),
-    ("--llama", ("HIDREAM_LLAMA",), "llama", "Llama-3.1-8B-Instruct: local folder or hub id"),
-    ("--i1", ("HIDREAM_I1",), "i1", "HiDream-I1-Full: local folder or hub id"),
-    ("--e1", ("HIDREAM_E1",), "e1", "HiDream-E1-1 (or HiDream-E1-Full for --variant e1-full): folder or hub id"),
-    ("--variant", ("HIDREAM_VARIANT",), "variant", f"model variant: {' | '.join(VARIANTS)} (default e1.1)"),
-    (
-        "--tiny-profile",
-        ("HIDREAM_TINY_PROFILE",),
-        "tiny_profile",
-        "offline model used when no weights are configured: "
-        + " | ".join(TINY_PROFILES)
-        + f" (default {OFFLINE_DEFAULT_PROFILE}: trained on the shapes world; the others have random weights; "
-        f"{FULL_PROFILE_NAME}: release size, in memory)",
-    ),
-    ("--device", ("HIDREAM_DEVICE", "PREFERRED_DEVICE"), "device", "auto | npu | npu:N | cuda | cuda:N | cpu"),
-    ("--dtype", ("HIDREAM_DTYPE",), "dtype", "auto | bf16 | fp16 | fp32 (auto probes the device)"),
-    ("--attention", ("HIDREAM_ATTENTION",), "attention", "attention strategy at start-up (default auto)"),
-    (
-        "--text-encoders",
-        ("HIDREAM_TEXT_ENCODERS",),
-        "text_encoders",
-        " | ".join(TEXT_ENCODER_MODES) + " (device: keep on the device, cpu: run on the host, offload: move to the "
-        "device only to encode)",
-    ),
-    (
-        "--devices",
-        ("HIDREAM_DEVICES",),
-        "devices",
-        "one engine per device: a list such as npu:0,npu:1 or cuda:0,cuda:1 or cpu,cpu (splits the cores), or all "
-        "(every visible accelerator); not with --device",
-    ),
-    (
-        "--placement",
-        ("HIDREAM_PLACEMENT",),
-        "placement",
-        "parts of one model on different devices: transformer=DEV,encoders=DEV[,vae=DEV]",
-    ),
-    (
-        "--memory",
-        ("HIDREAM_MEMORY",),
-        "memory",
-        "memory plan: " + " | ".join(MEMORY_CHOICES) + " (auto: the fastest that fits)",
-    ),
-    (
-        "--weights",
-        ("HIDREAM_WEIGHTS",),
-        "weights",
-        "transformer storage: " + " | ".join(WEIGHT_CHOICES) + " (auto: bf16 unless only fp8 fits without streaming)",
-    ),
-    (
-        "--transformer-file",
-        ("HIDREAM_TRANSFORMER_FILE",),
-        "transformer_file",
-        "single-file transformer checkpoint (.safetensors, diffusers or ComfyUI keys) used in place of the folder",
-    ),
-    (
-        "--refiner",
-        ("HIDREAM_REFINER",),
-        "refiner",
-        "weights of the refine stage: " + " | ".join(REFINERS) + " (e1: what upstream computes, zero copies; i1: "
-        "HiDream-I1-Full, swapped)",
-    ),
-    (
-        "--moe",
-        ("HIDREAM_MOE",),
-        "moe",
-        "MoE forward: " + " | ".join(MOE_CHOICES) + " (auto: sync-free with --compile blocks, else diffusers; "
-        "diffusers: exact; sync-free: no host sync, fixed shapes, 2x routed FLOPs)",
-    ),
-    (
-        "--compile",
-        ("HIDREAM_COMPILE",),
-        "compile",
-        " | ".join(COMPILE_CHOICES) + " (blocks: torch.compile / torchair on the repeated transformer blocks; eager "
-        "if it fails)",
-    ),
-    (
-        "--cache",
-        ("HIDREAM_CACHE",),
-        "cache",
-        "default step cache of edits: none | interval:K | first-block:T | fbcache:T | taylorseer:N | magcache:T | "
-        "dbcache:T, each with @S for at most S steps (or " + " | ".join(SPEED_PRESETS) + "; docs/speed.md)",
-    ),
-    ("--output-dir", ("HIDREAM_OUTPUT_DIR",), "output_dir", "where results and their metadata are saved"),
-    ("--retention", ("HIDREAM_RETENTION",), "retention", "keep at most this many results in --output-dir"),
-    (
-        "--preview-every",
-        ("HIDREAM_PREVIEW_EVERY",),
-        "preview_every",
-        f"live preview of an edit every K denoising steps; 0 = off (default {PREVIEW_EVERY_DEFAULT})",
-    ),
-]
-
-_SERVER_OPTIONS = [
-    ("--host", ("HIDREAM_HOST",), "host", "address to listen on (default 127.0.0.1)"),
-    ("--port", ("HIDREAM_PORT",), "port", "port to listen on (default 7860)"),
-    ("--auth", ("HIDREAM_AUTH",), "auth", "user:password required to open the app"),
-    ("--auth-file", ("HIDREAM_AUTH_FILE",), "auth_file", "file with one user:password per line"),
-    (
-        "--operator",
-        ("HIDREAM_OPERATOR",),
-        "operator",
-        "user:password of the operator, the one login that may change attention, speed and load the model "
-        "with --kiosk (logs in at /operator, or on the login page with --auth)",
-    ),
-    ("--max-queue", ("HIDREAM_MAX_QUEUE",), "max_queue", "maximum queued requests (default 16)"),
-    ("--max-batch-items", ("HIDREAM_MAX_BATCH_ITEMS",), "max_batch_items", "maximum items per batch"),
-    ("--max-grid-cells", ("HIDREAM_MAX_GRID_CELLS",), "max_grid_cells", "maximum cells per compare grid"),
-    (
-        "--max-upload-mb",
-        ("HIDREAM_MAX_UPLOAD_MB",),
-        "max_upload_mb",
-        "largest upload in MB, refused before it is stored (default 50)",
-    ),
-    (
-        "--max-pixels",
-        ("HIDREAM_MAX_PIXELS",),
-        "max_pixels",
-        "largest image in pixels, read from the header before decoding (default 25000000)",
-    ),
-    (
-        "--max-jobs-per-client",
-        ("HIDREAM_MAX_JOBS_PER_CLIENT",),
-        "max_jobs_per_client",
-        "jobs one client (browser tab or API client) may have queued or running (default 2)",
-    ),
-    (
-        "--max-login-failures",
-        ("HIDREAM_MAX_LOGIN_FAILURES",),
-        "max_login_failures",
-        "failed logins per address or user name per minute before they pause for a minute (default 5)",
-    ),
-    (
-        "--cache-max-files",
-        ("HIDREAM_CACHE_MAX_FILES",),
-        "cache_max_files",
-        "files in Gradio's upload/result cache for this app; when full, the heaviest client's least recently used "
-        "files go (default 1000)",
-    ),
-    (
-        "--cache-max-mb",
-        ("HIDREAM_CACHE_MAX_MB",),
-        "cache_max_mb",
-        "MB in Gradio's upload/result cache for this app; when full, the heaviest client's least recently used "
-        "files go (default 4000)",
-    ),
-    (
-        "--client-quota-mb",
-        ("HIDREAM_CLIENT_QUOTA_MB",),
-        "client_quota_mb",
-        "MB of uploads, result copies and previews one client (address, and login with --auth) keeps there; past "
-        "it, its own least recently used files go (default 500)",
-    ),
-    (
-        "--client-quota-files",
-        ("HIDREAM_CLIENT_QUOTA_FILES",),
-        "client_quota_files",
-        "files of uploads, result copies and previews one client keeps in that cache; past it, its own least "
-        "recently used files go (default 200)",
-    ),
-    (
-        "--cache-max-age",
-        ("HIDREAM_CACHE_MAX_AGE",),
-        "cache_max_age",
-        "seconds a cached upload or result copy is kept (default 3600)",
-    ),
-    (
-        "--max-zip-mb",
-        ("HIDREAM_MAX_ZIP_MB",),
-        "max_zip_mb",
-        "MB decompressed from all the zips of one batch request, kept or rejected (default 512)",
-    ),
-    (
-        "--max-body-kb",
-        ("HIDREAM_MAX_BODY_KB",),
-        "max_body_kb",
-        "largest request body other than a file upload, in KB (default 1024)",
-    ),
-    (
-        "--session-idle-expiry",
-        ("HIDREAM_SESSION_IDLE_EXPIRY",),
-        "session_idle_expiry",
-        "seconds after which an idle session's state is dropped (default 3600)",
-    ),
-    (
-        "--max-new-sessions",
-        ("HIDREAM_MAX_NEW_SESSIONS",),
-        "max_new_sessions",
-        "new sessions (page loads, API clients) one address may open per minute; more are refused (default 120)",
-    ),
-    (
-        "--forwarded-allow-ips",
-        ("HIDREAM_FORWARDED_ALLOW_IPS",),
-        "forwarded_allow_ips",
-        "comma-separated addresses or networks of the reverse proxies whose X-Forwarded-For names the client, "
-        "or * for any (default: none; every client is the address it connects from)",
-    ),
-]
-
-
-_REWRITER_OPTIONS = [
-    (
-        "--rewriter",
-        ("HIDREAM_REWRITER",),
-        "rewriter",
-        "instruction rewriting: " + " | ".join(REWRITERS) + " (auto: openai when --rewriter-url is set, else off; "
-        "local: the Llama text encoder + its LM head, text only, ~1 GB more in bf16)",
-    ),
-    (
-        "--rewriter-url",
-        ("HIDREAM_REWRITER_URL",),
-        "rewriter_url",
-        "base URL of an OpenAI-compatible chat-completions server with image input, e.g. http://127.0.0.1:8000/v1 "
-        "(key from HIDREAM_REWRITER_API_KEY, else OPENAI_API_KEY)",
-    ),
-    (
-        "--rewriter-model",
-        ("HIDREAM_REWRITER_MODEL",),
-        "rewriter_model",
-        "model name the rewriter server serves (e.g. Qwen/Qwen2.5-VL-7B-Instruct)",
-    ),
-    (
-        "--rewriter-timeout",
-        ("HIDREAM_REWRITER_TIMEOUT",),
-        "rewriter_timeout",
-        "seconds to wait for the rewriter's answer (default 20)",
-    ),
-]
-
-
-_INT_FIELDS = (
-    "port",
-    "max_queue",
-    "retention",
-    "preview_every",
-    "max_batch_items",
-    "max_grid_cells",
-    "max_upload_mb",
-    "max_pixels",
-    "max_jobs_per_client",
-    "max_login_failures",
-    "cache_max_files",
-    "cache_max_age",
-    "cache_max_mb",
-    "client_quota_mb",
-    "client_quota_files",
-    "max_zip_mb",
-    "max_body_kb",
-    "session_idle_expiry",
-    "max_new_sessions",
+# Whole-number settings and the least each may be (the port has a most too: 65535); with why, where 0 is allowed.
+_AT_LEAST: Mapping[str, int] = {
+    "port": 1,
+    "max_queue": 1,
+    "retention": 0,
+    "preview_every": 0,
+    "max_batch_items": 1,
+    "max_grid_cells": 1,
+    "prompt_cache_size": 1,
+    "max_upload_mb": 1,
+    "max_pixels": 1,
+    "max_jobs_per_client": 1,
+    "max_login_failures": 1,
+    "cache_max_files": 1,
+    "cache_max_age": 1,
+    "cache_max_mb": 1,
+    "client_quota_mb": 1,
+    "client_quota_files": 1,
+    "max_zip_mb": 1,
+    "max_body_kb": 1,
+    "session_idle_expiry": 1,
+    "max_new_sessions": 1,
+}
+_ZERO_MEANS = {"retention": "0 (keep everything) or more", "preview_every": "0 (no live preview) or a number of steps"}
+_PATH_FIELDS = ("model_dir", "output_dir", "auth_file", "transformer_file")
+_WORD_FIELDS = (
+    "device",
+    "dtype",
+    "variant",
+    "attention",
+    "text_encoders",
+    "refiner",
+    "tiny_profile",
+    "rewriter",
+    "memory",
+    "weights",
+    "moe",
+    "compile",
 )
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("model and device")
-    for flag, envs, dest, help_text in _MODEL_OPTIONS:
-        group.add_argument(flag, dest=dest, default=None, help=f"{help_text} [env {', '.join(envs)}]")
-
-
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("server")
-    for flag, envs, dest, help_text in _SERVER_OPTIONS:
-        group.add_argument(flag, dest=dest, default=None, help=f"{help_text} [env {', '.join(envs)}]")
-    group.add_argument("--share", action="store_true", default=None, help="create a public Gradio share link")
-    group.add_argument("--mcp", action="store_true", default=None, help="also serve Gradio's MCP server")
-    group.add_argument(
-        "--kiosk",
-        action="store_true",
-        default=None,
-        help="visitors edit, batch and compare; the engine-wide controls (attention, speed, load "
-        "model) are the operator's (--operator) [env HIDREAM_KIOSK=1]",
-    )
-    group.add_argument(
-        "--run-history",
-        action="store_true",
-        default=None,
-        help="turn on Gradio's run history (the /gradio_api/runs page and its routes; off by "
-        "default) [env HIDREAM_RUN_HISTORY=1]",
-    )
-
-
-def add_rewriter_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("instruction rewriting")
-    for flag, envs, dest, help_text in _REWRITER_OPTIONS:
-        group.add_argument(flag, dest=dest, default=None, help=f"{help_text} [env {', '.join(envs)}]")
-
-
 def from_namespace(ns: argparse.Namespace, environ: Mapping[str, str] | None = None) -> AppConfig:
-    """Builds the config from parsed flags, falling back to environment variables."""
+    """Builds the config from parsed flags, falling back to environment variables (a renamed one's
+    deprecated old name too: hidream_ui/env_names.py)."""
     environ = os.environ if environ is None else environ
     raw: dict[str, tuple[str, object]] = {}  # dest -> (source name for errors, value)
-    for flag, envs, dest, _ in _MODEL_OPTIONS + _SERVER_OPTIONS + _REWRITER_OPTIONS:
+    for flag, envs, dest, _ in VALUE_OPTIONS:
         value = getattr(ns, dest, None)
         if value is not None:
             raw[dest] = (flag, value)
             continue
-        for env in envs:
-            if environ.get(env, "").strip():
-                raw[dest] = (env, environ[env].strip())
-                break
-    for dest in ("share", "mcp"):
-        if getattr(ns, dest, None):
-            raw[dest] = ("--" + dest, True)
+        found = _variable(envs, environ)
+        if found is not None:
+            raw[dest] = found
     raw.setdefault("tiny_profile", ("the default", OFFLINE_DEFAULT_PROFILE))
-    for dest, env in (("kiosk", "HIDREAM_KIOSK"), ("run_history", "HIDREAM_RUN_HISTORY")):
+    for flag, envs, dest, _ in _SWITCHES:
         if getattr(ns, dest, None):
-            raw[dest] = ("--" + dest.replace("_", "-"), True)
-        elif environ.get(env, "").strip():
-            raw[dest] = (env, _to_bool(env, environ[env]))
+            raw[dest] = (flag, True)
+            continue
+        found = _variable(envs, environ)
+        if found is not None:
+            raw[dest] = (found[0], _to_bool(*found))
     return validate(_coerce(raw))
+
+
+def _variable(envs: tuple[str, ...], environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(name, value) of the first of `envs` that is set (or whose deprecated old name is)."""
+    for env in envs:
+        try:
+            found = read_variable(env, environ)
+        except RenamedVariableError as exc:
+            raise ConfigError(str(exc)) from None
+        if found is not None:
+            return found
+    return None
 
 
 def from_args(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> AppConfig:
@@ -489,6 +254,7 @@ def from_args(argv: list[str] | None = None, environ: Mapping[str, str] | None =
     add_model_arguments(parser)
     add_server_arguments(parser)
     add_rewriter_arguments(parser)
+    add_cluster_arguments(parser)
     ns, _ = parser.parse_known_args(argv or [])
     return from_namespace(ns, environ)
 
@@ -496,9 +262,9 @@ def from_args(argv: list[str] | None = None, environ: Mapping[str, str] | None =
 def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
     fields: dict[str, object] = {}
     for dest, (source, value) in raw.items():
-        if dest in ("model_dir", "output_dir", "auth_file", "transformer_file"):
+        if dest in _PATH_FIELDS:
             fields[dest] = Path(str(value)).expanduser()
-        elif dest in _INT_FIELDS:
+        elif dest in _AT_LEAST:
             fields[dest] = _to_int(source, value)
         elif dest in ("auth", "operator"):
             fields[dest] = _parse_auth(source, str(value))
@@ -510,22 +276,12 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
             fields[dest] = parse_forwarded_allow_ips(source, str(value))
         elif dest == "rewriter_timeout":
             fields[dest] = _to_float(source, value)
-        elif dest in ("rewriter_url", "rewriter_model"):
+        elif dest in ("rewriter_url", "rewriter_model", "ray"):
             fields[dest] = str(value).strip() or None
-        elif dest in (
-            "device",
-            "dtype",
-            "variant",
-            "attention",
-            "text_encoders",
-            "refiner",
-            "tiny_profile",
-            "rewriter",
-            "memory",
-            "weights",
-            "moe",
-            "compile",
-        ):
+        elif dest == "replicas":
+            parse_replicas(source, value)  # the flag or variable is named when it is malformed
+            fields[dest] = str(value).strip()
+        elif dest in _WORD_FIELDS:
             fields[dest] = str(value).strip().lower()
         else:
             fields[dest] = value
@@ -533,6 +289,26 @@ def _coerce(raw: dict[str, tuple[str, object]]) -> AppConfig:
         return AppConfig(**fields)
     except TypeError as exc:  # an unknown field would be a bug in the option tables
         raise ConfigError(str(exc)) from exc
+
+
+def parse_replicas(source: str, value: object) -> tuple[int, int | None]:
+    """`N` (a fixed count) or `MIN-MAX` (Serve autoscaling) -> (count or minimum, maximum or None);
+    None -> (0, None). ConfigError naming `source` otherwise."""
+    if value is None:
+        return 0, None
+    text = str(value).strip()
+    try:
+        if "-" in text:
+            low, high = (int(part) for part in text.split("-", 1))
+            if 1 <= low <= high:
+                return low, high
+        elif int(text) >= 1:
+            return int(text), None
+    except ValueError:
+        pass
+    raise ConfigError(
+        f"{source}={value!r}: expected a count of 1 or more, such as 2, or autoscaling bounds such as 1-4"
+    )
 
 
 def _to_int(source: str, value: object) -> int:
@@ -586,31 +362,11 @@ def validate(config: AppConfig) -> AppConfig:
         raise ConfigError(f"attention={config.attention!r} is not one of: {', '.join(strategy_names())}")
     if not 1 <= config.port <= 65535:
         raise ConfigError(f"port={config.port} must be between 1 and 65535")
-    for name in (
-        "max_queue",
-        "max_batch_items",
-        "max_grid_cells",
-        "prompt_cache_size",
-        "max_upload_mb",
-        "max_pixels",
-        "max_jobs_per_client",
-        "max_login_failures",
-        "cache_max_files",
-        "cache_max_age",
-        "cache_max_mb",
-        "client_quota_mb",
-        "client_quota_files",
-        "max_zip_mb",
-        "max_body_kb",
-        "session_idle_expiry",
-        "max_new_sessions",
-    ):
-        if getattr(config, name) < 1:
-            raise ConfigError(f"{name}={getattr(config, name)} must be at least 1")
-    if config.retention < 0:
-        raise ConfigError(f"retention={config.retention} must be 0 (keep everything) or more")
-    if config.preview_every < 0:
-        raise ConfigError(f"preview_every={config.preview_every} must be 0 (no live preview) or a number of steps")
+    for name, least in _AT_LEAST.items():
+        if getattr(config, name) < least:
+            allowed = _ZERO_MEANS.get(name, f"at least {least}")
+            raise ConfigError(f"{name}={getattr(config, name)} must be {allowed}")
+    parse_replicas("replicas", config.replicas)
     if config.auth is not None and config.auth_file is not None:
         raise ConfigError("use either --auth or --auth-file, not both")
     check_forwarded_allow_ips("forwarded_allow_ips", config.forwarded_allow_ips)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from hidream_ui.config import VARIANTS
 from hidream_ui.edits import RequestError, parse_working_resolution
+from hidream_ui.variants import VARIANTS
 
 __all__ = [
     "RESTORE_RESAMPLE",

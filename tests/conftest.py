@@ -9,6 +9,29 @@ import pytest
 
 from hidream_ui.bench import free_port  # noqa: F401 - test modules import it from here too
 
+# The `slow` marker, in one place: `python -m pytest -m "not slow" tests` is the fast subset; `.ci/run` runs all.
+# A test is slow when it starts a browser, Ray or a training run (issue 53's rule), or when its module
+# does so for most of its tests. Modules wholly slow, and why:
+SLOW_MODULES = {
+    "test_browser.py": "drives Chromium",
+    "test_browser_experience.py": "drives Chromium at two widths",
+    "test_ray.py": "starts a Ray cluster and Serve replicas",
+    "test_tiny_trained.py": "trains the offline model (several short runs)",
+}
+# Fixtures that start a browser or Ray: any test that uses one is slow, wherever it lives.
+SLOW_FIXTURES = {"browser": "drives Chromium", "page": "drives Chromium", "ray_cluster": "starts Ray"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = Path(str(item.fspath)).name
+        reason = SLOW_MODULES.get(module) or next(
+            (SLOW_FIXTURES[name] for name in getattr(item, "fixturenames", ()) if name in SLOW_FIXTURES), None
+        )
+        if reason:
+            item.add_marker(pytest.mark.slow(reason=reason))
+
+
 # The CLI's offline default is the trained model (config.OFFLINE_DEFAULT_PROFILE); tests run the random
 # `tiny` one, the fast one whose outputs they pin, unless a test names a profile or clears this.
 os.environ.setdefault("HIDREAM_TINY_PROFILE", "tiny")
@@ -16,14 +39,17 @@ os.environ.setdefault("HIDREAM_TINY_PROFILE", "tiny")
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
-    """Points HIDREAM_UI_CACHE at a per-session folder (unless CI chose one) and builds the tiny model there.
+    """Points HIDREAM_MODEL_CACHE at a per-session folder (unless CI chose one) and builds the tiny model there.
 
     The engine finds the checkpoint exactly as the app does with no model configured.
     """
-    root = os.environ.get("HIDREAM_UI_CACHE")
-    if not root:
-        root = str(tmp_path_factory.mktemp("hidream_ui_cache"))
-        os.environ["HIDREAM_UI_CACHE"] = root
+    from hidream_ui.env_names import model_cache_variable
+
+    # A folder named by the deprecated HIDREAM_UI_CACHE moves to the new name, so a test that sets the new
+    # one alone never meets two names set to different folders (refused, env_names.py).
+    root = model_cache_variable() or str(tmp_path_factory.mktemp("hidream_ui_cache"))
+    os.environ.pop("HIDREAM_UI_CACHE", None)
+    os.environ["HIDREAM_MODEL_CACHE"] = root
     from hidream_ui.model.tiny.build import ensure_tiny
 
     ensure_tiny(profile="tiny", seed=0)

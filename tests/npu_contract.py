@@ -89,7 +89,7 @@ def pinned_versions(path: Path = REQUIREMENTS_NPU) -> dict[str, str]:
 
 
 def cache_dir() -> Path:
-    """``$HIDREAM_UI_CACHE/npu_contract`` (CI sets it per run), else ``~/.cache/hidream_ui/npu_contract``."""
+    """``$HIDREAM_MODEL_CACHE/npu_contract`` (CI sets it per run), else ``~/.cache/hidream_ui/npu_contract``."""
     from hidream_ui.model.tiny.build import default_cache_root
 
     return default_cache_root() / "npu_contract"

@@ -96,3 +96,109 @@ def test_namespace_with_share_flag():
     add_server_arguments(parser)
     config = from_namespace(parser.parse_args(["--share", "--port", "8000"]), {})
     assert config.share and config.port == 8000 and config.output_dir == Path("outputs")
+
+
+# --- Ray in the table (issue 53) ----------------------------------------------------------------
+
+
+def test_ray_address_and_replicas_are_settings_with_flags_and_variables():
+    assert (parse([]).ray, parse([]).replicas, parse([]).replica_bounds) == (None, None, (0, None))
+    env = {"HIDREAM_RAY_ADDRESS": "auto", "HIDREAM_RAY_REPLICAS": "1-4"}
+    config = parse([], env)
+    assert (config.ray, config.replicas, config.replica_bounds) == ("auto", "1-4", (1, 4))
+    config = parse(["--ray", "local", "--replicas", "2"], env)  # the flags win
+    assert (config.ray, config.replica_bounds) == ("local", (2, None))
+    for bad in ("0", "4-1", "two", "1-"):
+        with pytest.raises(ConfigError, match=f"HIDREAM_RAY_REPLICAS='{bad}'"):
+            parse([], {"HIDREAM_RAY_REPLICAS": bad})
+    with pytest.raises(ConfigError, match="--replicas='0'"):
+        parse(["--replicas", "0"])
+    with pytest.raises(ConfigError, match="replicas='x'"):
+        AppConfig().replace(replicas="x")
+
+
+def test_replica_counts_are_read_by_one_parser():
+    from hidream_ui.config import parse_replicas
+
+    assert parse_replicas("--replicas", "3") == (3, None) and parse_replicas("--replicas", " 1-4 ") == (1, 4)
+    assert parse_replicas("--replicas", None) == (0, None)
+    for bad in ("0", "4-1", "x", "-2"):
+        with pytest.raises(ConfigError, match=f"--replicas='{bad}'"):
+            parse_replicas("--replicas", bad)
+
+
+# --- renamed variables (issue 53): the old names still work, say so once, and never disagree ----
+
+RENAMES = [
+    ("HIDREAM_CACHE", "HIDREAM_STEP_CACHE", "cache", "interval:2", "interval:3", "interval:2"),
+    ("HIDREAM_CACHE_MAX_FILES", "HIDREAM_UPLOAD_CACHE_MAX_FILES", "cache_max_files", "7", "8", 7),
+    ("HIDREAM_CACHE_MAX_MB", "HIDREAM_UPLOAD_CACHE_MAX_MB", "cache_max_mb", "70", "80", 70),
+    ("HIDREAM_CACHE_MAX_AGE", "HIDREAM_UPLOAD_CACHE_MAX_AGE", "cache_max_age", "60", "90", 60),
+]
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    """Each test sees the once-per-process deprecation warnings anew."""
+    from hidream_ui import env_names
+
+    monkeypatch.setattr(env_names, "_warned", set())
+
+
+@pytest.mark.parametrize("old, new, field, value, other, expected", RENAMES)
+def test_a_renamed_variable_works_by_either_name(fresh_warnings, old, new, field, value, other, expected):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name alone warns about nothing
+        assert getattr(parse([], {new: value}), field) == expected
+        assert getattr(parse([], {new: value, old: value}), field) == expected  # the same value twice: fine
+    with pytest.warns(FutureWarning, match=f"{old} is deprecated: set {new} instead"):
+        assert getattr(parse([], {old: value}), field) == expected
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert getattr(parse([], {old: value}), field) == expected
+    with pytest.raises(ConfigError, match=f"{new}='{other}' and its deprecated old name {old}='{value}'"):
+        parse([], {new: other, old: value})
+
+
+def test_the_help_names_the_new_variable_and_the_deprecated_one():
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    add_server_arguments(parser)
+    text = " ".join(parser.format_help().split())  # argparse wraps lines
+    assert "HIDREAM_STEP_CACHE, deprecated HIDREAM_CACHE]" in text
+    assert "HIDREAM_UPLOAD_CACHE_MAX_FILES, deprecated HIDREAM_CACHE_MAX_FILES]" in text
+
+
+def test_the_model_cache_variable_has_a_new_name(fresh_warnings, tmp_path):
+    from hidream_ui.env_names import RenamedVariableError, model_cache_variable
+
+    assert model_cache_variable({}) is None
+    assert model_cache_variable({"HIDREAM_MODEL_CACHE": str(tmp_path)}) == str(tmp_path)
+    with pytest.warns(FutureWarning, match="HIDREAM_UI_CACHE is deprecated: set HIDREAM_MODEL_CACHE instead"):
+        assert model_cache_variable({"HIDREAM_UI_CACHE": str(tmp_path)}) == str(tmp_path)
+    with pytest.raises(RenamedVariableError, match="HIDREAM_MODEL_CACHE='/a' and its deprecated old name"):
+        model_cache_variable({"HIDREAM_MODEL_CACHE": "/a", "HIDREAM_UI_CACHE": "/b"})
+
+
+# --- one table ---------------------------------------------------------------------------------
+
+
+def test_every_config_field_but_the_internal_ones_has_a_flag():
+    from hidream_ui.config_table import _SWITCHES, VALUE_OPTIONS
+
+    tabled = {dest for _, _, dest, _ in VALUE_OPTIONS + _SWITCHES}
+    # Not settings of a run: the prompt cache's size and the offline model's seed are set by code (tests, the lab).
+    internal = {"prompt_cache_size", "tiny_seed"}
+    assert {f.name for f in dataclasses.fields(AppConfig)} - internal == tabled
+
+
+def test_the_model_package_reads_what_app_config_has():
+    """model/settings.py's protocol (the model package never imports the config) matches AppConfig."""
+    from hidream_ui.model.settings import MODEL_SETTING_NAMES, ModelSettings
+
+    config = AppConfig()
+    assert all(hasattr(config, name) for name in MODEL_SETTING_NAMES)
+    declared = set(ModelSettings.__annotations__) | {"uses_tiny_model"}
+    assert declared == set(MODEL_SETTING_NAMES)

@@ -1,4 +1,5 @@
-"""No import circles among the package's own modules, counting imports inside functions.
+"""No import circles among the package's own modules, counting imports inside functions; none among
+its packages either; and the pipeline imports nothing from the app.
 
 The graph is read from the source with `ast` (nothing is imported): every `import hidream_ui...` and
 `from hidream_ui... import ...` (and relative import) anywhere in a module, at module level or
@@ -6,6 +7,10 @@ inside a function, is an edge. `from pkg import name` is an edge to `pkg.name` w
 else to `pkg`. A package's `__init__` counts as a module of its own; importing `a.b.c` runs
 `a/__init__` and `a/b/__init__` too, but those are free by design (nothing runs on import), so only
 the named module is an edge. `if TYPE_CHECKING:` blocks are skipped: they never run.
+
+The package graph collapses every module to its top-level part under hidream_ui (`engine`, `model`,
+`pipeline`, ...; a top-level module such as `config` or `edits` is a node of its own): layers point
+down only, so that graph has no circle either, even where no module-level circle closes it.
 """
 
 from __future__ import annotations
@@ -172,3 +177,88 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
     assert cycles(graph) == [["hidream_ui.a", "hidream_ui.sub.b", "hidream_ui.c", "hidream_ui.a"]]
     (pkg / "c.py").write_text("def g():\n    pass\n")
     assert cycles(import_graph(pkg)) == []
+
+
+def package_of(module: str) -> str:
+    """`hidream_ui.engine.pool` -> `engine`; `hidream_ui.config` -> `config`; the package itself -> `hidream_ui`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
+    """The graph between packages, and for each package edge the module edges that make it (for messages)."""
+    packages: dict[str, set[str]] = {}
+    why: dict[tuple[str, str], list[str]] = {}
+    for source, targets in graph.items():
+        a = package_of(source)
+        packages.setdefault(a, set())
+        for target in sorted(targets):
+            b = package_of(target)
+            if a != b:
+                packages[a].add(b)
+                why.setdefault((a, b), []).append(f"{source} -> {target}")
+    return packages, why
+
+
+def describe_packages(found: list[list[str]], why: dict[tuple[str, str], list[str]]) -> str:
+    lines = []
+    for loop in found:
+        lines.append(" -> ".join(loop))
+        for a, b in zip(loop, loop[1:]):
+            lines.append(f"    {a} -> {b}: " + "; ".join(why[(a, b)][:4]))
+    return "\n".join(lines)
+
+
+def test_the_packages_have_no_import_circle():
+    packages, why = package_graph(import_graph())
+    found = cycles(packages)
+    assert not found, "import circles among hidream_ui's packages (layers must point down):\n" + describe_packages(
+        found, why
+    )
+
+
+# What the pipeline may import from hidream_ui: itself, and the device layer below it. It takes plain
+# arguments, as a diffusers pipeline does: the edit schema, the config, the engine, results, the UI, the
+# server, the CLI, benchmarks and the lab sit above it.
+PIPELINE_MAY_IMPORT = ("pipeline", "device")
+
+
+def app_imports_of_pipeline(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{source} -> {target}"
+        for source, targets in graph.items()
+        if package_of(source) == "pipeline"
+        for target in targets
+        if package_of(target) not in PIPELINE_MAY_IMPORT
+    )
+
+
+def test_the_pipeline_imports_nothing_from_the_app():
+    found = app_imports_of_pipeline(import_graph())
+    assert not found, "the pipeline imports the app (pass plain arguments instead):\n" + "\n".join(found)
+
+
+def test_the_package_graph_sees_circles_no_module_closes(tmp_path):
+    """The checker itself: engine.a -> results and results -> engine.b is a package circle (no module
+    circle); a pipeline module importing the edit schema is found, one importing the device layer is not."""
+    pkg = tmp_path / PACKAGE
+    for sub in ("engine", "pipeline", "device"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "engine" / "a.py").write_text("from hidream_ui import results\n")
+    (pkg / "engine" / "b.py").write_text("X = 1\n")
+    (pkg / "results.py").write_text("def f():\n    from hidream_ui.engine.b import X\n")
+    (pkg / "edits.py").write_text("Y = 2\n")
+    (pkg / "device" / "d.py").write_text("Z = 3\n")
+    (pkg / "pipeline" / "p.py").write_text("from hidream_ui.device.d import Z\nfrom hidream_ui.edits import Y\n")
+    graph = import_graph(pkg)
+    assert cycles(graph) == []
+    packages, why = package_graph(graph)
+    assert cycles(packages) == [["engine", "results", "engine"]]
+    assert why[("results", "engine")] == ["hidream_ui.results -> hidream_ui.engine.b"]
+    assert app_imports_of_pipeline(graph) == ["hidream_ui.pipeline.p -> hidream_ui.edits"]
+    (pkg / "results.py").write_text("X = 1\n")
+    (pkg / "pipeline" / "p.py").write_text("from hidream_ui.device.d import Z\n")
+    graph = import_graph(pkg)
+    assert cycles(package_graph(graph)[0]) == [] and app_imports_of_pipeline(graph) == []

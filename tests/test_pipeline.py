@@ -370,3 +370,21 @@ def test_a_cancel_during_the_last_step_saves_nothing(engine, tmp_path):
     with pytest.raises(EditCancelled, match="after the last step"):
         engine.edit(EditRequest(image=picture(64, 64), params=params(num_inference_steps=3)), on_step, cancel=token)
     assert sorted(engine.config.output_dir.glob("*.png")) == before
+
+
+def test_the_pipeline_defaults_are_the_edit_schemas_and_it_takes_plain_arguments():
+    """The pipeline keeps upstream E1.1's defaults in its signature (pipeline/defaults.py), as a diffusers
+    pipeline does; the app's schema reads them from there: both agree, and the refine prompt rule is one."""
+    import inspect
+
+    from hidream_ui import edits
+    from hidream_ui.pipeline import prompts
+    from hidream_ui.pipeline.edit_pipeline import HiDreamEditPipeline
+
+    settings = edits.EditSettings()
+    parameters = inspect.signature(HiDreamEditPipeline.__call__).parameters
+    shared = [name for name in edits.SETTING_NAMES if name in parameters]
+    assert len(shared) == 7, shared  # everything but the working resolution and the step cache (the engine's)
+    assert {name: parameters[name].default for name in shared} == {name: getattr(settings, name) for name in shared}
+    assert edits.target_prompt is prompts.target_prompt and edits.TARGET_MARKER == prompts.TARGET_MARKER
+    assert prompts.target_prompt("Editing Instruction: x. Target Image Description: a red cube.") == "a red cube."

@@ -19,6 +19,7 @@ from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
 from hidream_ui.config import (
     AppConfig,
     ConfigError,
+    add_cluster_arguments,
     add_model_arguments,
     add_rewriter_arguments,
     add_server_arguments,
@@ -60,46 +61,20 @@ def build_parser(prog: str = "python app.py") -> argparse.ArgumentParser:
     return parser
 
 
-def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("cluster (Ray; docs/cluster.md)")
-    group.add_argument(
-        "--ray",
-        metavar="ADDRESS",
-        default=None,
-        help="run the engines as Ray Serve replicas on this cluster (`auto`: the running local "
-        "cluster; `local`: one of this process's own on 127.0.0.1); needs "
-        "`pip install hidream_ui[ray]` [env HIDREAM_RAY_ADDRESS]",
-    )
-    group.add_argument(
-        "--replicas",
-        metavar="N|MIN-MAX",
-        default=None,
-        help="with --ray: engine replicas, one per device (default: the --devices count, else every "
-        "GPU/NPU of the cluster, 1 on CPUs); MIN-MAX autoscales [env HIDREAM_RAY_REPLICAS]",
-    )
-
-
-def ray_engine(ns: argparse.Namespace, config: AppConfig, environ=None):
-    """The RayEngine for `--ray` / HIDREAM_RAY_ADDRESS, or None (the local pool). ConfigError when Ray
-    is missing (saying how to install it) or `--replicas` is malformed. Nothing connects here: the
-    replicas start with the first job or the Load button, as a local model loads."""
-    environ = os.environ if environ is None else environ
-    from hidream_ui.engine.ray_serve import address_from
-
-    address = address_from(getattr(ns, "ray", None), environ)
-    if address is None:
+def ray_engine(config: AppConfig, *, verbose: bool = False):
+    """The RayEngine for `config.ray` (`--ray` / HIDREAM_RAY_ADDRESS), or None (the local pool), with
+    `config.replicas`; both were read and checked by the config table. ConfigError when Ray is missing
+    (saying how to install it). Nothing connects here: the replicas start with the first job or the
+    Load button, as a local model loads."""
+    if config.ray is None:
         return None
     from hidream_ui.engine.ray_env import RayUnavailable, require_ray
-    from hidream_ui.engine.ray_serve import RayEngine, parse_replicas
+    from hidream_ui.engine.ray_serve import RayEngine
     from hidream_ui.ui.services import is_public
 
-    replicas = getattr(ns, "replicas", None) or environ.get("HIDREAM_RAY_REPLICAS", "").strip() or None
     try:
-        parse_replicas(replicas)  # a malformed count is refused before Ray is imported
-        require_ray(address)
-        return RayEngine(
-            config, address, replicas, hide_paths=is_public(config), verbose=bool(getattr(ns, "verbose", False))
-        )
+        require_ray(config.ray)
+        return RayEngine(config, hide_paths=is_public(config), verbose=verbose)
     except (RayUnavailable, EngineError) as exc:
         raise ConfigError(str(exc)) from None
 
@@ -374,7 +349,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     stop_on_signals()
     engine = None
     try:
-        engine = ray_engine(ns, config)
+        engine = ray_engine(config, verbose=bool(getattr(ns, "verbose", False)))
         launch(config, engine=engine)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -391,7 +366,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 __all__ = [
-    "add_cluster_arguments",
     "build_parser",
     "launch",
     "main",

@@ -1,6 +1,7 @@
 """The model: `layout` (upstream folder names, LoRA geometry), `sources` (where parts come from,
-verification), `geometry`, `loading`, `plans` / `planner` / `fp8` (memory plans, their predicted
-peaks, fp8 storage), and `tiny/` (the offline checkpoint builder).
+verification), `geometry`, `loading`, `plans` / `sizes` / `planner` / `fp8` (memory plans, the parts'
+sizes from their configs, predicted peaks, fp8 storage), `settings` (what the package reads from the
+app's settings: a protocol, so it never imports the config) and `tiny/` (the offline checkpoint builder).
 
 Where the weights come from, checking them before a load, and loading them for E1.1 / E1-Full.
 

@@ -4,6 +4,10 @@ loader and written by the tiny builder.
 
 from __future__ import annotations
 
+# Tokens per text encoder as HiDream's pipeline encodes a prompt: the pipeline's rule, kept there (the
+# pipeline imports nothing from the model package); read here by the planner and the trace.
+from hidream_ui.pipeline.prompts import PROMPT_TOKENS  # noqa: F401  re-exported
+
 LLAMA_DIR = "Llama-3.1-8B-Instruct"
 I1_DIR = "HiDream-I1-Full"
 E11_DIR = "HiDream-E1-1"
@@ -33,8 +37,21 @@ E1_FULL_LORA_TARGETS = (
 )
 E1_FULL_LORA_RANK = 16
 E1_FULL_LORA_ALPHA = 16
-# Tokens per text encoder as HiDream's pipeline encodes a prompt (T5 and Llama; CLIP caps at 77).
-PROMPT_TOKENS = 128
+
+
+def e1_full_lora_config():
+    """peft's LoraConfig of that adapter, as upstream adds it (peft imported here, on first use)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=E1_FULL_LORA_RANK,
+        lora_alpha=E1_FULL_LORA_ALPHA,
+        lora_dropout=0.0,
+        target_modules=list(E1_FULL_LORA_TARGETS),
+        init_lora_weights="gaussian",
+    )
+
+
 I1_COMPONENTS = (
     "scheduler",
     "vae",

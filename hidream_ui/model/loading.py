@@ -4,6 +4,7 @@ refine stage's weight sets.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -12,13 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from hidream_ui.config import AppConfig
 from hidream_ui.device import memory as device_memory  # device_memory.snapshot: looked up per call
 from hidream_ui.device.pool_spec import placement_for
 from hidream_ui.model.fp8 import apply_fp8, load_streamed, weight_files
 from hidream_ui.model.geometry import Geometry, geometry_for
-from hidream_ui.model.layout import E1_FULL_FILE, E1_FULL_LORA_ALPHA, E1_FULL_LORA_RANK, E1_FULL_LORA_TARGETS
+from hidream_ui.model.layout import E1_FULL_FILE, e1_full_lora_config
 from hidream_ui.model.plans import TEXT_ENCODERS, MemoryPlan, apply_plan
+from hidream_ui.model.settings import ModelSettings
 from hidream_ui.model.sources import ModelError, ModelSources, _is_local, resolve_sources, verify_sources
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
@@ -143,22 +144,20 @@ def _bytes_read(sources: ModelSources, refiner: str) -> int:
 BUILD_LOCK = threading.RLock()
 
 
+def _under_build_lock(load):
+    """One load at a time per process (BUILD_LOCK)."""
+
+    @functools.wraps(load)
+    def locked(*args, **kwargs):
+        with BUILD_LOCK:
+            return load(*args, **kwargs)
+
+    return locked
+
+
+@_under_build_lock
 def load_model(
-    config: AppConfig,
-    device: "DeviceInfo",
-    dtype: "torch.dtype",
-    on_progress: ProgressFn | None = None,
-    sources: ModelSources | None = None,
-    plan: "MemoryPlan | None" = None,
-) -> LoadedModel:
-    """Loads the pipeline for `config.variant` onto `device` in `dtype`, placed by `plan` (one load at a
-    time per process)."""
-    with BUILD_LOCK:
-        return _load_model(config, device, dtype, on_progress, sources, plan)
-
-
-def _load_model(
-    config: AppConfig,
+    config: ModelSettings,
     device: "DeviceInfo",
     dtype: "torch.dtype",
     on_progress: ProgressFn | None = None,
@@ -166,7 +165,8 @@ def _load_model(
     plan: "MemoryPlan | None" = None,
 ) -> LoadedModel:
     """Loads the pipeline for `config.variant` onto `device` in `dtype`, placed by `plan` (the
-    memory plan; None: everything resident in bf16 storage, i.e. `full`) and `--placement`.
+    memory plan; None: everything resident in bf16 storage, i.e. `full`) and `--placement`; one load
+    at a time per process.
 
     Weights go straight into `dtype` (diffusers/transformers stream the safetensors shards into
     an empty model), so a bf16 checkpoint never exists as an fp32 copy on the host; an fp8 plan's
@@ -287,7 +287,9 @@ def _load_model(
     return loaded
 
 
-def _release_parts(config: AppConfig, sources: ModelSources, plan: "MemoryPlan", device: "DeviceInfo", dtype) -> dict:
+def _release_parts(
+    config: ModelSettings, sources: ModelSources, plan: "MemoryPlan", device: "DeviceInfo", dtype
+) -> dict:
     """The full profile: every part at the release's dimensions, random weights made in memory."""
     from hidream_ui.model.tiny.in_memory import release_parts  # looked up per call: tests replace it
 
@@ -357,7 +359,6 @@ def _attach_mag_ratios(transformer, folder: Path) -> None:
 def _attach_e1_full(transformer, e1_source: str, dtype) -> dict:
     """Adds the E1-Full LoRA to the I1 transformer; returns owned copies of the overwritten plain keys."""
     import torch
-    from peft import LoraConfig
     from safetensors.torch import load_file
 
     path = Path(e1_source)
@@ -367,15 +368,7 @@ def _attach_e1_full(transformer, e1_source: str, dtype) -> dict:
         from huggingface_hub import hf_hub_download
 
         path = Path(hf_hub_download(repo_id=e1_source, filename=E1_FULL_FILE))
-    transformer.add_adapter(
-        LoraConfig(
-            r=E1_FULL_LORA_RANK,
-            lora_alpha=E1_FULL_LORA_ALPHA,
-            lora_dropout=0.0,
-            target_modules=list(E1_FULL_LORA_TARGETS),
-            init_lora_weights="gaussian",
-        )
-    )
+    transformer.add_adapter(e1_full_lora_config())
     # peft makes adapter weights in the base layer's dtype: under fp8 storage that would be float8. The LoRA
     # stays in the compute dtype (fp8 skips it); a no-op when the base layers are in `dtype` already.
     with torch.no_grad():

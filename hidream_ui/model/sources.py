@@ -9,9 +9,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hidream_ui.config import AppConfig
 from hidream_ui.model.errors import ModelError  # noqa: F401  re-exported: callers import it from here
 from hidream_ui.model.layout import E1_FULL_DIR, E1_FULL_FILE, E11_DIR, HUB_IDS, I1_COMPONENTS, I1_DIR, LLAMA_DIR
+from hidream_ui.model.settings import ModelSettings
 from hidream_ui.model.tiny import build
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
@@ -44,7 +44,7 @@ class ModelSources:
         }
 
 
-def resolve_sources(config: AppConfig, *, build_tiny: bool = True) -> ModelSources:
+def resolve_sources(config: ModelSettings, *, build_tiny: bool = True) -> ModelSources:
     """Decides where each part comes from: explicit part > --model-dir > the tiny checkpoint."""
     if config.uses_tiny_model:
         # The full profile is made in memory (model/tiny/in_memory.py); its tokenizers, scheduler and config
@@ -119,6 +119,14 @@ def _check_weights_folder(folder: Path, index_name: str, single_name: str, probl
         problems.append(f"{folder}: no {index_name} and no {single_name}")
 
 
+def _check_diffusers_folder(folder: Path, problems: list[str]) -> None:
+    """A diffusers model folder (transformer, vae): its config and its weights, sharded or one file."""
+    _check_config(folder, problems)
+    _check_weights_folder(
+        folder, "diffusion_pytorch_model.safetensors.index.json", "diffusion_pytorch_model.safetensors", problems
+    )
+
+
 def _check_config(folder: Path, problems: list[str], name: str = "config.json") -> None:
     if not (folder / name).is_file():
         problems.append(f"{folder / name}: missing")
@@ -156,13 +164,7 @@ def verify_sources(sources: ModelSources) -> list[str]:
                     if not any(folder.iterdir()):
                         problems.append(f"{folder}: empty tokenizer folder")
                 elif component == "transformer" or component == "vae":
-                    _check_config(folder, problems)
-                    _check_weights_folder(
-                        folder,
-                        "diffusion_pytorch_model.safetensors.index.json",
-                        "diffusion_pytorch_model.safetensors",
-                        problems,
-                    )
+                    _check_diffusers_folder(folder, problems)
                 else:
                     _check_config(folder, problems)
                     _check_weights_folder(folder, "model.safetensors.index.json", "model.safetensors", problems)
@@ -173,13 +175,7 @@ def verify_sources(sources: ModelSources) -> list[str]:
             if not folder.is_dir():
                 problems.append(f"{folder}: HiDream-E1-1 transformer folder does not exist")
             else:
-                _check_config(folder, problems)
-                _check_weights_folder(
-                    folder,
-                    "diffusion_pytorch_model.safetensors.index.json",
-                    "diffusion_pytorch_model.safetensors",
-                    problems,
-                )
+                _check_diffusers_folder(folder, problems)
         else:
             path = e1 / E1_FULL_FILE if e1.is_dir() or not e1.suffix else e1
             if not path.is_file():

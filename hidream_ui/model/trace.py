@@ -187,7 +187,7 @@ def build_parts(configs: Mapping[str, Mapping[str, Any]], dtype: torch.dtype, va
 
 def _encode(parts: Parts, mode: LiveBytes) -> int:
     """Peak over the four encoders run one at a time (Llama keeps every layer's hidden state)."""
-    from hidream_ui.model.layout import PROMPT_TOKENS
+    from hidream_ui.pipeline.prompts import PROMPT_TOKENS
 
     peak = 0
     for name, encoder in parts.encoders.items():
@@ -204,8 +204,8 @@ def _encode(parts: Parts, mode: LiveBytes) -> int:
 
 
 def _embeds(parts: Parts, batch: int, dtype: torch.dtype):
-    from hidream_ui.model.layout import PROMPT_TOKENS
     from hidream_ui.pipeline.edit_pipeline import PromptEmbeds
+    from hidream_ui.pipeline.prompts import PROMPT_TOKENS
 
     t5 = parts.configs["t5"]["d_model"]
     llama = parts.configs["llama"]

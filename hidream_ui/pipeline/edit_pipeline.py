@@ -25,13 +25,10 @@ from diffusers.pipelines.hidream_image.pipeline_hidream_image import (
 from diffusers.pipelines.hidream_image.pipeline_output import HiDreamImagePipelineOutput
 from diffusers.utils.torch_utils import randn_tensor
 
-from hidream_ui.edits import EditSettings, target_prompt
-from hidream_ui.model.layout import PROMPT_TOKENS
+from hidream_ui.pipeline import defaults
 from hidream_ui.pipeline.guidance import combine_edit_guidance, combine_refine_guidance, refine_start_step
+from hidream_ui.pipeline.prompts import PROMPT_TOKENS, target_prompt
 from hidream_ui.pipeline.speed.cache import reset_step_cache, step_cache_stats
-
-# The call's defaults are an edit's (hidream_ui.edits FIELDS, E1.1's): one home for them.
-_DEFAULTS = EditSettings()
 
 
 def collapsed_tokens(hidden: torch.Tensor, patch_size: int, max_seq: int):
@@ -190,16 +187,16 @@ class HiDreamEditPipeline(HiDreamImagePipeline):
         self,
         image: PIL.Image.Image | Sequence[PIL.Image.Image],
         prompt: str | Sequence[str],
-        negative_prompt: str | Sequence[str] = _DEFAULTS.negative_prompt,
-        guidance_scale: float = _DEFAULTS.guidance_scale,
-        image_guidance_scale: float = _DEFAULTS.image_guidance_scale,
-        num_inference_steps: int = _DEFAULTS.num_inference_steps,
-        refine_strength: float = _DEFAULTS.refine_strength,
-        clip_cfg_norm: bool = _DEFAULTS.clip_cfg_norm,
+        negative_prompt: str | Sequence[str] = defaults.NEGATIVE_PROMPT,
+        guidance_scale: float = defaults.GUIDANCE_SCALE,
+        image_guidance_scale: float = defaults.IMAGE_GUIDANCE_SCALE,
+        num_inference_steps: int = defaults.NUM_INFERENCE_STEPS,
+        refine_strength: float = defaults.REFINE_STRENGTH,
+        clip_cfg_norm: bool = defaults.CLIP_CFG_NORM,
         generator: torch.Generator | list[torch.Generator] | None = None,
         num_images_per_prompt: int = 1,
         output_type: str = "pil",
-        collapse_padding: bool = _DEFAULTS.collapse_padding,
+        collapse_padding: bool = defaults.COLLAPSE_PADDING,
         max_sequence_length: int = PROMPT_TOKENS,
         mask: PIL.Image.Image | Sequence[PIL.Image.Image | None] | None = None,
         prompt_embeds_fn: Callable[[str], PromptEmbeds] | None = None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from hidream_ui.pipeline.attention.flash import FlashAttnProcessor
 from hidream_ui.pipeline.attention.kernels import ChunkedProcessor, MathProcessor, SdpaBackendProcessor, SdpaProcessor
@@ -67,14 +67,31 @@ def _sdpa_available(device: Any, dtype: Any) -> tuple[bool, str]:
     return True, f"torch {torch.__version__} picks its fused kernel for {kind}/{_dtype_label(dtype)}"
 
 
-def _npu_fusion_available(device: Any, dtype: Any) -> tuple[bool, str]:
-    kind = _device_type(device)
-    if kind != "npu":
-        return False, f"needs an Ascend NPU (device is {kind})"
+def _half_kernel_refused(device: Any, dtype: Any, kind: str, wrong_device: str, name: str, package: str, missing: str):
+    """Why a fused half-precision kernel of `package` cannot run here (None: it may): the device is not
+    `kind`, the dtype is not float16/bfloat16, or the package is not installed."""
+    found = _device_type(device)
+    if found != kind:
+        return False, f"{wrong_device} (device is {found})"
     if not _is_half(dtype):
-        return False, f"npu_fusion_attention takes float16/bfloat16 only (dtype is {_dtype_label(dtype)})"
-    if importlib.util.find_spec("torch_npu") is None:
-        return False, "torch_npu is not installed (install the build matching your CANN and torch)"
+        return False, f"{name} takes float16/bfloat16 only (dtype is {_dtype_label(dtype)})"
+    if importlib.util.find_spec(package) is None:
+        return False, missing
+    return None
+
+
+def _npu_fusion_available(device: Any, dtype: Any) -> tuple[bool, str]:
+    refused = _half_kernel_refused(
+        device,
+        dtype,
+        "npu",
+        "needs an Ascend NPU",
+        "npu_fusion_attention",
+        "torch_npu",
+        "torch_npu is not installed (install the build matching your CANN and torch)",
+    )
+    if refused:
+        return refused
     module = sys.modules.get("torch_npu")
     if module is not None and not hasattr(module, "npu_fusion_attention"):
         return False, "this torch_npu has no npu_fusion_attention (needs torch_npu >= 2.1 / CANN 7)"
@@ -85,13 +102,17 @@ def _npu_fusion_available(device: Any, dtype: Any) -> tuple[bool, str]:
 
 
 def _flash_attn_available(device: Any, dtype: Any) -> tuple[bool, str]:
-    kind = _device_type(device)
-    if kind != "cuda":
-        return False, f"flash-attn is a CUDA package (device is {kind})"
-    if not _is_half(dtype):
-        return False, f"flash-attn takes float16/bfloat16 only (dtype is {_dtype_label(dtype)})"
-    if importlib.util.find_spec("flash_attn") is None:
-        return False, "the flash-attn package is not installed (pip install flash-attn --no-build-isolation)"
+    refused = _half_kernel_refused(
+        device,
+        dtype,
+        "cuda",
+        "flash-attn is a CUDA package",
+        "flash-attn",
+        "flash_attn",
+        "the flash-attn package is not installed (pip install flash-attn --no-build-isolation)",
+    )
+    if refused:
+        return refused
     try:
         # A present but ABI-mismatched build is common: only an import tells.
         from flash_attn import flash_attn_func  # noqa: F401
@@ -147,11 +168,13 @@ def _auto_processor(**options: Any) -> HiDreamStrategyProcessor:
 # Registry
 
 
-def _backend_factory(name: str, backend: str) -> Callable[[], SdpaBackendProcessor]:
+def _forced_sdpa(name: str, backend: str, description: str, *, cuda_only: bool, half_only: bool) -> AttentionStrategy:
+    """A strategy that forces torch SDPA onto one backend: its check and its processor name the same backend."""
+
     def make() -> SdpaBackendProcessor:
         return SdpaBackendProcessor(name, backend)
 
-    return make
+    return AttentionStrategy(name, description, _sdpa_backend_available(backend, cuda_only, half_only), make)
 
 
 _STRATEGIES = (
@@ -192,29 +215,33 @@ _STRATEGIES = (
         _flash_attn_available,
         FlashAttnProcessor,
     ),
-    AttentionStrategy(
+    _forced_sdpa(
         "sdpa_flash",
+        "FLASH_ATTENTION",
         "torch SDPA forced to FLASH_ATTENTION (CUDA, fp16/bf16; masked calls may use EFFICIENT)",
-        _sdpa_backend_available("FLASH_ATTENTION", cuda_only=True, half_only=True),
-        _backend_factory("sdpa_flash", "FLASH_ATTENTION"),
+        cuda_only=True,
+        half_only=True,
     ),
-    AttentionStrategy(
+    _forced_sdpa(
         "sdpa_efficient",
+        "EFFICIENT_ATTENTION",
         "torch SDPA forced to EFFICIENT_ATTENTION (CUDA)",
-        _sdpa_backend_available("EFFICIENT_ATTENTION", cuda_only=True, half_only=False),
-        _backend_factory("sdpa_efficient", "EFFICIENT_ATTENTION"),
+        cuda_only=True,
+        half_only=False,
     ),
-    AttentionStrategy(
+    _forced_sdpa(
         "sdpa_cudnn",
+        "CUDNN_ATTENTION",
         "torch SDPA forced to CUDNN_ATTENTION (CUDA, fp16/bf16)",
-        _sdpa_backend_available("CUDNN_ATTENTION", cuda_only=True, half_only=True),
-        _backend_factory("sdpa_cudnn", "CUDNN_ATTENTION"),
+        cuda_only=True,
+        half_only=True,
     ),
-    AttentionStrategy(
+    _forced_sdpa(
         "sdpa_math",
+        "MATH",
         "torch SDPA forced to its MATH backend (CPU and CUDA); O(S^2) memory",
-        _sdpa_backend_available("MATH", cuda_only=False, half_only=False),
-        _backend_factory("sdpa_math", "MATH"),
+        cuda_only=False,
+        half_only=False,
     ),
 )
 

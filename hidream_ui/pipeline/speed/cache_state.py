@@ -5,7 +5,7 @@ there), the counters, and the call signature that invalidates a cache. No torch 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 ROOT_HOOK = "hidream_ui_step_cache_root"
@@ -24,13 +24,7 @@ class CacheStats:
         return self.blocks_skipped / total if total else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "calls": self.calls,
-            "full_calls": self.full_calls,
-            "blocks_run": self.blocks_run,
-            "blocks_skipped": self.blocks_skipped,
-            "skipped_fraction": round(self.skipped_fraction, 4),
-        }
+        return {**asdict(self), "skipped_fraction": round(self.skipped_fraction, 4)}
 
 
 def call_signature(kwargs: dict) -> tuple:

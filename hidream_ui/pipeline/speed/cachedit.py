@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hidream_ui.pipeline.speed.cache_state import ROOT_HOOK as _ROOT
-from hidream_ui.pipeline.speed.cache_state import CacheStats, begin_call, end_call
+from hidream_ui.pipeline.speed.cache_state import CacheStats
 from hidream_ui.pipeline.speed.settings import CACHE_DIT_HINT, CacheSpec
 
 FN_BLOCKS, BN_BLOCKS, WARMUP_CALLS, TAYLORSEER_ORDER = 1, 0, 3, 1
@@ -135,34 +135,6 @@ class CacheDitState:
         )
 
 
-def _hook_classes():
-    from diffusers.hooks import ModelHook
-
-    class Root(ModelHook):
-        def __init__(self, state: CacheDitState):
-            super().__init__()
-            self.state = state
-
-        def pre_forward(self, module, *args, **kwargs):
-            begin_call(self.state, args, kwargs, reset_on_first=False)
-            return args, kwargs
-
-        def post_forward(self, module, output):
-            end_call(self.state)
-            return output
-
-    class Count(ModelHook):
-        def __init__(self, state: CacheDitState):
-            super().__init__()
-            self.state = state
-
-        def pre_forward(self, module, *args, **kwargs):
-            self.state.stats.blocks_run += 1
-            return args, kwargs
-
-    return Root, Count
-
-
 def install(transformer, spec: CacheSpec) -> CacheDitState:
     cache_dit = import_cache_dit()
     reason = _refusal(transformer)
@@ -186,12 +158,13 @@ def install(transformer, spec: CacheSpec) -> CacheDitState:
         check_num_outputs=True,
     )
     cache_dit.enable_cache(adapter, cache_config=cache_config, calibrator_config=calibrator_config)
-    Root, Count = _hook_classes()
+    from hidream_ui.pipeline.speed.library import BlockCounter, CallHook  # diffusers' hooks: with the model
+
     # Registered after cache-dit's patch, so they wrap its forwards (and are removed before it is).
     for block in blocks:
-        HookRegistry.check_if_exists_or_initialize(block).register_hook(Count(state), _COUNT)
+        HookRegistry.check_if_exists_or_initialize(block).register_hook(BlockCounter(state), _COUNT)
         state.hooks.append((block, _COUNT))
-    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(Root(state), _ROOT)
+    HookRegistry.check_if_exists_or_initialize(transformer).register_hook(CallHook(state, reset_on_first=False), _ROOT)
     state.hooks.append((transformer, _ROOT))
     return state
 

@@ -24,7 +24,7 @@ it cannot, the guard falls back to eager with the reason shown.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from diffusers.hooks import HookRegistry, ModelHook
@@ -46,13 +46,7 @@ class CompileState:
     warmup_seconds: float | None = None  # first call (trace + compile + run)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "backend": self.backend,
-            "active": self.active,
-            "error": self.error,
-            "warmup_seconds": self.warmup_seconds,
-        }
+        return asdict(self)  # every field, as the status panel and /status show them
 
 
 def compiler_backend(device_type: str, torchair: Any = None) -> tuple[Any, str]:

@@ -214,20 +214,23 @@ def calibration_state(transformer) -> LibraryCacheState:
     """The MagCache state installed on `transformer` (mag_calibrate.calibrate drives it)."""
     registry = getattr(transformer, "_diffusers_hook", None)
     hook = registry.get_hook(_ROOT) if registry is not None else None
-    if hook is None or not isinstance(hook, _Root) or not hook.state.mag_hooks:
+    state = getattr(hook, "state", None)  # the step cache's and cache-dit's roots hold other states
+    if not isinstance(state, LibraryCacheState) or not state.mag_hooks:
         raise ValueError("MagCache calibration needs cache=magcache:T installed on the transformer")
-    return hook.state
+    return state
 
 
-class _Root(ModelHook):
-    """On the transformer: context, invalidation and the per-call counts."""
+class CallHook(ModelHook):
+    """On the transformer: context, invalidation and the per-call counts (`begin_call`/`end_call`).
+    cache-dit's install uses it too, with `reset_on_first=False` (cache-dit sets its context up first)."""
 
-    def __init__(self, state: LibraryCacheState):
+    def __init__(self, state: Any, *, reset_on_first: bool = True):
         super().__init__()
         self.state = state
+        self.reset_on_first = reset_on_first
 
     def pre_forward(self, module, *args, **kwargs):
-        begin_call(self.state, args, kwargs)
+        begin_call(self.state, args, kwargs, reset_on_first=self.reset_on_first)
         return args, kwargs
 
     def post_forward(self, module, output):
@@ -235,10 +238,10 @@ class _Root(ModelHook):
         return output
 
 
-class _Count(ModelHook):
-    """Innermost on every block: runs only when the block is evaluated."""
+class BlockCounter(ModelHook):
+    """Innermost on every block: runs only when the block is evaluated (`stats.blocks_run`)."""
 
-    def __init__(self, state: LibraryCacheState):
+    def __init__(self, state: Any):
         super().__init__()
         self.state = state
 
@@ -288,7 +291,7 @@ def install(transformer, spec: CacheSpec) -> LibraryCacheState:
     blocks = doubles + singles
     state = LibraryCacheState(spec, blocks=len(blocks), ratios=getattr(transformer, RATIOS_ATTRIBUTE, None))
     for block in blocks:  # first: innermost
-        _register(state, block, _Count(state), _COUNT)
+        _register(state, block, BlockCounter(state), _COUNT)
     if spec.kind == "fbcache":
         manager = StateManager(FBCSharedBlockState, (), {})
         state.managers.append(manager)
@@ -335,7 +338,7 @@ def install(transformer, spec: CacheSpec) -> LibraryCacheState:
             )
     else:
         raise ValueError(f"cache={spec} is not one of diffusers' caches ({', '.join(LIBRARY_KINDS)})")
-    _register(state, transformer, _Root(state), _ROOT)
+    _register(state, transformer, CallHook(state), _ROOT)
     state.reset()
     return state
 

@@ -69,3 +69,16 @@ def test_the_link_check_sees_a_broken_link(tmp_path):
         "[ok](other.md) [ok](other.md#a-title) [gone](missing.md) [bad](other.md#nope) [web](https://x.y)\n"
     )
     assert broken_links([page]) == [f"{page}: missing.md (no such file)", f"{page}: other.md#nope (no such heading)"]
+
+
+def test_the_readmes_download_commands_exist_in_the_installed_huggingface_hub():
+    """README's weight downloads name a console script that the huggingface_hub the requirements install
+    really has (2.x ships `hf`; `huggingface-cli` is gone)."""
+    from importlib.metadata import entry_points
+
+    scripts = {
+        entry.name for entry in entry_points(group="console_scripts") if entry.value.startswith("huggingface_hub")
+    }
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    used = set(re.findall(r"(?:^|`)(hf|huggingface-cli) (?:download|auth|login)\b", text, flags=re.M))
+    assert used and used <= scripts, f"README uses {sorted(used)}; huggingface_hub installs {sorted(scripts)}"

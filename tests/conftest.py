@@ -9,9 +9,11 @@ import pytest
 
 from hidream_ui.bench import free_port  # noqa: F401 - test modules import it from here too
 
-# The `slow` marker, in one place: `python -m pytest -m "not slow" tests` is the fast subset; `.ci/run` runs all.
-# A test is slow when it starts a browser, Ray or a training run (issue 53's rule), or when its module
-# does so for most of its tests. Modules wholly slow, and why:
+# The `slow` marker: `python -m pytest -m "not slow" tests` is the fast subset; `.ci/run` runs all. A test is
+# slow when it starts a browser, Ray or a training run (issue 53's rule), or when it runs the model end to end
+# many times or measures something whole (a MagCache calibration, the quality floor, a benchmark, a flood of
+# edits): those carry `@pytest.mark.slow` where they are defined (the ones that took 1 s or more in a full
+# `--durations` run here). Modules wholly slow, and why:
 SLOW_MODULES = {
     "test_browser.py": "drives Chromium",
     "test_browser_experience.py": "drives Chromium at two widths",

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import zipfile
 
+import pytest
 import torch
 
 from hidream_ui.cli import acceptance
 
 
+@pytest.mark.slow
 def test_acceptance_end_to_end_on_cpu(tiny_cache, tmp_path, monkeypatch, capsys):
     out = tmp_path / "acc"
 
@@ -57,6 +59,7 @@ def test_acceptance_is_a_command():
     assert COMMANDS["acceptance"][0] == "hidream_ui.cli.acceptance"
 
 
+@pytest.mark.slow
 def test_memory_step_on_an_accelerator_measures_each_fitting_plan(tiny_cache, monkeypatch):
     """The memory step's flow where an accelerator is (faked: no edit runs): plans that do not fit are skipped
     with the planner's reason, each fitting plan gets its own engine, an OOM in one is recorded and the next

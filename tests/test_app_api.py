@@ -43,6 +43,7 @@ def edit(client, image=EXAMPLE, instruction="Replace the red apple with a green 
     )
 
 
+@pytest.mark.slow
 def test_edit_returns_image_and_used_seed(client, app):
     (before, after), saved, seed_used, summary = edit(client, randomize_seed=True)
     source = Image.open(EXAMPLE)
@@ -64,6 +65,7 @@ def test_edit_returns_image_and_used_seed(client, app):
     assert load_settings(saved_fixed).seed == 1234
 
 
+@pytest.mark.slow
 def test_status_has_device_fields_and_follows_an_edit(client, app):
     status = client.predict(api_name="/status")
     for key in ("state", "device", "device_type", "device_name", "dtype", "attention", "model_source", "memory"):
@@ -100,6 +102,7 @@ def test_status_has_device_fields_and_follows_an_edit(client, app):
     assert after["counters"]["edits"] == edits_before + 1
 
 
+@pytest.mark.slow
 def test_set_attention_switches_and_refuses_unavailable(client, app):
     engine = app["engine"]
     assert client.predict(name="math", api_name="/set_attention") == "math"
@@ -333,6 +336,7 @@ def test_a_missing_image_or_instruction_says_what_to_do(client, tmp_path, app):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_edit_with_a_left_half_mask_keeps_the_right_half(client, tmp_path):
     import numpy as np
 
@@ -382,6 +386,7 @@ def test_a_mask_that_is_not_an_image_is_refused_before_any_work(client, tmp_path
     assert app["engine"].counters["edits"] == edits
 
 
+@pytest.mark.slow
 def test_edit_streams_live_previews_before_its_result(client, monkeypatch):
     """/edit's progress carries a (before, preview) pair every --preview-every steps (4 by default).
 

@@ -49,6 +49,7 @@ def fresh_engine(tmp_path, tiny_cache):
     return EditEngine(AppConfig(device="cpu", output_dir=tmp_path / "out", max_batch_items=4))
 
 
+@pytest.mark.slow
 def test_matrix_gives_every_pair_in_a_stable_order_with_metadata(engine):
     request = BatchRequest(
         sources=sources(3),

@@ -49,6 +49,7 @@ def batch(client, files, instructions, **kwargs):
     )
 
 
+@pytest.mark.slow
 def test_batch_edit_returns_gallery_report_and_zip(client, files):
     gallery, report, archive = batch(client, [*files["good"], files["broken"]], "make it red\nmake it blue\n\n")
     assert len(gallery) == 4
@@ -114,6 +115,7 @@ def compare(client, image, **kwargs):
     return client.predict(image=handle_file(str(image)), **values, api_name="/compare")
 
 
+@pytest.mark.slow
 def test_compare_returns_a_labelled_grid_and_the_cells(client, files):
     grid_path, cells, report = compare(client, files["good"][0])
     assert len(cells) == 6

@@ -142,6 +142,7 @@ def left_half_mask(path: Path, like: Path) -> None:
     mask.save(path)
 
 
+@pytest.mark.slow
 def test_a_masked_line_is_saved_as_the_edit_tab_saves_it(folder, tiny_cache, capsys):
     """One save path (issue 53): the mask file the metadata names, `parent`, the sidecar's keys."""
     source, mask_path = folder / "pics" / "p0.png", folder / "pics" / "m.png"
@@ -173,6 +174,7 @@ def test_a_masked_line_is_saved_as_the_edit_tab_saves_it(folder, tiny_cache, cap
     assert np.array_equal(pixels(png), pixels(tab.saved_png))
 
 
+@pytest.mark.slow
 def test_a_half_saved_item_runs_again_under_its_own_name(folder, tiny_cache, capsys):
     lines = [{"image": "pics/p0.png", "instruction": "make it red", **FAST}]
     out = folder / "out"

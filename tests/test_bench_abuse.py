@@ -206,6 +206,7 @@ def test_an_app_that_refuses_its_flags_is_reported_and_nothing_is_left(tiny_cach
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_one_probe_end_to_end_reports_every_figure(tiny_cache, capsys):
     code = bench_abuse.main(["--quick", "--probe", "engine-settings", "--json", "--timeout", "120"])
     report = json.loads(capsys.readouterr().out)  # nothing but the JSON on stdout

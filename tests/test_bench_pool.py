@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hidream_ui.bench import pool as bench_pool
 
 
+@pytest.mark.slow
 def test_bench_pool_measures_one_engine_against_two(tiny_cache):
     report = bench_pool.run(profile="tiny", jobs=4, steps=1)
     json.dumps(report)  # JSON-able as it is

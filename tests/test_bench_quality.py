@@ -46,6 +46,7 @@ def report(tiny_cache, one_thread):
     )
 
 
+@pytest.mark.slow
 def test_structure(report):
     assert report["benchmark"] == "quality" and report["profile"] == "tiny" and report["random_weights"] is True
     assert report["cases"] == CASES and report["seed_start"] == world.HELD_OUT_SEED_START

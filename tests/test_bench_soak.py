@@ -15,6 +15,7 @@ def report(tiny_cache):
     return bench_soak.run(edits=6, sample_at=2, every=2, retention=3, cache_max_files=5)
 
 
+@pytest.mark.slow
 def test_report_has_the_figures_and_targets(report):
     json.dumps(report)  # JSON-able as it is
     for key in (
@@ -62,6 +63,7 @@ def test_file_counts_are_numbers_and_bounded(report):
     assert all(s["output_pngs"] <= 3 for s in report["series"])
 
 
+@pytest.mark.slow
 def test_main_prints_one_json_object(tiny_cache, capsys):
     assert bench_soak.main(["--edits", "2", "--sample-at", "1", "--every", "1", "--retention", "1", "--json"]) == 0
     out = capsys.readouterr().out

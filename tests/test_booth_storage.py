@@ -67,6 +67,7 @@ def flood_app(launch_app):
     return launch_app("booth-flood", cache_max_files=60, preview_every=1, max_jobs_per_client=2)
 
 
+@pytest.mark.slow
 def test_a_results_flood_from_fresh_sessions_stays_within_the_cap_and_locks_nobody_out(flood_app):
     """Finding 1 (HIGH): one upload, then 14 edits of 8 steps each from a new session: every result and
     preview is charged to the client and ages out within its quota, and another address's first upload
@@ -91,6 +92,7 @@ def kiosk_app(launch_app):
     return launch_app("booth-kiosk", cache_max_files=40, client_quota_files=12, preview_every=0)
 
 
+@pytest.mark.slow
 def test_a_kiosk_editing_picture_after_picture_is_never_refused(kiosk_app):
     """Finding 2 (HIGH for a booth): one address uploads a new picture and edits it, again and again,
     past its quota of 12 files: every upload and edit succeeds, its oldest files age out, the cache
@@ -163,6 +165,7 @@ def refresh(http: httpx.Client, demo, session: str, entries: list) -> int:
     return joined.status_code
 
 
+@pytest.mark.slow
 def test_a_flood_of_fresh_sessions_evicts_itself_before_a_visitor_who_edited(session_app):
     """Finding 3 (MEDIUM): at gradio's session cap the flood's sessions go first, however much State
     its History refreshes wrote: the visitor's session, which ran an edit, keeps its state. The cap is
@@ -189,6 +192,7 @@ def test_a_flood_of_fresh_sessions_evicts_itself_before_a_visitor_who_edited(ses
         holder.capacity = capacity
 
 
+@pytest.mark.slow
 def test_new_sessions_per_address_are_limited_and_known_sessions_are_not(limited_app):
     demo = limited_app["demo"]
     with client(limited_app, "127.0.6.1") as flood, client(limited_app, "127.0.6.2") as other:

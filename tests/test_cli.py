@@ -61,6 +61,7 @@ def test_doctor_requested_npu_without_torch_npu_is_a_problem(tiny_cache, capsys)
     assert any("torch_npu" in p for p in report["problems"])
 
 
+@pytest.mark.slow
 def test_edit_cli_prints_a_json_summary(tiny_cache, tmp_path, capsys):
     src = tmp_path / "in.png"
     Image.new("RGB", (48, 40), (200, 30, 30)).save(src)
@@ -100,6 +101,7 @@ def test_edit_cli_reports_bad_input_without_traceback(tiny_cache, tmp_path, caps
     assert summary["ok"] is False and "bad.png" in summary["error"]
 
 
+@pytest.mark.slow
 def test_make_tiny_cli_twice_gives_identical_bytes(tmp_path):
     import hashlib
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import write_picture
 
 from hidream_ui.cli.quiet import QUIET_ENVIRONMENT, StepBar, quiet_libraries
@@ -30,6 +31,7 @@ def _run(args: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_edit_is_quiet_by_default_with_one_bar_of_ours_and_verbose_shows_the_libraries(tmp_path, tiny_cache):
     source = write_picture(tmp_path / "in.png")
     common = [

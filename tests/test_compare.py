@@ -133,6 +133,7 @@ def engine(tmp_path_factory, tiny_cache):
     return eng
 
 
+@pytest.mark.slow
 def test_two_by_three_grid_runs_row_major_and_renders_with_labels(engine):
     seen = []
     result = run_compare(
@@ -189,6 +190,7 @@ def test_two_by_three_grid_runs_row_major_and_renders_with_labels(engine):
     assert not inked(pixels[layout.header_band[1] : top_of_cells, :left_of_cells])
 
 
+@pytest.mark.slow
 def test_attention_axis_switches_and_restores(engine, monkeypatch):
     before = engine.primary.attention_request  # e.g. "auto": restored as asked, not as what it resolved to
     resolved = engine.status().attention
@@ -204,6 +206,7 @@ def test_attention_axis_switches_and_restores(engine, monkeypatch):
     assert np.abs(a - b).max() <= 2
 
 
+@pytest.mark.slow
 def test_a_fallen_back_attention_is_restored_after_the_axis(tmp_path, tiny_cache):
     """Started with a strategy this device lacks (flash_attn on a CPU: auto runs instead), a
     comparison over attention must leave the engine as it found it, not on its last cell's
@@ -216,6 +219,7 @@ def test_a_fallen_back_attention_is_restored_after_the_axis(tmp_path, tiny_cache
     assert (fallen.primary.attention_request, fallen.status().attention) == before
 
 
+@pytest.mark.slow
 def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):
     before = engine.status().attention
     original = engine.primary.edit  # the pool's engine the grid is pinned to
@@ -233,6 +237,7 @@ def test_attention_is_restored_when_a_cell_fails(engine, monkeypatch):
     assert engine.status().attention == before
 
 
+@pytest.mark.slow
 def test_stop_keeps_finished_cells_and_the_grid_marks_the_rest(engine):
     from hidream_ui.engine.jobs import CancelToken
 

@@ -492,6 +492,7 @@ def test_bind_failure_names_device_and_thread():
     assert "npu:7" in str(info.value) and threading.current_thread().name in str(info.value)
 
 
+@pytest.mark.slow
 def test_housekeeping_goes_to_the_right_backend_and_index():
     npu = FakeNPUBackend(count=2, allocated=1, peak=9, reserved=8, active=2)
     backends = table(npu=npu)
@@ -505,6 +506,7 @@ def test_housekeeping_goes_to_the_right_backend_and_index():
     assert (npu.peak, npu.reserved) == (1, 2)
 
 
+@pytest.mark.slow
 def test_housekeeping_on_cpu_is_harmless():
     device = resolve_device("cpu", backends={"cpu": CPUBackend()}, environ=NO_ENV)
     for operation in (

@@ -96,6 +96,7 @@ def test_without_attention_speed_and_batch_their_controls_are_hidden_and_their_a
     assert "choices" not in attention
 
 
+@pytest.mark.slow
 def test_an_executor_without_a_local_rewriter_offers_no_local_rewrite_and_says_why(tmp_path):
     demo = build_demo(executor(tmp_path, Capabilities.without(local_rewriter=REWRITER_REASON), rewriter="local"))
     assert demo.hidream_services.rewriter is None

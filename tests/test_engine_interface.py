@@ -70,6 +70,7 @@ def _runtime_worker_imports(path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_only_the_engine_package_imports_a_worker_class():
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -145,6 +146,7 @@ def test_no_process_wide_engine_and_no_engine_level_cancel():
     assert not hasattr(engine_module.EditEngine, "cancel") and not hasattr(EnginePool, "cancel")
 
 
+@pytest.mark.slow
 def test_a_pool_of_one_runs_a_batch_without_threads(tmp_path, tiny_cache, monkeypatch):
     import threading
 

@@ -84,6 +84,7 @@ def raw_call(url: str, api: str, data: list, session: str = "raw-client") -> dic
         ),
     ],
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("meta", [None, {"_type": "gradio.FileData"}], ids=["no-meta", "file-meta"])
 def test_a_server_path_from_a_raw_client_is_refused_without_saying_whether_it_exists(app, tmp_path, api, data, meta):
     secret = write_picture(tmp_path / "secret.png", 7)  # a real image the server can read
@@ -118,6 +119,7 @@ def test_a_file_in_the_apps_own_cache_that_nobody_uploaded_is_refused(app):
     assert app["engine"].counters["edits"] == edits
 
 
+@pytest.mark.slow
 def test_no_event_serves_a_server_file_a_client_names(app, tmp_path):
     """Every event of the app, private ones included (the Compare tab's slider pickers, History),
     sent a raw server path in every input, as a file and as a gallery entry: none may hand the
@@ -147,6 +149,7 @@ def test_no_event_serves_a_server_file_a_client_names(app, tmp_path):
                     assert marker not in fetched.content, (index, url)
 
 
+@pytest.mark.slow
 def test_uploads_and_bundled_examples_still_work(client, app):
     # handle_file uploads the file first (gradio stores it for this app): accepted.
     (before, after), saved, seed, _ = client.predict(
@@ -219,6 +222,7 @@ def submit_slow(client: Client, seed: int = 1):
     )
 
 
+@pytest.mark.slow
 def test_status_answers_within_a_second_while_the_queue_is_full(app):
     limit = app["config"].max_queue
     clients = [Client(app["url"], verbose=False) for _ in range(limit // 2 + 1)]
@@ -242,6 +246,7 @@ def test_status_answers_within_a_second_while_the_queue_is_full(app):
             job.cancel()
 
 
+@pytest.mark.slow
 def test_one_client_cannot_hold_more_than_its_share_of_the_queue(app):
     clients = [Client(app["url"], verbose=False) for _ in range(3)]
     jobs = {}
@@ -274,6 +279,7 @@ def running_job(app, kind: str):
     )
 
 
+@pytest.mark.slow
 def test_job_cancel_stops_a_200_step_edit_within_one_step_and_saves_nothing(app):
     c = Client(app["url"], verbose=False)
     before = results(Path(app["config"].output_dir))
@@ -292,6 +298,7 @@ def test_job_cancel_stops_a_200_step_edit_within_one_step_and_saves_nothing(app)
     assert results(Path(app["config"].output_dir)) == before
 
 
+@pytest.mark.slow
 def test_the_public_cancel_api_stops_only_the_callers_job(app):
     mine, theirs = Client(app["url"], verbose=False), Client(app["url"], verbose=False)
     job = submit_slow(mine, 6)
@@ -307,6 +314,7 @@ def test_the_public_cancel_api_stops_only_the_callers_job(app):
         job.result(timeout=60)  # the edit ends as cancelled, with no result
 
 
+@pytest.mark.slow
 def test_a_cancelled_batch_keeps_its_finished_items(app, tmp_path):
     c = Client(app["url"], verbose=False)
     output_dir = Path(app["config"].output_dir)
@@ -375,6 +383,7 @@ def test_a_client_that_goes_away_stops_its_edit(app):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gradios_cache_stays_within_the_file_limit_after_30_edits(client, app):
     services = app["demo"].hidream_services
     for seed in range(30):
@@ -404,12 +413,14 @@ def private_app(launch_app):
     return launch_app("hardening_auth", auth=("booth", "s3cret-pass"), max_login_failures=3)
 
 
+@pytest.mark.slow
 def test_after_login_status_answers(private_app):
     logged = Client(private_app["url"], auth=("booth", "s3cret-pass"), verbose=False)
     status = logged.predict(api_name="/status")
     assert status["model_source"] == "tiny"
 
 
+@pytest.mark.slow
 def test_with_auth_status_needs_login_and_parallel_guessing_is_throttled(private_app):
     with httpx.Client(base_url=private_app["url"], timeout=30) as http:
         anonymous = http.post("/gradio_api/run/status", json={"data": []})

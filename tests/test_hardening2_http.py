@@ -53,6 +53,7 @@ def login(url: str, address: str, **body) -> httpx.Response:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_locked_user_stays_locked_whatever_the_body_looks_like(private_app):
     url = private_app["url"]
     for i in range(3):  # three wrong passwords, each from another address: the user is locked
@@ -125,6 +126,7 @@ def big_join(size: int) -> bytes:
     ).encode()
 
 
+@pytest.mark.slow
 def test_a_2mb_json_body_to_the_queue_is_refused_with_413(public_app):
     body = big_join(2 * 1024 * 1024)
     with httpx.Client(base_url=public_app["url"], timeout=30) as http:
@@ -273,6 +275,7 @@ def bytes_per_session(demo, call, count: int) -> float:
     return grown / count
 
 
+@pytest.mark.slow
 def test_a_fresh_session_calling_status_costs_under_20_kb(public_app):
     assert gradio_internals.lean_sessions(public_app["demo"])  # made lean at start-up (True: already done)
     with httpx.Client(base_url=public_app["url"], timeout=30) as http:
@@ -285,6 +288,7 @@ def test_a_fresh_session_calling_status_costs_under_20_kb(public_app):
     assert per_session < MAX_SESSION_BYTES, f"{per_session / 1024:.1f} KB per session"
 
 
+@pytest.mark.slow
 def test_a_fresh_session_joining_the_queue_costs_under_20_kb(public_app):
     """A queued event that ends at once (an edit with no image: a clear error, no job)."""
     edit_index = next(i for i, fn in public_app["demo"].fns.items() if fn.api_name == "edit")
@@ -311,6 +315,7 @@ def test_a_fresh_session_joining_the_queue_costs_under_20_kb(public_app):
     assert per_session < MAX_SESSION_BYTES, f"{per_session / 1024:.1f} KB per session"
 
 
+@pytest.mark.slow
 def test_idle_sessions_expire(public_app):
     demo = public_app["demo"]
     with httpx.Client(base_url=public_app["url"], timeout=30) as http:
@@ -335,6 +340,7 @@ def test_unknown_gradio_session_internals_degrade_to_doing_nothing():
     assert gradio_internals.expire_sessions(Unknown(), 0) == 0
 
 
+@pytest.mark.slow
 def test_the_body_cap_and_the_zip_budget_follow_their_flags(launch_app):
     """--max-body-kb reaches the guard and --max-zip-mb the batch's zip budget (the README lists each
     limit with its flag): a 300 KB body passes the default cap and is refused under 256 KB."""

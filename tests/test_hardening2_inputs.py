@@ -191,6 +191,7 @@ def test_every_byte_decompressed_counts_whether_the_member_is_kept_or_rejected(t
     assert "already decompressed 16 MiB (images or not)" in reasons["bomb.zip/m015.png"]
 
 
+@pytest.mark.slow
 def test_the_reported_zip_bomb_costs_at_most_the_budget(tmp_path, monkeypatch):
     """Finding 2 as reported: a 16.7 MB zip of 256 members of 64 MiB deflated zeros with bad CRCs,
     listed twice, with the app's own limits: at most 512 MiB decompressed (was 32 GiB, ~100 s)."""
@@ -401,6 +402,7 @@ def app(launch_app):
     return launch_app("hardening2_inputs", max_queue=8, max_jobs_per_client=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["/cancel", "gradio cancel", "disconnect"])
 def test_a_cancel_stops_a_zip_expansion_over_http_and_frees_the_lane(app, tmp_path, monkeypatch, how):
     """Finding 2: `/batch_edit` with files=[zip, zip] held the device lane for minutes, `/cancel`

@@ -109,6 +109,7 @@ def idle(request):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["/gradio_api/run/{api}", "/gradio_api/api/{api}"])
 def test_a_direct_post_of_a_queued_event_is_refused_and_runs_nothing(app, route):
     engine = app["engine"]
@@ -157,6 +158,7 @@ def test_status_and_cancel_stay_unqueued_and_answer_at_once(app):
             assert cancel.status_code == 200 and cancel.json()["data"] == ["nothing of yours is running"]
 
 
+@pytest.mark.slow
 def test_the_queue_routes_still_work_for_raw_callers_and_gradio_client(app):
     with httpx.Client(base_url=app["url"], timeout=120) as http:
         answer = raw_call(http, "edit", edit_data(upload(http)))
@@ -175,6 +177,7 @@ def test_the_queue_routes_still_work_for_raw_callers_and_gradio_client(app):
     assert seed == 3 and Path(png).is_file()
 
 
+@pytest.mark.slow
 def test_the_settings_reader_runs_queued_on_its_own_small_lane(app):
     fn = next(f for f in app["demo"].fns.values() if f.api_name == "settings_from_file")
     assert fn.queue and fn.concurrency_id == "settings-file" and fn.concurrency_limit == 2
@@ -266,6 +269,7 @@ def controls_visible(http: httpx.Client) -> bool:
     return answer.json()["data"][outputs.index(column)]["visible"]
 
 
+@pytest.mark.slow
 def test_the_kiosk_page_hides_the_engine_controls_from_visitors(kiosk):
     with httpx.Client(base_url=kiosk["url"], timeout=60) as http:
         config = http.get("/config").json()
@@ -287,6 +291,7 @@ def test_the_kiosk_page_hides_the_engine_controls_from_visitors(kiosk):
         assert controls_visible(http) is True
 
 
+@pytest.mark.slow
 def test_kiosk_visitors_are_refused_over_gradio_client_and_the_raw_queue(kiosk):
     engine = kiosk["engine"]
     speed, attention = engine.status().speed["cache_default"], engine.status().attention
@@ -333,6 +338,7 @@ def test_the_operator_changes_the_engine_in_kiosk_mode(kiosk):
     assert engine.status().speed["cache_default"] == "none"
 
 
+@pytest.mark.slow
 def test_a_wrong_operator_password_signs_nobody_in_and_guessing_is_throttled(launch_app):
     # An app of its own: the operator stays locked out of it for a minute afterwards.
     guessed = launch_app("kiosk_guessed", kiosk=True, operator=OPERATOR, max_login_failures=3)
@@ -353,6 +359,7 @@ def test_a_wrong_operator_password_signs_nobody_in_and_guessing_is_throttled(lau
     assert codes[:3] == [401] * 3 and codes[3:] == [429] * 2, codes
 
 
+@pytest.mark.slow
 def test_two_content_types_do_not_escape_the_operators_lock(launch_app):
     """The guard (starlette) reads the first Content-Type, a dict the last: a body declared both
     text/plain and form would count only against its (spoofable) address. Refused outright."""
@@ -403,6 +410,7 @@ def kiosk_with_auth(launch_app):
     return launch_app("kiosk_auth", kiosk=True, operator=OPERATOR, auth=("visitor", "visitor-pass"))
 
 
+@pytest.mark.slow
 def test_with_auth_the_operator_logs_in_on_gradios_login_page(kiosk_with_auth):
     url, engine = kiosk_with_auth["url"], kiosk_with_auth["engine"]
     visitor = Client(url, auth=("visitor", "visitor-pass"), verbose=False)
@@ -517,6 +525,7 @@ def test_a_cancel_during_the_save_leaves_no_file_in_process(tiny_dir, tmp_path, 
     assert not list((tmp_path / "out").glob("*"))
 
 
+@pytest.mark.slow
 def test_status_redacts_the_model_path_of_a_load_in_progress(launch_app, tiny_dir):
     """During a load `progress.message` says "loading ... from <folder>": without --auth, the folder's
     name only, like every other status field."""
@@ -629,6 +638,7 @@ def new_page(browser):
         context.close()
 
 
+@pytest.mark.slow
 def test_the_settings_reader_fills_the_form_in_the_browser_through_the_queue(app, browser):
     from playwright import sync_api
     from test_browser import open_app
@@ -650,6 +660,7 @@ def test_the_settings_reader_fills_the_form_in_the_browser_through_the_queue(app
         sync_api.expect(page.locator("#hui-instruction textarea")).to_have_value("make it violet", timeout=60_000)
 
 
+@pytest.mark.slow
 def test_the_kiosk_page_shows_the_engine_controls_to_the_operator_only(kiosk, browser):
     from playwright import sync_api
 

@@ -102,6 +102,7 @@ def fetch(http: httpx.Client, url: str) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_client_past_its_quota_ages_out_its_own_files_and_evicts_nobody(app):
     janitor = app["demo"].hidream_services.janitor
     storage = janitor.storage
@@ -501,6 +502,7 @@ def tight(launch_app):
     )
 
 
+@pytest.mark.slow
 def test_a_refused_upload_does_not_delete_an_examples_cached_copy(tight):
     """Gradio stores an upload at cache/<hash of its bytes>/<name>: the bytes of the bundled apple.png
     named apple.png land on the example's own cached copy. Refusing that upload must not delete it."""

@@ -218,6 +218,7 @@ def test_the_refresh_runs_on_a_small_lane_of_its_own_never_beside_the_queue(app)
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_entry_replayed_in_another_browser_does_not_open_the_result(app):
     """Issue 58 finding 5: the signature covered the path only, so browser B, sent browser A's
     entry, opened A's full-size result with "Edit again"."""

@@ -75,6 +75,7 @@ def _by_hand(pipe, seed=3) -> list[float]:
     return ratios
 
 
+@pytest.mark.slow
 def test_calibration_measures_each_stage_by_diffusers_formula_and_changes_nothing(pipe):
     exact = _edit(pipe)
     expected = _by_hand(pipe)
@@ -87,6 +88,7 @@ def test_calibration_measures_each_stage_by_diffusers_formula_and_changes_nothin
     assert torch.equal(_edit(pipe), exact)  # calibrating skipped nothing and left no state
 
 
+@pytest.mark.slow
 def test_the_average_is_per_call_over_the_edits(pipe):
     one = mag_calibrate.calibrate(pipe, [lambda: _edit(pipe, 3)], STEPS, STRENGTH)
     other = mag_calibrate.calibrate(pipe, [lambda: _edit(pipe, 4)], STEPS, STRENGTH)
@@ -107,6 +109,7 @@ def _skipped_calls(pipe, ratios: MagRatios) -> int:
         delattr(pipe.transformer, mag_ratios.ATTRIBUTE)
 
 
+@pytest.mark.slow
 def test_magcache_takes_the_checkpoints_curve_of_each_stage(pipe):
     # A ratio of 1 accumulates no error (skip as much as MagCache allows: after the stage's first call, 3 in
     # a row); 0.5 exceeds any small threshold at once (never skip). Each stage must read its own curve.
@@ -118,6 +121,7 @@ def test_magcache_takes_the_checkpoints_curve_of_each_stage(pipe):
     assert _skipped_calls(pipe, MagRatios(edit=wild, refine=wild, **common)) == 0
 
 
+@pytest.mark.slow
 def test_the_loader_attaches_a_checkpoints_calibration_and_names_a_broken_one(tiny_dir, tmp_path):
     root = tmp_path / "model"
     shutil.copytree(tiny_dir, root)

@@ -114,6 +114,7 @@ def plain_keys(tiny_dir):
         return {k: handle.get_tensor(k).float() for k in handle.keys() if "lora" not in k}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refiner", ["e1", "i1"])
 def test_e1_full_lora_stages_and_plain_keys(tiny_dir, refiner):
     model = load_model(AppConfig(device="cpu", variant="e1-full", refiner=refiner), cpu(), torch.float32)

@@ -78,6 +78,7 @@ def test_the_wheel_read_is_the_pinned_release(release):
     )
 
 
+@pytest.mark.slow
 def test_uses_are_derived_from_the_project_code(project):
     """Guards the derivation itself: if the scanner stopped seeing our calls, the contract would be empty."""
     calls = project.calls
@@ -145,6 +146,7 @@ def test_npu_fusion_attention_defaults_our_processor_relies_on(checks):
 META_NAMES_DIFFER = {"npu_rotary_mul": ["embedding", "cosine", "sine", "mode", "rotate"]}
 
 
+@pytest.mark.slow
 def test_meta_function_agrees_with_the_op_schema(release, project):
     for op in contract.fused_ops(project, release):
         problems = contract.meta_matches_schema(release, op)
@@ -158,6 +160,7 @@ def test_meta_function_agrees_with_the_op_schema(release, project):
             assert problems == []
 
 
+@pytest.mark.slow
 def test_fakes_accept_nothing_the_real_functions_refuse(release, project):
     protocol = contract.backend_protocol()
     fakes = contract.find_fakes(contract.sources_of_tests(), project.injections, protocol)
@@ -278,6 +281,7 @@ def _fusion_cases():
                         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape, layout, pse_layout, biased", list(_fusion_cases()))
 def test_npu_fusion_attention_meta_gives_the_shapes_our_processor_expects(release, shape, layout, pse_layout, biased):
     """The release's own shape rule, run on meta tensors through NpuFusionProcessor.attend at HiDream's
@@ -317,6 +321,7 @@ def test_every_fused_op_we_call_has_its_meta_run(release, project):
     contract.meta_callable(release, "npu_fusion_attention")  # runs on plain torch (a stubbed warning only)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seq", [4096 + 128 * 3 + 1, 1024])
 def test_rms_norm_and_rotary_mul_meta_give_the_shapes_our_processor_expects(release, seq):
     """npu_rms_norm / npu_rotary_mul through NpuFusionProcessor's q/k norm and rope on meta tensors at

@@ -203,6 +203,7 @@ def test_the_vae_locality_loss_charges_latent_change_only_where_no_pixel_changes
     assert "--vae-locality" not in run_meta(TrainSettings(), 0.0, 1.0, 0.0, 0.0, 0.0, 0)["command"]
 
 
+@pytest.mark.slow
 def test_background_share_sets_the_share_of_background_edits_in_the_pool_and_is_recorded():
     """--background-share P: that share of the pool's cases are background edits; without it the pool draws the
     world's mix from the very same seeds as before (the shipped weights' command still reproduces them)."""

@@ -52,6 +52,7 @@ def test_loaded_from_tiny_checkpoint_through_real_loader(engine):
     assert engine.status().model_source == "tiny"
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_bytes_and_other_seed_differs(engine):
     image = picture(80, 60)
     a = engine.edit(EditRequest(image=image, params=params(seed=7)), save=False)
@@ -79,6 +80,7 @@ def record_predict(monkeypatch, pipe):
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip_cfg_norm", [True, False])
 def test_stage_switch_step_and_conditioning(engine, monkeypatch, clip_cfg_norm):
     pipe = engine.model.pipeline
@@ -111,6 +113,7 @@ def test_stage_switch_step_and_conditioning(engine, monkeypatch, clip_cfg_norm):
         assert torch.equal(call["text"].pooled, expected.pooled)
 
 
+@pytest.mark.slow
 def test_no_guidance_runs_single_branch(engine, monkeypatch):
     calls = record_predict(monkeypatch, engine.model.pipeline)
     engine.edit(EditRequest(image=picture(64, 64), params=params(guidance_scale=1.0, refine_strength=0.5)), save=False)
@@ -120,6 +123,7 @@ def test_no_guidance_runs_single_branch(engine, monkeypatch):
 @pytest.mark.parametrize(
     "size", [(128, 64), (64, 128), (96, 96), (48, 96)], ids=["wide", "tall", "square", "h_equals_2w"]
 )
+@pytest.mark.slow
 def test_collapse_equals_padded(engine, size):
     pipe = engine.model.pipeline
     width, height = size
@@ -134,6 +138,7 @@ def test_collapse_equals_padded(engine, size):
         assert (collapsed - padded).abs().max() <= 1e-5 * padded.abs().max()
 
 
+@pytest.mark.slow
 def test_padding_actually_matters(engine):
     """Sanity check that the comparison above can fail: dropping the padded token changes the output."""
     pipe = engine.model.pipeline
@@ -167,6 +172,7 @@ def test_padding_actually_matters(engine):
     assert (out_full - out_nopad).abs().max() > 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(3000, 200), (200, 3000), (37, 23)])
 def test_odd_sizes_edit_and_come_back_at_source_size(engine, size):
     result = engine.edit(EditRequest(image=picture(*size), params=params(num_inference_steps=1)), save=False)
@@ -175,6 +181,7 @@ def test_odd_sizes_edit_and_come_back_at_source_size(engine, size):
     assert w % 16 == 0 and h % 16 == 0 and w * h <= 64 * 64
 
 
+@pytest.mark.slow
 def test_text_encoders_run_once_for_repeated_instruction(engine):
     before = engine.counters["text_encoder_calls"]
     for seed in range(3):
@@ -183,6 +190,7 @@ def test_text_encoders_run_once_for_repeated_instruction(engine):
     assert engine.counters["text_encoder_calls"] - before == 1
 
 
+@pytest.mark.slow
 def test_cancel_stops_within_a_step_and_engine_stays_usable(engine):
     seen = []
     token = CancelToken()  # what Stop, /cancel and a client's disconnect set (the job's token)
@@ -201,6 +209,7 @@ def test_cancel_stops_within_a_step_and_engine_stays_usable(engine):
     assert engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False).image.size == (64, 64)
 
 
+@pytest.mark.slow
 def test_simulated_out_of_memory_is_reported_and_engine_recovers(engine, monkeypatch):
     pipe = engine.model.pipeline
 
@@ -215,6 +224,7 @@ def test_simulated_out_of_memory_is_reported_and_engine_recovers(engine, monkeyp
     assert engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False).image.size == (64, 64)
 
 
+@pytest.mark.slow
 def test_settings_round_trip_through_saved_png(engine):
     request = EditRequest(
         image=picture(72, 56), params=params("turn it to night", seed=-1, guidance_scale=4.5), source_name="street.png"
@@ -227,6 +237,7 @@ def test_settings_round_trip_through_saved_png(engine):
     assert rerun.image.tobytes() == result.image.tobytes()
 
 
+@pytest.mark.slow
 def test_full_edit_is_the_same_under_every_cpu_strategy(engine):
     request = EditRequest(image=picture(80, 48), params=params(seed=11))
     available = [s.name for s in engine.attention_choices() if s.available and s.name != "auto"]
@@ -245,6 +256,7 @@ def test_full_edit_is_the_same_under_every_cpu_strategy(engine):
         engine.set_attention(before)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["cpu", "offload"])
 def test_text_encoder_placement_modes_give_the_same_edit(engine, tmp_path, mode):
     request = EditRequest(image=picture(64, 64), params=params("paint it gold", seed=4))
@@ -260,6 +272,7 @@ def test_text_encoder_placement_modes_give_the_same_edit(engine, tmp_path, mode)
     assert result.image.tobytes() == reference.tobytes()
 
 
+@pytest.mark.slow
 def test_several_images_per_prompt_and_one_call_for_a_batch(engine):
     pipe = engine.model.pipeline
     images = [picture(64, 64, seed=s) for s in range(2)]
@@ -307,6 +320,7 @@ def test_working_sides_follow_the_model_geometry():
     assert full.max_seq == 4608 and working_sides(full) == [512, 768]
 
 
+@pytest.mark.slow
 def test_a_cancel_token_stops_the_edit_within_one_step(engine):
     from hidream_ui.engine.jobs import CancelToken
 
@@ -325,6 +339,7 @@ def test_a_cancel_token_stops_the_edit_within_one_step(engine):
     assert engine.edit(EditRequest(image=picture(64, 64), params=params()), save=False).image.size == (64, 64)
 
 
+@pytest.mark.slow
 def test_out_of_memory_frees_memory_after_the_failing_frames_are_gone(engine, monkeypatch):
     import gc
     import weakref
@@ -357,6 +372,7 @@ def test_an_attention_name_that_is_not_text_is_a_clear_error(engine, value):
         engine.set_attention(value)
 
 
+@pytest.mark.slow
 def test_a_cancel_during_the_last_step_saves_nothing(engine, tmp_path):
     from hidream_ui.engine.jobs import CancelToken
 

@@ -166,6 +166,7 @@ def _latents_via_callback(engine: EditEngine):
     return captured["latents"], result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan", [p for p in PLANS if p != "full"])
 def test_every_plan_gives_the_same_latents_as_full(plan, reference, tmp_path):
     engine = EditEngine(AppConfig(device="cpu", memory=plan, weights="bf16", output_dir=tmp_path))
@@ -200,6 +201,7 @@ def test_full_plan_installs_no_hooks(reference, tiny_cache, tmp_path):
     assert engine.status().to_dict()["memory_plan"]["name"] == "full"
 
 
+@pytest.mark.slow
 def test_fp8_output_close_to_bf16_and_reports_its_error(reference, tmp_path):
     engine = EditEngine(AppConfig(device="cpu", memory="full", weights="fp8", output_dir=tmp_path))
     latents, _ = _latents_via_callback(engine)
@@ -242,6 +244,7 @@ def test_plan_for_tiny_reads_configs_only(tiny_cache):
     assert choice.chosen.name == "full" and len(choice.rows) == 10
 
 
+@pytest.mark.slow
 def test_fp8_halves_the_transformers_resident_bytes_measured_in_rss(tmp_path):
     """A transformer big enough for RSS to see (~140 MB in bf16) written by the tiny builder's own writer,
     streamed into bf16 and into fp8 storage, each in a fresh process (bench memory's measurement)."""
@@ -303,6 +306,7 @@ def test_plan_command_names_bad_values(capsys):
 # ----------------------------------------------------------------------------------------------- full profile
 
 
+@pytest.mark.slow
 def test_full_profile_is_made_in_memory_through_the_real_loader(tiny_cache, tmp_path, monkeypatch):
     """The full profile's code path with the release dimensions swapped for small ones (61 GB would not fit
     here): parts made in memory from merged configs, nothing written, placed by the plan, and an edit runs."""
@@ -329,6 +333,7 @@ def test_full_profile_is_made_in_memory_through_the_real_loader(tiny_cache, tmp_
 # ----------------------------------------------------------------------------------------------- single file
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["diffusers", "comfyui"])
 def test_single_file_transformer_loads_and_edits_like_the_folder(kind, reference, tiny_dir, tmp_path):
     from hidream_ui.model.tiny.profiles import SINGLE_FILE_DIR, SINGLE_FILES
@@ -352,6 +357,7 @@ def test_single_file_transformer_loads_and_edits_like_the_folder(kind, reference
     assert torch.equal(latents, reference[0])
 
 
+@pytest.mark.slow
 def test_single_file_with_fp8_streams_the_file(tiny_dir, tmp_path):
     from hidream_ui.model.tiny.profiles import SINGLE_FILE_DIR, SINGLE_FILES
 
@@ -381,6 +387,7 @@ def test_transformer_file_is_refused_for_e1_full(tiny_dir):
 # ----------------------------------------------------------------------------------------------- bench memory
 
 
+@pytest.mark.slow
 def test_bench_memory_measures_plans_side_by_side(tiny_cache):
     """Two plans through the real benchmark (fresh processes): offload matches full bit for bit, each row has
     the planner's prediction beside the measured figures."""
@@ -399,6 +406,7 @@ def test_bench_memory_measures_plans_side_by_side(tiny_cache):
 # ----------------------------------------------------------------------------------------------- composition
 
 
+@pytest.mark.slow
 def test_fp8_composes_with_e1_full_lora_and_the_refine_weight_swap(tiny_cache, tmp_path):
     lora = EditEngine(AppConfig(device="cpu", memory="full", weights="fp8", variant="e1-full", output_dir=tmp_path))
     lora.edit(EditRequest(image=_picture(), params=edit_params(steps=2, seed=1)), save=False)

@@ -53,6 +53,7 @@ def npu_pool(tmp_path, count: int) -> tuple[EnginePool, FakeNPUBackend]:
     return EnginePool.for_config(config, backends=backends), npu
 
 
+@pytest.mark.slow
 def test_eight_concurrent_jobs_on_four_fake_npus_run_two_per_card_each_bound_in_its_thread(tmp_path, cpu_tensors):
     pool, npu = npu_pool(tmp_path, 4)
     assert pool.size == 4
@@ -90,6 +91,7 @@ def test_eight_concurrent_jobs_on_four_fake_npus_run_two_per_card_each_bound_in_
     assert torch.get_default_dtype() == torch.float32
 
 
+@pytest.mark.slow
 def test_a_batch_over_the_pool_keeps_its_order_and_names_each_items_device(tmp_path, cpu_tensors):
     pool, _ = npu_pool(tmp_path, 2)
     settings = EditSettings(num_inference_steps=2, working_resolution="draft")
@@ -116,6 +118,7 @@ def test_a_batch_over_the_pool_keeps_its_order_and_names_each_items_device(tmp_p
     assert result.stats["edits"] == 6
 
 
+@pytest.mark.slow
 def test_a_pool_batch_gives_the_images_of_one_engine(tmp_path, tiny_cache):
     """cpu,cpu: two real engines (one core each) against one engine with one core, same seeds: the
     same images to one 8-bit level. Not bit for bit: the BLAS library's thread count is process-wide
@@ -272,6 +275,7 @@ def test_placement_puts_the_transformer_on_the_engine_device_and_the_rest_where_
     assert placement_for((), "npu:0", "device").encoders == "npu:0" and not placement_for((), "npu:0", "device").split
 
 
+@pytest.mark.slow
 def test_split_placement_runs_the_tiny_model_and_gives_the_same_image(tmp_path, tiny_cache):
     """This machine has one device (the CPU), so the parts are placed on it by name: the placed
     loader and the pipeline's moves between the VAE's, the encoders' and the transformer's device run
@@ -287,6 +291,7 @@ def test_split_placement_runs_the_tiny_model_and_gives_the_same_image(tmp_path, 
     assert np.array_equal(np.asarray(plain.image), np.asarray(placed.image))
 
 
+@pytest.mark.slow
 def test_status_api_returns_one_row_per_engine_of_a_cpu_pool(tmp_path, tiny_cache):
     from gradio_client import Client
 
@@ -318,6 +323,7 @@ def wait_for_rows(client):
     return wait_for(ready, "psutil telemetry in /status", timeout=20)
 
 
+@pytest.mark.slow
 def test_a_comparison_switches_attention_on_its_own_engine_only(tmp_path, cpu_tensors, monkeypatch):
     """An attention grid on a pool: every cell on one engine, whose attention is switched and
     restored; the other engines (serving other people's jobs meanwhile) are never switched."""
@@ -660,6 +666,7 @@ def test_the_panel_switches_the_chosen_engine_and_shows_each_engines_attention(t
     assert "hui-attention-engine" not in {getattr(block, "elem_id", None) for block in single.blocks.values()}
 
 
+@pytest.mark.slow
 def test_set_attention_api_switches_one_engine_of_a_running_pool_app(tmp_path, tiny_cache):
     from gradio_client import Client
     from gradio_client.exceptions import AppError

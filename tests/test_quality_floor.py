@@ -104,6 +104,7 @@ def pristine(trained):
     transformer.load_state_dict(saved)
 
 
+@pytest.mark.slow
 def test_the_shipped_model_keeps_its_quality_floor(trained):
     floor = run_floor(trained)
     assert floor.holds, (
@@ -156,16 +157,19 @@ def _noise(transformer):
                 tensor.copy_(noise * tensor.float().std() + tensor.float().mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("breaks", [_deaf, _noise], ids=["instruction-deaf", "noise"])
 def test_the_floor_fails_on_a_broken_transformer(pristine, breaks):
     breaks(_pipeline(pristine).transformer)
     assert not run_floor(pristine).holds
 
 
+@pytest.mark.slow
 def test_the_floor_fails_on_the_random_tiny_profile(tiny_cache, tmp_path):
     assert not run_floor(_pool("tiny", tmp_path)).holds
 
 
+@pytest.mark.slow
 def test_the_floor_fails_when_the_guidance_ignores_the_text(pristine, monkeypatch):
     """A pipeline change: the edit stage's text guidance dropped (the image-conditioned branch used for both)."""
     from hidream_ui.pipeline import edit_pipeline, guidance
@@ -179,6 +183,7 @@ def test_the_floor_fails_when_the_guidance_ignores_the_text(pristine, monkeypatc
     assert not run_floor(pristine).holds
 
 
+@pytest.mark.slow
 def test_the_floor_fails_when_the_vae_loses_its_latent_scale(pristine, monkeypatch):
     """A loader change: the VAE's config without the trained latent shift and scale (trained.json carries them;
     diffusers' defaults for a config that lacks them are scale 1, shift 0)."""

@@ -78,6 +78,7 @@ def pixels(image) -> np.ndarray:
     return np.asarray(image.convert("RGB"), dtype=np.int16)
 
 
+@pytest.mark.slow
 def test_a_painted_left_half_keeps_the_right_half_beyond_the_feather(handlers, files):
     after, png, summary, _ = run_edit(handlers, files["noise.png"], editor_value(files, "empty.png", "layer_0.png"))
     meta = read_metadata(png)

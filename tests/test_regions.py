@@ -300,6 +300,7 @@ def test_an_image_editor_value_gives_its_painted_layers_as_the_mask(tmp_path):
     assert open_region(services, {"path": str(painted), "orig_name": "layer.png"}).name == "layer.png"  # a file
 
 
+@pytest.mark.slow
 def test_a_long_edit_spaces_its_previews_out(tmp_path, tiny_cache):
     from hidream_ui.config import PREVIEWS_MAX
 

@@ -175,6 +175,7 @@ def test_api_key_comes_from_the_environment_only():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_request_carries_the_image_the_instruction_and_the_key(vlm):
     backend = OpenAIRewriter(vlm.url, "fake-vl", api_key="sk-test", timeout=5)
     picture = random_picture(1, (1600, 1200))
@@ -455,6 +456,7 @@ def test_a_cancelled_local_rewrite_stops_between_tokens(local_engine):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_app_does_not_import_openai_until_a_rewrite():
     import subprocess
     import sys
@@ -501,6 +503,7 @@ def test_status_panel_shows_the_rewriter_and_escapes_its_error():
     assert EngineStatus(state="idle", **base).to_dict()["rewriter"] is None  # the key is always there
 
 
+@pytest.mark.slow
 def test_a_batch_stops_asking_a_rewriter_that_does_not_answer(vlm):
     from hidream_ui.edits import EditSettings
     from hidream_ui.engine.batch import BatchRequest, BatchSource, plan_batch

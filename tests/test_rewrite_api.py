@@ -65,6 +65,7 @@ def lane(app, api_name: str) -> str:
     return next(fn.concurrency_id for fn in app["demo"].fns.values() if fn.api_name == api_name)
 
 
+@pytest.mark.slow
 def test_rewrite_sends_image_and_instruction_and_returns_the_e1_full_prompt(client, vlm, app):
     before = len(vlm.chat_requests())
     prompt, answer = client.predict(
@@ -85,6 +86,7 @@ def test_rewrite_sends_image_and_instruction_and_returns_the_e1_full_prompt(clie
     assert lane(app, "rewrite") == "rewriter" and lane(app, "edit") == "device"
 
 
+@pytest.mark.slow
 def test_edit_with_rewrite_saves_original_and_rewritten_in_the_png(client, vlm, tmp_path):
     before = len(vlm.chat_requests())
     (_, _), png, _, summary = edit(client, "make the apple green", rewrite=True)
@@ -106,6 +108,7 @@ def write_picture(folder, seed: int, size=(80, 60)):
     return helpers.write_picture(folder / f"picture-{seed}.png", seed, size)
 
 
+@pytest.mark.slow
 def test_edit_with_this_records_a_hand_edited_prompt(client):
     prompt, answer = client.predict(
         image=handle_file(str(EXAMPLE)), instruction="make the apple purple", api_name="/rewrite"
@@ -153,6 +156,7 @@ def test_edit_with_this_records_a_hand_edited_prompt(client):
         ("[refuse]", "the rewriter declined"),
     ],
 )
+@pytest.mark.slow
 def test_failures_are_clear_and_the_app_keeps_serving(client, tag, reason):
     instruction = f"{tag} make the apple green"
     started = time.perf_counter()
@@ -186,6 +190,8 @@ def test_a_prompt_already_in_the_e1_full_format_is_used_as_written(client, vlm):
 
 
 def test_status_names_the_rewriter_without_its_url(client, vlm):
+    for _ in range(2):  # one rewrite and one cache hit of its own, whichever tests ran before
+        client.predict(image=handle_file(str(EXAMPLE)), instruction="make the sky green", api_name="/rewrite")
     status = client.predict(api_name="/status")
     rewriter = status["rewriter"]
     assert (rewriter["backend"], rewriter["model"], rewriter["timeout"]) == ("openai", "fake-vl", 1.0)
@@ -193,6 +199,7 @@ def test_status_names_the_rewriter_without_its_url(client, vlm):
     assert vlm.url not in json.dumps(status)
 
 
+@pytest.mark.slow
 def test_batch_rewrites_per_item_and_lists_failed_rewrites(client, vlm, tmp_path):
     files = [write_picture(tmp_path, seed) for seed in (50, 51)]
 
@@ -229,6 +236,7 @@ def test_batch_rewrites_per_item_and_lists_failed_rewrites(client, vlm, tmp_path
     assert len(vlm.chat_requests()) == before + 6
 
 
+@pytest.mark.slow
 def test_an_app_without_rewriter_refuses_rewriting_clearly(launch_app):
     app = launch_app("rewrite_off")
     client = Client(app["url"], verbose=False)
@@ -249,6 +257,7 @@ def local_app(launch_app):
     return launch_app("rewrite_local", rewriter="local")
 
 
+@pytest.mark.slow
 def test_local_rewriter_end_to_end_on_the_tiny_model(local_app, monkeypatch, tiny_dir):
     from hidream_ui.rewrite.local_backend import LocalRewriter
 

@@ -323,6 +323,7 @@ def test_sync_free_forward_without_padding_makes_no_host_read_and_stays_close(en
     assert torch.equal(again, exact)  # back to exact: the unbiased path again, bit for bit
 
 
+@pytest.mark.slow
 def test_interval_1_is_bit_identical_and_none_installs_nothing(engine, transformer):
     pipe = engine.model.pipeline
     exact = _latents(pipe)
@@ -497,6 +498,7 @@ def test_a_failing_speed_setup_leaves_no_half_configured_model(tiny_cache, tmp_p
     assert not engine.loaded
 
 
+@pytest.mark.slow
 def test_bench_speed_reports_the_grouped_moe_side_by_side(tiny_cache):
     from hidream_ui.bench import speed
 

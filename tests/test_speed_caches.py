@@ -167,6 +167,7 @@ def _taylorseer_predicted(calls: int, interval: int, warmup: int = 3) -> int:
     return sum(1 for s in range(warmup, calls) if (s - warmup - 1) % interval != 0)
 
 
+@pytest.mark.slow
 def test_each_mode_skips_blocks_by_its_schedule_and_restarts_at_the_refine_switch(engine, transformer):
     pipe = engine.model.pipeline
     blocks = _blocks(transformer)
@@ -203,6 +204,7 @@ def test_settings_that_never_skip_are_bit_identical(engine, transformer, mode):
     assert pipe.step_cache_stats.blocks_skipped == 0 and pipe.step_cache_stats.full_calls == STEPS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", _modes())
 def test_a_batch_equals_its_items_alone(engine, transformer, mode):
     """Per-branch state: every row (guidance branch, image) reuses only its own residual / factors.
@@ -294,6 +296,7 @@ def lora_engines(tiny_cache, tmp_path_factory):
     return engines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", LIBRARY_MODES)
 def test_library_caches_compose_with_the_lora_and_the_offloading_plan(lora_engines, mode):
     image = random_picture(4, (64, 64))

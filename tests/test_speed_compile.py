@@ -45,6 +45,7 @@ def call(engine):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_compiled_blocks_match_eager_on_cpu(engine, call):
     transformer = engine.model.pipeline.transformer
     apply_moe(transformer, "sync-free")
@@ -85,6 +86,7 @@ class FakeTorchair:
         return backend
 
 
+@pytest.mark.slow
 def test_torchair_backend_on_npu_through_a_fake(engine, call):
     transformer = engine.model.pipeline.transformer
     apply_moe(transformer, "sync-free")

@@ -56,6 +56,7 @@ def client(launch_app):
     return Client(launch_app("speed_ui")["url"], verbose=False)
 
 
+@pytest.mark.slow
 def test_set_speed_changes_the_next_edits_and_is_recorded(client):
     fast = SPEED_PRESETS["fast"]
     assert client.predict(name="fast", api_name="/set_speed") == fast

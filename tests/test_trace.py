@@ -74,6 +74,7 @@ def shallow():
     return configs, sizes_from_configs(configs), trace.build_parts(configs, torch.bfloat16, "e1.1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", [768, 1024])
 def test_planner_prediction_within_10_percent_of_the_trace(shallow, side):
     configs, sizes, parts = shallow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from gradio_client import Client, handle_file
 from helpers import wait_for
 
@@ -15,6 +16,7 @@ from hidream_ui.ui.system_handlers import SystemHandlers
 SLOW = {"num_inference_steps": 200, "working_resolution": "draft"}
 
 
+@pytest.mark.slow
 def test_a_waiting_visitor_sees_their_place_and_others_see_theirs(launch_app):
     app = launch_app("visitor_card", kiosk=True)
     demo = app["demo"]

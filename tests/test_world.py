@@ -15,6 +15,7 @@ def test_same_seed_same_case_and_different_seeds_differ():
     assert any(world.make_case(s).scene != a.scene for s in range(8, 12))
 
 
+@pytest.mark.slow
 def test_scenes_follow_the_spec():
     kinds_seen = set()
     for seed in range(200):
@@ -39,6 +40,7 @@ def test_scenes_follow_the_spec():
     assert kinds_seen == set(world.EDIT_KINDS)
 
 
+@pytest.mark.slow
 def test_exact_answer_succeeds_and_unedited_source_fails():
     for case in world.held_out_cases(60):
         assert case.seed >= world.HELD_OUT_SEED_START

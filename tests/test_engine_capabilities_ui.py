@@ -104,3 +104,15 @@ def test_an_executor_without_a_local_rewriter_offers_no_local_rewrite_and_says_w
     assert REWRITER_REASON in by_id(demo, "hui-capabilities").value
     with_rewriter = build_demo(executor(tmp_path, ALL_CAPABILITIES, rewriter="local"))
     assert with_rewriter.hidream_services.rewriter is not None and by_id(with_rewriter, "hui-rewrite-on").visible
+
+
+def test_with_ray_the_compare_tab_is_hidden_and_the_panel_gives_rays_own_reasons(tmp_path):
+    """What `--ray` builds: RayEngine declares RAY_CAPABILITIES (read here without starting Ray)."""
+    from hidream_ui.engine.ray_serve import RAY_CAPABILITIES
+
+    demo = build_demo(executor(tmp_path, RAY_CAPABILITIES))
+    assert "compare" not in tab_ids(demo) and "/compare" not in api_names(demo)
+    note = by_id(demo, "hui-capabilities").value
+    for name, reason in RAY_CAPABILITIES.missing.items():
+        assert reason in note, (name, note)
+    assert not by_id(demo, "hui-attention").visible

@@ -99,6 +99,7 @@ class AppConfig:
     share: bool = False
     auth: tuple[str, str] | None = None
     auth_file: Path | None = None
+    api_keys_file: Path | None = None  # --api-keys (server/api_keys.py): the keys stay in the file
     max_queue: int = 16
     mcp: bool = False
     # Operator mode (README "Security"): --kiosk hides the engine-wide controls (attention, speed,
@@ -143,6 +144,8 @@ class AppConfig:
     cache: str = "none"
     # Ray (docs/cluster.md): the cluster's address (`auto`, `local`, HOST:PORT); None: the local pool.
     ray: str | None = None
+    # --ray-token-file: the file holding the cluster's Ray token (engine/ray_env.py); the path only, never the token.
+    ray_token_file: Path | None = None
     # Replicas with --ray: "N" or "MIN-MAX" (autoscaling), as `replica_bounds` reads it; None: one per device.
     replicas: str | None = None
 
@@ -196,7 +199,7 @@ _AT_LEAST: Mapping[str, int] = {
     "max_new_sessions": 1,
 }
 _ZERO_MEANS = {"retention": "0 (keep everything) or more", "preview_every": "0 (no live preview) or a number of steps"}
-_PATH_FIELDS = ("model_dir", "output_dir", "auth_file", "transformer_file")
+_PATH_FIELDS = ("model_dir", "output_dir", "auth_file", "api_keys_file", "transformer_file", "ray_token_file")
 _WORD_FIELDS = (
     "device",
     "dtype",

@@ -141,6 +141,13 @@ _SERVER_OPTIONS = [
     ("--auth", ("HIDREAM_AUTH",), "auth", "user:password required to open the app"),
     ("--auth-file", ("HIDREAM_AUTH_FILE",), "auth_file", "file with one user:password per line"),
     (
+        "--api-keys",
+        ("HIDREAM_API_KEYS_FILE",),
+        "api_keys_file",
+        "file with one API key per line: programs call /v1/images/edits and MCP with 'Authorization: Bearer KEY' "
+        "(without it those routes answer only where the app has no login)",
+    ),
+    (
         "--operator",
         ("HIDREAM_OPERATOR",),
         "operator",
@@ -282,6 +289,13 @@ _CLUSTER_OPTIONS = [
         "of this process's own on 127.0.0.1; or HOST:PORT); needs `pip install hidream_ui[ray]`",
     ),
     (
+        "--ray-token-file",
+        ("HIDREAM_RAY_TOKEN_FILE",),
+        "ray_token_file",
+        "with --ray: a file holding the cluster's Ray authentication token (default: Ray's own places: "
+        "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token); the token is never printed or logged",
+    ),
+    (
         "--replicas",
         ("HIDREAM_RAY_REPLICAS",),
         "replicas",
@@ -293,7 +307,7 @@ _CLUSTER_OPTIONS = [
 # On/off flags: a flag turns it on, a variable (1/0, true/false, yes/no, on/off) where one exists.
 _SWITCHES = [
     ("--share", (), "share", "create a public Gradio share link"),
-    ("--mcp", (), "mcp", "also serve Gradio's MCP server"),
+    ("--mcp", (), "mcp", 'also serve MCP tools (edit, status, recipe) at /mcp (pip install "hidream_ui[mcp]")'),
     (
         "--kiosk",
         ("HIDREAM_KIOSK",),
@@ -341,8 +355,19 @@ def add_rewriter_arguments(parser: argparse.ArgumentParser) -> None:
     _add_options(parser.add_argument_group("instruction rewriting"), _REWRITER_OPTIONS)
 
 
-def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("cluster (Ray; docs/cluster.md)")
+_CLUSTER_METAVARS = {"ray": "ADDRESS", "ray_token_file": "PATH", "replicas": "N|MIN-MAX"}
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """The cluster options (`only`: those dests alone, e.g. `batch` and `bench cluster`, which have
+    their own --ray, take `ray_token_file` from here)."""
+    group = parser.add_argument_group("cluster (Ray; docs/cluster.md)") if only is None else parser
     for flag, envs, dest, help_text in _CLUSTER_OPTIONS:
-        metavar = "ADDRESS" if dest == "ray" else "N|MIN-MAX"
-        group.add_argument(flag, dest=dest, metavar=metavar, default=None, help=help_text + _env_note(envs))
+        if only is None or dest in only:
+            metavar = _CLUSTER_METAVARS[dest]
+            group.add_argument(flag, dest=dest, metavar=metavar, default=None, help=help_text + _env_note(envs))
+
+
+def add_ray_token_argument(parser: argparse.ArgumentParser) -> None:
+    """`--ray-token-file` alone, from the table (`batch` and `bench cluster` have their own --ray)."""
+    add_cluster_arguments(parser, only=("ray_token_file",))

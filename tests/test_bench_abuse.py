@@ -268,7 +268,7 @@ def test_a_probe_shorter_than_one_status_round_trip_still_gets_its_figure():
 
 def test_issue_58_probes_are_registered_after_issue_19s_and_take_either_spelling():
     assert list(bench_abuse.PROBES)[:9] == list(abuse_probes.PROBES)
-    assert list(bench_abuse.PROBES)[9:] == ["results-flood", "kiosk-lockout", "session-flood", "history-cpu"]
+    assert list(bench_abuse.PROBES)[9:13] == ["results-flood", "kiosk-lockout", "session-flood", "history-cpu"]
     assert bench_abuse.probe_name("kiosk_lockout") == "kiosk-lockout"
     # Their own budgets unless --probe-budget says otherwise; issue 19's keep the defaults.
     assert bench_abuse.budget_for("kiosk-lockout", quick=False) == 600.0

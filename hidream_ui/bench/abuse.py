@@ -1,7 +1,8 @@
 """`python -m hidream_ui bench abuse [--json] [--quick] [--probe NAME ...] [--timeout S]`.
 
 The findings of issue 19 (abuse_probes.py: run-bypass ... low) and issue 58 (abuse_booth.py:
-results-flood, kiosk-lockout, session-flood, history-cpu) run as bounded loops against a local app,
+results-flood, kiosk-lockout, session-flood, history-cpu) and issue 57 (abuse_openai.py: openai-flood,
+openai-bodies, openai-keys: the same limits on /v1/images/edits) run as bounded loops against a local app,
 as an attacker on 127.0.0.1 would send them over raw HTTP. Every probe launches its own app
 (`python -m hidream_ui app`, tiny model, CPU, a free 127.0.0.1 port, its own --output-dir and
 GRADIO_TEMP_DIR in a temporary folder), so the server's figures are its own: RSS is read with psutil
@@ -44,7 +45,7 @@ import os
 import time
 from typing import Any
 
-from hidream_ui.bench import abuse_booth, abuse_probes
+from hidream_ui.bench import abuse_booth, abuse_openai, abuse_probes
 from hidream_ui.bench.abuse_app import _MB, HONEST_ADDRESS, AbuseApp, AppRefused, client_address
 from hidream_ui.bench.abuse_client import HonestClient
 from hidream_ui.bench.abuse_kit import ProbeContext
@@ -54,8 +55,8 @@ from hidream_ui.bench.abuse_samplers import STATUS_EVERY, RssSampler, StatusSamp
 TARGET_STATUS_S = 1.0
 TARGET_RSS_GROWTH_MB = 200.0
 
-# Issue 19's probes, then issue 58's (booth storage and sessions).
-PROBES = {**abuse_probes.PROBES, **abuse_booth.PROBES}
+# Issue 19's probes, then issue 58's (booth storage and sessions), then issue 57's (the OpenAI route).
+PROBES = {**abuse_probes.PROBES, **abuse_booth.PROBES, **abuse_openai.PROBES}
 DEFAULT_BUDGET, QUICK_BUDGET = 90.0, 25.0
 DEFAULT_TIMEOUT = 1800.0
 

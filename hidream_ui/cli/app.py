@@ -43,15 +43,16 @@ EXIT_CONFIG = 2
 UPLOAD_REQUEST_FILES = 8
 JANITOR_INTERVAL = 5.0  # seconds between two prunings of gradio's cache (files.ClientStorage.plan)
 SESSION_CHECK_INTERVAL = 60.0  # seconds between two looks for idle sessions
-MCP_HINT = '--mcp needs Gradio\'s MCP extra: pip install "gradio[mcp]" (or start without --mcp)'
+MCP_HINT = '--mcp needs the mcp package 2.3 or a later 2.x: pip install "hidream_ui[mcp]" (or start without --mcp)'
 
 
 def build_parser(prog: str = "python app.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Browser demo for HiDream-E1.1 / HiDream-E1-Full image editing. Without model flags it "
-        "runs an offline tiny random-weight model (outputs are noise) so that everything else "
-        "can be tried; --model-dir points it at the real weights.",
+        "runs an offline tiny model trained on a world of coloured shapes (it knows 'make the <shape> <colour>', "
+        "'remove the <shape>' and 'make the background <colour>'; --tiny-profile tiny: random weights, noise) "
+        "so that everything can be tried; --model-dir points it at the real weights.",
     )
     add_model_arguments(parser)
     add_server_arguments(parser)
@@ -80,8 +81,17 @@ def ray_engine(config: AppConfig, *, verbose: bool = False):
 
 
 def mcp_available() -> bool:
-    """Gradio's MCP server needs the `mcp` package (the `gradio[mcp]` extra)."""
-    return importlib.util.find_spec("mcp") is not None
+    """The MCP tools (server/mcp_tools.py) need the `mcp` package 2.3 or a later 2.x (the `hidream_ui[mcp]`
+    extra); gradio[mcp]'s mcp 1.x has another server API."""
+    from importlib import metadata
+
+    if importlib.util.find_spec("mcp") is None:
+        return False
+    try:
+        major, minor = (int(part) for part in metadata.version("mcp").split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+    return major == 2 and minor >= 3
 
 
 def _auth(config: AppConfig):
@@ -114,6 +124,8 @@ def launch(
     # Gradio's usage analytics would phone home at launch; an offline NPU box must not wait on that.
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     auth = _auth(config)
+    if api_keys(config) is not None:  # a key file that cannot be used is refused before anything starts
+        check_key_logins(config, auth)
     if config.mcp and not mcp_available():
         raise ConfigError(MCP_HINT)
 
@@ -163,13 +175,15 @@ def launch(
             f"Running {what}. Use --model-dir /path/to/models (or HIDREAM_MODEL_DIR) for the real HiDream weights.",
             file=sys.stderr,
         )
+    if not quiet:
+        print(service_lines(config), file=sys.stderr)
     trust_proxies(config)
     _, local_url, _ = demo.launch(
         server_name=config.host,
         server_port=config.port,
         share=config.share,
         auth=auth,
-        mcp_server=bool(config.mcp),
+        mcp_server=False,  # --mcp serves our own MCP tools (server/mcp_tools.py), not gradio's
         prevent_thread_lock=prevent_thread_lock,
         quiet=quiet,
         # The bundled examples and, one by one, the result PNGs the app wrote: never the whole
@@ -179,7 +193,7 @@ def launch(
         # Gradio's own default is on (or GRADIO_RUN_HISTORY): its runs page and /gradio_api/run-history/*
         # routes, which can act with this machine's saved Hugging Face token for a loopback caller.
         run_history=config.run_history,
-        app_kwargs=_app_kwargs(demo, services, config),
+        app_kwargs=_app_kwargs(demo, services, config, engine=engine),
         **launch_options(),
     )
     return demo, local_url
@@ -203,20 +217,94 @@ def admission(demo, config: AppConfig) -> bool:
     wait behind edits, but are bounded the same way) (see `gradio_internals.admit_jobs`)."""
     from hidream_ui.server import gradio_internals  # asyncio: not for --help
 
-    def message(held: int) -> str:
-        return (
-            f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
-            "client): wait for one to finish, or stop it."
-        )
-
     return gradio_internals.admit_jobs(
         demo,
         ALL_LANES,
         max_waiting=config.max_queue,
         per_session=config.max_jobs_per_client,
-        per_session_message=message,
+        per_session_message=lambda held: per_client_message(config, held),
         late_inputs=LATE_INPUTS,
     )
+
+
+def service_lines(config: AppConfig) -> str:
+    """What the start-up log says about the routes beside the page (docs/api.md): where they are and
+    who may call them."""
+    from hidream_ui.ui.services import is_public
+
+    base = f"http://{config.host}:{config.port}"
+    if config.api_keys_file is not None:
+        who = f"with a key of {config.api_keys_file} (Authorization: Bearer)"
+    elif is_public(config):
+        who = "open to anyone who can open the page (no login; --api-keys FILE asks for keys)"
+    else:
+        who = "refused: the app has a login (start with --api-keys FILE to let programs in)"
+    lines = [f"OpenAI-compatible images API: {base}/v1/images/edits, {who}"]
+    if config.mcp:
+        lines.append(f"MCP server (streamable HTTP): {base}/mcp, {who.split(' (')[0]}")
+    return "\n".join(lines)
+
+
+def api_keys(config: AppConfig):
+    """The --api-keys of `config` (None without the flag); ConfigError for a file that cannot be used."""
+    from hidream_ui.server.api_keys import ApiKeyFileError, ApiKeys
+
+    if config.api_keys_file is None:
+        return None
+    try:
+        return ApiKeys.load(config.api_keys_file)
+    except ApiKeyFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_key_logins(config: AppConfig, auth) -> None:
+    """ConfigError when a login of the app (an --auth / --auth-file user, the --operator) is named like
+    an API key's login (`api-key<N>`): that person and the key's programs would be one login."""
+    from hidream_ui.server.api_keys import ApiKeyFileError, check_login_names
+
+    names = [user for user, _ in auth or []] + ([config.operator[0]] if config.operator is not None else [])
+    try:
+        check_login_names(names)
+    except ApiKeyFileError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def per_client_message(config: AppConfig, held: int) -> str:
+    """What a client with `held` jobs queued or running is told when it asks for one more (the browser,
+    gradio_client, the OpenAI-compatible route and MCP alike)."""
+    return (
+        f"You already have {held} job(s) queued or running (at most {config.max_jobs_per_client} per "
+        "client): wait for one to finish, or stop it."
+    )
+
+
+def _services(demo, services, config: AppConfig, engine=None) -> list:
+    """The app's own routes beside gradio's (server/service_routes.py): the OpenAI-compatible images
+    API always (it answers only where the app has no login, or with --api-keys), MCP with --mcp. Their
+    calls reach the editor through `Loopback`: the app's own routes, as their caller."""
+    from hidream_ui.server import gradio_internals, openai_api
+    from hidream_ui.server.api_keys import ApiGate
+    from hidream_ui.server.guard import LoginThrottle
+    from hidream_ui.server.loopback import Loopback
+
+    def fn_index(api_name: str) -> int | None:
+        return next((index for index, fn in demo.fns.items() if fn.api_name == api_name), None)
+
+    loopback = Loopback(
+        lambda: demo.app,
+        slots=config.max_jobs_per_client,
+        fn_index=fn_index,
+        per_client_message=lambda held: per_client_message(config, held),
+        sign_in=gradio_internals.sign_in,
+    )
+    gate = ApiGate(api_keys(config), public=services.public, throttle=LoginThrottle(config.max_login_failures))
+    sizes = engine.working_resolution_choices if engine is not None else None  # what `size` may name
+    routes = [openai_api.service(config, services, loopback, gate, sizes=sizes)]
+    if config.mcp:
+        from hidream_ui.server import mcp_tools
+
+        routes.append(mcp_tools.service(config, services, loopback, gate))
+    return routes
 
 
 def _janitor(demo, folder, config: AppConfig):
@@ -238,7 +326,7 @@ def _janitor(demo, folder, config: AppConfig):
     return janitor
 
 
-def _app_kwargs(demo, services, config: AppConfig) -> dict:
+def _app_kwargs(demo, services, config: AppConfig, engine=None) -> dict:
     """FastAPI arguments: the guard middleware and a lifespan that makes gradio's sessions lean,
     runs the cache janitor and the idle-session expiry and, at shutdown, every clean-up of the app
     (batch zips, cached files)."""
@@ -250,6 +338,7 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
     from hidream_ui.server import gradio_internals  # asyncio, anyio, PIL: not for --help
     from hidream_ui.server.guard import BoothGuard, LoginThrottle, NewSessions
     from hidream_ui.server.operator import OperatorLogin
+    from hidream_ui.server.service_routes import ServiceRoutes, lifespans
 
     # The operator's login (/operator/login) is throttled like gradio's, with or without --auth.
     throttle = None if services.public and config.operator is None else LoginThrottle(config.max_login_failures)
@@ -271,6 +360,8 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
             except Exception:  # noqa: BLE001 - housekeeping must never take the app down
                 logger.exception("expiring idle sessions failed")
 
+    routes = _services(demo, services, config, engine)
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         gradio_internals.register_demo(demo)
@@ -279,7 +370,8 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
         expiry = asyncio.get_running_loop().create_task(expire_sessions())
         janitor.start()
         try:
-            yield
+            async with lifespans(routes):
+                yield
         finally:
             expiry.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -299,10 +391,12 @@ def _app_kwargs(demo, services, config: AppConfig) -> dict:
         max_body_bytes=config.max_body_kb * 1024,
         storage=storage,
         new_sessions=NewSessions(config.max_new_sessions),
+        service_bodies={route.prefix: (route.max_body_bytes, route.refusal_body) for route in routes},
     )
     middleware = [guard]  # first = outermost: the guard throttles /operator/login before it is answered
     if config.operator is not None:
         middleware.append(Middleware(OperatorLogin, operator=config.operator))
+    middleware.append(Middleware(ServiceRoutes, services=routes))  # inside the guard: its caps apply
     return {"middleware": middleware, "lifespan": lifespan}
 
 

@@ -166,8 +166,16 @@ class BoothGuard:
         max_body_bytes: int | None = None,
         storage=None,
         new_sessions: NewSessions | None = None,
+        service_bodies: dict[str, tuple[int, Callable[[str], dict]]] | None = None,
     ):
         self.app = app
+        # Routes of the app's own that are not gradio's (the OpenAI-compatible images route, MCP), by
+        # path prefix: their bodies are capped at the given size (an image rides in the body, so the
+        # JSON cap of gradio's routes does not fit them) and refused in the service's own error shape
+        # (prefix -> (cap, message -> JSON body): OpenAI's, JSON-RPC's). Their
+        # work reaches gradio only through the app's own routes again (server/loopback.py), where
+        # every other rule of the guard applies.
+        self.service_bodies = dict(service_bodies or {})
         self.new_sessions = new_sessions  # per-address limit on new sessions (None: no limit)
         self.storage = storage  # client_storage.ClientStorage: per-client upload accounting (None: size limit only)
         self.jobs = jobs
@@ -188,6 +196,14 @@ class BoothGuard:
             if self.max_upload_bytes is None:
                 return await self.app(scope, receive, send)
             return await self._upload(scope, receive, send)
+        service = next(
+            (rule for prefix, rule in self.service_bodies.items() if path == prefix or path.startswith(prefix + "/")),
+            None,
+        )  # the rule of `Service.owns`: /v1x is not the /v1 service's, and keeps the guard's JSON checks
+        if service is not None:
+            cap, shape = service
+            detail = f"The request body is larger than {_size(cap)} (--max-upload-mb)."
+            return await _capped(self.app, scope, receive, send, cap, detail, shape=shape)
         if self.throttle is not None and (path == "/login" or path.endswith("/login")):
             return await self._login(scope, receive, send)
         inner = self.app if _is_form(scope) else self._json
@@ -406,7 +422,8 @@ class BoothGuard:
             await send(message)
 
         await self.app(scope, replayed, watched)
-        if status.get("code") == 200:
+        # A login that worked: gradio's answers 200, the operator's (server/operator.py) 303 to the app.
+        if status.get("code") in (200, 303):
             self.throttle.succeeded(attempt, *keys)
 
 
@@ -438,13 +455,13 @@ async def _login_user(scope, body: bytes) -> tuple[str | None, tuple[int, str] |
         await form.close()
 
 
-async def _capped(app, scope, receive, send, limit: int, detail: str) -> None:
+async def _capped(app, scope, receive, send, limit: int, detail: str, *, shape=None) -> None:
     """Runs `app` with a body of at most `limit` bytes: a larger declared length is refused (HTTP
     413, `detail`) before reading; a body that grows past it while streaming is cut (the route
     sees the client go away) and refused."""
     declared = _content_length(scope)
     if declared is not None and declared > limit:
-        return await _refuse(send, 413, detail)
+        return await _refuse(send, 413, detail, shape=shape)
     received = 0
     started = False
     too_big = False
@@ -471,7 +488,7 @@ async def _capped(app, scope, receive, send, limit: int, detail: str) -> None:
         if not too_big:
             raise
     if too_big and not started:
-        await _refuse(send, 413, detail)
+        await _refuse(send, 413, detail, shape=shape)
 
 
 async def _read_body(receive, limit: int | None = None):
@@ -528,7 +545,8 @@ def _is_form(scope) -> bool:
 
 
 def _size(limit: int) -> str:
-    return f"{limit // (1024 * 1024)} MB" if limit >= 1024 * 1024 else f"{limit // 1024} KB"
+    # Rounded, not floored: a 2.25 MB cap must not be told as "larger than 2 MB".
+    return f"{round(limit / (1024 * 1024), 2):g} MB" if limit >= 1024 * 1024 else f"{round(limit / 1024, 2):g} KB"
 
 
 def _content_length(scope) -> int | None:
@@ -541,8 +559,9 @@ def _content_length(scope) -> int | None:
     return None
 
 
-async def _refuse(send, status: int, detail: str, headers: list | None = None) -> None:
-    body = json.dumps({"detail": detail}).encode()
+async def _refuse(send, status: int, detail: str, headers: list | None = None, *, shape=None) -> None:
+    # `shape`: a service route's own error shape (message -> JSON body); gradio's `detail` otherwise.
+    body = json.dumps(shape(detail) if shape is not None else {"detail": detail}).encode()
     await send(
         {
             "type": "http.response.start",

@@ -1,4 +1,5 @@
-"""`python -m hidream_ui bench cluster [--ray local|ADDRESS] [--jobs 8] [--repeats 10] [--steps 2] [--json]`.
+"""`python -m hidream_ui bench cluster [--ray local|ADDRESS] [--ray-token-file PATH] [--jobs 8] [--repeats 10]
+[--steps 2] [--json]`.
 
 The Ray path next to the local pool, on the same tiny edit (offline tiny model, the bundled
 apple, `--steps` steps at the draft size, CPU), measured in one run:
@@ -11,7 +12,8 @@ apple, `--steps` steps at the draft size, CPU), measured in one run:
   a new replica reporting with its model loaded, and until the next job succeeded.
 
 `--ray local` (the default) starts a cluster of this process's own, bound to 127.0.0.1, and stops
-it at the end; an address uses that cluster (its replicas are deleted at the end). On a machine
+it at the end; an address uses that cluster (its replicas are deleted at the end), a head from
+`ray start` with token authentication too (`--ray-token-file`, or Ray's own places: docs/cluster.md). On a machine
 with few cores two CPU replicas share them: expect little gain there; the gain belongs to
 several cards or nodes. Nothing here is tuned to a target.
 """
@@ -27,6 +29,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from hidream_ui.config_table import add_ray_token_argument
 
 INSTRUCTION = "Replace the red apple with a green pear"
 
@@ -111,18 +115,20 @@ def _replace_seconds(engine, steps: int, timeout: float = 300.0) -> dict:
     return {"killed": victim, "new_replica_loaded_seconds": replaced, "next_job_ok_seconds": next_job}
 
 
-def run(address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2) -> dict:
+def run(
+    address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2, token_file: Path | None = None
+) -> dict:
     from hidream_ui.engine.ray_env import connect, disconnect
     from hidream_ui.engine.ray_serve import RayEngine
 
-    owned = connect(address)  # before the engines: they reuse this connection
+    owned = connect(address, token_file=token_file)  # before the engines: they reuse this connection
     import ray
 
     from hidream_ui.config import AppConfig
     from hidream_ui.engine.pool import EnginePool, host_cores
 
     out = Path(tempfile.mkdtemp(prefix="hidream-bench-cluster-"))
-    config = AppConfig(device="cpu", output_dir=out)
+    config = AppConfig(device="cpu", output_dir=out, ray_token_file=token_file)
     report: dict = {
         "address": address,
         "host_cores": host_cores(),
@@ -172,7 +178,7 @@ def run(address: str = "local", jobs: int = 8, repeats: int = 10, steps: int = 2
         two.shutdown()
     finally:
         if owned:
-            disconnect(serve_too=True)
+            disconnect(serve_too=address == "local")  # Serve of a shared cluster stays
     return report
 
 
@@ -204,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ADDRESS",
         help="cluster address (default local: one of this process's own on 127.0.0.1)",
     )
+    add_ray_token_argument(parser)
     parser.add_argument("--jobs", type=int, default=8, help="concurrent edits for the throughput runs (default 8)")
     parser.add_argument("--repeats", type=int, default=10, help="sequential edits for the overhead (default 10)")
     parser.add_argument("--steps", type=int, default=2, help="steps per edit (default 2)")
@@ -211,16 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.jobs, args.repeats, args.steps) < 1:
         parser.error("--jobs, --repeats and --steps must be at least 1")
-    from hidream_ui.engine.ray_env import RayUnavailable, require_ray
+    from hidream_ui.config import ConfigError, from_namespace
+    from hidream_ui.engine.ray_env import RayUnavailable, check_cluster, require_ray
 
     try:
-        require_ray(args.ray)
-    except RayUnavailable as exc:
+        # The token file from the flag or HIDREAM_RAY_TOKEN_FILE, read as the app reads it.
+        token_file = from_namespace(argparse.Namespace(ray_token_file=args.ray_token_file)).ray_token_file
+        require_ray(args.ray, token_file)
+        check_cluster(args.ray, token_file)  # a refusing head: one line, before anything starts
+        # Ray's driver prints its cluster's log lines on stdout: stdout is for the report alone.
+        with contextlib.redirect_stdout(sys.stderr):
+            report = run(args.ray, args.jobs, args.repeats, args.steps, token_file)
+    except (RayUnavailable, ConfigError) as exc:
         print(f"error: {exc}")
         return 1
-    # Ray's driver prints its cluster's log lines on stdout: stdout is for the report alone.
-    with contextlib.redirect_stdout(sys.stderr):
-        report = run(args.ray, args.jobs, args.repeats, args.steps)
     print(json.dumps(report, indent=2) if args.json else format_text(report, args.jobs))
     return 0
 

@@ -27,6 +27,7 @@ from hidream_ui.cli.batch_manifest import ManifestItem
 from hidream_ui.cli.batch_work import ItemOutput
 from hidream_ui.cli.quiet import add_verbose_argument, quiet_libraries
 from hidream_ui.config import AppConfig, ConfigError, add_model_arguments, from_namespace
+from hidream_ui.config_table import add_ray_token_argument
 
 if TYPE_CHECKING:  # pragma: no cover
     from hidream_ui.engine.jobs import CancelToken
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with --ray: engines (Ray actors) in the pool, one per device (default: the "
         "cluster's GPUs, NPUs, or 1 on CPUs)",
     )
+    add_ray_token_argument(parser)
     add_model_arguments(parser)
     add_verbose_argument(parser)
     return parser
@@ -109,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     token = CancelToken()
     if args.ray is not None:
-        from hidream_ui.engine.ray_env import RayUnavailable, require_ray
+        from hidream_ui.engine.ray_env import RayUnavailable, check_cluster, require_ray
 
         try:
-            require_ray(args.ray)
+            require_ray(args.ray, config.ray_token_file)
+            check_cluster(args.ray, config.ray_token_file)  # a refusing head: one line, now
         except RayUnavailable as exc:
             print(json.dumps({"ok": False, "error": str(exc)}))
             return 1

@@ -51,10 +51,10 @@ def run_ray(
     verbose: bool = False,
 ) -> Iterator[ItemOutput]:
     """Yields each item's (unsaved) output as the actors finish them; disconnects from the cluster
-    afterwards when this call connected."""
+    afterwards when this call connected. The cluster's token (`--ray-token-file`) is the config's."""
     from hidream_ui.engine.ray_env import connect, default_replicas, disconnect, placement
 
-    owned = connect(address, verbose=verbose)
+    owned = connect(address, verbose=verbose, token_file=config.ray_token_file)
     import ray
     import ray.data
 

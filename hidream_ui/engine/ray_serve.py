@@ -18,6 +18,9 @@ UI, the queue, admission, kiosk, cancel and the runner hold it unchanged (engine
   sent once more (Serve routes it to a live one). Serve restarts the replica meanwhile.
 * `/status`: `status()` reads the replicas' board (never a replica, which may be busy) and adds the
   cluster's totals.
+* A head at HOST:PORT is asked at construction, before the app serves (`ray_env.check_cluster`, one
+  gRPC call): a cluster that refuses (nothing listening, no token, a wrong token) stops the app at
+  start with one line, which users see before any edit; `--ray-token-file` is applied there too.
 
 What it cannot do is declared in `RAY_CAPABILITIES` (the UI hides those controls and the System
 panel shows the reasons); a call that asks anyway gets an EngineError with the same reason.
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.errors import EditCancelled, EngineError
 from hidream_ui.engine.protocol import Capabilities, Engine
-from hidream_ui.engine.ray_env import connect, disconnect, placement
+from hidream_ui.engine.ray_env import LOCAL, check_cluster, connect, disconnect, placement
 from hidream_ui.engine.ray_replica import EngineReplica, ReplicaBoard, keep_replica_server_on_loopback
 from hidream_ui.engine.status import DeviceRow, EngineStatus, Progress, PromptCacheStats
 
@@ -106,6 +109,10 @@ class RayEngine(Engine):
         self._status_cache: tuple[float, dict] | None = None
         self._jobs = 0
         self._shadow = None  # an unloaded EditEngine: facts read from the checkpoint's configs
+        # Refuses now, in one line, when the head at HOST:PORT will not take us (RayUnavailable);
+        # `auto`, `local` and ray:// addresses are left to Ray (nothing is asked for those).
+        self._token_file = config.ray_token_file
+        check_cluster(self.address, self._token_file)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -140,7 +147,7 @@ class RayEngine(Engine):
 
             if on_progress is not None:
                 on_progress(0.0, f"connecting to the Ray cluster at {self.address}")
-            self._owned = connect(self.address, verbose=self._verbose)
+            self._owned = connect(self.address, verbose=self._verbose, token_file=self._token_file)
             resources = ray.cluster_resources()
             where = placement(self.config, resources)
             if not self.min_replicas:  # one per --devices entry, else one per device of the cluster
@@ -195,7 +202,9 @@ class RayEngine(Engine):
                 self._handle = self._board = None
                 self._status_cache = None
                 if self._owned:
-                    disconnect(serve_too=True)
+                    # Serve itself is stopped only on a cluster of our own: on a shared one other
+                    # applications may be running on it (this app's own were deleted above).
+                    disconnect(serve_too=self.address == LOCAL)
                     self._owned = False
 
     # ------------------------------------------------------------------ jobs

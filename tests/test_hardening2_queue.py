@@ -251,7 +251,7 @@ def operator_http(url: str) -> Iterator[httpx.Client]:
     """An HTTP client signed in as the operator at /operator/login (no --auth: visitors need no login)."""
     with httpx.Client(base_url=url, timeout=120) as http:
         answer = http.post("/operator/login", data={"username": OPERATOR[0], "password": OPERATOR[1]})
-        assert answer.status_code == 200, answer.text
+        assert answer.status_code == 303 and answer.headers["location"] == "/", answer.text  # to the app
         yield http
 
 
@@ -679,8 +679,7 @@ def test_the_kiosk_page_shows_the_engine_controls_to_the_operator_only(kiosk, br
         page.goto(kiosk["url"] + "operator")
         page.get_by_label("Name").fill(OPERATOR[0])
         page.get_by_label("Password").fill(OPERATOR[1])
-        page.get_by_role("button", name="Log in").click()
-        page.get_by_role("link", name="Open the app").click()
+        page.get_by_role("button", name="Sign in").click()  # and the app opens (303 to it)
         # The operator's page load labels the attention dropdown ("auto → ..."): shown, and filled.
         sync_api.expect(page.locator("#hui-attention input")).to_have_value(re.compile("[→—]"), timeout=60_000)
         sync_api.expect(page.locator("#hui-speed")).to_be_visible()

@@ -2,7 +2,9 @@
 plot, and the engine-wide controls (attention, speed, load model).
 
 `build_system_panel(...)` builds and wires it and returns `SystemPanelHandles`. With ``--kiosk``
-the controls sit in one column that only the operator's page shows (server/operator.py). API:
+the controls sit in one column that only the operator's page shows (server/operator.py), at the
+top of the panel, under the state line, so a desktop shows them without scrolling (the operator's
+badge, ui/operator_badge.py, links to them). API:
 ``/set_attention``, ``/load_model``, ``/set_speed`` (ui/speed_setting.py); ``/status`` and
 ``/cancel`` never wait in the queue. The handlers are `system_handlers.SystemHandlers`.
 
@@ -14,7 +16,7 @@ a tab left out (Compare, Batch: ui/layout.py). Nothing is refused only after a c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import gradio as gr
 
@@ -105,6 +107,8 @@ def build_system_panel(
         status_state = gr.HTML(
             value='<div class="hui-status">connecting…</div>', css_template=STATUS_CSS, elem_id="hui-status-state"
         )
+        if config.kiosk:  # the operator's page: the controls first, in view without scrolling on a desktop
+            controls = _engine_controls(engine, services, lane, capabilities, kiosk=True)
         visitor_card = gr.HTML(value="", css_template=STATUS_CSS, visible=config.kiosk, elem_id="hui-visitor-card")
         status_panel = gr.HTML(
             value="", css_template=STATUS_CSS, visible=not config.kiosk, elem_id="hui-status-details"
@@ -128,35 +132,61 @@ def build_system_panel(
         visible=not config.kiosk,
         elem_id="hui-telemetry-plot",
     )
-    # The engine-wide controls. With --kiosk they are the operator's: hidden in the page config,
-    # shown by `page_load` to the operator's browser only (their events refuse everyone else anyway).
-    with gr.Column(visible=not config.kiosk, elem_id="hui-engine-controls") as engine_controls:
-        attention, attention_engine, attention_unavailable, attention_note = _attention_controls(
-            engine, lane, visible=capabilities.attention
-        )
-        speed = build_speed_setting(engine, services, visible=capabilities.speed)  # also /set_speed
-        load_button = gr.Button("Load model", size="sm", elem_id="hui-load-model")
-        load_message = gr.Markdown(label="Model")
+    if not config.kiosk:  # everyone's: under the status, as they always were
+        controls = _engine_controls(engine, services, lane, capabilities, kiosk=False)
     fast_timer = gr.Timer(FAST_SECONDS, active=False)
     panel = SystemPanelHandles(
         status_state=status_state,
         status_panel=status_panel,
         visitor_card=visitor_card,
         telemetry_plot=telemetry_plot,
-        engine_controls=engine_controls,
+        engine_controls=controls.column,
         capabilities=missing,
-        attention=attention,
-        attention_engine=attention_engine,
-        attention_note=attention_note,
-        attention_unavailable=attention_unavailable,
-        speed=speed,
-        load_button=load_button,
-        load_message=load_message,
+        attention=controls.attention,
+        attention_engine=controls.attention_engine,
+        attention_note=controls.attention_note,
+        attention_unavailable=controls.attention_unavailable,
+        speed=controls.speed,
+        load_button=controls.load_button,
+        load_message=controls.load_message,
         fast_timer=fast_timer,
         handlers=handlers,
     )
     _wire(panel, handlers, lane, kiosk=config.kiosk)
     return panel
+
+
+class _EngineControls(NamedTuple):
+    column: gr.Column
+    attention: gr.Dropdown
+    attention_engine: Any
+    attention_unavailable: gr.Markdown
+    attention_note: gr.Markdown
+    speed: gr.Dropdown
+    load_button: gr.Button
+    load_message: gr.Markdown
+
+
+def _engine_controls(
+    engine: Engine, services: AppServices, lane: int, capabilities: Capabilities, kiosk: bool
+) -> _EngineControls:
+    """The engine-wide controls in their column. With --kiosk they
+    are the operator's: hidden in the page config, shown by `page_load` to the operator's browser
+    only (their events refuse everyone else anyway), under a heading that says whose they are."""
+    with gr.Column(visible=not kiosk, elem_id="hui-engine-controls") as column:
+        if kiosk:
+            gr.Markdown(
+                "**Operator controls**: they change the engine for every visitor.",
+                elem_id="hui-operator-controls-title",
+                elem_classes=["hui-hint"],
+            )
+        attention, attention_engine, unavailable, note = _attention_controls(
+            engine, lane, visible=capabilities.attention
+        )
+        speed = build_speed_setting(engine, services, visible=capabilities.speed)  # also /set_speed
+        load_button = gr.Button("Load model", size="sm", elem_id="hui-load-model")
+        load_message = gr.Markdown(label="Model")
+    return _EngineControls(column, attention, attention_engine, unavailable, note, speed, load_button, load_message)
 
 
 def _attention_controls(engine: Engine, lane: int, visible: bool) -> tuple[Any, Any, gr.Markdown, gr.Markdown]:

@@ -342,3 +342,21 @@ def test_a_configuration_that_fails_is_reported_and_the_others_go_on(tiny_cache,
     assert "success_rate" not in rows["memory:encoders-cpu"]
     assert rows["attention:sdpa"]["identical_to_exact_cases"] == 1 and report["model_loads"] == 1
     assert "no room for the encoders (test)" in quality_report.format_table(report)
+
+
+@pytest.mark.slow
+def test_the_cli_says_what_it_does_before_the_first_case(monkeypatch, capsys):
+    """The loads and warm-up edits come before any case: progress lines on stderr say so (the CLI once sat
+    silent for minutes), and stdout keeps only the report. Every load fails here, so nothing runs."""
+    from hidream_ui.engine.errors import EngineError
+
+    def no_load(*args, **kwargs):
+        raise EngineError("no load in this test")
+
+    monkeypatch.setattr(quality, "_Engine", no_load)
+    assert quality.main(["--cases", "1", "--only", "attention:sdpa", "--tiny-profile", "tiny", "--json"]) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert lines[0].startswith("bench quality: 1 held-out case(s) on cpu: importing torch")
+    assert "bench quality: loading the tiny model 1/1 (memory full, weights bf16" in lines[1]
+    assert "could not load" in lines[-1] and captured.out == ""

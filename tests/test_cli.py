@@ -161,3 +161,71 @@ def test_edit_cli_runs_on_the_first_of_devices_not_on_the_auto_device(tmp_path, 
     )
     summary = json.loads(capsys.readouterr().out)
     assert code == 1 and summary["ok"] is False and "npu" in summary["error"], summary
+
+
+def test_doctor_says_what_the_offline_model_in_use_can_do(tiny_cache, capsys):
+    """The trained default edits its world (the note names its instructions); the random profiles give noise."""
+    from hidream_ui.config import from_args
+    from hidream_ui.model.tiny import world
+
+    trained = doctor.offline_note(from_args(["--tiny-profile", "trained"], environ={}))
+    assert "trained on a world of coloured shapes" in trained and "noise" not in trained
+    assert world.instruction_forms("") in trained
+    assert doctor.main(["--json", "--device", "cpu", "--tiny-profile", "tiny"]) == 0
+    note = json.loads(capsys.readouterr().out)["model"]["note"]
+    assert note == doctor.offline_note(from_args(["--tiny-profile", "tiny"], environ={}))
+    assert "random-weight" in note and "--tiny-profile tiny" in note
+
+
+@pytest.mark.slow
+def test_edit_cli_names_the_words_the_offline_model_does_not_know(tiny_cache, tmp_path, capsys):
+    """On the trained offline model an instruction outside its world still runs; the JSON says which words it
+    has never seen (`instruction_note`) beside the usual note on what the model is."""
+    from hidream_ui.model.tiny import world
+
+    case = world.example_cases()[0]
+    src = tmp_path / "scene.png"
+    Image.fromarray(case.source).save(src)
+    common = ["--image", str(src), "--steps", "2", "--device", "cpu", "--tiny-profile", "trained"]
+    common += ["--output-dir", str(tmp_path / "outputs")]
+    assert cli.main(["edit", *common, "--instruction", "make the square pink"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["ok"] and summary["model_source"] == "tiny" and "noise" not in summary["note"]
+    assert summary["instruction_note"] == world.vocabulary_note("make the square pink")
+    assert cli.main(["edit", *common, "--instruction", "remove the circle"]) == 0
+    assert "instruction_note" not in json.loads(capsys.readouterr().out)
+
+
+def test_plan_plans_the_release_when_nothing_names_a_model(monkeypatch):
+    """README's `plan --device-memory 24GB` must not plan the few-MB offline model (every row 0.0 GB)."""
+    import argparse
+
+    from hidream_ui.cli.plan import plans_release_by_default
+
+    for name in ("HIDREAM_MODEL_DIR", "HIDREAM_LLAMA", "HIDREAM_I1", "HIDREAM_E1", "HIDREAM_TINY_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    bare = {"model_dir": None, "llama": None, "i1": None, "e1": None, "tiny_profile": None}
+    assert plans_release_by_default(argparse.Namespace(**bare))
+    assert not plans_release_by_default(argparse.Namespace(**{**bare, "tiny_profile": "trained"}))
+    assert not plans_release_by_default(argparse.Namespace(**{**bare, "model_dir": "/models"}))
+    monkeypatch.setenv("HIDREAM_TINY_PROFILE", "tiny")
+    assert not plans_release_by_default(argparse.Namespace(**bare))
+    monkeypatch.delenv("HIDREAM_TINY_PROFILE")
+    monkeypatch.setenv("HIDREAM_MODEL_DIR", "/models")
+    assert not plans_release_by_default(argparse.Namespace(**bare))
+
+
+@pytest.mark.slow
+def test_plan_with_no_model_named_plans_the_release_at_its_real_size(monkeypatch, capsys):
+    from hidream_ui.cli import plan
+
+    monkeypatch.delenv("HIDREAM_TINY_PROFILE", raising=False)
+    assert plan.main(["--device-memory", "24GB", "--host-memory", "64GB", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"]["kind"] == "release-size" and report["working_size"] == [1024, 1024]
+    assert "no --model-dir or --tiny-profile given" in report["model"]["note"]
+    assert report["chosen"]["name"] == "encoders-offload" and report["chosen"]["weights"] == "fp8"
+    assert min(row["peak"] for row in report["rows"]) > 10**9  # not the offline model's ~0.0 GB
+    assert plan.main(["--device-memory", "24GB"]) in (0, 1)  # the text table says what it planned
+    out = capsys.readouterr().out
+    assert out.startswith("e1.1, the release model at its real size") and "note: no --model-dir" in out

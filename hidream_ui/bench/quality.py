@@ -297,10 +297,12 @@ def run(
     params: Mapping[str, Any] | None = None,
     steps_grid: Iterable[int] = (),
     cross: Iterable[str] = (),
+    status=None,
 ) -> dict:
     """Runs the benchmark; returns the report (keys: docs/benchmarks.md "bench quality").
     `progress(done, total, text)` is called after each case; `params`: edit settings other than the defaults;
-    `steps_grid`: other step counts to measure (`steps:N`), `cross`: step caches run at each of them too."""
+    `steps_grid`: other step counts to measure (`steps:N`), `cross`: step caches run at each of them too.
+    `status(text)` is told what happens before the first case (the loads and warm-up edits: minutes on a CPU)."""
     import torch
 
     if cases < 1:
@@ -322,10 +324,16 @@ def run(
         try:
             # Every engine loaded once, up front (the world's models are a few MB): the configurations
             # then interleave per case, and each load is counted once.
+            keys = list(dict.fromkeys(config.engine_key for config in configs))
             for config in configs:
                 key = config.engine_key
                 if key in engines or rows[config.name].error:
                     continue
+                if status is not None:
+                    status(
+                        f"loading the {profile} model {keys.index(key) + 1}/{len(keys)} (memory {key[0]}, weights "
+                        f"{key[1]}; the first load may build it: minutes)"
+                    )
                 try:
                     engines[key] = _Engine(profile, dev.torch_device, *key, Path(tmp))
                 except (EngineError, RuntimeError, ValueError) as exc:
@@ -337,6 +345,8 @@ def run(
             exact_engine = engines[EXACT.engine_key]
             attention = exact_engine.attention  # what `auto` resolved to: exact's strategy
             warm = world.make_case(WARM_UP_SEED)
+            if status is not None:
+                status(f"one warm-up edit for each of {len(configs)} configurations, then {cases} case(s)")
             for config in configs:  # one unmeasured edit each: first-call costs are not the mode's
                 row = rows[config.name]
                 if row.error is None:
@@ -488,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     def progress(done: int, total: int, text: str) -> None:
         print(f"bench quality: case {done}/{total} ({text})", file=sys.stderr, flush=True)
 
+    def status(text: str) -> None:  # stderr: --json keeps stdout for the report
+        print(f"bench quality: {text}", file=sys.stderr, flush=True)
+
+    status(f"{args.cases} held-out case(s) on {args.device}: importing torch, then the model loads")
     try:
         report = run(
             args.cases,
@@ -501,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             params,
             grid,
             cross,
+            status,
         )
     except (RuntimeError, ValueError, OSError) as exc:  # OSError: model files missing (say which, no traceback)
         print(f"bench quality: {exc}", file=sys.stderr)

@@ -143,12 +143,26 @@ def collect(config, backends=None) -> dict:
     problems = model_sources.verify_sources(sources)
     report["model"] = {**sources.to_dict(), "verified": not problems, "problems": problems}
     if sources.kind == "tiny":
-        report["model"]["note"] = (
-            "offline tiny random-weight model: outputs are noise; point --model-dir at real weights for real edits"
-        )
+        report["model"]["note"] = offline_note(config)
     report["problems"].extend(problems)
     report["ok"] = not report["problems"]
     return report
+
+
+def offline_note(config) -> str:
+    """What the offline model in use can do: the trained default edits its world of shapes, the other profiles
+    have random weights (noise)."""
+    if config.uses_trained_tiny_model:
+        from hidream_ui.model.tiny import world
+
+        return (
+            f"offline tiny model (--tiny-profile {config.tiny_profile}) trained on a world of coloured shapes: it "
+            f"knows {world.instruction_forms('')}, not photos; point --model-dir at real weights to edit photos"
+        )
+    return (
+        f"offline tiny random-weight model (--tiny-profile {config.tiny_profile}): outputs are noise; point "
+        "--model-dir at real weights for real edits"
+    )
 
 
 def _print_text(report: dict) -> None:

@@ -1,7 +1,8 @@
 """`python -m hidream_ui edit --image IN --instruction TEXT [--mask PATH] [--out PATH] [parameters]`.
 
 Runs one edit through the same engine as the app and prints a JSON summary. With no model
-configured it runs on the offline tiny model (the summary says which and what it can do).
+configured it runs on the offline tiny model (the summary says which and what it can do, and
+`instruction_note` names the words of an instruction that model has never seen).
 """
 
 from __future__ import annotations
@@ -91,9 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     if result.info.model_source == "tiny" and not config.uses_trained_tiny_model:
         summary["note"] = "tiny random-weight model: the output is noise; use --model-dir for real weights"
     elif result.info.model_source == "tiny":
+        from hidream_ui.model.tiny import world
+
         summary["note"] = (
-            "offline tiny model trained on a world of coloured shapes: it edits only those scenes; "
+            f"offline tiny model trained on a world of coloured shapes: it knows {world.instruction_forms('')}; "
             "use --model-dir for real weights"
         )
+        # Words it has never seen: the edit ran, and this says why the result may be a guess.
+        instruction_note = world.vocabulary_note(result.params.instruction)
+        if instruction_note:
+            summary["instruction_note"] = instruction_note
     print(json.dumps(summary, indent=2))
     return 0

@@ -2,7 +2,9 @@
 
 Asks the planner before loading anything: every memory plan with its predicted device peak, the
 host RAM it needs for the weights it keeps there and its rough relative speed, and the one `auto`
-picks. Reads only config files (the release's dimensions for `--tiny-profile full`). Exit 1 when
+picks. Reads only config files (the release's dimensions for `--tiny-profile full`). With no weights
+configured and no `--tiny-profile` (or HIDREAM_TINY_PROFILE) it plans the release model at its real size,
+the `full` profile: the offline demo model's few MB would show every row at 0.0 GB. Exit 1 when
 nothing fits, with the numbers. With `--placement`, the table is the transformer's device's and one
 line per device follows (what each holds, its predicted peak against its free memory); a device
 that cannot hold its placed parts also exits 1.
@@ -17,6 +19,7 @@ import sys
 from hidream_ui.config import ConfigError, add_model_arguments, from_namespace
 from hidream_ui.device.backends import DeviceError
 from hidream_ui.device.detect import resolve_device, resolve_dtype
+from hidream_ui.env_names import read_variable
 from hidream_ui.model.planner import default_working_size, margin, parse_bytes, plan_for, read_configs
 from hidream_ui.model.tiny.profiles import FULL_PROFILE_NAME
 
@@ -119,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
+        args.release_by_default = plans_release_by_default(args)
+        if args.release_by_default:
+            args.tiny_profile = FULL_PROFILE_NAME
         config = from_namespace(args)
         if args.trace:
             return _trace(config, args)
@@ -126,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:  # PlanRefused is a ValueError
         print(f"plan: {exc}", file=sys.stderr)
         return 2
+
+
+def plans_release_by_default(args: argparse.Namespace) -> bool:
+    """True when nothing names a model or an offline profile: `plan` then plans the release (E1.1 or E1-Full at
+    the published dimensions, nothing loaded), what a reader of its table wants to know before downloading."""
+    named = ("model_dir", "llama", "i1", "e1", "tiny_profile")
+    variables = ("HIDREAM_MODEL_DIR", "HIDREAM_LLAMA", "HIDREAM_I1", "HIDREAM_E1", "HIDREAM_TINY_PROFILE")
+    return all(getattr(args, name, None) is None for name in named) and all(
+        read_variable(name) is None for name in variables
+    )
 
 
 def _run(config, args) -> int:
@@ -167,7 +183,7 @@ def _run(config, args) -> int:
     )
     free = choice.free
     devices = _per_device(choice, placed.get("transformer", device.torch_device), free) if placed else None
-    planned = planned_model(config)
+    planned = planned_model(config, release_by_default=getattr(args, "release_by_default", False))
     if args.json:
         report = {
             "variant": config.variant,
@@ -185,8 +201,8 @@ def _run(config, args) -> int:
         print(json.dumps(report, indent=2))
     else:
         what = (
-            "full profile (release dimensions)"
-            if config.uses_tiny_model and config.tiny_profile == "full"
+            "the release model at its real size (no weights needed: --tiny-profile full)"
+            if config.uses_tiny_model and config.tiny_profile == FULL_PROFILE_NAME
             else ("tiny " + config.tiny_profile if config.uses_tiny_model else "configured model")
         )
         memory = "unknown" if free is None else f"{free / 1e9:.1f} GB free (margin {margin(free) / 1e9:.1f} GB)"
@@ -199,13 +215,21 @@ def _run(config, args) -> int:
     return 0 if choice.chosen is not None else 1
 
 
-def planned_model(config) -> dict:
+def planned_model(config, *, release_by_default: bool = False) -> dict:
     """Which model a plan is for, and, for the offline tiny checkpoints, how to plan the release: their
-    weights are a few MB, so every row shows ~0.0 GB, which reads like a bug without this line."""
+    weights are a few MB, so every row shows ~0.0 GB, which reads like a bug without this line. Planned
+    by default (nothing named a model), the release's note says so and how to plan something else."""
     if not config.uses_tiny_model:
         return {"kind": "configured", "profile": None, "note": None}
     if config.tiny_profile == FULL_PROFILE_NAME:
-        return {"kind": "release-size", "profile": config.tiny_profile, "note": None}
+        note = None
+        if release_by_default:
+            note = (
+                f"note: no --model-dir or --tiny-profile given, so this planned the release model "
+                f"({config.variant} at its published dimensions; nothing was loaded). --model-dir plans your "
+                "weights; --tiny-profile trained plans the offline demo model."
+            )
+        return {"kind": "release-size", "profile": config.tiny_profile, "note": note}
     return {
         "kind": "offline",
         "profile": config.tiny_profile,

@@ -66,6 +66,7 @@ from hidream_ui.ui.common import (
     stop_on_click,
 )
 from hidream_ui.ui.services import AppServices
+from hidream_ui.ui.world_examples import batch_placeholder, instructions_note
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class BatchRun:
         self.started = time.perf_counter()
         self.first_step: float | None = None
         self.step_text = ""
+        self.note: str | None = None  # the offline model's words: world_examples.instruction_note
 
     def add(self, item) -> None:
         self.done += 1
@@ -179,6 +181,8 @@ class BatchRun:
             if grouping:
                 line += f"\n\nShared transformer calls by working size: {grouping}"
         text = line
+        if self.note:  # the items ran; this says why some may be guesses (letters-only words: no markup)
+            text += f"\n\nℹ️ {html.escape(self.note, quote=False)}"
         if self.errors:
             text += "\n\n**Errors**\n\n" + "\n".join(
                 f"- {md(source)} × “{md(instruction)}”: {md(message)}" for source, instruction, message in self.errors
@@ -298,6 +302,7 @@ class BatchTab:
             total = len(plan.items)
 
             run = BatchRun(total, plan.rejected)
+            run.note = instructions_note(self.config, lines)  # the offline model's unknown words, once
             yield [], run.report(), None  # clears the previous run's zip
             move_bar(progress, job, 0.0, "Loading the model" if not self.engine.loaded else "Starting")
 
@@ -425,7 +430,7 @@ def build_batch_tab(engine: Engine, config: AppConfig, services: AppServices | N
                 instructions = gr.Textbox(
                     label="Instructions (one per line)",
                     lines=4,
-                    placeholder="Turn the sky into a sunset\nMake it snow",
+                    placeholder=batch_placeholder(config),
                     elem_id="hui-batch-instructions",
                 )
                 mode = gr.Radio(list(MODE_CHOICES), value="matrix", label="Pairing")

@@ -25,6 +25,7 @@ from hidream_ui.engine.errors import EditCancelled
 from hidream_ui.engine.jobs import Preview, StepInfo
 from hidream_ui.engine.runner import stream_job
 from hidream_ui.outputs import summary_line
+from hidream_ui.pipeline.speed.settings import SPEED_PRESETS
 from hidream_ui.results import file_sha256
 from hidream_ui.rewrite.prompt import RewriteError, RewriteResult
 from hidream_ui.rewrite.service import needs_rewrite
@@ -43,6 +44,7 @@ from hidream_ui.ui.edit_form import EditForm
 from hidream_ui.ui.history_entries import new_entry
 from hidream_ui.ui.region_input import open_region, source_size
 from hidream_ui.ui.services import STOPPED_BY_USER, TabHandlers, redact_paths
+from hidream_ui.ui.world_examples import instruction_note
 
 logger = logging.getLogger(__name__)
 
@@ -284,9 +286,21 @@ class EditHandlers(TabHandlers):
             (result.source_image, result.image),
             png,
             result.params.seed,
-            summarise_result(result, load_seconds),
+            self.summary(result, load_seconds),
             entry,
         )
+
+    def summary(self, result: EditResult, load_seconds: float = 0.0) -> str:
+        """The finished edit's summary (Markdown; the /edit API's summary output too): the result's line, the
+        speed mode when it was not exact, and a note when the offline model met words it does not know."""
+        text = summarise_result(result, load_seconds)
+        mode = speed_mode(result.info.speed)
+        if mode:  # a visitor should know the result was made faster than exact, and how
+            text += f" · speed: {html.escape(mode)}"
+        note = instruction_note(self.services.config, result.params.instruction)
+        if note:  # the edit ran; this says why it may be a guess (letters-only words: no markup in it)
+            text += f"\n\nℹ️ {html.escape(note, quote=False)}"
+        return text
 
     # ------------------------------------------------------------------ rewrite
     def rewriter(self):
@@ -412,6 +426,21 @@ class EditHandlers(TabHandlers):
             gr.Warning("That result is no longer on the server; edit the source again.", title="Result gone")
             return gr.update(), gr.update()
         return png, "The result is the source now: change the instruction and press Edit."
+
+
+def speed_mode(speed: dict[str, Any] | None) -> str | None:
+    """The speed mode a result ran with (`RunInfo.speed`), in words: "fast (magcache:0.24@20)", a --cache spec
+    that is no preset as it is, with the compiled blocks or the sync-free MoE named; None when exact."""
+    if not speed:
+        return None
+    cache = str(speed.get("cache") or "none")
+    preset = next((name for name, spec in SPEED_PRESETS.items() if spec == cache), None)
+    parts = [] if cache == "none" else [f"{preset} ({cache})" if preset else cache]
+    if speed.get("compile") not in (None, "none"):
+        parts.append(f"compiled {speed['compile']}")
+    if speed.get("moe") == "sync-free":
+        parts.append("sync-free MoE")
+    return ", ".join(parts) or None
 
 
 def _no_progress(*args: Any, **kwargs: Any) -> None:

@@ -35,7 +35,7 @@ from hidream_ui.ui.common import (
 from hidream_ui.ui.edit_handlers import EditHandlers
 from hidream_ui.ui.region_editor import build_region_editor
 from hidream_ui.ui.services import ASSETS_DIR
-from hidream_ui.ui.world_examples import world_examples
+from hidream_ui.ui.world_examples import world_examples, world_hint, world_placeholder
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +151,13 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
                     height=300,
                     elem_id="hui-source",
                 )
+                # What the model in use can follow: the offline model's own words, else the variant's format.
                 form["instruction"] = widget(
-                    "instruction", "", lines=2, placeholder=instruction_placeholder(variant), elem_id="hui-instruction"
+                    "instruction",
+                    "",
+                    lines=2,
+                    placeholder=world_placeholder(config) or instruction_placeholder(variant),
+                    elem_id="hui-instruction",
                 )
                 # On by default for E1-Full, the variant trained on the long two-part prompts
                 # (upstream's "Refine Instruction"); hidden without a rewriter.
@@ -166,7 +171,7 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
                 with gr.Row(elem_id="hui-edit-actions"):
                     edit_button = gr.Button("Edit", variant="primary", min_width=100, elem_id="hui-edit")
                     stop_button = gr.Button("Stop", variant="stop", min_width=100, elem_id="hui-stop")
-                gr.Markdown(variant_hint(variant), elem_classes=["hui-hint"])
+                gr.Markdown(world_hint(config) or variant_hint(variant), elem_classes=["hui-hint"])
             # The result area: the progress bar, the before/after slider (and, from the pipeline,
             # the live previews) all show here, beside the button on a wide screen, right under it
             # on a phone.
@@ -181,18 +186,24 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
                 )
                 summary = gr.Markdown(elem_id="hui-summary")
                 # Hidden until the first result: an empty Number would read "0".
+                # Widths: a seed has up to 10 digits and its label must stay on one line beside the two
+                # buttons in the result column of a 1440 px screen (it was cut to "334768" under "Seed / used").
                 with gr.Row(equal_height=True, visible=False) as result_details:
-                    edit_result_button = gr.Button("Edit the result", variant="secondary", elem_id="hui-edit-result")
+                    edit_result_button = gr.Button(
+                        "Edit the result", variant="secondary", min_width=110, elem_id="hui-edit-result"
+                    )
                     # The saved file, not the slider's re-encoded copy: it carries the settings (PNG
                     # text chunk) that the History tab can read back.
-                    saved_png = gr.DownloadButton("Download PNG", value=None, variant="secondary", elem_id="hui-saved")
+                    saved_png = gr.DownloadButton(
+                        "Download PNG", value=None, variant="secondary", min_width=110, elem_id="hui-saved"
+                    )
                     seed_used = gr.Number(
                         value=None,
                         label="Seed used",
                         interactive=False,
                         precision=0,
                         placeholder="shown after the edit",
-                        min_width=90,
+                        min_width=170,
                         elem_id="hui-seed-used",
                     )
         with gr.Accordion("Rewritten instruction", open=True, visible=rewriter is not None, elem_id="hui-rewrite-box"):

@@ -68,16 +68,22 @@ TINY_BANNER = (
 
 
 def trained_banner() -> str:
-    """The banner of the trained offline model: what it is and the instructions it knows (from its world)."""
+    """The banner of the trained offline model: what it is and the instructions it knows (from its world). The
+    first sentence, all a phone shows (APP_CSS), names the three instruction forms; the rest their words."""
     from hidream_ui.model.tiny import world
 
+    # HTML, not Markdown: emphasis nested in bold did not render. The background slot spelled out: 3 words.
+    forms = [
+        "<i>" + form.replace("{background}", "{" + " / ".join(world.BACKGROUNDS) + "}") + "</i>"
+        for form in world.INSTRUCTION_FORMS
+    ]
     return (
-        "**Offline demo model: a tiny HiDream-E1 trained here on a world of coloured shapes.** "
-        '<span class="hui-banner-more">It knows 128x128 scenes of circles, squares and triangles and three '
-        f"instructions: *make the {{{' / '.join(world.SHAPES)}}} {{{' / '.join(world.COLOURS)}}}*, "
-        f"*remove the {{shape}}*, *make the background {{{' / '.join(world.BACKGROUNDS)}}}*. {_held_out_line()}"
-        "Photos and other words give noise. To edit photos, start `python app.py --model-dir /path/to/models` or "
-        "set `HIDREAM_MODEL_DIR`.</span>"
+        f"<b>Offline demo model of coloured shapes: it knows {', '.join(forms[:-1])} and {forms[-1]}.</b> "
+        '<span class="hui-banner-more">A tiny HiDream-E1 trained here on 128x128 scenes: shapes '
+        f"{' / '.join(world.SHAPES)}, colours {' / '.join(world.COLOURS)}, backgrounds "
+        f"{' / '.join(world.BACKGROUNDS)}. {_held_out_line()}"
+        "Photos and other words give guesses (the summary names the words it does not know). To edit photos, start "
+        "`python app.py --model-dir /path/to/models` or set `HIDREAM_MODEL_DIR`.</span>"
     )
 
 
@@ -110,6 +116,12 @@ APP_CSS = """
                    border-radius: 8px; padding: 0.4em 0.9em; }
 #hui-system { position: sticky; top: 0.5em; }
 #hui-attention-note { font-size: 0.85em; min-height: 1.2em; }
+/* The attention choice in the narrow system column: a smaller font so "auto → sdpa (best available here)"
+   fits whole, and an ellipsis where a longer label still cannot (the open list shows every label whole). */
+#hui-attention input { font-size: 0.85em; text-overflow: ellipsis; }
+#hui-attention ul.options li { white-space: normal; }
+/* "Seed used": the label on one line, the number whole. */
+#hui-seed-used label span, #hui-seed-used [data-testid="block-info"] { white-space: nowrap; }
 #hui-attention-unavailable { font-size: 0.8em; opacity: 0.85; }
 .hui-hint { font-size: 0.85em; opacity: 0.85; }
 #hui-visitor-card .hui-card { border: 1px solid rgba(127, 127, 127, 0.3); border-radius: 8px; padding: 0.5em; }
@@ -223,6 +235,9 @@ def build_demo(
         banner = offline_banner(config)
         if banner:
             gr.Markdown(banner, elem_id="hui-tiny-banner")
+        from hidream_ui.ui.operator_badge import build_operator_badge  # --kiosk --operator only
+
+        build_operator_badge(config, demo)  # "Operator · <name>" and Log out, on the operator's page only
         with gr.Row(equal_height=False):
             with gr.Column(scale=4):
                 with gr.Tabs(selected="edit") as tabs:

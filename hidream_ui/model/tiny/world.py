@@ -7,8 +7,9 @@ fully inside the canvas. An edit is one of ``make the {shape} {colour}``, ``remo
 ``make the background {background}``. ``make_case(seed)`` draws a scene and an edit from that seed alone,
 so training (seeds below ``HELD_OUT_SEED_START``) and evaluation (seeds from it upward) never share a case.
 
-The runtime needs only this much (the trained model's banner names its words, the Edit tab shows
-`example_cases`). What training and evaluation need besides, the held-out cases and the success metric, is
+The runtime needs only this much (the trained model's banner names its words and its three instruction forms,
+the Edit tab shows `example_cases`, and `vocabulary_note` tells a user which words of an instruction the model
+has never seen). What training and evaluation need besides, the held-out cases and the success metric, is
 research code: hidream_ui/lab/world.py, which builds on this module.
 
 Only numpy is imported here; images are ``uint8`` arrays of shape (128, 128, 3).
@@ -16,6 +17,7 @@ Only numpy is imported here; images are ``uint8`` arrays of shape (128, 128, 3).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -39,6 +41,8 @@ HELD_OUT_SEED_START = 1_000_000_000
 EXAMPLE_SEED_START = HELD_OUT_SEED_START + 500_000_000
 # Every word an instruction can contain (the trained tokenizers must know each of them).
 WORDS = ("make", "the", "remove", "background", *SHAPES, *COLOURS, *BACKGROUNDS)
+# The three instructions, one per edit kind, with the slot each takes (the banner, the hints and the note say them).
+INSTRUCTION_FORMS = ("make the {shape} {colour}", "remove the {shape}", "make the background {background}")
 
 
 @dataclass(frozen=True)
@@ -196,3 +200,78 @@ def example_cases(per_kind: int = 2, start: int = EXAMPLE_SEED_START) -> list[Ca
             chosen[case.edit.kind].append(case)
         seed += 1
     return [case for kind in EDIT_KINDS for case in chosen[kind]]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the model knows, in words for its users
+# ---------------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"[^\W\d_]+")  # runs of letters (any script): digits and punctuation are not words
+
+
+def instruction_words(instruction: str) -> list[str]:
+    """The words of an instruction as written, in order. Case counts: the model was trained on lower case only
+    ("Make the Circle Red" came out a paler red than "make the circle red", all capitals barely red)."""
+    return _WORD.findall(str(instruction))
+
+
+def unknown_words(instruction: str) -> tuple[str, ...]:
+    """The words of ``instruction`` that are not in WORDS, each once, in the order they come."""
+    return tuple(dict.fromkeys(word for word in instruction_words(instruction) if word not in WORDS))
+
+
+def is_known_instruction(instruction: str) -> bool:
+    """Whether ``instruction`` is one of the three forms with words of the world, in lower case (spacing and
+    punctuation aside)."""
+    words = instruction_words(instruction)
+    if len(words) == 3 and words[:2] == ["remove", "the"]:
+        return words[2] in SHAPES
+    if len(words) == 4 and words[:2] == ["make", "the"]:
+        return (words[2] in SHAPES and words[3] in COLOURS) or (words[2] == "background" and words[3] in BACKGROUNDS)
+    return False
+
+
+def instruction_forms(markup: str = "*") -> str:
+    """The three forms with the words each slot takes, e.g. "*make the {circle / square / triangle} {red / ...}*"
+    (``markup`` wraps each form: "*" for Markdown emphasis, "" for plain text)."""
+    slots = {
+        "{shape}": "{" + " / ".join(SHAPES) + "}",
+        "{colour}": "{" + " / ".join(COLOURS) + "}",
+        "{background}": "{" + " / ".join(BACKGROUNDS) + "}",
+    }
+    forms = []
+    for form in INSTRUCTION_FORMS:
+        for slot, words in slots.items():
+            form = form.replace(slot, words)
+        forms.append(f"{markup}{form}{markup}")
+    return ", ".join(forms[:-1]) + " or " + forms[-1]
+
+
+def example_instructions() -> tuple[str, ...]:
+    """One instruction of each form, written out (placeholders and hints)."""
+    return (
+        f"make the {SHAPES[1]} {tuple(COLOURS)[2]}",
+        f"remove the {SHAPES[0]}",
+        f"make the background {tuple(BACKGROUNDS)[1]}",
+    )
+
+
+def vocabulary_note(instruction: str) -> str | None:
+    """A friendly note when ``instruction`` leaves the world: the words the model has never seen, or (all words
+    known) an order it was not trained on, and what it does know. None for an instruction of the world. Plain
+    text: the app, the API and the CLI show it as it is. The edit runs either way; this only says why the
+    result may be a guess."""
+    instruction = " ".join(str(instruction).split())
+    if not instruction or is_known_instruction(instruction):
+        return None
+    unknown = unknown_words(instruction)
+    if unknown:
+        shown = ", ".join(f"\u201c{word}\u201d" for word in unknown[:6]) + (", ..." if len(unknown) > 6 else "")
+        lower = " (it learnt its words in lower case)" if any(word.lower() in WORDS for word in unknown) else ""
+        what = f"The offline model has never seen {shown}{lower}."
+    else:
+        what = "The offline model knows each of these words, but not this instruction."
+    return (
+        f"{what} It knows three instructions: {', '.join(INSTRUCTION_FORMS)}; shapes {', '.join(SHAPES)}; colours "
+        f"{', '.join(COLOURS)}; backgrounds {', '.join(BACKGROUNDS)}. It edited anyway, so the result is a guess."
+    )

@@ -258,3 +258,20 @@ def test_a_path_that_only_begins_like_a_service_prefix_keeps_the_guards_json_che
     assert post("/v1/images/edits", 500) == 200  # the service's own cap (1000)
     assert post("/v1x", 500) == 413 and post("/v1", 2000) == 413  # /v1x is gradio's: the 10-byte cap
     assert reached == ["/v1/images/edits"]
+
+
+@pytest.mark.slow
+def test_the_start_up_log_of_a_kiosk_names_the_operators_way_in_and_the_service_routes(tiny_cache, tmp_path, capsys):
+    from hidream_ui.bench import free_port
+    from hidream_ui.cli.app import launch
+    from hidream_ui.config import AppConfig
+
+    config = AppConfig(device="cpu", output_dir=tmp_path, port=free_port(), kiosk=True, operator=("booth-op", "pw"))
+    demo, _ = launch(config, prevent_thread_lock=True, quiet=False)
+    try:
+        log = capsys.readouterr().err
+    finally:
+        demo.close()
+    assert f"the operator signs in at http://127.0.0.1:{config.port}/operator" in log
+    assert f"OpenAI-compatible images API: http://127.0.0.1:{config.port}/v1/images/edits" in log
+    assert "booth-op" not in log and "pw" not in log.replace("pwd", "")  # neither name nor password

@@ -177,6 +177,10 @@ def launch(
         )
     if not quiet:
         print(service_lines(config), file=sys.stderr)
+        from hidream_ui.server.operator import startup_line  # the operator's way in (--kiosk)
+
+        if (operator_line := startup_line(config)) is not None:
+            print(operator_line, file=sys.stderr)
     trust_proxies(config)
     _, local_url, _ = demo.launch(
         server_name=config.host,

@@ -291,6 +291,8 @@ def read_metadata(src: MetadataSource) -> dict[str, Any]:
             raise MetadataError(f"{label}: the sidecar is over {TEXT_READ_MAX // 2**20} MiB; ours are a few KB")
         try:
             return _check_metadata(json.loads(raw.decode("utf-8")), label)
+        except RecursionError:
+            raise MetadataError(f"{label}: the sidecar is nested too deeply to be ours") from None
         except ValueError as exc:
             if isinstance(exc, MetadataError):
                 raise
@@ -317,6 +319,8 @@ def read_metadata(src: MetadataSource) -> dict[str, Any]:
         )
     try:
         data = json.loads(text)
+    except RecursionError:  # `[[[[...` a client wrote into a PNG: a clear refusal, not a 500
+        raise MetadataError(f"{label}: the {METADATA_KEY} chunk is nested too deeply to be ours") from None
     except ValueError as exc:
         raise MetadataError(f"{label}: the {METADATA_KEY} chunk is not valid JSON ({exc})") from None
     return _check_metadata(data, label)

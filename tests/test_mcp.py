@@ -118,6 +118,210 @@ def test_mcp_1x_is_not_enough(monkeypatch):
     assert app.mcp_available() is True
 
 
+# ------------------------------------------------------------------------ the entrance and the tools, faked
+
+
+class FakeManager:
+    """The MCP session manager's seat: reads the body, answers 200 with a new session id (400 for a body
+    MCP would refuse: not JSON), and can hold requests open (`hold`)."""
+
+    def __init__(self):
+        self.calls: list[tuple[dict, bytes]] = []
+        self._server_instances: dict[str, object] = {}
+        self.hold: asyncio.Event | None = None
+
+    async def handle_request(self, scope, receive, send):
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        self.calls.append((scope, body))
+        if self.hold is not None:
+            await self.hold.wait()
+        kind = dict(scope["headers"]).get(b"content-type", b"")
+        status = 200 if kind.startswith(b"application/json") else 400
+        session = f"s{len(self.calls)}"
+        if status == 200:
+            self._server_instances[session] = object()
+        headers = [(b"content-type", b"application/json"), (b"mcp-session-id", session.encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def entrance(manager, *, per_minute=1000, max_requests=6):
+    from hidream_ui.server.api_keys import ApiGate
+    from hidream_ui.server.guard import NewSessions
+    from hidream_ui.server.mcp_tools import Entrance
+
+    return Entrance(manager, ApiGate(None, public=True), NewSessions(per_minute), max_requests=max_requests)
+
+
+async def post(app, body: bytes, *, kind=b"application/json", address="10.0.0.1", session=None) -> tuple[int, dict]:
+    """One POST /mcp through `app` (a handshake-era opening request unless `session`): (status, JSON body)."""
+    headers = [(b"content-type", kind), (b"accept", b"application/json, text/event-stream")]
+    if session is not None:
+        headers.append((b"mcp-session-id", session.encode()))
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": headers, "client": (address, 5)}
+    messages = iter([{"type": "http.request", "body": body, "more_body": False}])
+    sent: list[dict] = []
+
+    async def receive():
+        message = next(messages, None)
+        if message is None:
+            await asyncio.Event().wait()  # the client stays: no disconnect
+        return message
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    status = next(message["status"] for message in sent if message["type"] == "http.response.start")
+    return status, json.loads(b"".join(message.get("body", b"") for message in sent) or b"{}")
+
+
+INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}).encode()
+
+
+def test_a_body_of_many_json_containers_is_refused_before_mcp_parses_it():
+    from hidream_ui.server.mcp_tools import MAX_JSON_CONTAINERS
+
+    manager = FakeManager()
+    app = entrance(manager)
+    # 4.8 MB of `[]` in one argument held the whole app's event loop for 7 s inside MCP's parser.
+    junk = b'{"jsonrpc": "2.0", "id": 1, "params": {"arguments": {"x": [' + b"[]," * MAX_JSON_CONTAINERS + b"[]]}}}"
+    status, answer = asyncio.run(post(app, junk))
+    assert (status, answer["error"]["data"]["reason"]) == (413, "too_complex") and manager.calls == []
+    assert asyncio.run(post(app, INITIALIZE))[0] == 200 and manager.calls[0][1] == INITIALIZE  # replayed whole
+
+
+def test_sessions_are_counted_and_owned_per_agent(monkeypatch):
+    from hidream_ui.server import mcp_tools
+
+    monkeypatch.setattr(mcp_tools, "MAX_SESSIONS_PER_AGENT", 3)
+    manager = FakeManager()
+    app = entrance(manager, per_minute=3)
+
+    async def main():
+        # A page of another site can POST text/plain from its visitors' browsers (MCP refuses it):
+        # that must not use up their address's new sessions.
+        for _ in range(5):
+            assert (await post(app, INITIALIZE, kind=b"text/plain"))[0] == 400
+        opened = [await post(app, INITIALIZE) for _ in range(3)]
+        assert [status for status, _ in opened] == [200, 200, 200]
+        full = await post(app, INITIALIZE)
+        other = await post(app, INITIALIZE, address="10.0.0.2")
+        manager._server_instances.pop("s6")  # one of the first agent's sessions idled out
+        again = await post(app, INITIALIZE, address="10.0.0.1")
+        return full, other, again
+
+    (full, refused), (other, _), (again, limited) = asyncio.run(main())
+    assert (full, refused["error"]["data"]["reason"], other) == (429, "too_many_open_sessions", 200)
+    # Room again for its sessions, but --max-new-sessions (3 a minute here) still counts the address.
+    assert again == 429 and limited["error"]["data"]["reason"] == "too_many_sessions"
+    # The manager sees each request's agent as its `user`: it answers a session of another agent 404.
+    owners = {scope["user"].display_name for scope, _ in manager.calls}
+    assert owners == {"address:10.0.0.1", "address:10.0.0.2"}
+
+
+def test_an_agent_has_a_bounded_number_of_requests_in_flight():
+    manager = FakeManager()
+    manager.hold = asyncio.Event()
+    app = entrance(manager, max_requests=2)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
+
+    async def main():
+        held = [asyncio.ensure_future(post(app, body, session="s")) for _ in range(2)]
+        while len(manager.calls) < 2:
+            await asyncio.sleep(0)
+        refused = await asyncio.wait_for(post(app, body, session="s"), 60)  # (a hang, should it be admitted)
+        other = asyncio.ensure_future(post(app, body, session="s", address="10.0.0.9"))  # another agent: admitted
+        while len(manager.calls) < 3:
+            await asyncio.sleep(0)
+        manager.hold.set()
+        done = await asyncio.gather(*held, other)
+        return refused, done, await post(app, body, session="s")
+
+    (status, answer), done, after = asyncio.run(main())
+    assert (status, answer["error"]["data"]["reason"]) == (429, "too_many_requests")
+    assert [code for code, _ in done] == [200, 200, 200] and after[0] == 200
+
+
+class FakeLoopback:
+    """`Loopback`'s seat: records uploads; its file route refuses the result naming a server path."""
+
+    def __init__(self, *, slots=True):
+        self.slots = slots
+        self.uploads: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def reserve(self, caller):
+        from hidream_ui.server.loopback import CallRefused
+
+        if not self.slots:
+            raise CallRefused(429, "per_client_limit", "You already have 1 job(s) queued or running")
+        yield 0
+
+    async def upload(self, caller, name, data, content_type):
+        self.uploads.append(name)
+        return f"/srv/secret-cache/{name}"
+
+    async def call(self, caller, api_name, data, *, cancelled=None, slot=None):
+        return [None, {"path": "/srv/secret-cache/result.png"}, 7, "summary"]
+
+    async def fetch(self, caller, path):
+        from hidream_ui.server.loopback import CallRefused
+
+        raise CallRefused(403, "file_failed", f"File {path} is not allowed")
+
+
+def call_tool(loopback, name: str, arguments: dict):
+    """`McpTools.call_tool` as a request through the entrance would make it."""
+    from types import SimpleNamespace
+
+    import mcp_types as types
+
+    from hidream_ui.server.loopback import Caller
+    from hidream_ui.server.mcp_tools import CALLER_KEY, McpTools
+
+    config = SimpleNamespace(variant="e1.1", max_upload_mb=1, max_pixels=1_000_000, kiosk=False)
+    tools = McpTools(config, SimpleNamespace(rewriter=None, demo=None), loopback)
+    tools._edit_parameters = ["image", "instruction", "mask"]
+    ctx = SimpleNamespace(request=SimpleNamespace(scope={CALLER_KEY: Caller(address="10.0.0.1", agent="address:x")}))
+    result = asyncio.run(tools.call_tool(ctx, types.CallToolRequestParams(name=name, arguments=arguments)))
+    return result.content[0].text, result.structured_content
+
+
+def test_an_edit_takes_its_slot_then_checks_its_images_before_storing_them():
+    busy = FakeLoopback(slots=False)
+    text, _ = call_tool(busy, "edit", {"image": "not base64!", "instruction": "x"})
+    assert "already have 1 job" in text  # refused before its images were even decoded
+    loopback = FakeLoopback()
+    icon = base64.b64encode(b"\0\0\1\0\1\0" + bytes(16) + bytes(40)).decode()
+    text, _ = call_tool(loopback, "edit", {"image": png_base64(), "instruction": "x", "mask": icon})
+    assert "ICO data" in text and loopback.uploads == []  # a refused call leaves nothing in the cache
+    from PIL import Image
+
+    flat = io.BytesIO()
+    Image.new("L", (1001, 1000)).save(flat, format="PNG")  # over max_pixels (1,000,000), a few KB
+    huge = base64.b64encode(flat.getvalue()).decode()
+    text, _ = call_tool(loopback, "edit", {"image": huge, "instruction": "x"})
+    assert "1,001,000 pixels" in text and loopback.uploads == []
+
+
+def test_tool_errors_name_no_server_path_and_survive_a_nested_recipe():
+    text, structured = call_tool(FakeLoopback(), "edit", {"image": png_base64(), "instruction": "x"})
+    assert structured["error"]["code"] == "result_gone" and "/srv" not in text
+    buffer = io.BytesIO()
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("hidream_ui", "[" * 100_000 + "]" * 100_000, zip=True)
+    random_picture(1, (32, 32)).save(buffer, format="PNG", pnginfo=info)
+    text, structured = call_tool(FakeLoopback(), "recipe", {"image": base64.b64encode(buffer.getvalue()).decode()})
+    assert structured["error"]["code"] == "no_recipe" and "nested too deeply" in text
+
+
 # ---------------------------------------------------------------------------------------------- the app
 
 

@@ -227,3 +227,18 @@ def test_retention_keeps_a_mask_that_a_manifest_result_still_names(tmp_path):
     newest = save_result(_result(seed=9), tmp_path, retention=1, now=NOON + dt.timedelta(hours=1))
     assert [name for name in _ours(tmp_path) if not name.startswith("mask-")] == [newest.saved_png.name]
     assert (tmp_path / "mask-0123456789abcdef.png").is_file()
+
+
+def test_metadata_nested_too_deeply_is_a_clear_error_not_a_recursion_crash(tmp_path):
+    from PIL import PngImagePlugin
+
+    info = PngImagePlugin.PngInfo()
+    info.add_text("hidream_ui", "[" * 100_000)
+    png = io.BytesIO()
+    Image.new("RGB", (20, 20)).save(png, "PNG", pnginfo=info)
+    with pytest.raises(MetadataError, match="nested too deeply"):
+        read_metadata(png.getvalue())
+    sidecar = tmp_path / "deep.json"
+    sidecar.write_text("[" * 100_000)
+    with pytest.raises(MetadataError, match="nested too deeply"):
+        read_metadata(sidecar)

@@ -132,15 +132,55 @@ def recipe_schema(max_upload_mb: int) -> dict[str, Any]:
     }
 
 
+def operator_tool_fields() -> list[dict[str, Any]]:
+    """Name, title, description and input schema of each engine-wide control (mcp_tools.py lists them
+    only without --kiosk)."""
+    text = {"type": "string"}
+    return [
+        {
+            "name": "set_attention",
+            "title": "Attention strategy",
+            "description": "Switch the attention strategy of every engine (or of one: `engine`, a device label "
+            "from status `devices`); answers the active strategy (what 'auto' became). Changes it for everyone.",
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "name": {**text, "description": "a strategy: auto, or one status lists as available"},
+                    "engine": {**text, "default": "all", "description": "all, or one engine's label"},
+                },
+                "required": ["name"],
+            },
+        },
+        {
+            "name": "set_speed",
+            "title": "Speed setting",
+            "description": "Set the step cache of the next edits: exact | fast | faster | any --cache value; "
+            "answers the setting. Changes it for everyone.",
+            "input_schema": {"type": "object", "properties": {"name": {**text, "description": "exact, fast, faster"}}},
+        },
+        {
+            "name": "load_model",
+            "title": "Load the model",
+            "description": "Load the model now (otherwise the first edit loads it); answers how long it took.",
+            "input_schema": {"type": "object", "properties": {}},
+        },
+    ]
+
+
 def max_body_bytes(max_upload_mb: int) -> int:
     """The largest MCP request body: an image and a mask of --max-upload-mb each, as base64 (4/3 of
     their size), and 64 KB for the JSON around them (the instruction, the settings, the envelope)."""
     return (2 * max_upload_mb * 1024 * 1024 * 4 + 2) // 3 + 64 * 1024
 
 
-def decode_image(value: object, field: str, max_bytes: int) -> tuple[bytes, str]:
+def decode_image(value: object, field: str, max_bytes: int, max_pixels: int | None = None) -> tuple[bytes, str]:
     """(the bytes, a file name by their format) of a base64 image argument; a ``data:`` URL is taken
-    too. The size is checked on the text before anything is decoded."""
+    too. The size is checked on the text before anything is decoded.
+
+    With `max_pixels`, the image's header is read too (the app's formats only: `imaging.open_header`,
+    no pixel decoded) and an unreadable image, or one over `max_pixels`, is refused here: before it
+    is uploaded, so a refused call leaves nothing in the app's cache (the app's /edit would refuse
+    it just the same, but after storing it)."""
     if not isinstance(value, str) or not value.strip():
         raise ToolArgumentError(f"{field}: expected an image as a base64 string, got {type(value).__name__}")
     text = value.strip()
@@ -157,7 +197,30 @@ def decode_image(value: object, field: str, max_bytes: int) -> tuple[bytes, str]
     if not data:
         raise ToolArgumentError(f"{field}: the image is empty")
     extension = next((ext for magic, ext in IMAGE_MAGIC if data.startswith(magic)), "png")
+    if max_pixels is not None:
+        extension = _checked_header(data, f"{field}.{extension}", max_pixels) or extension
     return data, f"{field}.{extension}"
+
+
+def _checked_header(data: bytes, label: str, max_pixels: int) -> str | None:
+    """The file extension of `data`'s format, after reading its header as the app does; ToolArgumentError
+    (the app's own message) for an image the app would not open or that is over `max_pixels`."""
+    import io
+
+    from hidream_ui.imaging import ImageError, open_header
+
+    try:
+        with open_header(io.BytesIO(data), label, max_pixels) as picture:
+            width, height = picture.size
+            fmt = str(picture.format or "")
+    except ImageError as exc:
+        raise ToolArgumentError(str(exc)) from None
+    if width * height > max_pixels:
+        raise ToolArgumentError(
+            f"{label}: the image is too large ({width}x{height} = {width * height:,} pixels; the limit is "
+            f"{max_pixels:,} pixels, --max-pixels); downscale it before uploading"
+        )
+    return {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tiff"}.get(fmt)
 
 
 @dataclass(frozen=True)
@@ -207,6 +270,7 @@ __all__ = [
     "edit_call",
     "edit_schema",
     "max_body_bytes",
+    "operator_tool_fields",
     "ordered",
     "recipe_schema",
 ]

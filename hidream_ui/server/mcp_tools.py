@@ -1,15 +1,11 @@
 """The app's MCP server (``--mcp``): tools an agent can use, at ``/mcp`` (streamable HTTP).
 
-Tools (server/mcp_schema.py says what each takes):
-
-* ``edit``: an image (base64) and an instruction, with every setting of the Edit form (their ranges,
-  defaults and descriptions from the edit schema) and an optional mask; answers the edited PNG (MCP
-  image content) and the seed and the recipe (the settings that reproduce it) as text.
-* ``status``: the app's ``/status`` JSON, what its System panel reads.
-* ``recipe``: the settings stored in a PNG this app made (the History tab's "Load settings" reader).
-* ``set_attention``, ``set_speed``, ``load_model``: the engine-wide controls, listed only without
-  ``--kiosk`` (with it they are the operator's: never listed, and an agent that calls one anyway is
-  told there is no such tool; the app's own `@operator_only` would refuse it too).
+Tools (server/mcp_schema.py says what each takes): ``edit`` (an image as base64, an instruction, every
+setting of the Edit form, an optional mask: answers the edited PNG, its seed and its recipe),
+``status`` (the app's ``/status`` JSON), ``recipe`` (the settings stored in a PNG this app made), and
+the engine-wide controls ``set_attention``, ``set_speed``, ``load_model``, listed only without
+``--kiosk`` (with it they are the operator's: never listed, and a call of one is told there is no
+such tool; the app's own `@operator_only` would refuse it too).
 
 No tool is a second way in. Every call is made through `Loopback`: the app's own gradio routes, in
 process, as the caller, so the queue and its admission (``--max-queue``, ``--max-jobs-per-client``),
@@ -21,9 +17,9 @@ they see a browser.
 without keys its address (the app then has no login; an app with one and no keys refuses MCP). Not
 the MCP session: the 2026-07-28 protocol (the `mcp` 2.x client's default) has none, and sessions are
 free to open, so charging per session would let one caller multiply its job slots by opening more.
-A key's MCP and ``/v1`` calls share the key's ``--max-jobs-per-client`` jobs. New MCP sessions (the
-handshake-era protocol opens one per client) are limited per address like the browser's
-(``--max-new-sessions`` per minute).
+A key's MCP and ``/v1`` calls share the key's ``--max-jobs-per-client`` jobs. Per agent, too: its
+POSTs in flight, its open sessions (each its own), and new sessions per address and minute
+(``--max-new-sessions``); a body of thousands of JSON objects is refused before MCP parses it.
 
 **Cancelling.** An MCP client that cancels a call (``notifications/cancelled``, or closing the
 request's stream) cancels the handler: the edit is then stopped like a browser's Stop (after its
@@ -33,6 +29,7 @@ current step), and its job slot is free again.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -41,6 +38,8 @@ from typing import Any, Awaitable, Callable
 
 import anyio
 import mcp_types as types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -61,12 +60,25 @@ CALLER_KEY = "hidream_ui.caller"  # where the entrance leaves the request's Call
 # `mcp` client caps one SSE event at 1 MiB by default, which a full-size result passes.
 JSON_RESPONSE = True
 MAX_SESSIONS = 1000  # open handshake-era sessions, all callers together (each holds a small task)
+# Open sessions of one agent (a key, or an address without keys). Without it one caller fills the whole
+# table: --max-new-sessions (120 a minute by default) for the 15 minutes a session idles, and every other
+# handshake-era client is refused ("Too many open sessions") until they expire.
+MAX_SESSIONS_PER_AGENT = 32
 SESSION_IDLE_SECONDS = 15 * 60  # a session with no request for this long is closed
 CANCEL_GRACE_SECONDS = 10.0  # how long a cancelled call waits for its edit's cancel to be sent
 RECIPE_READERS = 2  # PNG metadata reads at a time (chunk walks, no pixels decoded; bounded anyway)
 OPERATOR_TOOLS = ("set_attention", "set_speed", "load_model")
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 REFUSED = -32001  # the JSON-RPC error code of a request refused before MCP reads it (implementation-defined range)
+# Objects and lists in one request body. MCP parses a body on the server's event loop, into Python
+# objects and then pydantic models, before any tool sees it: 4.8 MB of `[]` in one argument held the
+# whole app (every browser too) for 7 s, and a body may be 2 x --max-upload-mb as base64 (133 MB by
+# default). A real call holds a few dozen (base64 and the settings hold none); counted as `{` and `[`
+# bytes before the body is parsed (brackets inside strings count too: a cheap over-count).
+MAX_JSON_CONTAINERS = 1_000
+# POSTs one agent may have in flight at once beyond its --max-jobs-per-client edits (status polls, a
+# recipe, the listing): each holds its body (up to the cap above) and its parse in memory until it ends.
+EXTRA_REQUESTS = 4
 
 Handler = Callable[[Caller, dict, asyncio.Event], Awaitable[types.CallToolResult]]
 
@@ -97,7 +109,12 @@ def service(config, services, loopback: Loopback, gate: ApiGate) -> Service:
         session_idle_timeout=SESSION_IDLE_SECONDS,
         max_sessions=MAX_SESSIONS,
     )
-    entrance = Entrance(manager, gate, NewSessions(config.max_new_sessions))
+    entrance = Entrance(
+        manager,
+        gate,
+        NewSessions(config.max_new_sessions),
+        max_requests=config.max_jobs_per_client + EXTRA_REQUESTS,
+    )
     return Service(
         name="mcp",
         prefix=PREFIX,
@@ -124,13 +141,24 @@ def transport_security(config) -> TransportSecuritySettings | None:
 
 class Entrance:
     """ASGI app in front of the MCP session manager: names the caller of every request (`ApiGate`:
-    a key, or the address) and refuses the ones the gate refuses before MCP reads a byte; limits new
-    MCP sessions per address."""
+    a key, or the address) and refuses the ones the gate refuses before MCP reads a byte; bounds the
+    POSTs one agent has in flight (`max_requests`) and refuses a body of more than
+    `MAX_JSON_CONTAINERS` objects and lists before MCP parses it; limits new MCP sessions per address."""
 
-    def __init__(self, manager: StreamableHTTPSessionManager, gate: ApiGate, new_sessions: NewSessions):
+    def __init__(
+        self,
+        manager: StreamableHTTPSessionManager,
+        gate: ApiGate,
+        new_sessions: NewSessions,
+        *,
+        max_requests: int = 2 + EXTRA_REQUESTS,
+    ):
         self.manager = manager
         self.gate = gate
         self.new_sessions = new_sessions
+        self.max_requests = max_requests
+        self._in_flight: dict[str, int] = {}  # agent -> its POSTs in flight (agents with none are forgotten)
+        self._sessions: dict[str, set[str]] = {}  # agent -> the session ids it opened (ended ones pruned)
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http":
@@ -139,15 +167,120 @@ class Entrance:
             caller = self.gate.caller(scope)
         except CallRefused as exc:
             return await _refuse(send, exc)
-        if _opens_session(scope):
+        # `user`: the agent owns the sessions it opens (the manager answers another agent's request
+        # naming one "Session not found"), so a session id seen in a log lets nobody else use it.
+        scope = {**scope, CALLER_KEY: caller, "user": _owner(caller)}
+        if scope.get("method") != "POST":  # a handshake-era GET stream or DELETE: no body, no tool call
+            return await self.manager.handle_request(scope, receive, send)
+        held = self._in_flight.get(caller.agent, 0)
+        if held >= self.max_requests:
+            await _drain(receive)  # refused unread: a client still sending would see a reset, not the 429
+            message = f"Too many MCP requests of yours at once (at most {self.max_requests}): wait for one to end."
+            return await _refuse(send, CallRefused(429, "too_many_requests", message))
+        self._in_flight[caller.agent] = held + 1
+        try:
+            await self._post(caller, scope, receive, send)
+        finally:
+            left = self._in_flight.get(caller.agent, 1) - 1
+            if left > 0:
+                self._in_flight[caller.agent] = left
+            else:
+                self._in_flight.pop(caller.agent, None)
+
+    async def _post(self, caller: Caller, scope, receive, send) -> None:
+        body, receive = await _read_body(receive)
+        if body is None:
+            return  # the client went away, or the guard cut a body over the cap (it answers the 413)
+        if body.count(b"{") + body.count(b"[") > MAX_JSON_CONTAINERS:
+            logger.warning("refused an MCP request of more than %d JSON objects and lists", MAX_JSON_CONTAINERS)
+            message = f"The request holds more than {MAX_JSON_CONTAINERS} JSON objects and lists: send one call."
+            return await _refuse(send, CallRefused(413, "too_complex", message))
+        # Only a request that can open a session counts (MCP refuses any other Content-Type): a page of
+        # another site can POST text/plain from its visitors' browsers, and must not use up their address's
+        # new sessions that way.
+        if _opens_session(scope) and _json_content(scope):
+            if len(self._open_sessions(caller.agent)) >= MAX_SESSIONS_PER_AGENT:
+                message = (
+                    f"You have {MAX_SESSIONS_PER_AGENT} MCP sessions open (at most {MAX_SESSIONS_PER_AGENT}): "
+                    "close one (DELETE) or wait for one to idle out."
+                )
+                return await _refuse(send, CallRefused(429, "too_many_open_sessions", message))
             wait = self.new_sessions.admit(caller.address, None)
             if wait > 0:
                 message = f"Too many new MCP sessions from this address: try again in {wait:.0f} s."
                 return await _refuse(send, CallRefused(429, "too_many_sessions", message, retry_after=wait))
-        scope = {**scope, CALLER_KEY: caller}
-        if scope.get("method") == "POST" and not _handshake_era(scope):
+            send = self._recording_session(caller.agent, send)
+        if not _handshake_era(scope):
             return await _until_disconnect(self.manager.handle_request, scope, receive, send)
         await self.manager.handle_request(scope, receive, send)
+
+    def _open_sessions(self, agent: str) -> set[str]:
+        """The sessions `agent` opened that the manager still holds (ended ones are forgotten here)."""
+        # The manager's table of live sessions (mcp 2.3's; no public accessor): sessions also end by
+        # idling out or by the client's DELETE, which this app does not see.
+        live = getattr(self.manager, "_server_instances", None)
+        if live is not None and len(self._sessions) > MAX_SESSIONS:  # agents that never came back
+            for other in list(self._sessions):
+                self._sessions[other] &= live.keys()
+                if not self._sessions[other]:
+                    del self._sessions[other]
+        opened = self._sessions.get(agent, set())
+        if live is not None:
+            opened &= live.keys()
+        if opened:
+            self._sessions[agent] = opened
+        else:
+            self._sessions.pop(agent, None)
+        return opened
+
+    def _recording_session(self, agent: str, send):
+        """`send`, noting the session id a successful opening answer carries as `agent`'s."""
+
+        async def recording(message):
+            if message.get("type") == "http.response.start" and message.get("status", 500) < 400:
+                session = dict(message.get("headers", ())).get(b"mcp-session-id")
+                if session:
+                    self._sessions.setdefault(agent, set()).add(session.decode("latin-1"))
+            await send(message)
+
+        return recording
+
+
+async def _read_body(receive):
+    """(the whole body, a `receive` that replays it) of a request (the guard caps its size); the body
+    is None when the client went away first (or the guard cut it)."""
+    messages, pieces, more = [], [], True
+    while more:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            return None, receive
+        messages.append(message)
+        pieces.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    replay = iter(messages)
+
+    async def replayed():
+        message = next(replay, None)
+        return message if message is not None else await receive()
+
+    return b"".join(pieces), replayed
+
+
+async def _drain(receive) -> None:
+    """Reads a refused request's body to its end, keeping none of it (the guard caps its size)."""
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect" or not message.get("more_body", False):
+            return
+
+
+def _owner(caller: Caller) -> AuthenticatedUser:
+    return AuthenticatedUser(AccessToken(token="", client_id=caller.agent, scopes=[]))
+
+
+def _json_content(scope) -> bool:
+    kind = dict(scope.get("headers", ())).get(b"content-type", b"").decode("latin-1")
+    return kind.split(";", 1)[0].strip().lower() == "application/json"
 
 
 def _handshake_era(scope) -> bool:
@@ -213,6 +346,7 @@ class McpTools:
         self.variant = config.variant
         self.rewriter = getattr(services, "rewriter", None) is not None
         self.max_upload = config.max_upload_mb * 1024 * 1024
+        self.max_pixels = config.max_pixels
         self._recipes: asyncio.Semaphore | None = None  # made on first use (in the server's loop)
         self._edit_parameters: list[str] | None = None
         self.services = services
@@ -277,12 +411,13 @@ class McpTools:
     # ------------------------------------------------------------------ tools
     async def edit(self, caller: Caller, arguments: dict, cancelled: asyncio.Event) -> types.CallToolResult:
         call = mcp_schema.edit_call(arguments, self.variant, rewriter=self.rewriter)
-        image, name = mcp_schema.decode_image(call.image, "image", self.max_upload)
-        mask = mcp_schema.decode_image(call.mask, "mask", self.max_upload) if call.mask is not None else None
         values = dict(call.values)
-        # The caller's job slot first: an agent with every job slot busy is refused before its
-        # images are stored.
+        # The caller's job slot first: an agent with every job slot busy is refused before its images
+        # are decoded or stored. Then each image's header, as the app reads it (off the event loop):
+        # an image the edit would refuse is refused before it is stored in the app's cache.
         async with self.loopback.reserve(caller) as slot:
+            image, name = await self._decode(call.image, "image")
+            mask = await self._decode(call.mask, "mask") if call.mask is not None else None
             stored = await self.loopback.upload(caller, name, image, _content_type(name))
             values["image"] = file_data(stored, name)
             if mask is not None:
@@ -293,7 +428,13 @@ class McpTools:
             data = mcp_schema.ordered(values, self.edit_parameters())
             outputs = await self.loopback.call(caller, "edit", data, cancelled=cancelled, slot=slot)
         png_file, seed, summary = _edit_outputs(outputs)
-        png = await self.loopback.fetch(caller, png_file)
+        try:
+            png = await self.loopback.fetch(caller, png_file)
+        except CallRefused as exc:  # gradio's refusal names the server path it refused: the log's, not the agent's
+            logger.warning("the result of an MCP edit could not be read back (%s): %s", exc.status, exc.message)
+            raise CallRefused(
+                500, "result_gone", "the edit's result is no longer kept by the server (see its log)"
+            ) from None
         recipe = await self._read_recipe(png)
         answer = {"seed": seed, "summary": summary, "recipe": recipe["params"]}
         return types.CallToolResult(
@@ -315,10 +456,20 @@ class McpTools:
         unknown = sorted(set(arguments) - {"image"})
         if unknown:
             raise ToolArgumentError(f"unknown argument(s) {', '.join(unknown)}; the recipe tool takes image")
-        png, _ = mcp_schema.decode_image(arguments.get("image"), "image", self.max_upload)
-        return _json_result(await self._read_recipe(png))
+        if self._recipes is None:
+            self._recipes = asyncio.Semaphore(RECIPE_READERS)
+        async with self._recipes:  # decoded (up to --max-upload-mb) and read RECIPE_READERS at a time
+            png, _ = await anyio.to_thread.run_sync(
+                mcp_schema.decode_image, arguments.get("image"), "image", self.max_upload
+            )
+            return _json_result(await self._read_recipe(png, gated=False))
 
-    async def _read_recipe(self, png: bytes) -> dict[str, Any]:
+    async def _decode(self, value: object, field: str) -> tuple[bytes, str]:
+        """`mcp_schema.decode_image` with the header check, on a worker thread (a 50 MB base64 text
+        takes a while to decode, and the event loop serves every browser too)."""
+        return await anyio.to_thread.run_sync(mcp_schema.decode_image, value, field, self.max_upload, self.max_pixels)
+
+    async def _read_recipe(self, png: bytes, *, gated: bool = True) -> dict[str, Any]:
         """{"params": the validated settings, "metadata": everything the PNG's metadata holds}, read
         by the app's own reader (`outputs.read_metadata`, `EditParams.from_dict`) on a worker thread."""
         from hidream_ui.edits import EditParams, RequestError
@@ -331,12 +482,16 @@ class McpTools:
 
         if self._recipes is None:
             self._recipes = asyncio.Semaphore(RECIPE_READERS)
-        async with self._recipes:
+        async with self._recipes if gated else contextlib.nullcontext():
             try:
                 return await anyio.to_thread.run_sync(read)
             except (MetadataError, ImageError, RequestError, KeyError) as exc:
                 raise CallRefused(
                     400, "no_recipe", str(exc) if not isinstance(exc, KeyError) else "no params"
+                ) from None
+            except RecursionError:  # json.loads of a chunk nested thousands deep: the agent's error, not ours
+                raise CallRefused(
+                    400, "no_recipe", "image: the hidream_ui chunk is not valid JSON (nested too deeply)"
                 ) from None
 
     async def set_attention(self, caller: Caller, arguments: dict, cancelled: asyncio.Event) -> types.CallToolResult:
@@ -366,39 +521,7 @@ class McpTools:
 def operator_tools() -> list[types.Tool]:
     """The engine-wide controls (never listed with --kiosk)."""
     operator = types.ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
-    text = {"type": "string"}
-    return [
-        types.Tool(
-            name="set_attention",
-            title="Attention strategy",
-            description="Switch the attention strategy of every engine (or of one: `engine`, a device label "
-            "from status `devices`); answers the active strategy (what 'auto' became). Changes it for everyone.",
-            input_schema={
-                "type": "object",
-                "properties": {
-                    "name": {**text, "description": "a strategy: auto, or one status lists as available"},
-                    "engine": {**text, "default": "all", "description": "all, or one engine's label"},
-                },
-                "required": ["name"],
-            },
-            annotations=operator,
-        ),
-        types.Tool(
-            name="set_speed",
-            title="Speed setting",
-            description="Set the step cache of the next edits: exact | fast | faster | any --cache value; "
-            "answers the setting. Changes it for everyone.",
-            input_schema={"type": "object", "properties": {"name": {**text, "description": "exact, fast, faster"}}},
-            annotations=operator,
-        ),
-        types.Tool(
-            name="load_model",
-            title="Load the model",
-            description="Load the model now (otherwise the first edit loads it); answers how long it took.",
-            input_schema={"type": "object", "properties": {}},
-            annotations=operator,
-        ),
-    ]
+    return [types.Tool(**fields, annotations=operator) for fields in mcp_schema.operator_tool_fields()]
 
 
 async def until_done(run: Callable[[asyncio.Event], Awaitable[types.CallToolResult]]) -> types.CallToolResult:
@@ -470,8 +593,6 @@ def _content_type(name: str) -> str:
 
 
 def _b64(data: bytes) -> str:
-    import base64
-
     return base64.b64encode(data).decode("ascii")
 
 

@@ -102,6 +102,7 @@ class AppConfig:
     api_keys_file: Path | None = None  # --api-keys (server/api_keys.py): the keys stay in the file
     max_queue: int = 16
     mcp: bool = False
+    wall: bool = False  # --wall (server/share_routes.py): /wall cycles the results visitors opted in
     # Operator mode (README "Security"): --kiosk hides the engine-wide controls (attention, speed,
     # load model) from visitors and refuses their APIs unless the caller is logged in as `operator`.
     kiosk: bool = False

@@ -309,6 +309,13 @@ _SWITCHES = [
     ("--share", (), "share", "create a public Gradio share link"),
     ("--mcp", (), "mcp", 'also serve MCP tools (edit, status, recipe) at /mcp (pip install "hidream_ui[mcp]")'),
     (
+        "--wall",
+        ("HIDREAM_WALL",),
+        "wall",
+        "serve /wall, an attract-mode page for the booth's big screen cycling the results visitors ticked "
+        '"Show on the wall" for (the last 30, kept in memory only)',
+    ),
+    (
         "--kiosk",
         ("HIDREAM_KIOSK",),
         "kiosk",

@@ -307,7 +307,13 @@ def _services(demo, services, config: AppConfig, engine=None) -> list:
     if config.mcp:
         from hidream_ui.server import mcp_tools
 
+        for name in ("mcp.server.streamable_http_manager", "mcp.server.streamable_http"):
+            logging.getLogger(name).setLevel(logging.WARNING)  # they log every session id at INFO
+
         routes.append(mcp_tools.service(config, services, loopback, gate))
+    from hidream_ui.server import share_links, share_routes  # "Send to my phone" and --wall
+
+    routes.append(share_routes.service(config, services, loopback, share_links.of(demo)))
     return routes
 
 

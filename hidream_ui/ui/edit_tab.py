@@ -171,6 +171,25 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
                 with gr.Row(elem_id="hui-edit-actions"):
                     edit_button = gr.Button("Edit", variant="primary", min_width=100, elem_id="hui-edit")
                     stop_button = gr.Button("Stop", variant="stop", min_width=100, elem_id="hui-stop")
+                # The examples right under Edit, not below Region and Advanced: on a phone they were two
+                # screens down (issue 56); a phone shows them compact (layout.APP_CSS).
+                world = world_examples(config)  # the trained offline model knows only its shapes world
+                examples = world or load_examples(variant)
+                example_set = None
+                if examples:
+                    label = (
+                        "Examples from the offline model's world (it knows only these scenes and words)"
+                        if world
+                        else "Examples (CC0, see assets/)"
+                    )
+                    example_set = gr.Examples(
+                        examples=examples,
+                        inputs=[image, form["instruction"]],
+                        cache_examples=False,
+                        examples_per_page=len(examples),
+                        label=label,
+                        elem_id="hui-examples",
+                    )
                 gr.Markdown(world_hint(config) or variant_hint(variant), elem_classes=["hui-hint"])
             # The result area: the progress bar, the before/after slider (and, from the pipeline,
             # the live previews) all show here, beside the button on a wide screen, right under it
@@ -206,6 +225,10 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
                         min_width=170,
                         elem_id="hui-seed-used",
                     )
+                # "Send to my phone" and, with --wall, "Show on the wall": ui/share_phone.py.
+                from hidream_ui.ui.share_phone import build_share_phone
+
+                build_share_phone(config, result_slider, saved_png)
         with gr.Accordion("Rewritten instruction", open=True, visible=rewriter is not None, elem_id="hui-rewrite-box"):
             rewritten = gr.Textbox(label="Prompt the edit uses (editable)", lines=3, elem_id="hui-rewritten")
             rewrite_note = gr.Markdown(elem_id="hui-rewrite-note")
@@ -234,22 +257,6 @@ def build_edit_tab(config: AppConfig, rewriter) -> EditTabHandles:
             with gr.Row():
                 form["clip_cfg_norm"] = widget("clip_cfg_norm", value["clip_cfg_norm"])
                 form["collapse_padding"] = widget("collapse_padding", value["collapse_padding"])
-        world = world_examples(config)  # the trained offline model knows only its shapes world
-        examples = world or load_examples(variant)
-        example_set = None
-        if examples:
-            label = (
-                "Examples from the offline model's world (it knows only these scenes and words)"
-                if world
-                else "Examples (CC0, see assets/)"
-            )
-            example_set = gr.Examples(
-                examples=examples,
-                inputs=[image, form["instruction"]],
-                cache_examples=False,
-                examples_per_page=len(examples),
-                label=label,
-            )
         last_entry = gr.State(None)
     return EditTabHandles(
         image=image,
@@ -363,7 +370,11 @@ def wire_edit_tab(tab: EditTabHandles, handlers: EditHandlers, lane: int, on_edi
     # Stop never queues: it must get through while the edit holds the device group. Its answer
     # ("Stopped after k of N steps") replaces the summary: a stop is not an error.
     tab.stop_button.click(
-        handlers.stop, None, [tab.summary], cancels=[edit_event, edit_rewritten_event, rewrite_event], **private
+        handlers.stop,
+        None,
+        [*tab.outputs, tab.result_details],  # Stop clears what it stopped (EditHandlers.stop)
+        cancels=[edit_event, edit_rewritten_event, rewrite_event],
+        **private,
     )
     return [(tab.edit_button, edit_event), (tab.edit_rewritten_button, edit_rewritten_event)]
 

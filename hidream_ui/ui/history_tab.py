@@ -59,7 +59,7 @@ class HistoryTabHandles:
 
 def build_history_tab() -> HistoryTabHandles:
     """Adds the History tab (call inside `gr.Tabs()`)."""
-    with gr.Tab("History", id="history") as tab:
+    with gr.Tab("History", id="history", elem_id="hui-history-tab") as tab:
         gr.Markdown(
             "Your results in this browser, newest first: they stay after a reload, and nobody else "
             "sees them. Pick one to load its settings or to edit it again."

@@ -138,10 +138,18 @@ APP_CSS = """
   white-space: normal; overflow: visible; text-overflow: clip; max-width: 100%; opacity: 0.95; }
 /* Phones: the banner keeps its one warning line (the how-to is on a wide screen and in README),
    the title shrinks, so the source image and Edit are on the first screen. */
+/* The System accordion's label reads as the heading it replaced. */
+#hui-system-box > button.label-wrap > span:first-child { font-size: 1.2em; font-weight: 600; }
 @media (max-width: 640px) {
   #hui-title h2 { font-size: 1.15em; margin: 0; }
   #hui-tiny-banner { font-size: 0.8em; padding: 0.2em 0.6em; }
   #hui-tiny-banner .hui-banner-more { display: none; }
+  /* The examples on the first screen, under Edit (issue 56): a smaller source, short example rows. */
+  #hui-source { height: 250px !important; }
+  #hui-source .image-container { max-height: 200px; }
+  #hui-examples td { padding: 2px 6px; }
+  #hui-examples td img, #hui-examples td .container, #hui-examples td .image-container {
+    max-height: 44px; max-width: 44px; }
 }
 """
 
@@ -153,6 +161,17 @@ APP_JS = """
 () => {
   const clear = () => document.querySelectorAll('button[data-testid="toast-close"].error')
     .forEach((button) => button.click());
+  // A phone folds the System panel (it ended every tab, issue 56); a wide screen keeps it open. Once, at
+  // load: the accordion is drawn a moment after this script runs, hence the retries.
+  if (window.matchMedia("(max-width: 640px)").matches) {
+    let tries = 0;
+    const fold = () => {
+      const label = document.querySelector("#hui-system-box > button.label-wrap.open");
+      if (label) label.click();
+      else if (++tries < 100 && !document.querySelector("#hui-system-box > button.label-wrap")) setTimeout(fold, 100);
+    };
+    fold();
+  }
   for (const type of ["input", "change"]) {
     document.addEventListener(type, (event) => {
       if (event.isTrusted && event.target.closest && event.target.closest("#hui-edit-tab")) clear();
@@ -245,7 +264,9 @@ def build_demo(
                     extra = [build_tab(engine, config, services) for build_tab in extra_tabs]
                     history = build_history_tab()
             with gr.Column(scale=1, min_width=270, elem_id="hui-system"):
-                panel = build_system_panel(engine, system_handlers, services, lane, capabilities)
+                # Open on a wide screen; a phone folds it at load (APP_JS): there it ends every tab.
+                with gr.Accordion("System", open=True, elem_id="hui-system-box"):
+                    panel = build_system_panel(engine, system_handlers, services, lane, capabilities)
         history.stored.render()  # outside the tabs (see build_history_tab)
         history.secret.render()
 

@@ -99,10 +99,11 @@ class SystemPanelHandles:
 def build_system_panel(
     engine: Engine, handlers: SystemHandlers, services: AppServices, lane: int, capabilities: Capabilities
 ) -> SystemPanelHandles:
-    """Adds the panel (call inside the column it sits in) and wires its events. `capabilities`: the
+    """Adds the panel (call inside the column or accordion it sits in) and wires its events. `capabilities`: the
     executor's; a control it cannot serve is not shown, and the panel says why."""
     config = engine.config
-    gr.Markdown("### System")
+    # No heading of its own: the panel sits in layout's "System" accordion, open on a wide screen and
+    # folded on a phone (layout.APP_JS), where it ended every tab (issue 56).
     with gr.Column(elem_id="hui-status-panel"):
         status_state = gr.HTML(
             value='<div class="hui-status">connecting…</div>', css_template=STATUS_CSS, elem_id="hui-status-state"

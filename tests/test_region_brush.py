@@ -15,7 +15,7 @@ from PIL import Image
 
 from hidream_ui.edits import EDIT_FORM, EditParams, RequestError
 from hidream_ui.outputs import read_metadata
-from hidream_ui.ui.edit_handlers import EditHandlers
+from hidream_ui.ui.edit_handlers import UNPAINTED_REGION, EditHandlers
 from hidream_ui.ui.history_entries import added, chains, check_entries, render_entries, signed
 from hidream_ui.ui.region_editor import brush_radius
 from hidream_ui.ui.region_input import open_region
@@ -93,11 +93,14 @@ def test_a_painted_left_half_keeps_the_right_half_beyond_the_feather(handlers, f
 
 
 def test_nothing_painted_is_no_mask_and_the_output_is_bit_identical(handlers, files):
-    free, free_png, _, _ = run_edit(handlers, files["noise.png"], None, seed=11, steps=2)
+    free, free_png, free_summary, _ = run_edit(handlers, files["noise.png"], None, seed=11, steps=2)
     blank, blank_png, summary, _ = run_edit(
         handlers, files["noise.png"], editor_value(files, "empty.png"), seed=11, steps=2
     )
-    assert "region" not in summary
+    # Not silently the whole picture (issue 56): a region sent with nothing painted says so; an API
+    # caller who sends no mask meant the whole picture and gets no note.
+    assert "region edit" not in summary and UNPAINTED_REGION in summary
+    assert "region" not in free_summary
     unpainted, _, _, _ = run_edit(handlers, files["noise.png"], editor_value(files), seed=11, steps=2)
     assert "mask" not in read_metadata(blank_png) and "mask" not in read_metadata(free_png)
     assert np.array_equal(np.asarray(blank), np.asarray(free))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from hidream_ui.device.memory import MemorySnapshot
 from hidream_ui.device.telemetry import DeviceTelemetry
@@ -143,6 +143,30 @@ class EngineStatus:
 
     def replace(self, **changes: Any) -> "EngineStatus":
         return dataclasses.replace(self, **changes)
+
+    def following(self, jobs: Sequence[Any]) -> "EngineStatus":
+        """This status with the running jobs' own record (`engine.jobs.JobProgress`: what their bars
+        show, oldest job first) as its progress and its busy device rows' progress: the summary's bar,
+        the panel's state line and the Devices rows then read one record and never disagree (an
+        engine's own counter may lag, or sit at 0 in a worker whose figures are cached). Jobs without
+        denoising steps (loading, rewriting) leave the status as it is."""
+        stepped = [job for job in jobs if job is not None and job.total]
+        if not stepped:
+            return self
+        first = stepped[0]
+        stage = "refine" if "refine" in (first.text or "") else "edit"
+        progress = Progress(step=first.step or 0, total=first.total, stage=stage)
+        rows, queue = [], list(stepped)
+        lone = len(self.devices) == 1  # one engine: its job is the running one, whatever its cached row says
+        for row in self.devices:
+            if queue and (lone or row.busy or row.state == "editing"):
+                job = queue.pop(0)
+                stage = "refine" if "refine" in (job.text or "") else "edit"
+                row = dataclasses.replace(
+                    row, state="editing", progress=Progress(step=job.step or 0, total=job.total, stage=stage)
+                )
+            rows.append(row)
+        return self.replace(state="editing", progress=progress, devices=rows)
 
 
 __all__ = [

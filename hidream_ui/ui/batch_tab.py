@@ -338,7 +338,9 @@ class BatchTab:
                         progress,
                         job,
                         (run.done + info.step / max(1, info.total)) / max(1, total),
-                        f"{run.done}/{total} items · {run.step_text}",
+                        # The bar's percent is the whole batch's: the text says so, and which item steps.
+                        f"{run.done}/{total} items done · item {min(run.done + 1, total)}: "
+                        f"{run.step_text} · whole batch",
                         step=info.step,
                         total=info.total,
                     )

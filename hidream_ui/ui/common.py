@@ -102,14 +102,34 @@ WRITE_INSTRUCTION = "Write an instruction: say what should change, e.g. “Turn 
 ADD_BOTH = "Add an image and write an instruction (what should change), then press Edit."
 
 
-def people_message(exc: Exception) -> str:
+def write_instruction(example: str | None = None) -> str:
+    """WRITE_INSTRUCTION, with `example` (an instruction the running model knows) as its example."""
+    if not example:
+        return WRITE_INSTRUCTION
+    return f"Write an instruction: say what should change, e.g. “{example}”."
+
+
+def instruction_example(owner: Any) -> str | None:
+    """An instruction the running model knows, for a handler object (`TabHandlers`: its services'
+    config): the trained offline model's world has its own (it cannot turn a sky into a sunset);
+    None for the real model, or for anything that is no handler."""
+    config = getattr(getattr(owner, "services", None), "config", None)
+    if config is None or not getattr(config, "uses_trained_tiny_model", False):
+        return None
+    from hidream_ui.ui.world_examples import world_placeholder
+
+    return world_placeholder(config)
+
+
+def people_message(exc: Exception, example: str | None = None) -> str:
     """A user error in words that say what to do: a missing image or instruction, a file that is not
-    an image; other errors keep their own message (it names the value and what is allowed)."""
+    an image; other errors keep their own message (it names the value and what is allowed).
+    `example`: an instruction the running model knows (`instruction_example`), for the missing one."""
     if isinstance(exc, RequestError):  # only the generic refusals: a specific one keeps its hint
         if exc.field == "image" and exc.expected == NO_FILE:
             return ADD_IMAGE
         if exc.field == "instruction" and exc.expected == NO_INSTRUCTION:
-            return WRITE_INSTRUCTION
+            return write_instruction(example)
     if isinstance(exc, UnreadableImage):  # a readable image over a limit keeps its own message
         return f"This file is not an image we can read. {exc}"
     return str(exc)
@@ -219,13 +239,13 @@ def guarded(what: str) -> Callable[[Callable], Callable]:
     inject `gr.Request` and `gr.Progress` and to name the API parameters.
     """
 
-    def convert(exc: Exception) -> gr.Error:
+    def convert(exc: Exception, args: tuple = ()) -> gr.Error:
         if isinstance(exc, EditCancelled):
             return gr_error(str(exc), title="Stopped")
         if isinstance(exc, PictureExpired):  # not the visitor's mistake: the picture aged out on the server
             return gr_error(EXPIRED, title="Picture expired")
-        if isinstance(exc, USER_ERRORS):
-            return gr_error(people_message(exc))
+        if isinstance(exc, USER_ERRORS):  # args[0]: the handler object, whose model gives the example
+            return gr_error(people_message(exc, instruction_example(args[0] if args else None)))
         logger.error("%s failed", what, exc_info=exc)
         return gr_error(f"{what} failed unexpectedly ({type(exc).__name__}: {exc}). The server log has the details.")
 
@@ -239,7 +259,7 @@ def guarded(what: str) -> Callable[[Callable], Callable]:
                 except gr.Error:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into messages
-                    raise convert(exc) from None
+                    raise convert(exc, args) from None
 
             return stream
 
@@ -250,7 +270,7 @@ def guarded(what: str) -> Callable[[Callable], Callable]:
             except gr.Error:
                 raise
             except Exception as exc:  # noqa: BLE001 - the one place that turns bugs into messages
-                raise convert(exc) from None
+                raise convert(exc, args) from None
 
         return wrapper
 
@@ -297,14 +317,19 @@ def widget(name: str, value: Any, *, hints: bool = True, **options: Any):
     raise ValueError(f"field {name!r} ({spec.kind}) has no widget")
 
 
-def summarise_result(result, load_seconds: float = 0.0) -> str:
+def summarise_result(result, load_seconds: float = 0.0, model_seconds: float | None = None) -> str:
     """One Markdown line for a finished edit; `load_seconds` is the model load this request waited
-    for (the first edit after start-up), shown apart from the edit's own time."""
+    for (the first edit after start-up), shown apart from the edit's own time. `model_seconds`: the
+    load's own time as the engine recorded it (`EngineStatus.load_seconds`, the figure the load's
+    "model ready in" line and the panel give); the wait beyond it (imports, start-up) is named apart
+    so the two figures never read as a contradiction."""
     params = result.params
     timings = result.timings
     width, height = result.working_size
     name = result.saved_png.name if result.saved_png else "not saved"
     load = f" · model load {load_seconds:.1f} s" if load_seconds >= 0.05 else ""
+    if load and model_seconds is not None and load_seconds - model_seconds >= 0.05:
+        load = f" · model load {model_seconds:.1f} s (waited {load_seconds:.1f} s with start-up)"
     rewrite = getattr(result, "rewrite", None)
     rewritten = f" · instruction rewritten by {rewrite.backend} ({rewrite.seconds:.1f} s)" if rewrite else ""
     region = " · region edit: outside it the source is kept" if getattr(params, "mask", None) is not None else ""

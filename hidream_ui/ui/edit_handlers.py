@@ -50,6 +50,10 @@ logger = logging.getLogger(__name__)
 
 PREVIEW_SIDE = 512  # longest side a live preview is shown at (it is computed at 1/8 of the working size)
 PREVIEW_BEFORE_NAME = "before.png"  # the cached file of a live preview's "before" half
+# Stop's outputs: the tab's five (edit_tab.EditTabHandles.outputs) and the result row under them.
+STOP_OUTPUTS = ("result_slider", "saved_png", "seed_used", "summary", "last_entry", "result_details")
+UNPAINTED_REGION = "whole picture edited: no region was painted on it"
+EARLIER_RESULTS = "Earlier results are in History."
 NO_REWRITER = (
     "false: no rewriter is configured (start the app with --rewriter-url URL --rewriter-model NAME, "
     "or --rewriter local)"
@@ -170,6 +174,10 @@ class EditHandlers(TabHandlers):
         source, name = self.services.gate.path(form.image, "image")
         picture = self.engine.open_image(source, name=name)
         region = open_region(self.services, form.mask)
+        # A region sent with nothing painted in it (the brush editor's value, strokes that missed the
+        # picture): the whole picture is edited, and the summary says so rather than stay silent.
+        # API callers who send no mask (null) mean the whole picture: no note for them.
+        unpainted = form.mask is not None and region is None
         if region is not None:
             params = dataclasses.replace(params, mask=region).validated()
         # The parent of the result: the source file's own bytes (an earlier result's PNG is its file).
@@ -207,7 +215,7 @@ class EditHandlers(TabHandlers):
         finally:
             job_scope.close()  # a second close is a no-op
         if result is not None:
-            yield self._answer(result, load_seconds)
+            yield self._answer(result, load_seconds, unpainted=unpainted)
 
     def _stream(self, edit_request: EditRequest, job, job_scope, progress) -> Iterator[Any]:
         """Runs the edit in a thread of its own (stream_job), so that this generator hands out the
@@ -255,13 +263,15 @@ class EditHandlers(TabHandlers):
             total = job.progress.total if job.progress is not None else edit_request.params.num_inference_steps
             message = stopped_message(job.token.step, total)
             gr.Info(message, title="Stopped")
-            yield gr.update(), gr.update(), gr.update(), message, None
+            # Nothing of the stopped edit (nor the result before it) stays marked as current.
+            yield None, None, None, f"{message} {EARLIER_RESULTS}", None
             return None
         return result
 
-    def _answer(self, result: EditResult, load_seconds: float) -> tuple:
+    def _answer(self, result: EditResult, load_seconds: float, unpainted: bool = False) -> tuple:
         """The finished edit's widget values: (before, after), the saved PNG, the seed used, the
-        summary, and the entry the History keeps of it."""
+        summary, and the entry the History keeps of it. `unpainted`: a region came with nothing
+        painted (the summary names the whole picture)."""
         self.services.results.add(result.saved_png)
         metadata = result.saved_metadata or result.metadata()  # built once, when it was saved
         png = str(result.saved_png) if result.saved_png else None
@@ -286,17 +296,23 @@ class EditHandlers(TabHandlers):
             (result.source_image, result.image),
             png,
             result.params.seed,
-            self.summary(result, load_seconds),
+            self.summary(result, load_seconds, unpainted=unpainted),
             entry,
         )
 
-    def summary(self, result: EditResult, load_seconds: float = 0.0) -> str:
+    def summary(self, result: EditResult, load_seconds: float = 0.0, unpainted: bool = False) -> str:
         """The finished edit's summary (Markdown; the /edit API's summary output too): the result's line, the
         speed mode when it was not exact, and a note when the offline model met words it does not know."""
-        text = summarise_result(result, load_seconds)
+        model_seconds = None
+        if load_seconds >= 0.05:  # this request loaded the model: its recorded load time, the panel's figure
+            with contextlib.suppress(Exception):  # a summary never fails for a status figure
+                model_seconds = self.engine.status().load_seconds
+        text = summarise_result(result, load_seconds, model_seconds)
         mode = speed_mode(result.info.speed)
         if mode:  # a visitor should know the result was made faster than exact, and how
             text += f" · speed: {html.escape(mode)}"
+        if unpainted:  # a region was sent with nothing painted: not silently the whole picture
+            text += f" · {UNPAINTED_REGION}"
         note = instruction_note(self.services.config, result.params.instruction)
         if note:  # the edit ran; this says why it may be a guess (letters-only words: no markup in it)
             text += f"\n\nℹ️ {html.escape(note, quote=False)}"
@@ -370,15 +386,19 @@ class EditHandlers(TabHandlers):
 
     # ------------------------------------------------------------------ the tab's other events
     def stop(self, request: gr.Request = None):
-        """Stops the caller's running edit after its current step (never another user's); returns
-        the summary's new text, "Stopped after k of N steps" (unchanged when nothing ran)."""
+        """Stops the caller's running edit after its current step (never another user's) and clears
+        what it stopped: the result area (its live preview, or the result before it, which would read
+        as this edit's), the download, the seed used and "Edit the result" (hidden, and its entry
+        gone). Returns the tab's outputs plus the result row: (slider, png, seed, summary "Stopped
+        after k of N steps", entry, result row); all unchanged when nothing of the caller's ran."""
         session = getattr(request, "session_hash", None)
         running = [job for job in self.services.jobs.running(session) if job.kind == "edit"] if session else []
         if not self.services.cancel(request, kind="edit") or not running:
-            return gr.update()
+            return (gr.update(),) * len(STOP_OUTPUTS)
         logger.info("edit cancelled by its user")
         job = running[0]
-        return stopped_message(job.token.cancelled_at_step, job.progress.total if job.progress else None)
+        message = stopped_message(job.token.cancelled_at_step, job.progress.total if job.progress else None)
+        return None, None, None, f"{message} {EARLIER_RESULTS}", None, gr.update(visible=False)
 
     def check_source(self, image):
         """An upload, checked when it arrives: a file that is not an image (a text file renamed .png)
@@ -422,6 +442,9 @@ class EditHandlers(TabHandlers):
         """ "Edit the result": the last result becomes the source (the instruction box keeps its text
         for the next step). Only a result this server stored and still serves."""
         png = (entry or {}).get("png")
+        if entry is None:  # nothing finished since the page opened, or the last edit was stopped
+            gr.Warning("There is no result to edit yet: press Edit first.", title="No result")
+            return gr.update(), gr.update()
         if not png or png not in self.services.results or not Path(png).is_file():
             gr.Warning("That result is no longer on the server; edit the source again.", title="Result gone")
             return gr.update(), gr.update()

@@ -86,6 +86,63 @@ def _refusal(value: object) -> gr.Error:
     return gr_error(people_message(error))
 
 
+# Strokes that start in the editor's margin (the canvas around the picture): gradio 6's brush starts a
+# stroke only on a pointerdown over the picture (`on_pointer_down` returns when the cursor is not over
+# the image) and never later, so a stroke begun a little outside painted nothing at all. This script
+# (page-wide, installed once) follows such a press and, the first time it moves onto the picture,
+# hands the canvas one pointerdown there: the brush then paints from where the stroke entered. The
+# picture's place is the editor's own fit (centred, `border_padding` 30 px, scaled to fit, as its
+# `calculate_min_zoom`) of the source's size (`#hui-source img`, the picture the editor shows). One
+# pointerdown at most per press: a second one while drawing would restart the stroke and drop what it
+# painted; one that lands outside the picture (a zoomed or panned view) is ignored by the brush itself.
+# The synthetic event is sent after the real move has been handled (setTimeout), so the brush's cursor
+# already knows it is over the picture.
+MARGIN_STROKE_JS = """
+(() => {
+  if (window.__huiMarginStrokes) return;
+  window.__huiMarginStrokes = true;
+  const PAD = 30;  // gradio's ImageEditor border_padding
+  const pictureRect = (canvas) => {
+    const img = document.querySelector('#hui-source img');
+    const box = canvas.getBoundingClientRect();
+    if (!img || !img.naturalWidth || !img.naturalHeight || !box.width || !box.height) return null;
+    const scale = Math.min((box.width - 2 * PAD) / img.naturalWidth, (box.height - 2 * PAD) / img.naturalHeight);
+    const w = img.naturalWidth * scale, h = img.naturalHeight * scale;
+    const left = box.left + (box.width - w) / 2, top = box.top + (box.height - h) / 2;
+    return {left, top, right: left + w, bottom: top + h};
+  };
+  const inside = (r, x, y, margin) =>
+    x >= r.left + margin && x <= r.right - margin && y >= r.top + margin && y <= r.bottom - margin;
+  let pending = null;
+  document.addEventListener('pointerdown', (e) => {
+    pending = null;
+    if (!e.isTrusted || e.button !== 0 || !(e.target instanceof HTMLCanvasElement)) return;
+    if (!e.target.closest('#hui-mask')) return;
+    const rect = pictureRect(e.target);
+    if (rect && !inside(rect, e.clientX, e.clientY, -1)) pending = {id: e.pointerId, canvas: e.target};
+  }, true);
+  document.addEventListener('pointermove', (e) => {
+    if (!pending || !e.isTrusted || e.pointerId !== pending.id || !(e.buttons & 1)) return;
+    const rect = pictureRect(pending.canvas);
+    if (!rect || !inside(rect, e.clientX, e.clientY, 2)) return;
+    const {canvas} = pending;
+    pending = null;
+    const init = {
+      bubbles: true, cancelable: true, composed: true, clientX: e.clientX, clientY: e.clientY,
+      screenX: e.screenX, screenY: e.screenY, pointerId: e.pointerId, pointerType: e.pointerType,
+      isPrimary: e.isPrimary, button: 0, buttons: 1, pressure: 0.5,
+    };
+    setTimeout(() => canvas.dispatchEvent(new PointerEvent('pointerdown', init)), 0);
+  }, true);
+  for (const type of ['pointerup', 'pointercancel']) {
+    document.addEventListener(type, (e) => {
+      if (e.isTrusted && pending && e.pointerId === pending.id) pending = null;
+    }, true);
+  }
+})();
+"""
+
+
 def brush_radius(size: tuple[int, int] | None) -> int:
     """The brush's radius in source pixels: a stroke covers a sensible part of any image."""
     if not size:
@@ -126,7 +183,18 @@ def build_region_editor(elem_id: str) -> gr.ImageEditor:
         elem_id=elem_id,
     )
     editor.data_model = RegionData
+    # An empty block whose only job is MARGIN_STROKE_JS (on load, page-wide, once).
+    gr.HTML("", js_on_load=MARGIN_STROKE_JS, container=False, padding=False, elem_id=f"{elem_id}-strokes")
     return editor
 
 
-__all__ = ["BRUSH_COLOR", "MASK_EXPECTED", "RegionData", "brush", "brush_radius", "build_region_editor", "eraser"]
+__all__ = [
+    "BRUSH_COLOR",
+    "MARGIN_STROKE_JS",
+    "MASK_EXPECTED",
+    "RegionData",
+    "brush",
+    "brush_radius",
+    "build_region_editor",
+    "eraser",
+]

@@ -72,9 +72,12 @@ class SystemHandlers(TabHandlers):
             return None
 
     def engine_status(self) -> EngineStatus:
-        """The engine's status plus the queue figures; without a login (`--auth`) it names model
-        sources, never their absolute paths, and error texts lose the paths they hold."""
+        """The engine's status plus the queue figures, its progress and device rows read from the
+        running jobs' own record (`EngineStatus.following`: one truth for the bar, the state line and
+        Devices); without a login (`--auth`) it names model sources, never their absolute paths, and
+        error texts lose the paths they hold."""
         status = self.engine.status()  # one device row per engine, a pool of one included
+        status = status.following([job.progress for job in self._running_jobs() if not job.token.cancelled])
         queue = self._queue()
         if queue is not None:
             status = status.replace(queue=QueueFigures(**queue))
@@ -110,11 +113,20 @@ class SystemHandlers(TabHandlers):
         # then takes both axes for categories and keeps them (a stack of labels instead of an axis).
         return pd.DataFrame(rows, columns=list(PLOT_COLUMNS)).astype({"seconds": float, "percent": float})
 
+    def _running_jobs(self, session: str | None = None) -> list:
+        return sorted(self.services.jobs.running(session), key=lambda job: job.started)
+
     def live_progress(self) -> list[str]:
         """What the progress bars of the running jobs show now (the same `Job.progress` they are
-        drawn from), oldest job first."""
-        jobs = sorted(self.services.jobs.running(), key=lambda job: job.started)
-        return [job.progress.text for job in jobs if job.progress is not None]
+        drawn from), oldest job first. A stopped job still finishing its step says so: its last step
+        line would read as work going on."""
+        texts = []
+        for job in self._running_jobs():
+            if job.token.cancelled:
+                texts.append(f"stopping: {job.kind} stopped after step {job.token.step}")
+            elif job.progress is not None:
+                texts.append(job.progress.text)
+        return texts
 
     def status_state(self) -> str:
         """HTML for the panel's state line: the running jobs' own progress text, else the engine's
@@ -159,6 +171,9 @@ class SystemHandlers(TabHandlers):
         session = getattr(request, "session_hash", None)
         demo = self.services.demo
         busy = bool(session and demo is not None and gradio_internals.session_jobs(demo, session, DEVICE_GROUP))
+        # A stopped run leaves gradio's queue at once, its engine step ends a little later: the line
+        # follows until the job itself is gone, so it never stays on the stopped step.
+        busy = busy or bool(session and self._running_jobs(session))
         return self.status_state(), gr.Timer(active=busy)
 
     def run_finished(self):

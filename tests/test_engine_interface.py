@@ -174,3 +174,15 @@ def test_a_pool_of_one_runs_a_batch_without_threads(tmp_path, tiny_cache, monkey
     result = pool.run_batch(batch)
     assert [item.status for item in result.items] == ["ok"]
     assert started == []
+
+
+def test_the_app_asks_a_ray_head_before_it_serves_but_building_the_engine_connects_nothing():
+    """docs/cluster.md: a head that refuses stops the app at start with one line; the engine itself
+    (constructed by tests, bench and the app alike) connects nothing before load()."""
+    from hidream_ui.cli.app import ray_engine
+    from hidream_ui.config import ConfigError
+    from hidream_ui.engine.ray_serve import RayEngine
+
+    RayEngine(AppConfig(device="cpu"), "127.0.0.1:1")  # no head there, and no error: nothing was asked
+    with pytest.raises(ConfigError, match=r"^--ray 127\.0\.0\.1:1: nothing is listening at 127\.0\.0\.1:1"):
+        ray_engine(AppConfig(device="cpu", ray="127.0.0.1:1"))

@@ -65,16 +65,17 @@ def build_parser(prog: str = "python app.py") -> argparse.ArgumentParser:
 def ray_engine(config: AppConfig, *, verbose: bool = False):
     """The RayEngine for `config.ray` (`--ray` / HIDREAM_RAY_ADDRESS), or None (the local pool), with
     `config.replicas`; both were read and checked by the config table. ConfigError when Ray is missing
-    (saying how to install it). Nothing connects here: the replicas start with the first job or the
-    Load button, as a local model loads."""
+    (saying how to install it) or when the head at HOST:PORT refuses us (one gRPC call asks it: the
+    one-line reason). The replicas start with the first job or the Load button, as a local model loads."""
     if config.ray is None:
         return None
-    from hidream_ui.engine.ray_env import RayUnavailable, require_ray
+    from hidream_ui.engine.ray_env import RayUnavailable, check_cluster, require_ray
     from hidream_ui.engine.ray_serve import RayEngine
     from hidream_ui.ui.services import is_public
 
     try:
         require_ray(config.ray)
+        check_cluster(config.ray, config.ray_token_file)  # a head that refuses: one line, before serving
         return RayEngine(config, hide_paths=is_public(config), verbose=verbose)
     except (RayUnavailable, EngineError) as exc:
         raise ConfigError(str(exc)) from None

@@ -18,9 +18,10 @@ UI, the queue, admission, kiosk, cancel and the runner hold it unchanged (engine
   sent once more (Serve routes it to a live one). Serve restarts the replica meanwhile.
 * `/status`: `status()` reads the replicas' board (never a replica, which may be busy) and adds the
   cluster's totals.
-* A head at HOST:PORT is asked at construction, before the app serves (`ray_env.check_cluster`, one
-  gRPC call): a cluster that refuses (nothing listening, no token, a wrong token) stops the app at
-  start with one line, which users see before any edit; `--ray-token-file` is applied there too.
+* A head at HOST:PORT is asked before the app serves (`cli.app.ray_engine` calls
+  `ray_env.check_cluster`, one gRPC call; `connect` asks again at load): a cluster that refuses
+  (nothing listening, no token, a wrong token) stops the app at start with one line, which users see
+  before any edit; `--ray-token-file` is applied there too. Constructing a RayEngine connects nothing.
 
 What it cannot do is declared in `RAY_CAPABILITIES` (the UI hides those controls and the System
 panel shows the reasons); a call that asks anyway gets an EngineError with the same reason.
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from hidream_ui.config import AppConfig
 from hidream_ui.engine.errors import EditCancelled, EngineError
 from hidream_ui.engine.protocol import Capabilities, Engine
-from hidream_ui.engine.ray_env import LOCAL, check_cluster, connect, disconnect, placement
+from hidream_ui.engine.ray_env import LOCAL, connect, disconnect, placement
 from hidream_ui.engine.ray_replica import EngineReplica, ReplicaBoard, keep_replica_server_on_loopback
 from hidream_ui.engine.status import DeviceRow, EngineStatus, Progress, PromptCacheStats
 
@@ -109,10 +110,9 @@ class RayEngine(Engine):
         self._status_cache: tuple[float, dict] | None = None
         self._jobs = 0
         self._shadow = None  # an unloaded EditEngine: facts read from the checkpoint's configs
-        # Refuses now, in one line, when the head at HOST:PORT will not take us (RayUnavailable);
-        # `auto`, `local` and ray:// addresses are left to Ray (nothing is asked for those).
+        # Nothing connects here (the engine interface's rule): the app asks the head first
+        # (`cli.app.ray_engine` -> `ray_env.check_cluster`), and `connect` asks it again at load.
         self._token_file = config.ray_token_file
-        check_cluster(self.address, self._token_file)
 
     # ------------------------------------------------------------------ lifecycle
     @property

@@ -263,7 +263,10 @@ def wait_for_page_load(page) -> None:
     """The panel leaves "connecting…" when the page-load events (badge, controls) have answered."""
     from playwright import sync_api
 
-    sync_api.expect(page.locator("#hui-status-panel .hui-state")).to_be_visible(timeout=60_000)
+    # Its text, not its visibility: a phone folds the System panel at load (issue 56).
+    state = page.locator("#hui-status-panel .hui-state")
+    sync_api.expect(state).to_have_count(1, timeout=60_000)
+    sync_api.expect(state).not_to_have_text(re.compile(r"^\s*connecting"), timeout=60_000)
 
 
 def in_viewport(page, selector: str) -> bool:

@@ -172,6 +172,15 @@ APP_JS = """
     };
     fold();
   }
+  // A link to the engine controls (the operator's badge) opens the folded System panel first.
+  document.addEventListener("click", (event) => {
+    const link = event.target.closest && event.target.closest('a[href="#hui-engine-controls"]');
+    const label = document.querySelector("#hui-system-box > button.label-wrap");
+    if (!link || !label || label.classList.contains("open")) return;
+    event.preventDefault();
+    label.click();
+    setTimeout(() => document.getElementById("hui-engine-controls")?.scrollIntoView(), 100);
+  }, true);
   for (const type of ["input", "change"]) {
     document.addEventListener(type, (event) => {
       if (event.isTrusted && event.target.closest && event.target.closest("#hui-edit-tab")) clear();
